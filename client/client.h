@@ -1,0 +1,103 @@
+// gpumem::Client: the thin C++ client of gpumemd.
+//
+// Connect() opens one gRPC channel and one slab-handle channel to the
+// daemon's socket. Allocate() asks for memory and returns a Buffer whose
+// data() is a pointer the process can use at once: the first block in a slab
+// makes the client fetch the slab's fd and map it; later blocks in the same
+// slab reuse that mapping (slabs are refcounted and unmapped when the last
+// Buffer in them goes away).
+//
+// A Buffer frees its block when destroyed (RAII). If the process dies
+// instead, the daemon frees everything the process held within a second.
+// With the sim backend data() is host memory shared with the daemon and any
+// other importer; with the cuda backend the mapping step will be a CUDA
+// import (a later issue), and data() is null until then.
+//
+// Thread-safe: one Client may be used from many threads.
+#ifndef GPUMEMD_CLIENT_CLIENT_H_
+#define GPUMEMD_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/gpumem/v1/gpumem.pb.h"
+
+namespace gpumem {
+
+class Client;
+
+// A block of device memory, mapped into this process. Movable, not copyable.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();  // frees the block (errors are ignored: the daemon reclaims it)
+
+  void* data() const { return data_; }
+  uint64_t size() const { return info_.size_bytes(); }
+  uint32_t device_index() const { return info_.device_index(); }
+  const std::string& device_uuid() const { return info_.device_uuid(); }
+  uint64_t id() const { return info_.id(); }
+  const v1::Allocation& allocation() const { return info_; }
+  bool valid() const { return client_ != nullptr; }
+
+  // Frees now and reports the daemon's answer; the Buffer becomes empty.
+  absl::Status Free();
+
+ private:
+  friend class Client;
+  Buffer(Client* client, v1::Allocation info, void* data)
+      : client_(client), info_(std::move(info)), data_(data) {}
+  void Reset();
+
+  Client* client_ = nullptr;
+  v1::Allocation info_;
+  void* data_ = nullptr;
+};
+
+class Client {
+ public:
+  // The socket: `socket_path`, else $GPUMEMD_SOCKET, else
+  // /run/gpumemd/gpumemd.sock. Fails with UNAVAILABLE when no daemon answers.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(std::string socket_path = "");
+  ~Client();
+
+  // `size` bytes placed by `placement` (default: any device, least loaded).
+  absl::StatusOr<Buffer> Allocate(uint64_t size,
+                                  const v1::PlacementRequest& placement = {},
+                                  uint64_t alignment = 0);
+  // One Buffer per shard, each on a distinct device; all or nothing.
+  absl::StatusOr<std::vector<Buffer>> AllocateSharded(
+      uint64_t total_size, uint32_t shards,
+      const v1::PlacementRequest& placement = {});
+
+  // The raw RPCs, for tools that do not map memory (gpumemctl).
+  absl::StatusOr<v1::AllocateResponse> AllocateRaw(const v1::AllocateRequest& request);
+  absl::Status Free(uint64_t allocation_id);
+  absl::StatusOr<v1::GetStatsResponse> GetStats();
+  absl::StatusOr<v1::Session> GetSession();
+
+  const std::string& socket_path() const;
+
+ private:
+  struct Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  absl::StatusOr<void*> MapBlock(const v1::Allocation& a);
+  void UnmapBlock(const v1::Allocation& a);
+  friend class Buffer;
+
+  std::unique_ptr<Impl> impl_;
+};
+
+// The socket a client uses when none is given (see Client::Connect).
+std::string DefaultSocketPath();
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_CLIENT_CLIENT_H_

@@ -1,0 +1,63 @@
+#include "common/fd_channel.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/fd_passing.h"
+
+namespace gpumem {
+
+absl::StatusOr<int> ConnectFdChannel(const std::string& socket_path) {
+  struct sockaddr_un addr;
+  memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path too long: ", socket_path));
+  }
+  memcpy(addr.sun_path, socket_path.data(), socket_path.size());
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int e = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat(
+        "cannot connect to gpumemd at ", socket_path, ": ", strerror(e),
+        " (is the daemon running? set --socket or GPUMEMD_SOCKET)"));
+  }
+  return fd;
+}
+
+absl::StatusOr<SlabFd> RequestSlabFd(int channel, uint64_t slab_id) {
+  SlabRequest req;
+  memcpy(req.magic, kFdChannelMagic, 4);
+  req.version = kFdChannelVersion;
+  req.slab_id = slab_id;
+  absl::Status s = WriteAll(channel, &req, sizeof(req));
+  if (!s.ok()) return s;
+  SlabResponse resp;
+  int fd = -1;
+  s = RecvWithFd(channel, &resp, sizeof(resp), &fd);
+  if (!s.ok()) return s;
+  if (resp.code != 0) {
+    if (fd >= 0) close(fd);
+    if (resp.message_len > kFdChannelMaxMessage) {
+      return absl::InternalError("slab channel: oversized error message");
+    }
+    std::string message(resp.message_len, '\0');
+    s = ReadAll(channel, message.data(), message.size());
+    if (!s.ok()) return s;
+    return absl::Status(static_cast<absl::StatusCode>(resp.code), message);
+  }
+  if (fd < 0) return absl::InternalError("slab channel: reply without an fd");
+  return SlabFd{fd, resp.slab_size};
+}
+
+}  // namespace gpumem

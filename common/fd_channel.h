@@ -1,0 +1,55 @@
+// The slab-handle channel: the second protocol on the daemon's socket.
+//
+// gRPC cannot carry file descriptors, so a client fetches a slab's handle on
+// a plain Unix stream connection to the same socket path. The daemon tells
+// the two protocols apart by the first four bytes: a gRPC client starts with
+// the HTTP/2 preface "PRI ", this channel with kFdChannelMagic. The caller's
+// identity comes from SO_PEERCRED on this connection, never from the request.
+//
+// Wire format (host byte order, both ends are on one machine):
+//   request  := SlabRequest                          (16 bytes)
+//   response := SlabResponse [message bytes]         (fd attached on success)
+// One connection carries any number of request/response pairs in turn.
+#ifndef GPUMEMD_COMMON_FD_CHANNEL_H_
+#define GPUMEMD_COMMON_FD_CHANNEL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace gpumem {
+
+inline constexpr char kFdChannelMagic[4] = {'G', 'M', 'S', 'L'};
+inline constexpr uint32_t kFdChannelVersion = 1;
+inline constexpr uint32_t kFdChannelMaxMessage = 1024;
+
+struct SlabRequest {
+  char magic[4];      // kFdChannelMagic
+  uint32_t version;   // kFdChannelVersion
+  uint64_t slab_id;
+};
+static_assert(sizeof(SlabRequest) == 16, "wire layout");
+
+struct SlabResponse {
+  uint32_t code;          // absl::StatusCode; 0 = OK and an fd is attached
+  uint32_t message_len;   // bytes of error text that follow (<= kFdChannelMaxMessage)
+  uint64_t slab_size;     // bytes to map, on success
+};
+static_assert(sizeof(SlabResponse) == 16, "wire layout");
+
+struct SlabFd {
+  int fd = -1;
+  uint64_t size = 0;
+};
+
+// Client side: connects to `socket_path`; returns the connected fd.
+absl::StatusOr<int> ConnectFdChannel(const std::string& socket_path);
+
+// Client side: asks for `slab_id` on a connected channel. On success the
+// caller owns the returned fd.
+absl::StatusOr<SlabFd> RequestSlabFd(int channel, uint64_t slab_id);
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_COMMON_FD_CHANNEL_H_

@@ -1,0 +1,110 @@
+#include "server/backend/sim_backend.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/byte_size.h"
+
+namespace gpumem {
+
+class SimBackend::SimSlab : public Slab {
+ public:
+  SimSlab(uint32_t device, uint64_t size, int fd, std::atomic<uint64_t>* account)
+      : device_(device), size_(size), fd_(fd), account_(account) {}
+  ~SimSlab() override {
+    close(fd_);
+    account_->fetch_sub(size_);
+  }
+  uint32_t device() const override { return device_; }
+  uint64_t size() const override { return size_; }
+  absl::StatusOr<int> ExportFd() const override {
+    int fd = fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot duplicate slab fd: ", strerror(errno)));
+    }
+    return fd;
+  }
+  absl::Status Scrub(uint64_t offset, uint64_t length) override {
+    if (offset > size_ || length > size_ - offset) {
+      return absl::OutOfRangeError("scrub range outside the slab");
+    }
+    if (length == 0) return absl::OkStatus();
+    if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                  static_cast<off_t>(offset), static_cast<off_t>(length)) != 0) {
+      return absl::InternalError(absl::StrCat("scrub: ", strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  uint32_t device_;
+  uint64_t size_;
+  int fd_;
+  std::atomic<uint64_t>* account_;
+};
+
+SimBackend::SimBackend(const std::vector<uint64_t>& device_bytes)
+    : slab_bytes_(new std::atomic<uint64_t>[device_bytes.size()]) {
+  for (uint32_t i = 0; i < device_bytes.size(); ++i) {
+    slab_bytes_[i] = 0;
+    DeviceInfo d;
+    d.index = i;
+    // Stable across restarts for the same layout, unique per index.
+    uint64_t h = 0x9e3779b97f4a7c15ull * (i + 1) ^ device_bytes[i];
+    d.uuid = absl::StrFormat("GPU-51%06x-%04x-4000-8000-%012x", i,
+                             static_cast<uint32_t>(h >> 48) & 0xffff,
+                             h & 0xffffffffffffull);
+    d.name = absl::StrCat("gpumemd simulated GPU (", FormatBytes(device_bytes[i]), ")");
+    d.pci_bus_id = absl::StrFormat("0000:%02x:00.0", 0x10 + i);
+    d.numa_node = 0;
+    d.total_bytes = device_bytes[i];
+    devices_.push_back(d);
+  }
+}
+
+SimBackend::~SimBackend() = default;
+
+PeerLink SimBackend::Peer(uint32_t a, uint32_t b) const {
+  return a == b ? PeerLink::kSelf : PeerLink::kHost;
+}
+
+uint64_t SimBackend::SlabBytes(uint32_t device) const {
+  return device < devices_.size() ? slab_bytes_[device].load() : 0;
+}
+
+absl::StatusOr<std::unique_ptr<Slab>> SimBackend::CreateSlab(uint32_t device,
+                                                             uint64_t bytes) {
+  if (device >= devices_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("no device ", device));
+  }
+  if (bytes == 0) return absl::InvalidArgumentError("empty slab");
+  const uint64_t total = devices_[device].total_bytes;
+  std::atomic<uint64_t>& used = slab_bytes_[device];
+  uint64_t cur = used.load();
+  do {
+    if (bytes > total - cur) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "device ", device, " has ", FormatBytes(total - cur),
+          " left for slabs, ", FormatBytes(bytes), " asked"));
+    }
+  } while (!used.compare_exchange_weak(cur, cur + bytes));
+  int fd = memfd_create(absl::StrCat("gpumemd-sim", device).c_str(),
+                        MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    used.fetch_sub(bytes);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("memfd for a ", FormatBytes(bytes), " slab: ", strerror(e)));
+  }
+  return std::unique_ptr<Slab>(new SimSlab(device, bytes, fd, &used));
+}
+
+}  // namespace gpumem

@@ -1,0 +1,44 @@
+// SimBackend: simulated GPUs whose memory is real shared host memory.
+//
+// Each simulated device has a capacity, a stable UUID derived from its index
+// and capacity, a fake PCI bus id and a peer-link matrix (every pair goes
+// through the host unless a topology says otherwise). A slab is a memfd of
+// exactly the slab's size: it is sparse (pages cost RAM only once touched),
+// reads as zeros when new, and is shared with clients by passing its fd, so
+// the bytes a client writes are really seen by every other importer. Scrub
+// punches the range out (zeros, and gives the RAM back).
+//
+// Thread-safe: CreateSlab and slab destruction may run on any thread.
+#ifndef GPUMEMD_SERVER_BACKEND_SIM_BACKEND_H_
+#define GPUMEMD_SERVER_BACKEND_SIM_BACKEND_H_
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "server/backend/backend.h"
+
+namespace gpumem {
+
+class SimBackend : public Backend {
+ public:
+  explicit SimBackend(const std::vector<uint64_t>& device_bytes);
+  ~SimBackend() override;
+
+  const char* name() const override { return "sim"; }
+  const std::vector<DeviceInfo>& devices() const override { return devices_; }
+  PeerLink Peer(uint32_t a, uint32_t b) const override;
+  absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device,
+                                                   uint64_t bytes) override;
+  uint64_t SlabBytes(uint32_t device) const override;
+
+ private:
+  class SimSlab;
+  std::vector<DeviceInfo> devices_;
+  // Bytes in live slabs per device; a slab's destructor gives its bytes back.
+  std::unique_ptr<std::atomic<uint64_t>[]> slab_bytes_;
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_BACKEND_SIM_BACKEND_H_

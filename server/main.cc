@@ -1,0 +1,187 @@
+// gpumemd: the daemon's entry point.
+//
+// Reads flags and the optional textproto config (flags win), makes the
+// backend, the broker and the gRPC server (no listening port of its own:
+// connections arrive through SocketListener, which knows who the caller
+// is), and then waits for SIGTERM/SIGINT. Shutdown order: stop accepting
+// and remove the socket, drain gRPC, release every allocation and slab,
+// exit 0. Start-up errors are one line on stderr and exit status 1.
+#include <signal.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include <google/protobuf/text_format.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/byte_size.h"
+#include "proto/gpumem/v1/config.pb.h"
+#include "server/backend/cuda_backend.h"
+#include "server/backend/sim_backend.h"
+#include "server/service/gpumem_service.h"
+#include "server/service/memory_broker.h"
+#include "server/service/socket_listener.h"
+#include "server/session/peer_credentials.h"
+
+// Empty string / negative number = not given (then the config file, then
+// the built-in default, decides).
+ABSL_FLAG(std::string, backend, "", "device backend: sim or cuda (default sim)");
+ABSL_FLAG(std::string, sim_devices, "",
+          "simulated devices, e.g. 4x16GiB or 80GiB,80GiB,40GiB (default 4x16GiB)");
+ABSL_FLAG(std::string, socket, "",
+          "Unix socket path (default /run/gpumemd/gpumemd.sock)");
+ABSL_FLAG(std::string, config, "", "daemon config file, protobuf text format "
+          "(gpumem.v1.DaemonConfig)");
+ABSL_FLAG(std::string, slab_size, "", "size of pool slabs (default 1GiB)");
+ABSL_FLAG(double, empty_slab_release_seconds, -1,
+          "seconds an empty slab is kept before it goes back (default 30)");
+ABSL_FLAG(double, reserve_fraction, -1,
+          "fraction of each device taken as slabs at start and kept (default 0)");
+
+namespace gpumem {
+namespace {
+
+[[noreturn]] void Die(const absl::Status& s) {
+  std::cerr << "gpumemd: " << s.message() << std::endl;
+  std::exit(1);
+}
+
+absl::StatusOr<v1::DaemonConfig> LoadConfig(const std::string& path) {
+  v1::DaemonConfig config;
+  if (path.empty()) return config;
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &config)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config ", path, " is not a valid gpumem.v1.DaemonConfig textproto "
+        "(the parser's complaint is above)"));
+  }
+  return config;
+}
+
+std::string Pick(const std::string& flag, const std::string& config,
+                 const char* fallback) {
+  if (!flag.empty()) return flag;
+  if (!config.empty()) return config;
+  return fallback;
+}
+
+int Run() {
+  absl::StatusOr<v1::DaemonConfig> config = LoadConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) Die(config.status());
+
+  const std::string backend_name =
+      Pick(absl::GetFlag(FLAGS_backend), config->backend(), "sim");
+  const std::string socket_path =
+      Pick(absl::GetFlag(FLAGS_socket), config->socket(), "/run/gpumemd/gpumemd.sock");
+
+  BrokerOptions options;
+  absl::StatusOr<uint64_t> slab = ParseByteSize(
+      Pick(absl::GetFlag(FLAGS_slab_size), config->pool().slab_size(), "1GiB"));
+  if (!slab.ok()) Die(slab.status());
+  if (*slab == 0) Die(absl::InvalidArgumentError("--slab_size must be > 0"));
+  options.pool.slab_size = *slab;
+  double release = absl::GetFlag(FLAGS_empty_slab_release_seconds);
+  if (release < 0) {
+    release = config->pool().empty_slab_release_seconds() > 0
+                  ? config->pool().empty_slab_release_seconds() : 30;
+  }
+  options.pool.empty_release_after = absl::Seconds(release);
+  double reserve = absl::GetFlag(FLAGS_reserve_fraction);
+  options.pool.reserve_fraction = reserve < 0 ? 0 : reserve;
+  if (options.pool.reserve_fraction > 1) {
+    Die(absl::InvalidArgumentError("--reserve_fraction must be in [0, 1]"));
+  }
+
+  std::unique_ptr<Backend> backend;
+  if (backend_name == "sim") {
+    absl::StatusOr<std::vector<uint64_t>> sizes = ParseDeviceSizes(
+        Pick(absl::GetFlag(FLAGS_sim_devices), config->sim_devices(), "4x16GiB"));
+    if (!sizes.ok()) Die(sizes.status());
+    backend = std::make_unique<SimBackend>(*sizes);
+    options.pool.granularity = 4096;
+  } else if (backend_name == "cuda") {
+    absl::StatusOr<std::unique_ptr<Backend>> cuda = CudaBackend::Create();
+    if (!cuda.ok()) Die(cuda.status());
+    backend = std::move(*cuda);
+  } else {
+    Die(absl::InvalidArgumentError(absl::StrCat(
+        "unknown --backend=", backend_name, " (use sim or cuda)")));
+  }
+
+  // Signals are handled by sigwait below; every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  MemoryBroker broker(backend.get(), options);
+  absl::Status started = broker.Start();
+  if (!started.ok()) Die(started);
+  PeerTable peers;
+  GpuMemoryService service(&broker, &peers);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) Die(absl::InternalError("gRPC server failed to start"));
+
+  SocketListener listener(socket_path, &broker, &peers);
+  absl::Status bound = listener.Bind();
+  if (!bound.ok()) Die(bound);
+  listener.Start(server.get());
+
+  std::cerr << "gpumemd: serving " << backend->devices().size() << " "
+            << backend->name() << " device(s) on " << socket_path << "\n";
+  for (const DeviceInfo& d : backend->devices()) {
+    std::cerr << "gpumemd:   device " << d.index << " " << d.uuid << " "
+              << FormatBytes(d.total_bytes) << " " << d.name << "\n";
+  }
+
+  int sig = 0;
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    std::cerr << "gpumemd: SIGHUP ignored (restart to reload the config)\n";
+  }
+  std::cerr << "gpumemd: signal " << sig << ", shutting down\n";
+  listener.Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  broker.Shutdown();
+  std::cerr << "gpumemd: stopped; every slab released\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace gpumem
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gpumemd: lends the memory of every GPU on this machine to client processes.\n"
+      "Usage: gpumemd [--backend=sim|cuda] [--sim_devices=4x16GiB] [--socket=PATH] "
+      "[--config=FILE]");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::cerr << "gpumemd: unexpected argument \"" << rest[1] << "\" (see --help)\n";
+    return 1;
+  }
+  return gpumem::Run();
+}

@@ -1,0 +1,63 @@
+#include "server/service/gpumem_service.h"
+
+#include "server/placement/refusal.h"
+
+namespace gpumem {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  const auto code = static_cast<grpc::StatusCode>(status.code());
+  std::string message(status.message());
+  std::optional<v1::PlacementRefusal> refusal =
+      placement::RefusalFromStatus(status);
+  if (!refusal.has_value()) return grpc::Status(code, message);
+  v1::RpcStatus details;
+  details.set_code(static_cast<int32_t>(status.code()));
+  details.set_message(message);
+  details.add_details()->PackFrom(*refusal);
+  return grpc::Status(code, message, details.SerializeAsString());
+}
+
+namespace {
+
+template <typename T>
+grpc::Status Reply(absl::StatusOr<T> result, T* out) {
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *out = std::move(*result);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status GpuMemoryService::Allocate(grpc::ServerContext* ctx,
+                                        const v1::AllocateRequest* req,
+                                        v1::AllocateResponse* resp) {
+  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  return Reply(broker_->Allocate(*caller, *req), resp);
+}
+
+grpc::Status GpuMemoryService::Free(grpc::ServerContext* ctx,
+                                    const v1::FreeRequest* req,
+                                    v1::FreeResponse* resp) {
+  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  return Reply(broker_->Free(*caller, *req), resp);
+}
+
+grpc::Status GpuMemoryService::GetStats(grpc::ServerContext*,
+                                        const v1::GetStatsRequest*,
+                                        v1::GetStatsResponse* resp) {
+  *resp = broker_->Stats();
+  return grpc::Status::OK;
+}
+
+grpc::Status GpuMemoryService::GetSession(grpc::ServerContext* ctx,
+                                          const v1::GetSessionRequest*,
+                                          v1::Session* resp) {
+  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  return Reply(broker_->GetSession(*caller), resp);
+}
+
+}  // namespace gpumem

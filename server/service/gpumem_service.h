@@ -1,0 +1,43 @@
+// GpuMemoryService: gpumem.v1.GpuMemory over gRPC, a thin layer over
+// MemoryBroker.
+//
+// Each handler finds its caller's kernel credentials in the PeerTable (by
+// the "fd:N" peer string of connections the SocketListener accepted),
+// calls the broker, and maps absl statuses to gRPC statuses one to one.
+// A placement refusal travels as binary error details: a google.rpc.Status
+// whose details hold a gpumem.v1.PlacementRefusal.
+#ifndef GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
+#define GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
+
+#include "proto/gpumem/v1/gpumem.grpc.pb.h"
+#include "server/service/memory_broker.h"
+#include "server/session/peer_credentials.h"
+
+namespace gpumem {
+
+// absl -> gRPC, keeping the code and message; a PlacementRefusal payload
+// becomes the binary error details.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class GpuMemoryService final : public v1::GpuMemory::Service {
+ public:
+  GpuMemoryService(MemoryBroker* broker, const PeerTable* peers)
+      : broker_(broker), peers_(peers) {}
+
+  grpc::Status Allocate(grpc::ServerContext* ctx, const v1::AllocateRequest* req,
+                        v1::AllocateResponse* resp) override;
+  grpc::Status Free(grpc::ServerContext* ctx, const v1::FreeRequest* req,
+                    v1::FreeResponse* resp) override;
+  grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
+                        v1::GetStatsResponse* resp) override;
+  grpc::Status GetSession(grpc::ServerContext* ctx, const v1::GetSessionRequest* req,
+                          v1::Session* resp) override;
+
+ private:
+  MemoryBroker* broker_;
+  const PeerTable* peers_;
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_

@@ -1,0 +1,108 @@
+// MemoryBroker: the daemon's core, without any transport.
+//
+// It owns one SlabPool per device, the table of live allocations and the
+// session registry, and answers the API's requests for a caller whose
+// identity (pid, uid, gid) the transport read from the kernel. The gRPC
+// service (gpumem_service.h) and the slab-handle channel (socket_listener.h)
+// are thin layers over it, and tests drive it directly.
+//
+// What it guarantees:
+//  - Every allocation belongs to exactly one session (the caller's process)
+//    and is returned to its pool when that session ends, by Free, or at
+//    Shutdown; its bytes are counted in exactly one pool meanwhile.
+//  - A slab's handle is only given to a caller whose uid holds a live block
+//    in that slab (tenants, a later feature, will refine "same uid").
+//  - Free is allowed to the owning session, any process of the same uid, and
+//    root; otherwise PERMISSION_DENIED.
+//  - After Shutdown every call is FAILED_PRECONDITION and no slab is held.
+//
+// Thread-safety: all methods may be called from any thread; one mutex
+// serializes pool changes (the allocator work under it is O(1) per slab).
+#ifndef GPUMEMD_SERVER_SERVICE_MEMORY_BROKER_H_
+#define GPUMEMD_SERVER_SERVICE_MEMORY_BROKER_H_
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/fd_channel.h"
+#include "proto/gpumem/v1/gpumem.pb.h"
+#include "server/backend/backend.h"
+#include "server/placement/placer.h"
+#include "server/pool/slab_pool.h"
+#include "server/session/session_registry.h"
+
+namespace gpumem {
+
+struct BrokerOptions {
+  PoolOptions pool;
+  uint64_t default_alignment = 256;
+  // How often idle slabs are looked for.
+  absl::Duration maintenance_interval = absl::Seconds(1);
+};
+
+class MemoryBroker {
+ public:
+  // `backend` must outlive the broker.
+  MemoryBroker(Backend* backend, BrokerOptions options);
+  ~MemoryBroker();
+  MemoryBroker(const MemoryBroker&) = delete;
+  MemoryBroker& operator=(const MemoryBroker&) = delete;
+
+  // Makes pool reservations and starts the maintenance thread.
+  absl::Status Start();
+  // Releases every allocation and slab; later calls fail. Idempotent.
+  void Shutdown();
+
+  absl::StatusOr<v1::AllocateResponse> Allocate(const PeerCred& caller,
+                                                const v1::AllocateRequest& request);
+  absl::StatusOr<v1::FreeResponse> Free(const PeerCred& caller,
+                                        const v1::FreeRequest& request);
+  v1::GetStatsResponse Stats() const;
+  absl::StatusOr<v1::Session> GetSession(const PeerCred& caller);
+  // A new fd for a slab's handle, for the slab-handle channel.
+  absl::StatusOr<SlabFd> ExportSlab(const PeerCred& caller, uint64_t slab_id);
+
+  const Backend& backend() const { return *backend_; }
+
+ private:
+  struct Record {
+    uint64_t session = 0;
+    uid_t uid = 0;
+    uint32_t device = 0;
+    PoolBlock block;
+  };
+  class PoolCarver;
+
+  void OnSessionEnd(uint64_t session_id);
+  void ReleaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  placement::DeviceSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Maintain();
+
+  Backend* backend_;
+  BrokerOptions options_;
+  mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<SlabPool>> pools_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, Record> allocations_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> by_session_
+      ABSL_GUARDED_BY(mu_);
+  // slab id -> uid -> live blocks of that uid in the slab.
+  absl::flat_hash_map<uint64_t, absl::flat_hash_map<uid_t, uint64_t>> slab_users_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint32_t> slab_device_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<SessionRegistry> sessions_;
+  absl::Mutex stop_mu_;
+  bool stopping_ ABSL_GUARDED_BY(stop_mu_) = false;
+  std::thread maintenance_;
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_SERVICE_MEMORY_BROKER_H_

@@ -1,0 +1,72 @@
+// SessionRegistry: one session per client process, ended when the process is.
+//
+// A session is created the first time a process calls the daemon and is
+// keyed by the pid the kernel reports for its connection (SO_PEERCRED). The
+// registry holds a pidfd for each session's process and a watcher thread
+// that polls them: when a process exits (cleanly, by crash or by SIGKILL)
+// its pidfd becomes readable and the registry ends the session and calls
+// `on_end(session_id)` within milliseconds, on the watcher thread, with no
+// registry lock held. After on_end starts for an id, IsLive(id) is false, so
+// a caller that checks IsLive under its own lock before recording something
+// for a session either sees the session ended or is cleaned up by on_end.
+//
+// A pid that is reused by a new process is detected at Attach (the old
+// pidfd is already readable) and gets a new session.
+#ifndef GPUMEMD_SERVER_SESSION_SESSION_REGISTRY_H_
+#define GPUMEMD_SERVER_SESSION_SESSION_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/session/peer_credentials.h"
+
+namespace gpumem {
+
+struct SessionInfo {
+  uint64_t id = 0;
+  PeerCred cred;
+  absl::Time started;
+};
+
+class SessionRegistry {
+ public:
+  using EndCallback = std::function<void(uint64_t session_id)>;
+
+  explicit SessionRegistry(EndCallback on_end);
+  ~SessionRegistry();  // stops the watcher; does not call on_end
+  SessionRegistry(const SessionRegistry&) = delete;
+  SessionRegistry& operator=(const SessionRegistry&) = delete;
+
+  // The live session of the caller's process, created if needed.
+  // PERMISSION_DENIED when the kernel gave no pid (another pid namespace).
+  absl::StatusOr<SessionInfo> Attach(const PeerCred& cred);
+  bool IsLive(uint64_t session_id) const;
+  std::vector<SessionInfo> List() const;
+
+ private:
+  struct Entry {
+    SessionInfo info;
+    int pidfd = -1;
+  };
+  void Watch();
+  void End(uint64_t session_id);  // removes and calls on_end
+
+  EndCallback on_end_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  mutable absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, Entry> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<pid_t, uint64_t> by_pid_ ABSL_GUARDED_BY(mu_);
+  std::thread watcher_;
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_SESSION_SESSION_REGISTRY_H_
