@@ -286,17 +286,16 @@ v1::GetStatsResponse MemoryBroker::Stats() const {
     ds->set_pci_bus_id(d.pci_bus_id);
     ds->set_numa_node(d.numa_node);
     ds->set_total_bytes(d.total_bytes);
-    if (pools_.empty()) {
-      ds->set_free_bytes(d.total_bytes);
-      ds->set_largest_free_block_bytes(d.total_bytes);
-      continue;
+    PoolStats s;
+    uint64_t largest = d.total_bytes;
+    if (!pools_.empty()) {
+      s = pools_[d.index]->Stats();
+      largest = pools_[d.index]->largest_carvable();
     }
-    const SlabPool& pool = *pools_[d.index];
-    PoolStats s = pool.Stats();
     ds->set_pooled_bytes(s.pooled_bytes);
     ds->set_used_bytes(s.used_bytes);
     ds->set_free_bytes(d.total_bytes - s.used_bytes);
-    ds->set_largest_free_block_bytes(pool.largest_carvable());
+    ds->set_largest_free_block_bytes(largest);
     ds->set_fragmentation(s.fragmentation);
     ds->set_slab_count(s.slab_count);
     ds->set_allocation_count(s.live_blocks);
@@ -307,11 +306,13 @@ v1::GetStatsResponse MemoryBroker::Stats() const {
     ss->set_pid(info.cred.pid);
     ss->set_uid(info.cred.uid);
     ss->set_gid(info.cred.gid);
+    uint64_t count = 0, bytes = 0;
     auto s = by_session_.find(info.id);
-    if (s == by_session_.end()) continue;
-    uint64_t bytes = 0;
-    for (uint64_t id : s->second) bytes += allocations_.at(id).block.size;
-    ss->set_allocation_count(s->second.size());
+    if (s != by_session_.end()) {
+      count = s->second.size();
+      for (uint64_t id : s->second) bytes += allocations_.at(id).block.size;
+    }
+    ss->set_allocation_count(count);
     ss->set_used_bytes(bytes);
   }
   return out;

@@ -1,0 +1,82 @@
+// Placer: decides where an AllocateRequest's memory comes from and carves it,
+// all or nothing.
+//
+// What it guarantees, for one call:
+//  - Arguments are checked before anything is carved: size, alignment, shard
+//    fields (shard_plan.h) and every selector of the placement (resolve.h).
+//    Errors are INVALID_ARGUMENT and nothing is carved.
+//  - Strict: a block is only ever carved on a device of the named stages
+//    (`devices`, then each fallback set), never on an excluded device.
+//  - Stages are tried in order, and within a stage devices in policy order
+//    (policy_order.h); the first device that accepts a block gets it.
+//  - Sharded requests put each shard on a distinct device. All or nothing:
+//    if any shard finds no device, every shard already carved is released,
+//    so the pool is exactly as before the call.
+//  - When no device can hold a block the result is RESOURCE_EXHAUSTED with a
+//    PlacementRefusal (refusal.h) listing every device considered with the
+//    reason it refused (capacity, fragmentation, quota), every device
+//    `exclude` removed from a stage, and for shards the devices holding other
+//    shards of the request. Devices outside every named set are not listed.
+//  - Any other carver error stops the call; carved shards are released and
+//    that error is returned.
+//
+// How: the shards are taken largest first, and each goes to the first
+// device, in candidate order, that is not already used by the request and
+// accepts it. When a device that accepts a block also accepts every smaller
+// one, this greedy finds an assignment whenever one exists (the sets of
+// devices able to hold each shard are nested, and Hall's condition reduces
+// to counting). With least-loaded ordering the largest shard lands on the
+// device with the most free bytes.
+//
+// A Placer holds no state of its own; calls may run concurrently when the
+// carver allows it.
+#ifndef GPUMEMD_SERVER_PLACEMENT_PLACER_H_
+#define GPUMEMD_SERVER_PLACEMENT_PLACER_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/gpumem/v1/gpumem.pb.h"
+#include "server/placement/carver.h"
+#include "server/placement/device_view.h"
+
+namespace gpumem {
+namespace placement {
+
+struct PlacerOptions {
+  // Used when a request's alignment is 0.
+  uint64_t default_alignment = 256;
+};
+
+struct PlacementResult {
+  // OK; INVALID_ARGUMENT; RESOURCE_EXHAUSTED (then `refusal` is set and the
+  // status carries it as a payload, see refusal.h); or a carver's error.
+  absl::Status status;
+  // OK only: one block, or one per shard in shard order.
+  std::vector<CarvedBlock> blocks;
+  // RESOURCE_EXHAUSTED from placement only.
+  std::optional<gpumem::v1::PlacementRefusal> refusal;
+
+  bool ok() const { return status.ok(); }
+};
+
+class Placer {
+ public:
+  // `carver` must outlive the Placer.
+  explicit Placer(DeviceCarver* carver, PlacerOptions options = {});
+
+  // Places `request` on the devices of `snapshot` (see device_view.h).
+  PlacementResult Allocate(const gpumem::v1::AllocateRequest& request,
+                           const DeviceSnapshot& snapshot) const;
+
+ private:
+  DeviceCarver* carver_;
+  PlacerOptions options_;
+};
+
+}  // namespace placement
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_PLACEMENT_PLACER_H_

@@ -1,0 +1,180 @@
+#include "server/placement/resolve.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace gpumem {
+namespace placement {
+namespace {
+
+using ::gpumem::v1::PlacementRequest;
+
+bool AllDigits(absl::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+std::string DeviceRange(size_t count) {
+  if (count == 0) return "the daemon has no devices";
+  if (count == 1) return "the only device is 0";
+  return absl::StrCat("devices are 0..", count - 1);
+}
+
+// Adds the devices `selector` names to `out` (a membership mask), or
+// INVALID_ARGUMENT naming `field`.
+absl::Status ResolveSelector(absl::string_view field, absl::string_view selector,
+                             absl::Span<const DeviceView> devices,
+                             bool allow_all, std::vector<bool>* out) {
+  if (selector.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": empty device selector"));
+  }
+  if (absl::EqualsIgnoreCase(selector, "all")) {
+    if (!allow_all) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": \"all\" names no single device"));
+    }
+    std::fill(out->begin(), out->end(), true);
+    return absl::OkStatus();
+  }
+  if (AllDigits(selector)) {
+    uint32_t index = 0;
+    if (absl::SimpleAtoi(selector, &index) && index < devices.size()) {
+      (*out)[index] = true;
+      return absl::OkStatus();
+    }
+  } else {
+    for (const DeviceView& device : devices) {
+      if (!device.uuid.empty() && absl::EqualsIgnoreCase(selector, device.uuid)) {
+        (*out)[device.index] = true;
+        return absl::OkStatus();
+      }
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": no device \"", selector, "\"; ", DeviceRange(devices.size())));
+}
+
+// The mask of the devices a repeated selector field names; empty means all
+// when `empty_is_all`.
+absl::StatusOr<std::vector<bool>> ResolveSet(
+    absl::string_view field,
+    const google::protobuf::RepeatedPtrField<std::string>& selectors,
+    absl::Span<const DeviceView> devices, bool empty_is_all) {
+  std::vector<bool> mask(devices.size(), empty_is_all && selectors.empty());
+  for (const std::string& selector : selectors) {
+    absl::Status status =
+        ResolveSelector(field, selector, devices, /*allow_all=*/true, &mask);
+    if (!status.ok()) return status;
+  }
+  return mask;
+}
+
+}  // namespace
+
+size_t ResolvedPlacement::allowed_device_count() const {
+  size_t n = 0;
+  for (const std::vector<uint32_t>& stage : stages) n += stage.size();
+  return n;
+}
+
+absl::StatusOr<ResolvedPlacement> ResolvePlacement(
+    const PlacementRequest& request, absl::Span<const DeviceView> devices) {
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i].index != i) {
+      return absl::InternalError(absl::StrCat(
+          "placement: device snapshot entry ", i, " has index ",
+          devices[i].index));
+    }
+  }
+  ResolvedPlacement resolved;
+
+  // Policy first: it does not depend on the devices.
+  switch (request.policy()) {
+    case PlacementRequest::POLICY_UNSPECIFIED:
+    case PlacementRequest::POLICY_LEAST_LOADED:
+      resolved.policy = PlacementRequest::POLICY_LEAST_LOADED;
+      break;
+    case PlacementRequest::POLICY_PACK:
+      resolved.policy = PlacementRequest::POLICY_PACK;
+      break;
+    case PlacementRequest::POLICY_NEAR:
+      resolved.policy = PlacementRequest::POLICY_NEAR;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement.policy: unknown policy ",
+                       static_cast<int>(request.policy())));
+  }
+  if (resolved.policy == PlacementRequest::POLICY_NEAR) {
+    if (request.near().empty()) {
+      return absl::InvalidArgumentError(
+          "placement.near: POLICY_NEAR needs the device to be near");
+    }
+  } else if (!request.near().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement.near: \"", request.near(),
+        "\" is set but the policy is not POLICY_NEAR"));
+  }
+
+  // Every field is resolved before anything is decided, so any unknown
+  // selector is reported whatever the other fields say.
+  std::vector<std::vector<bool>> stage_masks;
+  absl::StatusOr<std::vector<bool>> first =
+      ResolveSet("placement.devices", request.devices(), devices,
+                 /*empty_is_all=*/true);
+  if (!first.ok()) return first.status();
+  stage_masks.push_back(*std::move(first));
+  for (int i = 0; i < request.fallback_size(); ++i) {
+    absl::StatusOr<std::vector<bool>> set =
+        ResolveSet(absl::StrCat("placement.fallback[", i, "]"),
+                   request.fallback(i).devices(), devices,
+                   /*empty_is_all=*/true);
+    if (!set.ok()) return set.status();
+    stage_masks.push_back(*std::move(set));
+  }
+  absl::StatusOr<std::vector<bool>> exclude =
+      ResolveSet("placement.exclude", request.exclude(), devices,
+                 /*empty_is_all=*/false);
+  if (!exclude.ok()) return exclude.status();
+  if (resolved.policy == PlacementRequest::POLICY_NEAR) {
+    std::vector<bool> near(devices.size(), false);
+    absl::Status status = ResolveSelector("placement.near", request.near(),
+                                          devices, /*allow_all=*/false, &near);
+    if (!status.ok()) return status;
+    resolved.near = static_cast<uint32_t>(
+        std::find(near.begin(), near.end(), true) - near.begin());
+  }
+
+  std::vector<bool> seen(devices.size(), false);
+  std::vector<bool> excluded(devices.size(), false);
+  for (const std::vector<bool>& mask : stage_masks) {
+    std::vector<uint32_t> stage;
+    for (uint32_t d = 0; d < devices.size(); ++d) {
+      if (!mask[d] || seen[d]) continue;
+      seen[d] = true;
+      if ((*exclude)[d]) {
+        excluded[d] = true;
+        continue;
+      }
+      stage.push_back(d);
+    }
+    resolved.stages.push_back(std::move(stage));
+  }
+  for (uint32_t d = 0; d < devices.size(); ++d) {
+    if (excluded[d]) resolved.excluded.push_back(d);
+  }
+  return resolved;
+}
+
+}  // namespace placement
+}  // namespace gpumem

@@ -1,0 +1,460 @@
+#include "server/pool/offset_allocator.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_format.h"
+
+// The hot-path helpers are forced inline into Allocate/Free.
+#define GPUMEM_POOL_INLINE __attribute__((always_inline)) inline
+
+namespace gpumem {
+namespace {
+
+[[noreturn]] void Fatal(const char* what, uint32_t handle, uint64_t offset,
+                        uint64_t size) {
+  std::fprintf(stderr,
+               "OffsetAllocator::Free: %s (handle=%u offset=%llu size=%llu)\n",
+               what, handle, static_cast<unsigned long long>(offset),
+               static_cast<unsigned long long>(size));
+  std::abort();
+}
+
+inline int Log2Floor(uint64_t v) { return 63 - __builtin_clzll(v); }
+
+// Padding needed to move `offset` up to a multiple of `alignment` (a power of
+// two); computed without overflow.
+inline uint64_t AlignPad(uint64_t offset, uint64_t alignment) {
+  return (0 - offset) & (alignment - 1);
+}
+
+}  // namespace
+
+uint32_t OffsetAllocator::BinIndex(uint64_t size) {
+  if (size < kBinsPerBand) return static_cast<uint32_t>(size);
+  const int e = Log2Floor(size);  // >= kMantissaBits
+  const uint32_t mantissa =
+      static_cast<uint32_t>(size >> (e - kMantissaBits)) & kBinMask;
+  return (static_cast<uint32_t>(e - kMantissaBits + 1) << kMantissaBits) |
+         mantissa;
+}
+
+uint64_t OffsetAllocator::BinLowerBound(uint32_t bin) {
+  const uint32_t band = bin >> kMantissaBits;
+  if (band == 0) return bin;
+  const int e = static_cast<int>(band) + kMantissaBits - 1;
+  return (static_cast<uint64_t>(kBinsPerBand | (bin & kBinMask)))
+         << (e - kMantissaBits);
+}
+
+OffsetAllocator::OffsetAllocator(uint64_t capacity) : capacity_(capacity) {
+  num_bands_ = capacity == 0 ? 1 : (BinIndex(capacity) >> kMantissaBits) + 1;
+  bin_bitmap_.assign(num_bands_, 0);
+  bin_head_.assign(static_cast<size_t>(num_bands_) << kMantissaBits, kNone);
+  nodes_.reserve(16);
+  if (capacity == 0) return;
+  const uint32_t n = NewNode();  // node 0: always the range at offset 0
+  nodes_[n] = Node{0, capacity, kNone, kNone, kNone, kNone};
+  free_bytes_ = capacity;
+  InsertFree(n);
+}
+
+OffsetAllocator::~OffsetAllocator() = default;
+
+GPUMEM_POOL_INLINE uint32_t OffsetAllocator::NewNode() {
+  if (spare_head_ != kNone) {
+    const uint32_t i = spare_head_;
+    spare_head_ = nodes_[i].next_free;
+    return i;
+  }
+  if (nodes_.size() >= kMaxNodes) {
+    std::fprintf(stderr, "OffsetAllocator: more than %u ranges\n", kMaxNodes);
+    std::abort();
+  }
+  nodes_.push_back(Node{0, 0, kNone, kNone, kSpare, kNone});
+  return static_cast<uint32_t>(nodes_.size() - 1);
+}
+
+GPUMEM_POOL_INLINE void OffsetAllocator::ReleaseNode(uint32_t i) {
+  Node& n = nodes_[i];
+  n.prev_free = kSpare;
+  n.next_free = spare_head_;
+  n.prev_phys = n.next_phys = kNone;
+  n.size = 0;
+  spare_head_ = i;
+}
+
+GPUMEM_POOL_INLINE void OffsetAllocator::InsertFree(uint32_t i) {
+  Node& n = nodes_[i];
+  const uint32_t bin = BinIndex(n.size);
+  const uint32_t head = bin_head_[bin];
+  n.prev_free = kNone;
+  n.next_free = head;
+  if (head != kNone) {
+    nodes_[head].prev_free = i;
+  } else {
+    const uint32_t band = bin >> kMantissaBits;
+    bin_bitmap_[band] |= uint64_t{1} << (bin & kBinMask);
+    band_bitmap_ |= uint64_t{1} << band;
+  }
+  bin_head_[bin] = i;
+  ++free_ranges_;
+}
+
+GPUMEM_POOL_INLINE void OffsetAllocator::RemoveFree(uint32_t i) {
+  Node& n = nodes_[i];
+  if (n.prev_free != kNone) {
+    nodes_[n.prev_free].next_free = n.next_free;
+  } else {
+    const uint32_t bin = BinIndex(n.size);
+    bin_head_[bin] = n.next_free;
+    if (n.next_free == kNone) {
+      const uint32_t band = bin >> kMantissaBits;
+      bin_bitmap_[band] &= ~(uint64_t{1} << (bin & kBinMask));
+      if (bin_bitmap_[band] == 0) band_bitmap_ &= ~(uint64_t{1} << band);
+    }
+  }
+  if (n.next_free != kNone) nodes_[n.next_free].prev_free = n.prev_free;
+  --free_ranges_;
+}
+
+GPUMEM_POOL_INLINE uint32_t OffsetAllocator::FindBinAtOrAbove(uint32_t bin) const {
+  uint32_t band = bin >> kMantissaBits;
+  if (band >= num_bands_) return kNone;
+  const uint64_t in_band =
+      bin_bitmap_[band] & (~uint64_t{0} << (bin & kBinMask));
+  if (in_band != 0) {
+    return (band << kMantissaBits) | __builtin_ctzll(in_band);
+  }
+  if (band + 1 >= 64) return kNone;
+  const uint64_t above = band_bitmap_ & (~uint64_t{0} << (band + 1));
+  if (above == 0) return kNone;
+  band = __builtin_ctzll(above);
+  return (band << kMantissaBits) | __builtin_ctzll(bin_bitmap_[band]);
+}
+
+GPUMEM_POOL_INLINE bool OffsetAllocator::Fits(const Node& n, uint64_t size,
+                           uint64_t alignment) const {
+  const uint64_t pad = AlignPad(n.offset, alignment);
+  return pad <= n.size && size <= n.size - pad;
+}
+
+GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint64_t size, uint64_t alignment,
+                           Block* out) {
+  RemoveFree(i);
+  const uint64_t pad = AlignPad(nodes_[i].offset, alignment);
+  uint32_t u = i;
+  if (pad != 0) {
+    // Head padding stays free in node i; the rest moves to a new node u.
+    u = NewNode();
+    Node& n = nodes_[i];
+    Node& b = nodes_[u];
+    b.offset = n.offset + pad;
+    b.size = n.size - pad;
+    b.prev_phys = i;
+    b.next_phys = n.next_phys;
+    if (n.next_phys != kNone) nodes_[n.next_phys].prev_phys = u;
+    n.next_phys = u;
+    n.size = pad;
+    InsertFree(i);
+  }
+  if (nodes_[u].size > size) {
+    const uint32_t t = NewNode();
+    Node& b = nodes_[u];
+    Node& tail = nodes_[t];
+    tail.offset = b.offset + size;
+    tail.size = b.size - size;
+    tail.prev_phys = u;
+    tail.next_phys = b.next_phys;
+    if (b.next_phys != kNone) nodes_[b.next_phys].prev_phys = t;
+    b.next_phys = t;
+    b.size = size;
+    InsertFree(t);
+  }
+  Node& b = nodes_[u];
+  b.prev_free = kUsed;
+  b.next_free = kNone;
+  free_bytes_ -= size;
+  used_bytes_ += size;
+  ++live_blocks_;
+  out->offset = b.offset;
+  out->size = size;
+  out->handle = u;
+}
+
+bool OffsetAllocator::Allocate(uint64_t size, uint64_t alignment,
+                               Block* out) {
+  if (size == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0 ||
+      size > free_bytes_) {
+    return false;
+  }
+  const uint32_t own_bin = BinIndex(size);
+
+  // 1. Own-bin probe (near best fit).
+  {
+    uint32_t i = bin_head_[own_bin];
+    for (int k = own_bin_probes_; k > 0 && i != kNone; --k) {
+      const Node& n = nodes_[i];
+      if (Fits(n, size, alignment)) {
+        Take(i, size, alignment, out);
+        return true;
+      }
+      i = n.next_free;
+    }
+  }
+
+  // 2. Good fit: round size up to the next bin boundary.
+  const uint32_t up_bin =
+      BinLowerBound(own_bin) == size ? own_bin : own_bin + 1;
+  uint32_t bin = FindBinAtOrAbove(up_bin);
+  if (bin != kNone) {
+    const uint32_t i = bin_head_[bin];
+    if (Fits(nodes_[i], size, alignment)) {
+      Take(i, size, alignment, out);
+      return true;
+    }
+  }
+
+  // 3. Alignment-safe fit: any range >= size + alignment - 1 fits.
+  uint32_t limit_bin = up_bin;
+  if (alignment > 1) {
+    const uint64_t worst = size + (alignment - 1) < size
+                               ? ~uint64_t{0}
+                               : size + (alignment - 1);
+    const uint32_t worst_bin = BinIndex(worst);
+    limit_bin = BinLowerBound(worst_bin) == worst ? worst_bin : worst_bin + 1;
+    bin = FindBinAtOrAbove(limit_bin);
+    if (bin != kNone) {
+      Take(bin_head_[bin], size, alignment, out);
+      return true;
+    }
+  }
+
+  // 4. Exact fallback over the bins that may still hold a fitting range.
+  for (bin = FindBinAtOrAbove(own_bin); bin != kNone && bin < limit_bin;
+       bin = FindBinAtOrAbove(bin + 1)) {
+    for (uint32_t i = bin_head_[bin]; i != kNone; i = nodes_[i].next_free) {
+      if (Fits(nodes_[i], size, alignment)) {
+        Take(i, size, alignment, out);
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+void OffsetAllocator::Free(const Block& block) {
+  uint32_t u = block.handle;
+  if (u >= nodes_.size()) Fatal("bad handle", u, block.offset, block.size);
+  {
+    const Node& n = nodes_[u];
+    if (n.prev_free != kUsed) Fatal("block not live", u, block.offset, block.size);
+    if (n.offset != block.offset || n.size != block.size) {
+      Fatal("offset/size do not match handle", u, block.offset, block.size);
+    }
+  }
+  free_bytes_ += block.size;
+  used_bytes_ -= block.size;
+  --live_blocks_;
+
+  const uint32_t p = nodes_[u].prev_phys;
+  if (p != kNone && IsFree(nodes_[p])) {
+    RemoveFree(p);
+    Node& prev = nodes_[p];
+    const Node& cur = nodes_[u];
+    prev.size += cur.size;
+    prev.next_phys = cur.next_phys;
+    if (cur.next_phys != kNone) nodes_[cur.next_phys].prev_phys = p;
+    ReleaseNode(u);
+    u = p;
+  }
+  const uint32_t nx = nodes_[u].next_phys;
+  if (nx != kNone && IsFree(nodes_[nx])) {
+    RemoveFree(nx);
+    Node& cur = nodes_[u];
+    const Node& next = nodes_[nx];
+    cur.size += next.size;
+    cur.next_phys = next.next_phys;
+    if (next.next_phys != kNone) nodes_[next.next_phys].prev_phys = u;
+    ReleaseNode(nx);
+  }
+  InsertFree(u);
+}
+
+uint64_t OffsetAllocator::largest_free() const {
+  if (band_bitmap_ == 0) return 0;
+  const uint32_t band = Log2Floor(band_bitmap_);
+  const uint32_t bin = (band << kMantissaBits) | Log2Floor(bin_bitmap_[band]);
+  uint64_t best = 0;
+  for (uint32_t i = bin_head_[bin]; i != kNone; i = nodes_[i].next_free) {
+    if (nodes_[i].size > best) best = nodes_[i].size;
+  }
+  return best;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> OffsetAllocator::FreeRangeList()
+    const {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  out.reserve(free_ranges_);
+  if (capacity_ == 0) return out;
+  for (uint32_t i = 0; i != kNone; i = nodes_[i].next_phys) {
+    if (IsFree(nodes_[i])) out.emplace_back(nodes_[i].offset, nodes_[i].size);
+  }
+  return out;
+}
+
+uint64_t OffsetAllocator::metadata_bytes() const {
+  return sizeof(*this) + nodes_.capacity() * sizeof(Node) +
+         bin_head_.capacity() * sizeof(uint32_t) +
+         bin_bitmap_.capacity() * sizeof(uint64_t);
+}
+
+absl::Status OffsetAllocator::Validate() const {
+  auto fail = [](const std::string& msg) { return absl::InternalError(msg); };
+  const size_t nn = nodes_.size();
+  // Where each slot was seen: 0 = nowhere, 1 = address list, 2 = spare list.
+  std::vector<uint8_t> seen(nn, 0);
+  uint64_t free_sum = 0, used_sum = 0, live = 0, free_count = 0;
+
+  if (capacity_ == 0) {
+    if (nn != 0 || free_bytes_ != 0 || used_bytes_ != 0 || live_blocks_ != 0 ||
+        free_ranges_ != 0 || band_bitmap_ != 0) {
+      return fail("I5 counters: empty slab with non-zero state");
+    }
+    return absl::OkStatus();
+  }
+  // I1, I2: address list.
+  if (nn == 0) return fail("I1 address list: no node 0");
+  if (nodes_[0].prev_phys != kNone || nodes_[0].offset != 0) {
+    return fail("I1 address list: node 0 is not the range at offset 0");
+  }
+  uint64_t expect_offset = 0;
+  uint32_t prev = kNone;
+  bool prev_free = false;
+  for (uint32_t i = 0; i != kNone; i = nodes_[i].next_phys) {
+    if (i >= nn) return fail(absl::StrFormat("I1 address list: index %u out of range", i));
+    if (seen[i]) return fail(absl::StrFormat("I1 address list: cycle at node %u", i));
+    seen[i] = 1;
+    const Node& n = nodes_[i];
+    if (n.prev_free == kSpare) {
+      return fail(absl::StrFormat("I6 node pool: spare slot %u on address list", i));
+    }
+    if (n.prev_phys != prev) {
+      return fail(absl::StrFormat("I1 address list: bad back link at node %u", i));
+    }
+    if (n.offset != expect_offset) {
+      return fail(absl::StrFormat(
+          "I1 address list: node %u at offset %u, expected %u (gap/overlap)",
+          i, n.offset, expect_offset));
+    }
+    if (n.size == 0) return fail(absl::StrFormat("I1 address list: node %u has size 0", i));
+    if (n.size > capacity_ - n.offset) {
+      return fail(absl::StrFormat("I1 address list: node %u runs past capacity", i));
+    }
+    const bool is_free = IsFree(n);
+    if (is_free && prev_free) {
+      return fail(absl::StrFormat(
+          "I2 coalescing: free ranges at %u and %u are adjacent",
+          nodes_[prev].offset, n.offset));
+    }
+    if (is_free) {
+      free_sum += n.size;
+      ++free_count;
+      if (n.prev_free == kNone && bin_head_[BinIndex(n.size)] != i) {
+        return fail(absl::StrFormat(
+            "I3 bins: free node %u (size %u) is not linked into bin %u", i,
+            n.size, BinIndex(n.size)));
+      }
+    } else {
+      used_sum += n.size;
+      ++live;
+    }
+    expect_offset = n.offset + n.size;
+    prev = i;
+    prev_free = is_free;
+  }
+  if (expect_offset != capacity_) {
+    return fail(absl::StrFormat("I1 address list: ranges end at %u, capacity %u",
+                                expect_offset, capacity_));
+  }
+  // I6: spare list.
+  uint64_t spare = 0;
+  for (uint32_t i = spare_head_; i != kNone; i = nodes_[i].next_free) {
+    if (i >= nn) return fail(absl::StrFormat("I6 node pool: spare index %u out of range", i));
+    if (seen[i] == 1) return fail(absl::StrFormat("I6 node pool: slot %u both live and spare", i));
+    if (seen[i] == 2) return fail(absl::StrFormat("I6 node pool: cycle in spare list at %u", i));
+    if (nodes_[i].prev_free != kSpare) {
+      return fail(absl::StrFormat("I6 node pool: spare slot %u not marked spare", i));
+    }
+    seen[i] = 2;
+    ++spare;
+  }
+  for (size_t i = 0; i < nn; ++i) {
+    if (seen[i] == 0) return fail(absl::StrFormat("I6 node pool: slot %u leaked", i));
+  }
+  // I3, I4: bins and bitmaps.
+  uint64_t binned = 0;
+  const uint32_t num_bins = num_bands_ << kMantissaBits;
+  for (uint32_t band = 0; band < 64; ++band) {
+    const bool band_bit = (band_bitmap_ >> band) & 1;
+    if (band >= num_bands_) {
+      if (band_bit) return fail(absl::StrFormat("I4 bitmaps: band %u beyond capacity set", band));
+      continue;
+    }
+    if (band_bit != (bin_bitmap_[band] != 0)) {
+      return fail(absl::StrFormat("I4 bitmaps: band %u bit disagrees with its bins", band));
+    }
+    if (kBinsPerBand < 64 && (bin_bitmap_[band] >> kBinsPerBand) != 0) {
+      return fail(absl::StrFormat("I4 bitmaps: band %u has bits past its bins", band));
+    }
+  }
+  for (uint32_t bin = 0; bin < num_bins; ++bin) {
+    const bool bit = (bin_bitmap_[bin >> kMantissaBits] >> (bin & kBinMask)) & 1;
+    if (bit != (bin_head_[bin] != kNone)) {
+      return fail(absl::StrFormat("I4 bitmaps: bin %u bit disagrees with its list", bin));
+    }
+    uint32_t back = kNone;
+    for (uint32_t i = bin_head_[bin]; i != kNone; i = nodes_[i].next_free) {
+      if (i >= nn || seen[i] != 1) {
+        return fail(absl::StrFormat("I3 bins: bin %u holds node %u that is not a range", bin, i));
+      }
+      const Node& n = nodes_[i];
+      if (!IsFree(n)) return fail(absl::StrFormat("I3 bins: bin %u holds live node %u", bin, i));
+      if (n.prev_free != back) {
+        return fail(absl::StrFormat("I3 bins: bad back link at node %u in bin %u", i, bin));
+      }
+      if (BinIndex(n.size) != bin) {
+        return fail(absl::StrFormat("I3 bins: node %u of size %u in bin %u, belongs in %u",
+                                    i, n.size, bin, BinIndex(n.size)));
+      }
+      if (++binned > free_count) {
+        return fail("I3 bins: more binned ranges than free ranges (cycle?)");
+      }
+      back = i;
+    }
+  }
+  if (binned != free_count) {
+    return fail(absl::StrFormat("I3 bins: %u ranges binned, %u free ranges", binned,
+                                free_count));
+  }
+  // I5: counters.
+  if (free_sum != free_bytes_) {
+    return fail(absl::StrFormat("I5 counters: free_bytes %u, ranges sum to %u",
+                                free_bytes_, free_sum));
+  }
+  if (used_sum != used_bytes_) {
+    return fail(absl::StrFormat("I5 counters: used_bytes %u, blocks sum to %u",
+                                used_bytes_, used_sum));
+  }
+  if (live != live_blocks_) {
+    return fail(absl::StrFormat("I5 counters: live_blocks %u, counted %u", live_blocks_, live));
+  }
+  if (free_count != free_ranges_) {
+    return fail(absl::StrFormat("I5 counters: free_ranges %u, counted %u", free_ranges_,
+                                free_count));
+  }
+  (void)spare;
+  return absl::OkStatus();
+}
+
+}  // namespace gpumem

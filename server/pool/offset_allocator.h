@@ -1,0 +1,200 @@
+// OffsetAllocator: an O(1) sub-allocator of offsets inside one slab.
+//
+// WHAT IT IS FOR
+//   The SlabPool owns big device slabs (64 MiB .. hundreds of GiB) and hands
+//   out pieces of them. This class does the bookkeeping for one slab: it
+//   manages the integer range [0, capacity) and never touches the managed
+//   memory itself (all metadata lives in ordinary host memory owned by this
+//   object). It is single-threaded; the SlabPool serialises calls under its
+//   own mutex.
+//
+// WHAT IT GUARANTEES
+//   * Allocate(size, alignment) returns a block [offset, offset + size) with
+//     offset % alignment == 0 that lies inside [0, capacity) and overlaps no
+//     other live block. The block holds exactly `size` bytes: any slack in
+//     front of it (alignment padding) or behind it is split off and stays a
+//     free range, so used_bytes() + free_bytes() == capacity() always.
+//   * Allocate returns false ONLY if no free range can hold `size` bytes at
+//     the requested alignment (checked exactly, see "Search" below). Invalid
+//     arguments (size 0, alignment not a power of two) also return false.
+//   * Free returns the block's bytes and immediately coalesces them with free
+//     neighbours, so two free ranges are never adjacent.
+//   * Allocate and Free do O(1) work (a bounded number of bit scans and list
+//     link updates) except in the exact-fit fallback described below, which
+//     runs only when the O(1) searches found nothing. When the node pool is
+//     warm (a previous peak in the number of ranges was at least as high)
+//     neither call allocates host memory.
+//   * 64-bit sizes and offsets throughout; capacity may be any value up to
+//     2^64 - 1.
+//
+// HOW
+//   Every range of the slab, free or live, is a Node in one array (nodes_),
+//   addressed by 32-bit index. Nodes form a doubly linked list in address
+//   order (prev_phys/next_phys), which makes coalescing O(1). Node slots that
+//   are not in use sit on a singly linked list of spare slots, so steady-state
+//   churn reuses slots; the array only grows (by doubling, std::vector) when a
+//   new peak of ranges is reached. A live block's handle is its node index.
+//
+//   Free ranges are binned TLSF-style: a size's bin is a "float" with
+//   kMantissaBits mantissa bits (sizes below 2^kMantissaBits get one bin per
+//   size), so within a power-of-two band there are 2^kMantissaBits bins and a
+//   bin's sizes differ by at most 1/2^kMantissaBits relative. Each bin is a
+//   doubly linked list threaded through the nodes (prev_free/next_free). A
+//   64-bit bitmap says which bands have a non-empty bin, and one 64-bit
+//   bitmap per band says which of its bins are non-empty, so "first
+//   non-empty bin at or above b" is two count-trailing-zeros.
+//
+//   Search, for Allocate(size, alignment):
+//     1. Own-bin probe: look at up to own_bin_probes() ranges of size's own bin
+//        (the bin containing `size`; its ranges may be a bit smaller or a bit
+//        larger than `size`) and take the first that fits. This is what makes
+//        the placement close to best fit (and utilisation high).
+//     2. Good fit: the first non-empty bin whose lower bound is >= size (size
+//        rounded up to the next bin). Its head range is >= size; take it if
+//        it also fits the alignment.
+//     3. If alignment > 1: the first non-empty bin whose lower bound is
+//        >= size + alignment - 1; any range there fits whatever its offset.
+//     4. Exact fallback (only if 1-3 found nothing): walk every free range in
+//        every non-empty bin from size's own bin up to (not including) the
+//        bin of step 3 (step 2 if alignment == 1), testing each range
+//        exactly. These are the only bins that can hold a fitting range that
+//        steps 2-3 could miss. Cost: O(number of free ranges in those bins);
+//        for alignment 1 that is one bin, and it is only paid when the slab
+//        is nearly full or fragmented for this request (often right before a
+//        refusal, which then is proven correct).
+//   Once a range is chosen it is unlinked from its bin; alignment padding in
+//   front becomes (stays) a free range, the tail behind the block becomes a
+//   new free range; both are put back in their bins.
+//
+// INVARIANTS (checked by Validate())
+//   I1 Address list: starting at node 0 (offset 0) the prev_phys/next_phys
+//      list visits ranges of size > 0 that tile [0, capacity) exactly, with
+//      consistent back links.
+//   I2 Coalescing: no two address-adjacent ranges are both free.
+//   I3 Bins: every free range is in exactly the bin BinIndex(size) (doubly
+//      linked, consistent back links), bins hold only free ranges, and the
+//      number of ranges in bins equals the number of free ranges in I1.
+//   I4 Bitmaps: a band's bit / a bin's bit is set iff the band / bin is
+//      non-empty.
+//   I5 Counters: free_bytes/used_bytes/live_blocks/free_ranges equal the sums
+//      over the address list.
+//   I6 Node pool: every slot of nodes_ is either on the address list or on
+//      the spare list, and never both.
+//
+// Metadata: sizeof(Node) == 32 bytes per range (live or free), plus the bin
+// heads (4 bytes per bin, 2^kMantissaBits bins per power of two up to the
+// capacity) and the std::vector's doubling slack.
+#ifndef GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
+#define GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace gpumem {
+
+class OffsetAllocator {
+ public:
+  // A live block. `handle` is opaque and identifies the block for O(1) Free.
+  struct Block {
+    uint64_t offset = 0;
+    uint64_t size = 0;    // the size that was asked for
+    uint32_t handle = 0;
+  };
+
+  static constexpr int kMantissaBits = 5;
+  static constexpr int kDefaultOwnBinProbes = 8;
+
+  explicit OffsetAllocator(uint64_t capacity);
+  OffsetAllocator(const OffsetAllocator&) = delete;
+  OffsetAllocator& operator=(const OffsetAllocator&) = delete;
+  ~OffsetAllocator();
+
+  // size >= 1; alignment a power of two >= 1. Returns false when no free
+  // range can hold it (never while one exists).
+  bool Allocate(uint64_t size, uint64_t alignment, Block* out);
+  // `block` must be a live block returned by Allocate (checked; a mismatch
+  // aborts the process, since it means the caller corrupted its state).
+  void Free(const Block& block);
+
+  uint64_t capacity() const { return capacity_; }
+  uint64_t used_bytes() const { return used_bytes_; }  // sum of asked sizes
+  uint64_t free_bytes() const { return free_bytes_; }  // capacity - live bytes
+  uint64_t largest_free() const;   // largest free range (0 if none)
+  uint64_t live_blocks() const { return live_blocks_; }
+
+  // Extra accessors (tests, benchmarks, SlabPool statistics).
+  uint64_t free_ranges() const { return free_ranges_; }
+  // Free ranges as (offset, size) in address order. O(ranges).
+  std::vector<std::pair<uint64_t, uint64_t>> FreeRangeList() const;
+  // Host bytes held: node array capacity, bin tables and the object itself.
+  uint64_t metadata_bytes() const;
+  // Host bytes of nodes currently describing a range (live or free).
+  uint64_t nodes_in_use_bytes() const {
+    return (live_blocks_ + free_ranges_) * sizeof(Node);
+  }
+
+  // Tuning: how many ranges of the request's own bin step 1 of the search
+  // looks at (0 disables it). More = closer to best fit, slower.
+  void set_own_bin_probes(int n) { own_bin_probes_ = n < 0 ? 0 : n; }
+  int own_bin_probes() const { return own_bin_probes_; }
+
+  // Checks every invariant; returns INTERNAL describing the first broken one.
+  absl::Status Validate() const;
+
+  // Bin mapping, public for tests. BinIndex is monotonic in size;
+  // BinLowerBound(BinIndex(s)) <= s < BinLowerBound(BinIndex(s) + 1).
+  static uint32_t BinIndex(uint64_t size);
+  static uint64_t BinLowerBound(uint32_t bin);
+
+ private:
+  static constexpr uint32_t kNone = 0xFFFFFFFFu;    // no node / no bin
+  static constexpr uint32_t kUsed = 0xFFFFFFFEu;    // prev_free of a live node
+  static constexpr uint32_t kSpare = 0xFFFFFFFDu;   // prev_free of a spare slot
+  static constexpr uint32_t kMaxNodes = 0xFFFFFFF0u;
+  static constexpr uint32_t kBinsPerBand = 1u << kMantissaBits;
+  static constexpr uint32_t kBinMask = kBinsPerBand - 1;
+
+  struct Node {
+    uint64_t offset;
+    uint64_t size;
+    uint32_t prev_phys;
+    uint32_t next_phys;
+    // Free node: bin list links (kNone at the ends). Live node: prev_free ==
+    // kUsed. Spare slot: prev_free == kSpare, next_free = next spare slot.
+    uint32_t prev_free;
+    uint32_t next_free;
+  };
+  static_assert(sizeof(Node) == 32, "Node must stay 32 bytes");
+
+  static bool IsFree(const Node& n) {
+    return n.prev_free != kUsed && n.prev_free != kSpare;
+  }
+
+  uint32_t NewNode();
+  void ReleaseNode(uint32_t i);
+  void InsertFree(uint32_t i);
+  void RemoveFree(uint32_t i);
+  uint32_t FindBinAtOrAbove(uint32_t bin) const;
+  bool Fits(const Node& n, uint64_t size, uint64_t alignment) const;
+  void Take(uint32_t i, uint64_t size, uint64_t alignment, Block* out);
+
+  uint64_t capacity_;
+  uint64_t used_bytes_ = 0;
+  uint64_t free_bytes_ = 0;
+  uint64_t live_blocks_ = 0;
+  uint64_t free_ranges_ = 0;
+  int own_bin_probes_ = kDefaultOwnBinProbes;
+  uint32_t num_bands_ = 0;           // bands that can hold sizes <= capacity
+  uint32_t spare_head_ = kNone;      // first spare node slot
+  uint64_t band_bitmap_ = 0;         // bit f: band f has a non-empty bin
+  std::vector<uint64_t> bin_bitmap_;  // per band: bit s: bin non-empty
+  std::vector<uint32_t> bin_head_;    // per bin: first free node or kNone
+  std::vector<Node> nodes_;
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
