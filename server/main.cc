@@ -164,7 +164,9 @@ int Run() {
   }
   std::cerr << "gpumemd: signal " << sig << ", shutting down\n";
   listener.Stop();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // In-flight calls are sub-millisecond; idle client connections would
+  // otherwise hold Shutdown until the deadline.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
   broker.Shutdown();
   std::cerr << "gpumemd: stopped; every slab released\n";
   return 0;

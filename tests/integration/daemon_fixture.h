@@ -1,0 +1,76 @@
+// DaemonProcess: a real gpumemd for a test, started as a child process on a
+// private socket, and helpers to run other programs (test clients) as
+// separate processes.
+//
+// Start() fork+execs the daemon binary from the test's runfiles and waits for
+// its socket; Stop() sends SIGTERM and returns the exit status, so tests can
+// assert a clean shutdown. The destructor kills a daemon still running.
+#ifndef GPUMEMD_TESTS_INTEGRATION_DAEMON_FIXTURE_H_
+#define GPUMEMD_TESTS_INTEGRATION_DAEMON_FIXTURE_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace gpumem {
+namespace testing {
+
+// Path of a binary in this test's runfiles, e.g. "server/gpumemd".
+std::string RunfilePath(const std::string& workspace_relative);
+
+// A fresh directory under /tmp (short enough for a Unix socket path),
+// mode 0755 so that tests may run clients as another uid.
+std::string MakeTempDir();
+
+class DaemonProcess {
+ public:
+  explicit DaemonProcess(std::vector<std::string> extra_args = {});
+  ~DaemonProcess();
+
+  // Starts the daemon and waits up to 10 s for its socket. False on failure.
+  bool Start();
+  // SIGTERM, then waits; returns the exit status (or -signal, or -1000 when
+  // it did not stop within 10 s).
+  int Stop();
+
+  const std::string& socket() const { return socket_; }
+  // The daemon's private directory (mode 0755, removed with the fixture).
+  const std::string& dir() const { return dir_; }
+  pid_t pid() const { return pid_; }
+  // What the daemon wrote to stderr so far.
+  std::string Log() const;
+
+ private:
+  std::vector<std::string> args_;
+  std::string dir_;
+  std::string socket_;
+  std::string log_;
+  pid_t pid_ = -1;
+};
+
+// A child process with its stdout on a pipe the test reads line by line.
+class ChildProcess {
+ public:
+  // Starts argv[0] (a path) with argv; stdin is /dev/null.
+  explicit ChildProcess(const std::vector<std::string>& argv, uid_t run_as = 0);
+  ~ChildProcess();  // SIGKILLs and reaps a child still running
+
+  // The next line of the child's stdout (without '\n'); empty on EOF or
+  // after timeout_ms.
+  std::string ReadLine(int timeout_ms = 10000);
+  void Kill(int sig);
+  // Waits for exit; returns the exit status, or -signal if killed.
+  int Wait();
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string buffer_;
+};
+
+}  // namespace testing
+}  // namespace gpumem
+
+#endif  // GPUMEMD_TESTS_INTEGRATION_DAEMON_FIXTURE_H_
