@@ -37,7 +37,7 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   if (suffix.empty() || suffix == "b") {
     shift = 0;
   } else {
-    static const char kUnits[] = "kmgtp";
+    static const char kUnits[] = "kmgtpe";
     const char* u = std::strchr(kUnits, suffix[0]);
     if (u == nullptr) return Bad(text, "unknown unit");
     absl::string_view rest = absl::string_view(suffix).substr(1);

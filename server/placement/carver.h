@@ -37,7 +37,7 @@ namespace placement {
 struct CarvedBlock {
   uint32_t device = 0;
   uint64_t size_bytes = 0;
-  uint64_t id = 0;       // carver-assigned; e.g. the allocation id
+  uint64_t id = 0;  // carver-assigned; e.g. the allocation id
   uint64_t slab_id = 0;
   uint64_t offset = 0;
 };

@@ -54,10 +54,9 @@ PlacementResult Placer::Allocate(const gpumem::v1::AllocateRequest& request,
   // Largest shard first; equal sizes keep shard order.
   std::vector<size_t> shard_order(shard_count);
   std::iota(shard_order.begin(), shard_order.end(), 0);
-  std::stable_sort(shard_order.begin(), shard_order.end(),
-                   [&](size_t a, size_t b) {
-                     return plan->sizes[a] > plan->sizes[b];
-                   });
+  std::stable_sort(
+      shard_order.begin(), shard_order.end(),
+      [&](size_t a, size_t b) { return plan->sizes[a] > plan->sizes[b]; });
 
   std::vector<std::optional<CarvedBlock>> blocks(shard_count);
   // holder[d]: the shard device d holds, if any.

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/byte_size.h"
 
 namespace gpumem {
 namespace placement {
@@ -13,24 +14,12 @@ namespace placement {
 using ::gpumem::v1::DeviceRefusal;
 using ::gpumem::v1::PlacementRefusal;
 
-std::string FormatBytes(uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB",
-                                           "EiB"};
-  if (bytes < 1024) return absl::StrCat(bytes, " B");
-  double value = static_cast<double>(bytes) / 1024.0;
-  int unit = 0;
-  while (value >= 1024.0 && unit < 5) {
-    value /= 1024.0;
-    ++unit;
-  }
-  return absl::StrFormat("%.2f %s", value, kUnits[unit]);
-}
-
 namespace {
 
 std::string DescribeDevice(const DeviceRefusal& d) {
   std::string out = absl::StrCat("device ", d.device_index());
-  if (!d.device_uuid().empty()) absl::StrAppend(&out, " (", d.device_uuid(), ")");
+  if (!d.device_uuid().empty())
+    absl::StrAppend(&out, " (", d.device_uuid(), ")");
   absl::StrAppend(&out, ": ");
   switch (d.reason()) {
     case DeviceRefusal::REASON_CAPACITY:
@@ -63,11 +52,11 @@ std::string DescribeDevice(const DeviceRefusal& d) {
 std::string DescribeRefusal(const PlacementRefusal& refusal) {
   std::string out;
   if (refusal.shard_count() > 0) {
-    out = absl::StrCat("cannot place shard ", refusal.shard_index(), " (",
-                       FormatBytes(refusal.size_bytes()), ") of ",
-                       refusal.shard_count(), " shards totalling ",
-                       FormatBytes(refusal.total_bytes()),
-                       "; no shard was kept");
+    out =
+        absl::StrCat("cannot place shard ", refusal.shard_index(), " (",
+                     FormatBytes(refusal.size_bytes()), ") of ",
+                     refusal.shard_count(), " shards totalling ",
+                     FormatBytes(refusal.total_bytes()), "; no shard was kept");
   } else {
     out = absl::StrCat("cannot place ", FormatBytes(refusal.size_bytes()));
   }

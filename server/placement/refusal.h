@@ -26,8 +26,6 @@ namespace placement {
 inline constexpr absl::string_view kPlacementRefusalTypeUrl =
     "type.googleapis.com/gpumem.v1.PlacementRefusal";
 
-// "512 B", "1.50 KiB", "8.00 GiB" (binary units, two decimals).
-std::string FormatBytes(uint64_t bytes);
 
 // The message text for `refusal`.
 std::string DescribeRefusal(const gpumem::v1::PlacementRefusal& refusal);

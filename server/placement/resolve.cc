@@ -31,7 +31,8 @@ std::string DeviceRange(size_t count) {
 
 // Adds the devices `selector` names to `out` (a membership mask), or
 // INVALID_ARGUMENT naming `field`.
-absl::Status ResolveSelector(absl::string_view field, absl::string_view selector,
+absl::Status ResolveSelector(absl::string_view field,
+                             absl::string_view selector,
                              absl::Span<const DeviceView> devices,
                              bool allow_all, std::vector<bool>* out) {
   if (selector.empty()) {
@@ -54,7 +55,8 @@ absl::Status ResolveSelector(absl::string_view field, absl::string_view selector
     }
   } else {
     for (const DeviceView& device : devices) {
-      if (!device.uuid.empty() && absl::EqualsIgnoreCase(selector, device.uuid)) {
+      if (!device.uuid.empty() &&
+          absl::EqualsIgnoreCase(selector, device.uuid)) {
         (*out)[device.index] = true;
         return absl::OkStatus();
       }
@@ -91,9 +93,9 @@ absl::StatusOr<ResolvedPlacement> ResolvePlacement(
     const PlacementRequest& request, absl::Span<const DeviceView> devices) {
   for (size_t i = 0; i < devices.size(); ++i) {
     if (devices[i].index != i) {
-      return absl::InternalError(absl::StrCat(
-          "placement: device snapshot entry ", i, " has index ",
-          devices[i].index));
+      return absl::InternalError(
+          absl::StrCat("placement: device snapshot entry ", i, " has index ",
+                       devices[i].index));
     }
   }
   ResolvedPlacement resolved;
@@ -121,9 +123,9 @@ absl::StatusOr<ResolvedPlacement> ResolvePlacement(
           "placement.near: POLICY_NEAR needs the device to be near");
     }
   } else if (!request.near().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placement.near: \"", request.near(),
-        "\" is set but the policy is not POLICY_NEAR"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement.near: \"", request.near(),
+                     "\" is set but the policy is not POLICY_NEAR"));
   }
 
   // Every field is resolved before anything is decided, so any unknown

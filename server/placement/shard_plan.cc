@@ -9,9 +9,9 @@ namespace {
 bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 absl::Status TooManyShards(size_t shards, size_t max_shards) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      shards, " shards need ", shards,
-      " distinct devices; the placement allows ", max_shards));
+  return absl::InvalidArgumentError(
+      absl::StrCat(shards, " shards need ", shards,
+                   " distinct devices; the placement allows ", max_shards));
 }
 
 }  // namespace
@@ -23,16 +23,16 @@ absl::StatusOr<ShardPlan> PlanShards(const gpumem::v1::AllocateRequest& request,
   plan.alignment =
       request.alignment() == 0 ? default_alignment : request.alignment();
   if (!IsPowerOfTwo(plan.alignment)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "alignment ", plan.alignment, " is not a power of two"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("alignment ", plan.alignment, " is not a power of two"));
   }
 
   if (request.shard_sizes_size() > 0) {
     const size_t n = request.shard_sizes_size();
     if (request.shard_count() != 0 && request.shard_count() != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shard_count ", request.shard_count(), " disagrees with the ", n,
-          " entries of shard_sizes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard_count ", request.shard_count(),
+                       " disagrees with the ", n, " entries of shard_sizes"));
     }
     if (n > max_shards) return TooManyShards(n, max_shards);
     uint64_t total = 0;
@@ -48,9 +48,9 @@ absl::StatusOr<ShardPlan> PlanShards(const gpumem::v1::AllocateRequest& request,
       total += size;
     }
     if (request.size_bytes() != 0 && request.size_bytes() != total) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "size_bytes ", request.size_bytes(),
-          " disagrees with the sum of shard_sizes, ", total));
+      return absl::InvalidArgumentError(
+          absl::StrCat("size_bytes ", request.size_bytes(),
+                       " disagrees with the sum of shard_sizes, ", total));
     }
     plan.sharded = true;
     plan.sizes.assign(request.shard_sizes().begin(),

@@ -29,7 +29,7 @@ struct ShardPlan {
   bool sharded = false;
   std::vector<uint64_t> sizes;  // one, or one per shard in shard order
   uint64_t total_bytes = 0;
-  uint64_t alignment = 0;       // a power of two
+  uint64_t alignment = 0;  // a power of two
 };
 
 // Checks `request` and lays out its blocks. `default_alignment` replaces an

@@ -1,0 +1,237 @@
+// Selector resolution into stages (server/placement/resolve.h).
+#include "server/placement/resolve.h"
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "tests/placement/fake_carver.h"
+
+namespace gpumem {
+namespace placement {
+namespace {
+
+using ::gpumem::v1::PlacementRequest;
+using ::testing::ElementsAreArray;
+using testing::FakeUuid;
+using ::testing::HasSubstr;
+
+std::vector<DeviceView> FourDevices() {
+  std::vector<DeviceView> devices;
+  for (uint32_t i = 0; i < 4; ++i) {
+    DeviceView d;
+    d.index = i;
+    d.uuid = FakeUuid(i);
+    devices.push_back(d);
+  }
+  return devices;
+}
+
+PlacementRequest Parse(const std::string& text) {
+  PlacementRequest request;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &request))
+      << text;
+  return request;
+}
+
+struct ResolveCase {
+  std::string name;
+  std::string request;  // PlacementRequest, text format
+  std::vector<std::vector<uint32_t>> stages;
+  std::vector<uint32_t> excluded;
+  PlacementRequest::Policy policy = PlacementRequest::POLICY_LEAST_LOADED;
+  int near = -1;
+  std::string error;  // substring of an INVALID_ARGUMENT message
+};
+
+// Shown by gtest instead of the bytes of the case.
+void PrintTo(const ResolveCase& c, std::ostream* os) {
+  *os << "\"" << c.name << "\"";
+}
+
+class ResolveTest : public ::testing::TestWithParam<ResolveCase> {};
+
+TEST_P(ResolveTest, Resolves) {
+  const ResolveCase& c = GetParam();
+  absl::StatusOr<ResolvedPlacement> got =
+      ResolvePlacement(Parse(c.request), FourDevices());
+  if (!c.error.empty()) {
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(got.status().message()), HasSubstr(c.error));
+    return;
+  }
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->stages.size(), c.stages.size());
+  for (size_t i = 0; i < c.stages.size(); ++i) {
+    EXPECT_THAT(got->stages[i], ElementsAreArray(c.stages[i])) << "stage " << i;
+  }
+  EXPECT_THAT(got->excluded, ElementsAreArray(c.excluded));
+  EXPECT_EQ(got->policy, c.policy);
+  if (c.near < 0) {
+    EXPECT_FALSE(got->near.has_value());
+  } else {
+    ASSERT_TRUE(got->near.has_value());
+    EXPECT_EQ(*got->near, static_cast<uint32_t>(c.near));
+  }
+}
+
+const std::string kUuid2 = FakeUuid(2);
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, ResolveTest,
+    ::testing::Values(
+        ResolveCase{"EmptyMeansAll", "", {{0, 1, 2, 3}}, {}},
+        ResolveCase{"AllLiteral", R"(devices: "ALL")", {{0, 1, 2, 3}}, {}},
+        ResolveCase{"Indices", R"(devices: "2" devices: "0")", {{0, 2}}, {}},
+        ResolveCase{"DuplicatesDeduped",
+                    R"(devices: "1" devices: "01" devices: "1")",
+                    {{1}},
+                    {}},
+        ResolveCase{"Uuid", "devices: \"" + kUuid2 + "\"", {{2}}, {}},
+        ResolveCase{"UuidAnyCase",
+                    "devices: \"" + absl::AsciiStrToLower(kUuid2) + "\"",
+                    {{2}},
+                    {}},
+        ResolveCase{"FallbacksInOrderAndDisjoint",
+                    R"(devices: "0" fallback { devices: "0" devices: "1" }
+                       fallback { devices: "3" } fallback {})",
+                    {{0}, {1}, {3}, {2}},
+                    {}},
+        ResolveCase{"ExcludeAppliesToEveryStage",
+                    R"(devices: "0" devices: "1" exclude: "1" exclude: "3"
+                       fallback { devices: "all" })",
+                    {{0}, {2}},
+                    {1, 3}},
+        ResolveCase{"ExcludeOutsideStagesNotListed",
+                    R"(devices: "0" exclude: "2")",
+                    {{0}},
+                    {}},
+        ResolveCase{"ExcludeAll", R"(exclude: "all")", {{}}, {0, 1, 2, 3}},
+        ResolveCase{"Pack",
+                    R"(policy: POLICY_PACK)",
+                    {{0, 1, 2, 3}},
+                    {},
+                    PlacementRequest::POLICY_PACK},
+        ResolveCase{"NearByUuid",
+                    "policy: POLICY_NEAR near: \"" + kUuid2 + "\"",
+                    {{0, 1, 2, 3}},
+                    {},
+                    PlacementRequest::POLICY_NEAR,
+                    2},
+        ResolveCase{"NearMayBeExcluded",
+                    R"(policy: POLICY_NEAR near: "1" exclude: "1")",
+                    {{0, 2, 3}},
+                    {1},
+                    PlacementRequest::POLICY_NEAR,
+                    1},
+        ResolveCase{"UnknownIndexInDevices",
+                    R"(devices: "0" devices: "4")",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "placement.devices: no device \"4\"; devices are 0..3"},
+        ResolveCase{"UnknownUuidInDevices",
+                    R"(devices: "GPU-dead")",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "placement.devices: no device \"GPU-dead\""},
+        ResolveCase{"UnknownInExclude",
+                    R"(exclude: "9")",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "placement.exclude: no device \"9\""},
+        ResolveCase{"UnknownInSecondFallback",
+                    R"(fallback { devices: "1" } fallback { devices: "7" })",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "placement.fallback[1]: no device \"7\"; devices are 0..3"},
+        ResolveCase{"UnknownUuidInFallback",
+                    R"(fallback { devices: "GPU-beef" })",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "placement.fallback[0]: no device \"GPU-beef\""},
+        ResolveCase{"UnknownNear",
+                    R"(policy: POLICY_NEAR near: "5")",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "placement.near: no device \"5\""},
+        ResolveCase{"UnknownNearUuid",
+                    R"(policy: POLICY_NEAR near: "GPU-1")",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "placement.near: no device \"GPU-1\""},
+        ResolveCase{"NearAll",
+                    R"(policy: POLICY_NEAR near: "all")",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "placement.near: \"all\" names no single device"},
+        ResolveCase{"NearMissing",
+                    R"(policy: POLICY_NEAR)",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "POLICY_NEAR needs"},
+        ResolveCase{"NearWithoutPolicy",
+                    R"(near: "0")",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "the policy is not POLICY_NEAR"},
+        ResolveCase{"UnknownPolicy",
+                    R"(policy: 42)",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "unknown policy 42"},
+        ResolveCase{"EmptySelector",
+                    R"(devices: "")",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "placement.devices: empty device selector"},
+        ResolveCase{"HugeIndex",
+                    R"(devices: "99999999999999999999")",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "no device \"99999999999999999999\""}),
+    [](const ::testing::TestParamInfo<ResolveCase>& info) {
+      return info.param.name;
+    });
+
+TEST(ResolveNoDevicesTest, SaysSo) {
+  absl::StatusOr<ResolvedPlacement> got =
+      ResolvePlacement(Parse(R"(devices: "0")"), {});
+  ASSERT_FALSE(got.ok());
+  EXPECT_THAT(std::string(got.status().message()),
+              HasSubstr("no device \"0\"; the daemon has no devices"));
+}
+
+}  // namespace
+}  // namespace placement
+}  // namespace gpumem
