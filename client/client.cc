@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <optional>
 
 #include <grpcpp/grpcpp.h>
 
@@ -19,9 +20,24 @@
 namespace gpumem {
 namespace {
 
+std::string RefusalTypeUrl() {
+  return "type.googleapis.com/" + v1::PlacementRefusal::descriptor()->full_name();
+}
+
+// Keeps the code and message; a PlacementRefusal in the binary error details
+// becomes a payload (see PlacementRefusalOf).
 absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  absl::Status out(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  v1::RpcStatus details;
+  if (!s.error_details().empty() && details.ParseFromString(s.error_details())) {
+    for (const google::protobuf::Any& any : details.details()) {
+      if (any.Is<v1::PlacementRefusal>()) {
+        out.SetPayload(RefusalTypeUrl(), absl::Cord(any.value()));
+      }
+    }
+  }
+  return out;
 }
 
 struct MappedSlab {
@@ -31,6 +47,14 @@ struct MappedSlab {
 };
 
 }  // namespace
+
+std::optional<v1::PlacementRefusal> PlacementRefusalOf(const absl::Status& status) {
+  auto payload = status.GetPayload(RefusalTypeUrl());
+  if (!payload.has_value()) return std::nullopt;
+  v1::PlacementRefusal refusal;
+  if (!refusal.ParseFromString(std::string(*payload))) return std::nullopt;
+  return refusal;
+}
 
 std::string DefaultSocketPath() {
   const char* env = std::getenv("GPUMEMD_SOCKET");

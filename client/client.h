@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,10 @@ class Client {
 
   std::unique_ptr<Impl> impl_;
 };
+
+// When placement refused an Allocate (RESOURCE_EXHAUSTED), why, per device:
+// capacity, fragmentation, quota, excluded. nullopt for any other status.
+std::optional<v1::PlacementRefusal> PlacementRefusalOf(const absl::Status& status);
 
 // The socket a client uses when none is given (see Client::Connect).
 std::string DefaultSocketPath();

@@ -92,6 +92,18 @@ int Stats(Client& client) {
         FormatBytes(d.largest_free_block_bytes()), d.fragmentation(),
         d.slab_count(), d.allocation_count());
   }
+  std::cout << "peers (X self, NV nvlink, SYS through the host):\n    ";
+  for (const v1::DeviceStats& d : stats->devices()) std::cout << absl::StrFormat("%5d", d.index());
+  std::cout << "\n";
+  for (const v1::DeviceStats& d : stats->devices()) {
+    std::cout << absl::StrFormat("%4d", d.index());
+    for (int link : d.peers()) {
+      std::cout << absl::StrFormat("%5s", link == v1::PEER_LINK_SELF     ? "X"
+                                          : link == v1::PEER_LINK_NVLINK ? "NV"
+                                                                         : "SYS");
+    }
+    std::cout << "\n";
+  }
   std::cout << "sessions: " << stats->sessions_size() << "\n";
   if (stats->sessions_size() > 0) {
     std::cout << absl::StrFormat("%-8s %-8s %-6s %-6s %7s %11s\n", "SESSION", "PID",

@@ -31,6 +31,7 @@
 #include "proto/gpumem/v1/config.pb.h"
 #include "server/backend/cuda_backend.h"
 #include "server/backend/sim_backend.h"
+#include "server/backend/sim_topology.h"
 #include "server/service/gpumem_service.h"
 #include "server/service/memory_broker.h"
 #include "server/service/socket_listener.h"
@@ -41,6 +42,8 @@
 ABSL_FLAG(std::string, backend, "", "device backend: sim or cuda (default sim)");
 ABSL_FLAG(std::string, sim_devices, "",
           "simulated devices, e.g. 4x16GiB or 80GiB,80GiB,40GiB (default 4x16GiB)");
+ABSL_FLAG(std::string, sim_topology, "",
+          "simulated NVLink groups, e.g. nvlink:0-1,2-3 (default: all through the host)");
 ABSL_FLAG(std::string, socket, "",
           "Unix socket path (default /run/gpumemd/gpumemd.sock)");
 ABSL_FLAG(std::string, config, "", "daemon config file, protobuf text format "
@@ -113,7 +116,11 @@ int Run() {
     absl::StatusOr<std::vector<uint64_t>> sizes = ParseDeviceSizes(
         Pick(absl::GetFlag(FLAGS_sim_devices), config->sim_devices(), "4x16GiB"));
     if (!sizes.ok()) Die(sizes.status());
-    backend = std::make_unique<SimBackend>(*sizes);
+    absl::StatusOr<std::vector<PeerLink>> links = ParseSimTopology(
+        Pick(absl::GetFlag(FLAGS_sim_topology), config->sim_topology(), ""),
+        static_cast<uint32_t>(sizes->size()));
+    if (!links.ok()) Die(links.status());
+    backend = std::make_unique<SimBackend>(*sizes, *links);
     options.pool.granularity = 4096;
   } else if (backend_name == "cuda") {
     absl::StatusOr<std::unique_ptr<Backend>> cuda = CudaBackend::Create();

@@ -50,8 +50,10 @@ class SimBackend::SimSlab : public Slab {
   std::atomic<uint64_t>* account_;
 };
 
-SimBackend::SimBackend(const std::vector<uint64_t>& device_bytes)
-    : slab_bytes_(new std::atomic<uint64_t>[device_bytes.size()]) {
+SimBackend::SimBackend(const std::vector<uint64_t>& device_bytes,
+                       std::vector<PeerLink> links)
+    : links_(std::move(links)),
+      slab_bytes_(new std::atomic<uint64_t>[device_bytes.size()]) {
   for (uint32_t i = 0; i < device_bytes.size(); ++i) {
     slab_bytes_[i] = 0;
     DeviceInfo d;
@@ -72,7 +74,10 @@ SimBackend::SimBackend(const std::vector<uint64_t>& device_bytes)
 SimBackend::~SimBackend() = default;
 
 PeerLink SimBackend::Peer(uint32_t a, uint32_t b) const {
-  return a == b ? PeerLink::kSelf : PeerLink::kHost;
+  if (a == b) return PeerLink::kSelf;
+  const size_t n = devices_.size();
+  if (links_.size() != n * n || a >= n || b >= n) return PeerLink::kHost;
+  return links_[a * n + b];
 }
 
 uint64_t SimBackend::SlabBytes(uint32_t device) const {

@@ -2,7 +2,7 @@
 //
 // Each simulated device has a capacity, a stable UUID derived from its index
 // and capacity, a fake PCI bus id and a peer-link matrix (every pair goes
-// through the host unless a topology says otherwise). A slab is a memfd of
+// through the host unless a topology says otherwise, see sim_topology.h). A slab is a memfd of
 // exactly the slab's size: it is sparse (pages cost RAM only once touched),
 // reads as zeros when new, and is shared with clients by passing its fd, so
 // the bytes a client writes are really seen by every other importer. Scrub
@@ -22,7 +22,10 @@ namespace gpumem {
 
 class SimBackend : public Backend {
  public:
-  explicit SimBackend(const std::vector<uint64_t>& device_bytes);
+  // `links`: a device_count^2 matrix from ParseSimTopology; empty means
+  // every pair goes through the host.
+  explicit SimBackend(const std::vector<uint64_t>& device_bytes,
+                      std::vector<PeerLink> links = {});
   ~SimBackend() override;
 
   const char* name() const override { return "sim"; }
@@ -35,6 +38,7 @@ class SimBackend : public Backend {
  private:
   class SimSlab;
   std::vector<DeviceInfo> devices_;
+  std::vector<PeerLink> links_;
   // Bytes in live slabs per device; a slab's destructor gives its bytes back.
   std::unique_ptr<std::atomic<uint64_t>[]> slab_bytes_;
 };

@@ -1,5 +1,6 @@
 #include "server/pool/offset_allocator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -30,49 +31,43 @@ inline uint64_t AlignPad(uint64_t offset, uint64_t alignment) {
 
 }  // namespace
 
-uint32_t OffsetAllocator::BinIndex(uint64_t size) {
-  if (size < kBinsPerBand) return static_cast<uint32_t>(size);
-  const int e = Log2Floor(size);  // >= kMantissaBits
-  const uint32_t mantissa =
-      static_cast<uint32_t>(size >> (e - kMantissaBits)) & kBinMask;
-  return (static_cast<uint32_t>(e - kMantissaBits + 1) << kMantissaBits) |
-         mantissa;
-}
-
-uint64_t OffsetAllocator::BinLowerBound(uint32_t bin) {
-  const uint32_t band = bin >> kMantissaBits;
-  if (band == 0) return bin;
-  const int e = static_cast<int>(band) + kMantissaBits - 1;
-  return (static_cast<uint64_t>(kBinsPerBand | (bin & kBinMask)))
-         << (e - kMantissaBits);
-}
-
 OffsetAllocator::OffsetAllocator(uint64_t capacity) : capacity_(capacity) {
   num_bands_ = capacity == 0 ? 1 : (BinIndex(capacity) >> kMantissaBits) + 1;
   bin_bitmap_.assign(num_bands_, 0);
   bin_head_.assign(static_cast<size_t>(num_bands_) << kMantissaBits, kNone);
-  nodes_.reserve(16);
   if (capacity == 0) return;
-  const uint32_t n = NewNode();  // node 0: always the range at offset 0
+  nodes_.reserve(kInitialNodes);
+  const uint32_t n = NewNode();
   nodes_[n] = Node{0, capacity, kNone, kNone, kNone, kNone};
+  phys_head_ = n;
   free_bytes_ = capacity;
-  InsertFree(n);
+  InsertFree(n, BinIndex(capacity));
 }
 
 OffsetAllocator::~OffsetAllocator() = default;
 
-GPUMEM_POOL_INLINE uint32_t OffsetAllocator::NewNode() {
-  if (spare_head_ != kNone) {
-    const uint32_t i = spare_head_;
-    spare_head_ = nodes_[i].next_free;
-    return i;
-  }
-  if (nodes_.size() >= kMaxNodes) {
+// Cold: the node array is full. Grows by 1/4 (amortised O(1), and at most
+// 25% of the array is slack) instead of std::vector's doubling.
+__attribute__((noinline)) uint32_t OffsetAllocator::GrowNodes() {
+  const size_t n = nodes_.size();
+  if (n >= kMaxNodes) {
     std::fprintf(stderr, "OffsetAllocator: more than %u ranges\n", kMaxNodes);
     std::abort();
   }
+  if (n == nodes_.capacity()) {
+    size_t want = n + std::max<size_t>(n / 4, kInitialNodes);
+    if (want > kMaxNodes) want = kMaxNodes;
+    nodes_.reserve(want);
+  }
   nodes_.push_back(Node{0, 0, kNone, kNone, kSpare, kNone});
-  return static_cast<uint32_t>(nodes_.size() - 1);
+  return static_cast<uint32_t>(n);
+}
+
+GPUMEM_POOL_INLINE uint32_t OffsetAllocator::NewNode() {
+  const uint32_t i = spare_head_;
+  if (__builtin_expect(i == kNone, 0)) return GrowNodes();
+  spare_head_ = nodes_[i].next_free;
+  return i;
 }
 
 GPUMEM_POOL_INLINE void OffsetAllocator::ReleaseNode(uint32_t i) {
@@ -84,14 +79,13 @@ GPUMEM_POOL_INLINE void OffsetAllocator::ReleaseNode(uint32_t i) {
   spare_head_ = i;
 }
 
-GPUMEM_POOL_INLINE void OffsetAllocator::InsertFree(uint32_t i) {
-  Node& n = nodes_[i];
-  const uint32_t bin = BinIndex(n.size);
+GPUMEM_POOL_INLINE void OffsetAllocator::InsertFree(uint32_t i, uint32_t bin) {
+  Node* const base = nodes_.data();
   const uint32_t head = bin_head_[bin];
-  n.prev_free = kNone;
-  n.next_free = head;
+  base[i].prev_free = kNone;
+  base[i].next_free = head;
   if (head != kNone) {
-    nodes_[head].prev_free = i;
+    base[head].prev_free = i;
   } else {
     const uint32_t band = bin >> kMantissaBits;
     bin_bitmap_[band] |= uint64_t{1} << (bin & kBinMask);
@@ -101,21 +95,30 @@ GPUMEM_POOL_INLINE void OffsetAllocator::InsertFree(uint32_t i) {
   ++free_ranges_;
 }
 
-GPUMEM_POOL_INLINE void OffsetAllocator::RemoveFree(uint32_t i) {
-  Node& n = nodes_[i];
-  if (n.prev_free != kNone) {
-    nodes_[n.prev_free].next_free = n.next_free;
+GPUMEM_POOL_INLINE void OffsetAllocator::RemoveFree(uint32_t i, uint32_t bin) {
+  Node* const base = nodes_.data();
+  const uint32_t prev = base[i].prev_free, next = base[i].next_free;
+  if (prev != kNone) {
+    base[prev].next_free = next;
   } else {
-    const uint32_t bin = BinIndex(n.size);
-    bin_head_[bin] = n.next_free;
-    if (n.next_free == kNone) {
+    bin_head_[bin] = next;
+    if (next == kNone) {
       const uint32_t band = bin >> kMantissaBits;
       bin_bitmap_[band] &= ~(uint64_t{1} << (bin & kBinMask));
       if (bin_bitmap_[band] == 0) band_bitmap_ &= ~(uint64_t{1} << band);
     }
   }
-  if (n.next_free != kNone) nodes_[n.next_free].prev_free = n.prev_free;
+  if (next != kNone) base[next].prev_free = prev;
   --free_ranges_;
+}
+
+// Free range i changed size from one whose bin was old_bin: move it to the
+// bin of its new size, unless that is the same bin (then nothing to do).
+GPUMEM_POOL_INLINE void OffsetAllocator::Rebin(uint32_t i, uint32_t old_bin) {
+  const uint32_t bin = BinIndex(nodes_[i].size);
+  if (bin == old_bin) return;
+  RemoveFree(i, old_bin);
+  InsertFree(i, bin);
 }
 
 GPUMEM_POOL_INLINE uint32_t OffsetAllocator::FindBinAtOrAbove(uint32_t bin) const {
@@ -134,42 +137,74 @@ GPUMEM_POOL_INLINE uint32_t OffsetAllocator::FindBinAtOrAbove(uint32_t bin) cons
 }
 
 GPUMEM_POOL_INLINE bool OffsetAllocator::Fits(const Node& n, uint64_t size,
-                           uint64_t alignment) const {
+                                              uint64_t alignment) const {
   const uint64_t pad = AlignPad(n.offset, alignment);
   return pad <= n.size && size <= n.size - pad;
 }
 
-GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint64_t size, uint64_t alignment,
-                           Block* out) {
-  RemoveFree(i);
+// Carves [aligned offset, +size) out of free range i, which sits in `bin`.
+GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
+                                              uint64_t size, uint64_t alignment,
+                                              Block* out) {
+  uint32_t u;
   const uint64_t pad = AlignPad(nodes_[i].offset, alignment);
-  uint32_t u = i;
-  if (pad != 0) {
-    // Head padding stays free in node i; the rest moves to a new node u.
+  if (__builtin_expect(pad == 0, 1)) {
+    if (nodes_[i].size == size) {
+      // Exact fit: the free node becomes the block.
+      RemoveFree(i, bin);
+      u = i;
+    } else {
+      // The block goes to a new node in front of i; i keeps the tail and
+      // stays linked in its bin unless the tail's size falls in another bin.
+      u = NewNode();
+      Node* const base = nodes_.data();
+      Node& f = base[i];
+      Node& b = base[u];
+      b.offset = f.offset;
+      b.size = size;
+      b.prev_phys = f.prev_phys;
+      b.next_phys = i;
+      if (f.prev_phys != kNone) {
+        base[f.prev_phys].next_phys = u;
+      } else {
+        phys_head_ = u;
+      }
+      f.prev_phys = u;
+      f.offset += size;
+      f.size -= size;
+      Rebin(i, bin);
+    }
+  } else {
+    // Head padding stays free in node i; the block moves to a new node u
+    // and whatever is left behind it to another new node.
     u = NewNode();
-    Node& n = nodes_[i];
-    Node& b = nodes_[u];
-    b.offset = n.offset + pad;
-    b.size = n.size - pad;
-    b.prev_phys = i;
-    b.next_phys = n.next_phys;
-    if (n.next_phys != kNone) nodes_[n.next_phys].prev_phys = u;
-    n.next_phys = u;
-    n.size = pad;
-    InsertFree(i);
-  }
-  if (nodes_[u].size > size) {
-    const uint32_t t = NewNode();
-    Node& b = nodes_[u];
-    Node& tail = nodes_[t];
-    tail.offset = b.offset + size;
-    tail.size = b.size - size;
-    tail.prev_phys = u;
-    tail.next_phys = b.next_phys;
-    if (b.next_phys != kNone) nodes_[b.next_phys].prev_phys = t;
-    b.next_phys = t;
-    b.size = size;
-    InsertFree(t);
+    {
+      Node* const base = nodes_.data();
+      Node& n = base[i];
+      Node& b = base[u];
+      b.offset = n.offset + pad;
+      b.size = n.size - pad;
+      b.prev_phys = i;
+      b.next_phys = n.next_phys;
+      if (n.next_phys != kNone) base[n.next_phys].prev_phys = u;
+      n.next_phys = u;
+      n.size = pad;
+      Rebin(i, bin);
+    }
+    if (nodes_[u].size > size) {
+      const uint32_t t = NewNode();
+      Node* const base = nodes_.data();
+      Node& b = base[u];
+      Node& tail = base[t];
+      tail.offset = b.offset + size;
+      tail.size = b.size - size;
+      tail.prev_phys = u;
+      tail.next_phys = b.next_phys;
+      if (b.next_phys != kNone) base[b.next_phys].prev_phys = t;
+      b.next_phys = t;
+      b.size = size;
+      InsertFree(t, BinIndex(tail.size));
+    }
   }
   Node& b = nodes_[u];
   b.prev_free = kUsed;
@@ -184,48 +219,56 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint64_t size, uint64_
 
 bool OffsetAllocator::Allocate(uint64_t size, uint64_t alignment,
                                Block* out) {
-  if (size == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0 ||
-      size > free_bytes_) {
+  // size == 0 wraps to 2^64 - 1 and fails the first test.
+  if (__builtin_expect(size - 1 >= free_bytes_ ||
+                           (alignment & (alignment - 1)) != 0 || alignment == 0,
+                       0)) {
     return false;
   }
   const uint32_t own_bin = BinIndex(size);
+  const Node* const base = nodes_.data();
 
   // 1. Own-bin probe (near best fit).
   {
     uint32_t i = bin_head_[own_bin];
     for (int k = own_bin_probes_; k > 0 && i != kNone; --k) {
-      const Node& n = nodes_[i];
-      if (Fits(n, size, alignment)) {
-        Take(i, size, alignment, out);
+      if (Fits(base[i], size, alignment)) {
+        Take(i, own_bin, size, alignment, out);
         return true;
       }
-      i = n.next_free;
+      i = base[i].next_free;
     }
   }
 
   // 2. Good fit: round size up to the next bin boundary.
-  const uint32_t up_bin =
-      BinLowerBound(own_bin) == size ? own_bin : own_bin + 1;
+  const uint32_t up_bin = own_bin + (BinLowerBound(own_bin) != size);
   uint32_t bin = FindBinAtOrAbove(up_bin);
-  if (bin != kNone) {
+  if (__builtin_expect(bin != kNone, 1)) {
     const uint32_t i = bin_head_[bin];
-    if (Fits(nodes_[i], size, alignment)) {
-      Take(i, size, alignment, out);
+    if (__builtin_expect(Fits(base[i], size, alignment), 1)) {
+      Take(i, bin, size, alignment, out);
       return true;
     }
   }
+  return AllocateSlow(size, alignment, own_bin, up_bin, out);
+}
 
+// Steps 3 and 4 of the search (see the header).
+__attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
+    uint64_t size, uint64_t alignment, uint32_t own_bin, uint32_t up_bin,
+    Block* out) {
   // 3. Alignment-safe fit: any range >= size + alignment - 1 fits.
   uint32_t limit_bin = up_bin;
+  uint32_t bin;
   if (alignment > 1) {
     const uint64_t worst = size + (alignment - 1) < size
                                ? ~uint64_t{0}
                                : size + (alignment - 1);
     const uint32_t worst_bin = BinIndex(worst);
-    limit_bin = BinLowerBound(worst_bin) == worst ? worst_bin : worst_bin + 1;
+    limit_bin = worst_bin + (BinLowerBound(worst_bin) != worst);
     bin = FindBinAtOrAbove(limit_bin);
     if (bin != kNone) {
-      Take(bin_head_[bin], size, alignment, out);
+      Take(bin_head_[bin], bin, size, alignment, out);
       return true;
     }
   }
@@ -235,7 +278,7 @@ bool OffsetAllocator::Allocate(uint64_t size, uint64_t alignment,
        bin = FindBinAtOrAbove(bin + 1)) {
     for (uint32_t i = bin_head_[bin]; i != kNone; i = nodes_[i].next_free) {
       if (Fits(nodes_[i], size, alignment)) {
-        Take(i, size, alignment, out);
+        Take(i, bin, size, alignment, out);
         return true;
       }
     }
@@ -244,41 +287,62 @@ bool OffsetAllocator::Allocate(uint64_t size, uint64_t alignment,
 }
 
 void OffsetAllocator::Free(const Block& block) {
-  uint32_t u = block.handle;
-  if (u >= nodes_.size()) Fatal("bad handle", u, block.offset, block.size);
-  {
-    const Node& n = nodes_[u];
-    if (n.prev_free != kUsed) Fatal("block not live", u, block.offset, block.size);
-    if (n.offset != block.offset || n.size != block.size) {
-      Fatal("offset/size do not match handle", u, block.offset, block.size);
-    }
+  const uint32_t u = block.handle;
+  if (__builtin_expect(u >= nodes_.size(), 0)) {
+    Fatal("bad handle", u, block.offset, block.size);
+  }
+  Node* const base = nodes_.data();
+  Node& cur = base[u];
+  if (__builtin_expect(cur.prev_free != kUsed, 0)) {
+    Fatal("block not live", u, block.offset, block.size);
+  }
+  if (__builtin_expect(cur.offset != block.offset || cur.size != block.size, 0)) {
+    Fatal("offset/size do not match handle", u, block.offset, block.size);
   }
   free_bytes_ += block.size;
   used_bytes_ -= block.size;
   --live_blocks_;
 
-  const uint32_t p = nodes_[u].prev_phys;
-  if (p != kNone && IsFree(nodes_[p])) {
-    RemoveFree(p);
-    Node& prev = nodes_[p];
-    const Node& cur = nodes_[u];
+  // Neighbours on the address list are ranges (never spare slots), so a
+  // neighbour is free iff it is not marked live.
+  const uint32_t p = cur.prev_phys, nx = cur.next_phys;
+  const bool prev_free = p != kNone && base[p].prev_free != kUsed;
+  const bool next_free = nx != kNone && base[nx].prev_free != kUsed;
+  if (prev_free) {
+    // p absorbs the block (and the next range if that is free too) and
+    // stays in its bin unless its size moves to another bin.
+    Node& prev = base[p];
+    const uint32_t old_bin = BinIndex(prev.size);
+    uint32_t after = nx;
     prev.size += cur.size;
-    prev.next_phys = cur.next_phys;
-    if (cur.next_phys != kNone) nodes_[cur.next_phys].prev_phys = p;
+    if (next_free) {
+      Node& next = base[nx];
+      RemoveFree(nx, BinIndex(next.size));
+      prev.size += next.size;
+      after = next.next_phys;
+      ReleaseNode(nx);
+    }
+    prev.next_phys = after;
+    if (after != kNone) base[after].prev_phys = p;
     ReleaseNode(u);
-    u = p;
+    Rebin(p, old_bin);
+  } else if (next_free) {
+    // The next range grows downwards over the block.
+    Node& next = base[nx];
+    const uint32_t old_bin = BinIndex(next.size);
+    next.offset = cur.offset;
+    next.size += cur.size;
+    next.prev_phys = p;
+    if (p != kNone) {
+      base[p].next_phys = nx;
+    } else {
+      phys_head_ = nx;
+    }
+    ReleaseNode(u);
+    Rebin(nx, old_bin);
+  } else {
+    InsertFree(u, BinIndex(cur.size));
   }
-  const uint32_t nx = nodes_[u].next_phys;
-  if (nx != kNone && IsFree(nodes_[nx])) {
-    RemoveFree(nx);
-    Node& cur = nodes_[u];
-    const Node& next = nodes_[nx];
-    cur.size += next.size;
-    cur.next_phys = next.next_phys;
-    if (next.next_phys != kNone) nodes_[next.next_phys].prev_phys = u;
-    ReleaseNode(nx);
-  }
-  InsertFree(u);
 }
 
 uint64_t OffsetAllocator::largest_free() const {
@@ -297,7 +361,7 @@ std::vector<std::pair<uint64_t, uint64_t>> OffsetAllocator::FreeRangeList()
   std::vector<std::pair<uint64_t, uint64_t>> out;
   out.reserve(free_ranges_);
   if (capacity_ == 0) return out;
-  for (uint32_t i = 0; i != kNone; i = nodes_[i].next_phys) {
+  for (uint32_t i = phys_head_; i != kNone; i = nodes_[i].next_phys) {
     if (IsFree(nodes_[i])) out.emplace_back(nodes_[i].offset, nodes_[i].size);
   }
   return out;
@@ -324,14 +388,14 @@ absl::Status OffsetAllocator::Validate() const {
     return absl::OkStatus();
   }
   // I1, I2: address list.
-  if (nn == 0) return fail("I1 address list: no node 0");
-  if (nodes_[0].prev_phys != kNone || nodes_[0].offset != 0) {
-    return fail("I1 address list: node 0 is not the range at offset 0");
+  if (phys_head_ >= nn) return fail("I1 address list: no first range");
+  if (nodes_[phys_head_].prev_phys != kNone || nodes_[phys_head_].offset != 0) {
+    return fail("I1 address list: first range is not the range at offset 0");
   }
   uint64_t expect_offset = 0;
   uint32_t prev = kNone;
   bool prev_free = false;
-  for (uint32_t i = 0; i != kNone; i = nodes_[i].next_phys) {
+  for (uint32_t i = phys_head_; i != kNone; i = nodes_[i].next_phys) {
     if (i >= nn) return fail(absl::StrFormat("I1 address list: index %u out of range", i));
     if (seen[i]) return fail(absl::StrFormat("I1 address list: cycle at node %u", i));
     seen[i] = 1;

@@ -105,6 +105,7 @@ class OffsetAllocator {
   };
 
   static constexpr int kMantissaBits = 5;
+  static constexpr uint32_t kBinsPerBand = 1u << kMantissaBits;
   static constexpr int kDefaultOwnBinProbes = 8;
 
   explicit OffsetAllocator(uint64_t capacity);
@@ -146,16 +147,28 @@ class OffsetAllocator {
 
   // Bin mapping, public for tests. BinIndex is monotonic in size;
   // BinLowerBound(BinIndex(s)) <= s < BinLowerBound(BinIndex(s) + 1).
-  static uint32_t BinIndex(uint64_t size);
-  static uint64_t BinLowerBound(uint32_t bin);
+  // Branch-free: with sh = floor(log2(size | 2^M)) - M (M = kMantissaBits),
+  // size >> sh is in [2^M, 2^(M+1)) (leading one + mantissa) for sizes >= 2^M
+  // and is the size itself below that (sh == 0); bin = (sh << M) + (size >>
+  // sh) is then band sh + 1 / mantissa, or `size` for small sizes.
+  static uint32_t BinIndex(uint64_t size) {
+    const int sh = (63 - __builtin_clzll(size | kBinsPerBand)) - kMantissaBits;
+    return (static_cast<uint32_t>(sh) << kMantissaBits) +
+           static_cast<uint32_t>(size >> sh);
+  }
+  static uint64_t BinLowerBound(uint32_t bin) {
+    const uint32_t band = bin >> kMantissaBits;
+    const uint32_t sh = band - (band != 0);
+    return static_cast<uint64_t>(bin - (sh << kMantissaBits)) << sh;
+  }
 
  private:
   static constexpr uint32_t kNone = 0xFFFFFFFFu;    // no node / no bin
   static constexpr uint32_t kUsed = 0xFFFFFFFEu;    // prev_free of a live node
   static constexpr uint32_t kSpare = 0xFFFFFFFDu;   // prev_free of a spare slot
   static constexpr uint32_t kMaxNodes = 0xFFFFFFF0u;
-  static constexpr uint32_t kBinsPerBand = 1u << kMantissaBits;
-  static constexpr uint32_t kBinMask = kBinsPerBand - 1;
+  static constexpr uint32_t kBinMask = (1u << kMantissaBits) - 1;
+  static constexpr size_t kInitialNodes = 16;
 
   struct Node {
     uint64_t offset;
@@ -174,12 +187,17 @@ class OffsetAllocator {
   }
 
   uint32_t NewNode();
+  uint32_t GrowNodes();
   void ReleaseNode(uint32_t i);
-  void InsertFree(uint32_t i);
-  void RemoveFree(uint32_t i);
+  void InsertFree(uint32_t i, uint32_t bin);
+  void RemoveFree(uint32_t i, uint32_t bin);
+  void Rebin(uint32_t i, uint32_t old_bin);
   uint32_t FindBinAtOrAbove(uint32_t bin) const;
   bool Fits(const Node& n, uint64_t size, uint64_t alignment) const;
-  void Take(uint32_t i, uint64_t size, uint64_t alignment, Block* out);
+  void Take(uint32_t i, uint32_t bin, uint64_t size, uint64_t alignment,
+            Block* out);
+  bool AllocateSlow(uint64_t size, uint64_t alignment, uint32_t own_bin,
+                    uint32_t up_bin, Block* out);
 
   uint64_t capacity_;
   uint64_t used_bytes_ = 0;
@@ -189,6 +207,7 @@ class OffsetAllocator {
   int own_bin_probes_ = kDefaultOwnBinProbes;
   uint32_t num_bands_ = 0;           // bands that can hold sizes <= capacity
   uint32_t spare_head_ = kNone;      // first spare node slot
+  uint32_t phys_head_ = kNone;       // the range at offset 0
   uint64_t band_bitmap_ = 0;         // bit f: band f has a non-empty bin
   std::vector<uint64_t> bin_bitmap_;  // per band: bit s: bin non-empty
   std::vector<uint32_t> bin_head_;    // per bin: first free node or kNone

@@ -299,6 +299,13 @@ v1::GetStatsResponse MemoryBroker::Stats() const {
     ds->set_fragmentation(s.fragmentation);
     ds->set_slab_count(s.slab_count);
     ds->set_allocation_count(s.live_blocks);
+    for (const DeviceInfo& peer : backend_->devices()) {
+      switch (backend_->Peer(d.index, peer.index)) {
+        case PeerLink::kSelf: ds->add_peers(v1::PEER_LINK_SELF); break;
+        case PeerLink::kNvLink: ds->add_peers(v1::PEER_LINK_NVLINK); break;
+        case PeerLink::kHost: ds->add_peers(v1::PEER_LINK_HOST); break;
+      }
+    }
   }
   for (const SessionInfo& info : sessions_->List()) {
     v1::SessionStats* ss = out.add_sessions();
