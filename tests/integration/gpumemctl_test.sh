@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# gpumemctl as a user runs it: stats (table and JSON), alloc with sizes and
+# placement flags, --hold and free from another process, exit statuses.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+GPUMEMD=$1
+CTL=$2
+
+start_daemon "$GPUMEMD" --sim_devices=4x4GiB --slab_size=256MiB --sim_topology=nvlink:0-1
+ctl() { "$CTL" --socket="$SOCK" "$@"; }
+
+ctl stats >"$WORKDIR/stats.txt"
+grep -q "^backend: sim" "$WORKDIR/stats.txt" || fail "stats table has no backend line"
+[ "$(grep -c '^[0-3] *GPU-' "$WORKDIR/stats.txt")" = 4 ] || { cat "$WORKDIR/stats.txt"; fail "stats table lacks 4 device rows"; }
+grep -Eq '^ *0 +X +NV +SYS +SYS$' "$WORKDIR/stats.txt" || { cat "$WORKDIR/stats.txt"; fail "peer matrix row 0"; }
+
+ctl stats --json >"$WORKDIR/stats.json"
+json_check "$WORKDIR/stats.json" 'len(j["devices"]) == 4 and j["devices"][1]["total_bytes"] == str(4 << 30)'
+uuid2=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["devices"][2]["uuid"])' "$WORKDIR/stats.json")
+
+# Every size syntax of the issue, each on the device asked for.
+for size in 4096 64KiB 1.5GiB 2G; do
+  out=$(ctl alloc "$size" --gpus=3 2>/dev/null)
+  grep -Eq '^[0-9]+ +3 +GPU-' <<<"$out" || { echo "$out"; fail "alloc $size --gpus=3"; }
+done
+out=$(ctl alloc 1MiB --gpus="$uuid2" 2>/dev/null)
+grep -q "$uuid2" <<<"$out" || fail "alloc by uuid"
+out=$(ctl alloc 8MiB --shards=4 2>/dev/null)
+[ "$(grep -Ec '^[0-9]+ +[0-3] +GPU-' <<<"$out")" = 4 ] || { echo "$out"; fail "4 shards"; }
+out=$(ctl alloc 1MiB --gpus=0,1,3 --policy=near:1 2>/dev/null)
+grep -Eq '^[0-9]+ +1 +GPU-' <<<"$out" || { echo "$out"; fail "near:1 should pick device 1 itself"; }
+out=$(ctl alloc 1MiB --gpus=0,3 --policy=near:1 2>/dev/null)
+grep -Eq '^[0-9]+ +0 +GPU-' <<<"$out" || { echo "$out"; fail "near:1 should pick its NVLink peer 0"; }
+
+# Without --hold everything went back when each gpumemctl exited.
+ctl stats --json >"$WORKDIR/stats.json"
+json_check "$WORKDIR/stats.json" 'all(d["used_bytes"] == "0" for d in j["devices"])'
+
+# --hold keeps it; another process frees it by id.
+coproc HOLD { exec "$CTL" --socket="$SOCK" alloc 1.5GiB --gpus=1 --hold 2>/dev/null; }
+read -r _header <&"${HOLD[0]}"
+read -r id dev _rest <&"${HOLD[0]}"
+[ "$dev" = 1 ] || fail "held allocation on device $dev"
+ctl stats --json >"$WORKDIR/stats.json"
+json_check "$WORKDIR/stats.json" 'j["devices"][1]["used_bytes"] == str(3 << 29) and j["devices"][1]["allocation_count"] == "1"'
+[ "$(ctl free "$id")" = "freed $id" ] || fail "free $id"
+ctl stats --json >"$WORKDIR/stats.json"
+json_check "$WORKDIR/stats.json" 'j["devices"][1]["used_bytes"] == "0"'
+kill -INT "$HOLD_PID"
+wait "$HOLD_PID" || fail "gpumemctl --hold did not exit 0 on SIGINT"
+
+# Exit statuses: 2 for usage, 1 for a refusal from the daemon.
+expect_rc() {
+  local want=$1; shift
+  set +e; "$@" >"$WORKDIR/out" 2>&1; local rc=$?; set -e
+  [ "$rc" = "$want" ] || { cat "$WORKDIR/out"; fail "$* exited $rc, want $want"; }
+}
+expect_rc 2 ctl alloc "12 parsecs"
+expect_rc 2 ctl alloc 1MiB --gpus=0,,1
+expect_rc 2 ctl alloc 1MiB --policy=sideways
+expect_rc 2 ctl frobnicate
+expect_rc 2 ctl free notanumber
+expect_rc 1 ctl alloc 64GiB
+grep -q "INVALID_ARGUMENT" "$WORKDIR/out" || fail "64GiB should be INVALID_ARGUMENT"
+expect_rc 1 ctl alloc 1MiB --gpus=9
+grep -q 'no device "9"' "$WORKDIR/out" || fail "unknown device not named"
+expect_rc 1 ctl alloc 3GiB --gpus=0 --exclude=0
+grep -q "RESOURCE_EXHAUSTED" "$WORKDIR/out" || fail "excluded-only should be RESOURCE_EXHAUSTED"
+expect_rc 1 ctl free 424242
+grep -q "NOT_FOUND" "$WORKDIR/out" || fail "free of unknown id"
+expect_rc 1 "$CTL" --socket="$WORKDIR/nothing.sock" stats
+grep -q "is the daemon running" "$WORKDIR/out" || fail "no hint when the daemon is down"
+
+stop_daemon
+echo PASS

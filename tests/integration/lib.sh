@@ -1,0 +1,33 @@
+# Shared by the shell tests: start a daemon on a private socket, stop it,
+# and fail with a message.
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# start_daemon BINARY ARGS...: sets DAEMON_PID, SOCK, WORKDIR.
+start_daemon() {
+  local bin=$1; shift
+  WORKDIR=$(mktemp -d /tmp/gpumemd-sh-XXXXXX)
+  SOCK=$WORKDIR/gpumemd.sock
+  "$bin" --socket="$SOCK" "$@" 2>"$WORKDIR/daemon.log" &
+  DAEMON_PID=$!
+  for _ in $(seq 200); do [ -S "$SOCK" ] && return 0; sleep 0.05; done
+  cat "$WORKDIR/daemon.log" >&2
+  fail "daemon did not start"
+}
+
+stop_daemon() {
+  kill -TERM "$DAEMON_PID"
+  local rc=0
+  wait "$DAEMON_PID" || rc=$?
+  [ "$rc" = 0 ] || { cat "$WORKDIR/daemon.log" >&2; fail "daemon exited with $rc"; }
+  [ ! -e "$SOCK" ] || fail "daemon left its socket behind"
+  rm -rf "$WORKDIR"
+}
+
+# json FILE PYTHON-EXPRESSION: evaluates the expression with `j` bound to the
+# parsed JSON; fails the test if it is false.
+json_check() {
+  /usr/bin/python3 -c 'import json,sys
+j = json.load(open(sys.argv[1]))
+ok = eval(sys.argv[2])
+sys.exit(0 if ok else 1)' "$1" "$2" || { cat "$1" >&2; fail "JSON check failed: $2"; }
+}
