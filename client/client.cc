@@ -113,10 +113,12 @@ absl::Status Client::Free(uint64_t allocation_id) {
   return FromGrpc(impl_->stub->Free(&ctx, req, &resp));
 }
 
-absl::StatusOr<v1::GetStatsResponse> Client::GetStats() {
+absl::StatusOr<v1::GetStatsResponse> Client::GetStats(bool include_slabs) {
   grpc::ClientContext ctx;
+  v1::GetStatsRequest req;
+  req.set_include_slabs(include_slabs);
   v1::GetStatsResponse resp;
-  absl::Status s = FromGrpc(impl_->stub->GetStats(&ctx, v1::GetStatsRequest(), &resp));
+  absl::Status s = FromGrpc(impl_->stub->GetStats(&ctx, req, &resp));
   if (!s.ok()) return s;
   return resp;
 }

@@ -81,7 +81,7 @@ class Client {
   // The raw RPCs, for tools that do not map memory (gpumemctl).
   absl::StatusOr<v1::AllocateResponse> AllocateRaw(const v1::AllocateRequest& request);
   absl::Status Free(uint64_t allocation_id);
-  absl::StatusOr<v1::GetStatsResponse> GetStats();
+  absl::StatusOr<v1::GetStatsResponse> GetStats(bool include_slabs = false);
   absl::StatusOr<v1::Session> GetSession();
 
   const std::string& socket_path() const;

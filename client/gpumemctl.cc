@@ -1,6 +1,6 @@
 // gpumemctl: the command line of gpumemd.
 //
-//   gpumemctl [--socket=PATH] stats [--json]
+//   gpumemctl [--socket=PATH] stats [--slabs] [--json]
 //   gpumemctl [--socket=PATH] alloc SIZE [--gpus=LIST] [--exclude=LIST]
 //             [--fallback=LIST]... [--policy=least-loaded|pack|near:DEV]
 //             [--shards=N] [--hold] [--json]
@@ -39,13 +39,14 @@ ABSL_FLAG(std::string, exclude, "", "alloc: devices never to use");
 ABSL_FLAG(std::string, policy, "", "alloc: least-loaded | pack | near:DEV");
 ABSL_FLAG(uint32_t, shards, 0, "alloc: split SIZE into N shards on N devices");
 ABSL_FLAG(bool, hold, false, "alloc: keep the allocation until interrupted");
+ABSL_FLAG(bool, slabs, false, "stats: also list every slab");
 
 namespace gpumem {
 namespace {
 
 constexpr char kUsage[] =
     "gpumemctl: talk to gpumemd.\n"
-    "  gpumemctl stats [--json]\n"
+    "  gpumemctl stats [--slabs] [--json]\n"
     "  gpumemctl alloc SIZE [--gpus=LIST] [--exclude=LIST] [--fallback=LIST]...\n"
     "                  [--policy=least-loaded|pack|near:DEV] [--shards=N] [--hold]\n"
     "  gpumemctl free ID\n"
@@ -74,7 +75,7 @@ std::string Json(const google::protobuf::Message& m) {
 }
 
 int Stats(Client& client) {
-  absl::StatusOr<v1::GetStatsResponse> stats = client.GetStats();
+  absl::StatusOr<v1::GetStatsResponse> stats = client.GetStats(absl::GetFlag(FLAGS_slabs));
   if (!stats.ok()) return Fail(stats.status());
   if (absl::GetFlag(FLAGS_json)) {
     std::cout << Json(*stats);
@@ -91,6 +92,20 @@ int Stats(Client& client) {
         FormatBytes(d.free_bytes()), FormatBytes(d.pooled_bytes()),
         FormatBytes(d.largest_free_block_bytes()), d.fragmentation(),
         d.slab_count(), d.allocation_count());
+  }
+  if (absl::GetFlag(FLAGS_slabs)) {
+    std::cout << absl::StrFormat("%-4s %-8s %11s %11s %11s %11s %6s %7s %s\n", "DEV", "SLAB",
+                                 "SIZE", "USED", "FREE", "LARGEST", "FRAG", "BLOCKS", "KIND");
+    for (const v1::DeviceStats& d : stats->devices()) {
+      for (const v1::SlabStats& s : d.slabs()) {
+        std::cout << absl::StrFormat(
+            "%-4d %-8d %11s %11s %11s %11s %6.3f %7d %s\n", d.index(), s.slab_id(),
+            FormatBytes(s.size_bytes()), FormatBytes(s.used_bytes()),
+            FormatBytes(s.free_bytes()), FormatBytes(s.largest_free_bytes()),
+            s.fragmentation(), s.live_blocks(),
+            s.dedicated() ? "dedicated" : s.reserved() ? "reserved" : "shared");
+      }
+    }
   }
   std::cout << "peers (X self, NV nvlink, SYS through the host):\n    ";
   for (const v1::DeviceStats& d : stats->devices()) std::cout << absl::StrFormat("%5d", d.index());

@@ -37,6 +37,7 @@ OffsetAllocator::OffsetAllocator(uint64_t capacity) : capacity_(capacity) {
   bin_head_.assign(static_cast<size_t>(num_bands_) << kMantissaBits, kNone);
   if (capacity == 0) return;
   nodes_.reserve(kInitialNodes);
+  free_bits_.resize((nodes_.capacity() + 63) / 64, 0);
   const uint32_t n = NewNode();
   nodes_[n] = Node{0, capacity, kNone, kNone, kNone, kNone};
   phys_head_ = n;
@@ -58,6 +59,7 @@ __attribute__((noinline)) uint32_t OffsetAllocator::GrowNodes() {
     size_t want = n + std::max<size_t>(n / 4, kInitialNodes);
     if (want > kMaxNodes) want = kMaxNodes;
     nodes_.reserve(want);
+    free_bits_.resize((nodes_.capacity() + 63) / 64, 0);
   }
   nodes_.push_back(Node{0, 0, kNone, kNone, kSpare, kNone});
   return static_cast<uint32_t>(n);
@@ -92,6 +94,7 @@ GPUMEM_POOL_INLINE void OffsetAllocator::InsertFree(uint32_t i, uint32_t bin) {
     band_bitmap_ |= uint64_t{1} << band;
   }
   bin_head_[bin] = i;
+  free_bits_[i >> 6] |= uint64_t{1} << (i & 63);
   ++free_ranges_;
 }
 
@@ -109,6 +112,7 @@ GPUMEM_POOL_INLINE void OffsetAllocator::RemoveFree(uint32_t i, uint32_t bin) {
     }
   }
   if (next != kNone) base[next].prev_free = prev;
+  free_bits_[i >> 6] &= ~(uint64_t{1} << (i & 63));
   --free_ranges_;
 }
 
@@ -303,11 +307,11 @@ void OffsetAllocator::Free(const Block& block) {
   used_bytes_ -= block.size;
   --live_blocks_;
 
-  // Neighbours on the address list are ranges (never spare slots), so a
-  // neighbour is free iff it is not marked live.
+  // The neighbours' state comes from the free bitmap, so a live neighbour
+  // that needs no link update is never touched.
   const uint32_t p = cur.prev_phys, nx = cur.next_phys;
-  const bool prev_free = p != kNone && base[p].prev_free != kUsed;
-  const bool next_free = nx != kNone && base[nx].prev_free != kUsed;
+  const bool prev_free = p != kNone && IsFreeBit(p);
+  const bool next_free = nx != kNone && IsFreeBit(nx);
   if (prev_free) {
     // p absorbs the block (and the next range if that is free too) and
     // stays in its bin unless its size moves to another bin.
@@ -370,7 +374,8 @@ std::vector<std::pair<uint64_t, uint64_t>> OffsetAllocator::FreeRangeList()
 uint64_t OffsetAllocator::metadata_bytes() const {
   return sizeof(*this) + nodes_.capacity() * sizeof(Node) +
          bin_head_.capacity() * sizeof(uint32_t) +
-         bin_bitmap_.capacity() * sizeof(uint64_t);
+         bin_bitmap_.capacity() * sizeof(uint64_t) +
+         free_bits_.capacity() * sizeof(uint64_t);
 }
 
 absl::Status OffsetAllocator::Validate() const {
@@ -416,6 +421,9 @@ absl::Status OffsetAllocator::Validate() const {
       return fail(absl::StrFormat("I1 address list: node %u runs past capacity", i));
     }
     const bool is_free = IsFree(n);
+    if (is_free != IsFreeBit(i)) {
+      return fail(absl::StrFormat("I4 bitmaps: free bit of node %u disagrees", i));
+    }
     if (is_free && prev_free) {
       return fail(absl::StrFormat(
           "I2 coalescing: free ranges at %u and %u are adjacent",
@@ -449,6 +457,9 @@ absl::Status OffsetAllocator::Validate() const {
     if (seen[i] == 2) return fail(absl::StrFormat("I6 node pool: cycle in spare list at %u", i));
     if (nodes_[i].prev_free != kSpare) {
       return fail(absl::StrFormat("I6 node pool: spare slot %u not marked spare", i));
+    }
+    if (IsFreeBit(i)) {
+      return fail(absl::StrFormat("I4 bitmaps: spare slot %u has its free bit", i));
     }
     seen[i] = 2;
     ++spare;

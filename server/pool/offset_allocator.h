@@ -30,10 +30,14 @@
 // HOW
 //   Every range of the slab, free or live, is a Node in one array (nodes_),
 //   addressed by 32-bit index. Nodes form a doubly linked list in address
-//   order (prev_phys/next_phys), which makes coalescing O(1). Node slots that
-//   are not in use sit on a singly linked list of spare slots, so steady-state
-//   churn reuses slots; the array only grows (by doubling, std::vector) when a
-//   new peak of ranges is reached. A live block's handle is its node index.
+//   order (prev_phys/next_phys, starting at phys_head_, the range at offset
+//   0), which makes coalescing O(1). Node slots that are not in use sit on a
+//   singly linked list of spare slots, so steady-state churn reuses slots; the
+//   array only grows (by 1/4, amortised O(1), so at most ~20% of it is slack)
+//   when a new peak of ranges is reached. A live block's handle is its node
+//   index. A bitmap with one bit per node slot (free_bits_) says which slots
+//   are free ranges, so Free learns whether its neighbours are free without
+//   touching a live neighbour whose links do not change.
 //
 //   Free ranges are binned TLSF-style: a size's bin is a "float" with
 //   kMantissaBits mantissa bits (sizes below 2^kMantissaBits get one bin per
@@ -62,12 +66,16 @@
 //        for alignment 1 that is one bin, and it is only paid when the slab
 //        is nearly full or fragmented for this request (often right before a
 //        refusal, which then is proven correct).
-//   Once a range is chosen it is unlinked from its bin; alignment padding in
-//   front becomes (stays) a free range, the tail behind the block becomes a
-//   new free range; both are put back in their bins.
+//   Once a range is chosen the block is carved from its front. Fast path (no
+//   alignment padding): the block gets a new node in front of the free node,
+//   which keeps the tail and stays linked in its bin unless the tail's size
+//   falls into another bin (an exact fit turns the free node itself into the
+//   block). With padding, the padding stays a free range in the old node and
+//   the tail behind the block becomes a new free range. Free likewise lets a
+//   free neighbour absorb the block and re-bins it only if its bin changed.
 //
 // INVARIANTS (checked by Validate())
-//   I1 Address list: starting at node 0 (offset 0) the prev_phys/next_phys
+//   I1 Address list: starting at phys_head_ (offset 0) the prev_phys/next_phys
 //      list visits ranges of size > 0 that tile [0, capacity) exactly, with
 //      consistent back links.
 //   I2 Coalescing: no two address-adjacent ranges are both free.
@@ -75,15 +83,17 @@
 //      linked, consistent back links), bins hold only free ranges, and the
 //      number of ranges in bins equals the number of free ranges in I1.
 //   I4 Bitmaps: a band's bit / a bin's bit is set iff the band / bin is
-//      non-empty.
+//      non-empty; a node slot's free bit is set iff it is a free range.
 //   I5 Counters: free_bytes/used_bytes/live_blocks/free_ranges equal the sums
 //      over the address list.
 //   I6 Node pool: every slot of nodes_ is either on the address list or on
 //      the spare list, and never both.
 //
-// Metadata: sizeof(Node) == 32 bytes per range (live or free), plus the bin
-// heads (4 bytes per bin, 2^kMantissaBits bins per power of two up to the
-// capacity) and the std::vector's doubling slack.
+// Metadata: sizeof(Node) == 32 bytes per range (live or free) plus 1 bit per
+// node slot, the node array's growth slack (<= 1/4 of the slots in use at the
+// last growth), and fixed per-slab tables: the bin heads (4 bytes per bin,
+// 2^kMantissaBits bins per power of two up to the capacity: 3.7 KiB for a
+// 4 GiB slab) and one 64-bit bitmap per power of two.
 #ifndef GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
 #define GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
 
@@ -106,7 +116,7 @@ class OffsetAllocator {
 
   static constexpr int kMantissaBits = 5;
   static constexpr uint32_t kBinsPerBand = 1u << kMantissaBits;
-  static constexpr int kDefaultOwnBinProbes = 8;
+  static constexpr int kDefaultOwnBinProbes = 1;
 
   explicit OffsetAllocator(uint64_t capacity);
   OffsetAllocator(const OffsetAllocator&) = delete;
@@ -138,7 +148,9 @@ class OffsetAllocator {
   }
 
   // Tuning: how many ranges of the request's own bin step 1 of the search
-  // looks at (0 disables it). More = closer to best fit, slower.
+  // looks at (0 disables it). More = closer to best fit, slower. The default
+  // (1: only the bin's head) keeps almost all of the utilisation gain of a
+  // deeper probe on the S/L traces at a fraction of its cost.
   void set_own_bin_probes(int n) { own_bin_probes_ = n < 0 ? 0 : n; }
   int own_bin_probes() const { return own_bin_probes_; }
 
@@ -185,6 +197,7 @@ class OffsetAllocator {
   static bool IsFree(const Node& n) {
     return n.prev_free != kUsed && n.prev_free != kSpare;
   }
+  bool IsFreeBit(uint32_t i) const { return (free_bits_[i >> 6] >> (i & 63)) & 1; }
 
   uint32_t NewNode();
   uint32_t GrowNodes();
@@ -212,6 +225,7 @@ class OffsetAllocator {
   std::vector<uint64_t> bin_bitmap_;  // per band: bit s: bin non-empty
   std::vector<uint32_t> bin_head_;    // per bin: first free node or kNone
   std::vector<Node> nodes_;
+  std::vector<uint64_t> free_bits_;   // per node slot: bit set iff free range
 };
 
 }  // namespace gpumem

@@ -46,9 +46,9 @@ grpc::Status GpuMemoryService::Free(grpc::ServerContext* ctx,
 }
 
 grpc::Status GpuMemoryService::GetStats(grpc::ServerContext*,
-                                        const v1::GetStatsRequest*,
+                                        const v1::GetStatsRequest* req,
                                         v1::GetStatsResponse* resp) {
-  *resp = broker_->Stats();
+  *resp = broker_->Stats(req->include_slabs());
   return grpc::Status::OK;
 }
 

@@ -274,7 +274,7 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller,
   return SlabFd{*fd, size};
 }
 
-v1::GetStatsResponse MemoryBroker::Stats() const {
+v1::GetStatsResponse MemoryBroker::Stats(bool include_slabs) const {
   v1::GetStatsResponse out;
   out.set_backend(backend_->name());
   absl::MutexLock lock(&mu_);
@@ -305,6 +305,23 @@ v1::GetStatsResponse MemoryBroker::Stats() const {
         case PeerLink::kNvLink: ds->add_peers(v1::PEER_LINK_NVLINK); break;
         case PeerLink::kHost: ds->add_peers(v1::PEER_LINK_HOST); break;
       }
+    }
+    if (!include_slabs || pools_.empty()) continue;
+    for (const SlabStats& slab : pools_[d.index]->Slabs()) {
+      v1::SlabStats* out_slab = ds->add_slabs();
+      out_slab->set_slab_id(slab.slab_id);
+      out_slab->set_size_bytes(slab.size);
+      out_slab->set_used_bytes(slab.used_bytes);
+      out_slab->set_free_bytes(slab.free_bytes);
+      out_slab->set_largest_free_bytes(slab.largest_free);
+      out_slab->set_fragmentation(
+          slab.free_bytes == 0 ? 0.0
+                               : 1.0 - static_cast<double>(slab.largest_free) /
+                                           static_cast<double>(slab.free_bytes));
+      out_slab->set_live_blocks(slab.live_blocks);
+      out_slab->set_dedicated(slab.dedicated);
+      out_slab->set_reserved(slab.reserved);
+      out_slab->set_tenant(slab.tenant);
     }
   }
   for (const SessionInfo& info : sessions_->List()) {

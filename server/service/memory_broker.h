@@ -63,7 +63,7 @@ class MemoryBroker {
                                                 const v1::AllocateRequest& request);
   absl::StatusOr<v1::FreeResponse> Free(const PeerCred& caller,
                                         const v1::FreeRequest& request);
-  v1::GetStatsResponse Stats() const;
+  v1::GetStatsResponse Stats(bool include_slabs = false) const;
   absl::StatusOr<v1::Session> GetSession(const PeerCred& caller);
   // A new fd for a slab's handle, for the slab-handle channel.
   absl::StatusOr<SlabFd> ExportSlab(const PeerCred& caller, uint64_t slab_id);

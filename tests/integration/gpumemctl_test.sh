@@ -43,6 +43,9 @@ read -r id dev _rest <&"${HOLD[0]}"
 [ "$dev" = 1 ] || fail "held allocation on device $dev"
 ctl stats --json >"$WORKDIR/stats.json"
 json_check "$WORKDIR/stats.json" 'j["devices"][1]["used_bytes"] == str(3 << 29) and j["devices"][1]["allocation_count"] == "1"'
+# 1.5 GiB is bigger than a 256 MiB slab: a dedicated slab of exactly that size.
+ctl stats --slabs >"$WORKDIR/slabs.txt"
+grep -Eq '^1 +[0-9]+ +1\.50 GiB +1\.50 GiB +0 B +0 B +0\.000 +1 dedicated$' "$WORKDIR/slabs.txt" || { cat "$WORKDIR/slabs.txt"; fail "dedicated slab row"; }
 [ "$(ctl free "$id")" = "freed $id" ] || fail "free $id"
 ctl stats --json >"$WORKDIR/stats.json"
 json_check "$WORKDIR/stats.json" 'j["devices"][1]["used_bytes"] == "0"'
