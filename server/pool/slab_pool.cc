@@ -174,6 +174,14 @@ absl::StatusOr<uint32_t> SlabPool::SlabTenant(uint64_t slab_id) const {
   return it->second.tenant;
 }
 
+absl::StatusOr<uint64_t> SlabPool::SlabSize(uint64_t slab_id) const {
+  auto it = slabs_.find(slab_id);
+  if (it == slabs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
+  }
+  return it->second.slab->size();
+}
+
 void SlabPool::ReleaseEmptySlabs(bool including_reserved) {
   for (auto it = slabs_.begin(); it != slabs_.end();) {
     const SlabEntry& e = it->second;

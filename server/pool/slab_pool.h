@@ -96,6 +96,8 @@ class SlabPool {
   absl::StatusOr<int> ExportSlabFd(uint64_t slab_id) const;
   // The tenant owning a slab, or NOT_FOUND.
   absl::StatusOr<uint32_t> SlabTenant(uint64_t slab_id) const;
+  // A slab's size in bytes (what an importer maps), or NOT_FOUND.
+  absl::StatusOr<uint64_t> SlabSize(uint64_t slab_id) const;
 
   // Gives back slabs empty since before now - empty_release_after.
   int ReleaseIdleSlabs(absl::Time now);

@@ -265,13 +265,11 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller,
         "slab ", slab_id, " holds no block of uid ", caller.uid));
   }
   const SlabPool& pool = *pools_[slab_device_.at(slab_id)];
+  absl::StatusOr<uint64_t> size = pool.SlabSize(slab_id);
+  if (!size.ok()) return size.status();
   absl::StatusOr<int> fd = pool.ExportSlabFd(slab_id);
   if (!fd.ok()) return fd.status();
-  uint64_t size = 0;
-  for (const SlabStats& s : pool.Slabs()) {
-    if (s.slab_id == slab_id) size = s.size;
-  }
-  return SlabFd{*fd, size};
+  return SlabFd{*fd, *size};
 }
 
 v1::GetStatsResponse MemoryBroker::Stats(bool include_slabs) const {
