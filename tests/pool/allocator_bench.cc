@@ -1,0 +1,200 @@
+// allocator_bench: replays the fixed-seed S, L and F traces (tests/pool/
+// traces.h) against gpumem::OffsetAllocator and, in the same run, against the
+// std::map best-fit baseline, and prints per trace:
+//   * ns per allocate+free pair, median and p99 over batches of 1024 ops
+//     (batch time / 512), and ops/s over the timed run (S, L). Each batch is
+//     generated into a flat op array before its clock starts, so the timed
+//     loop does only allocator calls (traces::RunTimed); both allocators run
+//     the same harness on the same trace;
+//   * utilisation at first failure: requested live bytes / capacity when a
+//     request is first refused, on the growing random workload (S, L; mean
+//     and min over --util_seeds seeds) or on the F staircase;
+//   * host metadata bytes per live block: "held" = everything the allocator
+//     holds (node array capacity incl. doubling slack, bin tables, object) /
+//     live blocks; "in use" = bytes of nodes describing a live block or a
+//     free range / live blocks.
+// Usage: allocator_bench [--json] [--ops_scale=1] [--util_seeds=10]
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "server/pool/offset_allocator.h"
+#include "tests/pool/best_fit_baseline.h"
+#include "tests/pool/traces.h"
+
+ABSL_FLAG(bool, json, false, "print JSON instead of a table");
+ABSL_FLAG(double, ops_scale, 1.0,
+          "scale the timed op counts (and the F slab) for smoke runs");
+ABSL_FLAG(int, util_seeds, 10, "seeds averaged for utilisation at failure");
+ABSL_FLAG(uint64_t, seed, 42, "base seed of every trace");
+ABSL_FLAG(bool, skip_baseline, false, "profiling: run only OffsetAllocator");
+ABSL_FLAG(int, probes, -1, "tuning: OffsetAllocator own-bin probes (-1: default)");
+
+namespace gpumem {
+namespace {
+
+struct Row {
+  std::string trace, allocator;
+  bool timed = false;
+  double median_ns = 0, p99_ns = 0, ops_per_s = 0;
+  uint64_t ops = 0, failures = 0;
+  double util_mean = 0, util_min = 0;
+  double meta_held = 0, meta_in_use = 0;
+  bool has_in_use = false;
+  uint64_t live = 0;
+};
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(q * (v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+template <class A>
+void FillMeta(const A& a, uint64_t live, Row* row);
+template <>
+void FillMeta(const OffsetAllocator& a, uint64_t live, Row* row) {
+  row->meta_held = live ? double(a.metadata_bytes()) / live : 0;
+  row->meta_in_use = live ? double(a.nodes_in_use_bytes()) / live : 0;
+  row->has_in_use = true;
+}
+template <>
+void FillMeta(const BestFitBaseline& a, uint64_t live, Row* row) {
+  row->meta_held = live ? double(a.metadata_bytes()) / live : 0;
+}
+
+void SetProbes(OffsetAllocator* a) {
+  if (absl::GetFlag(FLAGS_probes) >= 0) a->set_own_bin_probes(absl::GetFlag(FLAGS_probes));
+}
+void SetProbes(BestFitBaseline*) {}
+
+template <class A>
+Row RunChurnTrace(const traces::TraceSpec& t, const char* name) {
+  Row row;
+  row.trace = t.name;
+  row.allocator = name;
+  row.timed = true;
+  const uint64_t ops = std::max<uint64_t>(
+      traces::kBatch, uint64_t(t.ops * absl::GetFlag(FLAGS_ops_scale)));
+  {
+    A a(t.capacity);
+    SetProbes(&a);
+    traces::TimedResult r = traces::RunTimed(a, t, ops, absl::GetFlag(FLAGS_seed));
+    row.median_ns = Percentile(r.batch_ns_per_pair, 0.5);
+    row.p99_ns = Percentile(r.batch_ns_per_pair, 0.99);
+    row.ops = r.ops;
+    row.ops_per_s = r.ops / r.total_seconds;
+    row.failures = r.failures;
+    row.live = r.live_at_end;
+    FillMeta(a, r.live_at_end, &row);
+  }
+  const int seeds = std::max(1, absl::GetFlag(FLAGS_util_seeds));
+  double sum = 0, mn = 1;
+  for (int s = 0; s < seeds; ++s) {
+    A a(t.capacity);
+    SetProbes(&a);
+    const double u = traces::UtilizationAtFirstFailure(
+        a, t, absl::GetFlag(FLAGS_seed) + 1000 + s);
+    sum += u;
+    mn = std::min(mn, u);
+  }
+  row.util_mean = sum / seeds;
+  row.util_min = mn;
+  return row;
+}
+
+template <class A>
+Row RunF(const char* name) {
+  Row row;
+  row.trace = "F";
+  row.allocator = name;
+  const double scale = std::min(1.0, absl::GetFlag(FLAGS_ops_scale));
+  uint64_t cap = uint64_t(4 * traces::kGiB * scale) / traces::kGrain * traces::kGrain;
+  cap = std::max<uint64_t>(cap, 4 * traces::kMiB);
+  A a(cap);
+  SetProbes(&a);
+  traces::FResult r = traces::RunFTrace(a, cap, absl::GetFlag(FLAGS_seed));
+  row.util_mean = row.util_min = r.utilization;
+  row.live = r.live_blocks;
+  row.failures = r.fill_failed ? 1 : 0;
+  FillMeta(a, r.live_blocks, &row);
+  return row;
+}
+
+void PrintTable(const std::vector<Row>& rows) {
+  absl::PrintF(
+      "%-5s %-16s %10s %10s %12s %10s %9s %15s %11s %11s %8s\n", "trace",
+      "allocator", "med ns/pr", "p99 ns/pr", "ops/s", "ops", "failures",
+      "util@fail(min)", "meta B/live", "in-use B/l", "live");
+  for (const Row& r : rows) {
+    std::string med = "-", p99 = "-", opss = "-", ops = "-";
+    if (r.timed) {
+      med = absl::StrFormat("%.1f", r.median_ns);
+      p99 = absl::StrFormat("%.1f", r.p99_ns);
+      opss = absl::StrFormat("%.3g", r.ops_per_s);
+      ops = absl::StrFormat("%d", r.ops);
+    }
+    std::string util = r.timed ? absl::StrFormat("%.4f(%.4f)", r.util_mean, r.util_min)
+                               : absl::StrFormat("%.4f", r.util_mean);
+    std::string in_use = r.has_in_use ? absl::StrFormat("%.1f", r.meta_in_use) : "-";
+    absl::PrintF("%-5s %-16s %10s %10s %12s %10s %9d %15s %11.1f %11s %8d\n",
+                r.trace.c_str(), r.allocator.c_str(), med.c_str(), p99.c_str(),
+                opss.c_str(), ops.c_str(), r.failures, util.c_str(), r.meta_held,
+                in_use.c_str(), r.live);
+  }
+}
+
+void PrintJson(const std::vector<Row>& rows) {
+  absl::PrintF("{\"ops_scale\": %g, \"util_seeds\": %d, \"seed\": %d, \"rows\": [\n",
+              absl::GetFlag(FLAGS_ops_scale), absl::GetFlag(FLAGS_util_seeds),
+              absl::GetFlag(FLAGS_seed));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    absl::PrintF("  {\"trace\": \"%s\", \"allocator\": \"%s\"", r.trace.c_str(),
+                r.allocator.c_str());
+    if (r.timed) {
+      absl::PrintF(", \"median_ns_per_pair\": %.2f, \"p99_ns_per_pair\": %.2f, "
+                  "\"ops_per_s\": %.0f, \"ops\": %d",
+                  r.median_ns, r.p99_ns, r.ops_per_s, r.ops);
+    }
+    absl::PrintF(", \"failures\": %d, \"util_at_first_failure\": %.5f, "
+                "\"util_at_first_failure_min\": %.5f, \"metadata_bytes_per_live_block\": %.2f",
+                r.failures, r.util_mean, r.util_min, r.meta_held);
+    if (r.has_in_use) absl::PrintF(", \"in_use_bytes_per_live_block\": %.2f", r.meta_in_use);
+    absl::PrintF(", \"live_blocks\": %d}%s\n", r.live, i + 1 < rows.size() ? "," : "");
+  }
+  absl::PrintF("]}\n");
+}
+
+}  // namespace
+}  // namespace gpumem
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  using namespace gpumem;
+  std::vector<Row> rows;
+  for (const traces::TraceSpec& t : {traces::TraceS(), traces::TraceL()}) {
+    rows.push_back(RunChurnTrace<OffsetAllocator>(t, "OffsetAllocator"));
+    if (!absl::GetFlag(FLAGS_skip_baseline)) {
+      rows.push_back(RunChurnTrace<BestFitBaseline>(t, "map best-fit"));
+    }
+  }
+  rows.push_back(RunF<OffsetAllocator>("OffsetAllocator"));
+  if (!absl::GetFlag(FLAGS_skip_baseline)) {
+    rows.push_back(RunF<BestFitBaseline>("map best-fit"));
+  }
+  if (absl::GetFlag(FLAGS_json)) PrintJson(rows);
+  else PrintTable(rows);
+  for (const Row& r : rows) {
+    if (r.failures != 0 && r.timed) {
+      absl::FPrintF(stderr, "note: %s/%s refused %d requests in the timed run\n",
+                   r.trace.c_str(), r.allocator.c_str(), r.failures);
+    }
+  }
+  return 0;
+}

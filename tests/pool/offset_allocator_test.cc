@@ -1,0 +1,363 @@
+// Edge cases of gpumem::OffsetAllocator, and the F trace no-refusal test.
+#include "server/pool/offset_allocator.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/pool/traces.h"
+
+namespace gpumem {
+namespace {
+
+using Block = OffsetAllocator::Block;
+using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+void ExpectValid(const OffsetAllocator& a) {
+  const absl::Status st = a.Validate();
+  EXPECT_TRUE(st.ok()) << st;
+}
+
+TEST(OffsetAllocator, FreshSlabIsOneFreeRange) {
+  OffsetAllocator a(1000);
+  EXPECT_EQ(a.capacity(), 1000u);
+  EXPECT_EQ(a.free_bytes(), 1000u);
+  EXPECT_EQ(a.used_bytes(), 0u);
+  EXPECT_EQ(a.largest_free(), 1000u);
+  EXPECT_EQ(a.live_blocks(), 0u);
+  EXPECT_EQ(a.FreeRangeList(), (Ranges{{0, 1000}}));
+  ExpectValid(a);
+}
+
+TEST(OffsetAllocator, ZeroCapacityRefusesEverything) {
+  OffsetAllocator a(0);
+  Block b;
+  EXPECT_FALSE(a.Allocate(1, 1, &b));
+  EXPECT_EQ(a.largest_free(), 0u);
+  ExpectValid(a);
+}
+
+TEST(OffsetAllocator, InvalidArgumentsAreRefused) {
+  OffsetAllocator a(1 << 20);
+  Block b;
+  EXPECT_FALSE(a.Allocate(0, 1, &b));
+  EXPECT_FALSE(a.Allocate(16, 0, &b));
+  EXPECT_FALSE(a.Allocate(16, 3, &b));
+  EXPECT_FALSE(a.Allocate(16, 48, &b));
+  EXPECT_FALSE(a.Allocate((1 << 20) + 1, 1, &b));
+  EXPECT_EQ(a.live_blocks(), 0u);
+  ExpectValid(a);
+}
+
+TEST(OffsetAllocator, SizeOne) {
+  OffsetAllocator one(1);
+  Block b;
+  ASSERT_TRUE(one.Allocate(1, 1, &b));
+  EXPECT_EQ(b.offset, 0u);
+  EXPECT_EQ(one.free_bytes(), 0u);
+  Block c;
+  EXPECT_FALSE(one.Allocate(1, 1, &c));
+  ExpectValid(one);
+  one.Free(b);
+  EXPECT_EQ(one.largest_free(), 1u);
+  ExpectValid(one);
+
+  // Fill a slab byte by byte, then free in a random order.
+  OffsetAllocator a(777);
+  std::vector<Block> blocks(777);
+  for (uint64_t i = 0; i < 777; ++i) {
+    ASSERT_TRUE(a.Allocate(1, 1, &blocks[i]));
+    EXPECT_EQ(blocks[i].offset, i);
+  }
+  EXPECT_FALSE(a.Allocate(1, 1, &c));
+  EXPECT_EQ(a.free_ranges(), 0u);
+  ExpectValid(a);
+  std::shuffle(blocks.begin(), blocks.end(), std::mt19937_64(3));
+  for (const Block& x : blocks) a.Free(x);
+  EXPECT_EQ(a.FreeRangeList(), (Ranges{{0, 777}}));
+  ExpectValid(a);
+}
+
+TEST(OffsetAllocator, WholeSlab) {
+  for (uint64_t cap : {1ull, 4096ull, 4097ull, 64ull << 20, 512ull << 30, 1ull << 50,
+                       ~0ull}) {
+    OffsetAllocator a(cap);
+    Block b, c;
+    if (cap != ~0ull) {
+      EXPECT_FALSE(a.Allocate(cap + 1, 1, &c));
+    }
+    ASSERT_TRUE(a.Allocate(cap, uint64_t{1} << (63 - __builtin_clzll(cap)), &b)) << cap;
+    EXPECT_EQ(b.offset, 0u);
+    EXPECT_EQ(a.free_bytes(), 0u);
+    EXPECT_EQ(a.largest_free(), 0u);
+    EXPECT_FALSE(a.Allocate(1, 1, &c));
+    ExpectValid(a);
+    a.Free(b);
+    EXPECT_EQ(a.FreeRangeList(), (Ranges{{0, cap}}));
+    ExpectValid(a);
+  }
+}
+
+// A free range of exactly `hole` bytes, between live blocks: requests just
+// below, at and above bin boundaries must be served iff they fit.
+// Run with the own-bin probe off too, so the exact fallback alone must find
+// the hole.
+TEST(OffsetAllocator, SizesAroundBinBoundaries) {
+  for (int probes : {0, OffsetAllocator::kDefaultOwnBinProbes, 8})
+  for (uint32_t bin = 1; bin < OffsetAllocator::BinIndex(~0ull >> 2); ++bin) {
+    const uint64_t lb = OffsetAllocator::BinLowerBound(bin);
+    ASSERT_EQ(OffsetAllocator::BinIndex(lb), bin);
+    ASSERT_EQ(OffsetAllocator::BinIndex(lb - 1), bin - 1);
+    for (uint64_t hole : {lb - 1, lb, lb + 1}) {
+      if (hole == 0) continue;
+      // [guard 1][hole][guard 1]
+      OffsetAllocator a(hole + 2);
+      a.set_own_bin_probes(probes);
+      Block g1, h, g2;
+      ASSERT_TRUE(a.Allocate(1, 1, &g1));
+      ASSERT_TRUE(a.Allocate(hole, 1, &h));
+      ASSERT_TRUE(a.Allocate(1, 1, &g2));
+      a.Free(h);
+      for (uint64_t ask : {hole - 1, hole, hole + 1}) {
+        if (ask == 0) continue;
+        Block b;
+        const bool ok = a.Allocate(ask, 1, &b);
+        EXPECT_EQ(ok, ask <= hole) << "hole " << hole << " ask " << ask;
+        if (ok) {
+          EXPECT_EQ(b.offset, 1u);
+          a.Free(b);
+        }
+        ExpectValid(a);
+      }
+      // Aligned variant: the hole starts at offset 1, so alignment 2 needs
+      // one byte of padding.
+      Block b;
+      const bool ok = a.Allocate(hole - 1 == 0 ? 1 : hole - 1, 2, &b);
+      EXPECT_EQ(ok, hole >= 2) << "hole " << hole;
+      if (ok) {
+        EXPECT_EQ(b.offset, 2u);
+        ExpectValid(a);
+        a.Free(b);
+      }
+      EXPECT_EQ(a.FreeRangeList(), (Ranges{{1, hole}}));
+      ExpectValid(a);
+    }
+  }
+}
+
+TEST(OffsetAllocator, BinMappingIsMonotonic) {
+  uint64_t prev = 0;
+  for (uint64_t s = 1; s < 100000; ++s) {
+    const uint32_t b = OffsetAllocator::BinIndex(s);
+    ASSERT_GE(b, prev);
+    ASSERT_LE(OffsetAllocator::BinLowerBound(b), s);
+    ASSERT_GT(OffsetAllocator::BinLowerBound(b + 1), s);
+    prev = b;
+  }
+  EXPECT_LT(OffsetAllocator::BinIndex(~0ull), 64u << OffsetAllocator::kMantissaBits);
+}
+
+TEST(OffsetAllocator, AlignmentEqualToSlabSize) {
+  for (int e : {0, 1, 12, 26, 39, 50, 63}) {
+    const uint64_t cap = uint64_t{1} << e;
+    OffsetAllocator a(cap);
+    Block b, c;
+    ASSERT_TRUE(a.Allocate(1, cap, &b));
+    EXPECT_EQ(b.offset, 0u);
+    // The only offset aligned to `cap` is taken.
+    EXPECT_FALSE(a.Allocate(1, cap, &c));
+    ExpectValid(a);
+    a.Free(b);
+    ASSERT_TRUE(a.Allocate(cap, cap, &b));
+    a.Free(b);
+    ExpectValid(a);
+  }
+  // Slab slightly larger than a power of two: the aligned offset 2^e exists
+  // even when offset 0 is taken; it must be found behind the padding.
+  for (int e : {4, 20, 40, 62}) {
+    const uint64_t p = uint64_t{1} << e;
+    OffsetAllocator a(p + 5);
+    Block z, b, c;
+    ASSERT_TRUE(a.Allocate(1, 1, &z));
+    ASSERT_TRUE(a.Allocate(5, p, &b)) << e;
+    EXPECT_EQ(b.offset, p);
+    EXPECT_FALSE(a.Allocate(1, p, &c));
+    EXPECT_FALSE(a.Allocate(6, p, &c));
+    EXPECT_EQ(a.FreeRangeList(), (Ranges{{1, p - 1}}));
+    ExpectValid(a);
+    a.Free(z);
+    a.Free(b);
+    EXPECT_EQ(a.FreeRangeList(), (Ranges{{0, p + 5}}));
+    ExpectValid(a);
+  }
+  // Alignment 2^63 inside the largest possible slab.
+  OffsetAllocator big(~0ull);
+  Block z, b;
+  ASSERT_TRUE(big.Allocate(3, 1, &z));
+  ASSERT_TRUE(big.Allocate(1ull << 62, 1ull << 63, &b));
+  EXPECT_EQ(b.offset, 1ull << 63);
+  ExpectValid(big);
+}
+
+TEST(OffsetAllocator, HugeCapacities) {
+  for (uint64_t cap : {512ull << 30, 1ull << 50}) {
+    OffsetAllocator a(cap);
+    std::vector<Block> live;
+    uint64_t sum = 0;
+    // GPU-like: 2 MiB aligned blocks of many sizes, plus a few giant ones.
+    for (uint64_t s : {1ull, 255ull, 2ull << 20, 3ull << 30, 100ull << 30,
+                       (1ull << 38) + 7, 12345678901ull}) {
+      Block b;
+      if (s > a.free_bytes()) continue;
+      ASSERT_TRUE(a.Allocate(s, 2 << 20, &b)) << s;
+      EXPECT_EQ(b.offset % (2 << 20), 0u);
+      EXPECT_LE(b.offset + b.size, cap);
+      live.push_back(b);
+      sum += s;
+    }
+    EXPECT_EQ(a.used_bytes(), sum);
+    ExpectValid(a);
+    Block rest;
+    ASSERT_TRUE(a.Allocate(a.largest_free(), 1, &rest));
+    live.push_back(rest);
+    ExpectValid(a);
+    for (size_t i = 0; i < live.size(); i += 2) a.Free(live[i]);
+    for (size_t i = 1; i < live.size(); i += 2) a.Free(live[i]);
+    EXPECT_EQ(a.FreeRangeList(), (Ranges{{0, cap}}));
+    ExpectValid(a);
+  }
+}
+
+// Every permutation of freeing 6 blocks (720 orders), in a slab filled
+// exactly and in one with gaps; ranges checked against a map model after
+// every free.
+TEST(OffsetAllocator, FreeInEveryOrder) {
+  for (bool gaps : {false, true}) {
+    std::vector<int> order(6);
+    std::iota(order.begin(), order.end(), 0);
+    const uint64_t sizes[6] = {1, 100, 4096, 7, 65536, 3};
+    do {
+      const uint64_t cap = 69803 + (gaps ? 600 : 0);
+      OffsetAllocator a(cap);
+      std::vector<Block> blocks(6);
+      std::vector<Block> spacers;
+      for (int i = 0; i < 6; ++i) {
+        ASSERT_TRUE(a.Allocate(sizes[i], 1, &blocks[i]));
+        if (gaps) {
+          Block s;
+          ASSERT_TRUE(a.Allocate(100, 1, &s));
+          spacers.push_back(s);
+        }
+      }
+      for (size_t i = 0; i < spacers.size(); i += 2) a.Free(spacers[i]);
+      std::map<uint64_t, uint64_t> model;
+      for (const auto& r : a.FreeRangeList()) model[r.first] = r.second;
+      for (int i : order) {
+        a.Free(blocks[i]);
+        uint64_t off = blocks[i].offset, len = blocks[i].size;
+        auto next = model.find(off + len);
+        if (next != model.end()) { len += next->second; model.erase(next); }
+        auto it = model.lower_bound(off);
+        if (it != model.begin() && std::prev(it)->first + std::prev(it)->second == off) {
+          --it;
+          it->second += len;
+        } else {
+          model[off] = len;
+        }
+        ASSERT_EQ(a.FreeRangeList(), Ranges(model.begin(), model.end()));
+        ASSERT_TRUE(a.Validate().ok()) << a.Validate();
+      }
+      for (size_t i = 1; i < spacers.size(); i += 2) a.Free(spacers[i]);
+      ASSERT_EQ(a.FreeRangeList(), (Ranges{{0, cap}}));
+    } while (std::next_permutation(order.begin(), order.end()));
+  }
+}
+
+TEST(OffsetAllocator, HandlesAreReusedWithoutGrowth) {
+  OffsetAllocator a(1 << 30);
+  std::vector<Block> live(1000);
+  std::mt19937_64 rng(1);
+  for (auto& b : live) ASSERT_TRUE(a.Allocate(1 + rng() % 100000, 64, &b));
+  // Warm: one round of churn reaches the peak number of ranges.
+  for (int round = 0; round < 3; ++round) {
+    for (auto& b : live) {
+      a.Free(b);
+      ASSERT_TRUE(a.Allocate(1 + rng() % 100000, 64, &b));
+    }
+  }
+  const uint64_t held = a.metadata_bytes();
+  for (int round = 0; round < 20; ++round) {
+    for (auto& b : live) {
+      a.Free(b);
+      ASSERT_TRUE(a.Allocate(1 + rng() % 100000, 64, &b));
+    }
+  }
+  EXPECT_EQ(a.metadata_bytes(), held);
+  ExpectValid(a);
+}
+
+TEST(OffsetAllocatorDeathTest, FreeWithWrongHandleAborts) {
+  OffsetAllocator a(4096);
+  Block b;
+  ASSERT_TRUE(a.Allocate(100, 1, &b));
+  Block wrong = b;
+  wrong.offset += 1;
+  EXPECT_DEATH(a.Free(wrong), "do not match");
+  a.Free(b);
+  EXPECT_DEATH(a.Free(b), "not live");
+}
+
+// Requirement: the allocator never refuses while a fitting hole exists. On
+// the F trace every staircase request is compared with an exact scan of the
+// free ranges, and the first refusal must be a true one.
+// Also run with the own-bin probe off, so that the exact fallback is what
+// must find the holes, and with a deeper probe (8).
+// Variants: the trace as specified (256 B grain and alignment); an odd grain
+// (257 B, alignment 1) whose sizes mostly are not bin boundaries, so rounding
+// up to the next bin would skip fitting holes; and 256 B grain with 4 KiB
+// alignment, where holes need padding.
+struct FVariant {
+  uint64_t grain, fill_alignment, alignment;
+};
+
+TEST(OffsetAllocatorFTrace, NoRefusalWhileAFittingHoleExists) {
+  for (FVariant v : {FVariant{256, 256, 256}, FVariant{257, 1, 1}, FVariant{256, 256, 4096}})
+  for (int probes : {0, OffsetAllocator::kDefaultOwnBinProbes, 8})
+  for (uint64_t seed : {1, 2}) {
+    const uint64_t cap = 64ull << 20;
+    OffsetAllocator a(cap);
+    a.set_own_bin_probes(probes);
+    uint64_t checked = 0;
+    auto hook = [&](uint64_t size, bool ok) {
+      ++checked;
+      if (ok) return;
+      // Exact scan: no free range can hold `size` at 256 B alignment.
+      for (const auto& [off, len] : a.FreeRangeList()) {
+        const uint64_t pad = (0 - off) & (v.alignment - 1);
+        EXPECT_FALSE(pad <= len && size <= len - pad)
+            << "refused " << size << " B although [" << off << ", +" << len
+            << ") is free";
+      }
+      EXPECT_LT(a.largest_free(), size);
+    };
+    const traces::FResult r =
+        traces::RunFTrace(a, cap, seed, hook, nullptr, v.grain, v.fill_alignment,
+                          v.alignment);
+    ASSERT_FALSE(r.fill_failed);
+    EXPECT_GT(r.holes, 1000u);
+    EXPECT_EQ(checked, r.staircase_requests);
+    if (v.alignment <= v.grain) {
+      EXPECT_GE(r.utilization, 0.74)
+          << "seed " << seed << " probes " << probes << " grain " << v.grain;
+    }
+    ExpectValid(a);
+    // The refused size exceeds every remaining hole.
+    EXPECT_LT(a.largest_free(), r.failing_size);
+  }
+}
+
+}  // namespace
+}  // namespace gpumem

@@ -1,0 +1,296 @@
+// Fixed-seed workloads shared by allocator_bench and the pool tests. Every
+// driver is a template over an allocator type A with
+//   bool A::Allocate(uint64_t size, uint64_t alignment, A::Block* out);
+//   void A::Free(const A::Block&);
+// and a `size` member in A::Block.
+#ifndef GPUMEMD_TESTS_POOL_TRACES_H_
+#define GPUMEMD_TESTS_POOL_TRACES_H_
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace gpumem {
+namespace traces {
+
+constexpr uint64_t kKiB = 1024, kMiB = 1024 * kKiB, kGiB = 1024 * kMiB;
+constexpr uint64_t kGrain = 256;      // every trace size is a multiple of this
+constexpr uint64_t kAlignment = 256;  // every trace request asks for this
+
+// Draws a block size from a trace's distribution (multiples of 256 B).
+struct SizeDist {
+  enum Kind { kUniform, kLogUniform } kind;
+  uint64_t lo, hi;  // inclusive bounds, multiples of kGrain
+
+  uint64_t operator()(std::mt19937_64& rng) const {
+    if (kind == kUniform) {
+      std::uniform_int_distribution<uint64_t> d(lo / kGrain, hi / kGrain);
+      return d(rng) * kGrain;
+    }
+    std::uniform_real_distribution<double> d(std::log(double(lo)),
+                                             std::log(double(hi)));
+    uint64_t s = static_cast<uint64_t>(std::exp(d(rng))) / kGrain * kGrain;
+    return std::min(hi, std::max(lo, s));
+  }
+};
+
+struct TraceSpec {
+  const char* name;
+  uint64_t capacity;
+  SizeDist dist;
+  uint64_t target_live;       // churning blocks kept around this count
+  uint64_t ops;               // timed operations at ops_scale 1
+  int pinned;                 // blocks allocated first and never freed
+  uint64_t pinned_size;
+};
+
+// S: small blocks. ~6,000 live, uniform 256 B .. 1 MiB, 4 GiB slab.
+inline TraceSpec TraceS() {
+  return {"S", 4 * kGiB, {SizeDist::kUniform, 256, 1 * kMiB}, 6000, 10000000,
+          0, 0};
+}
+// L: LLM serving. 8 pinned blocks of 5% of the slab, then ~80 live blocks
+// log-uniform 2 .. 64 MiB.
+inline TraceSpec TraceL() {
+  const uint64_t cap = 4 * kGiB;
+  return {"L", cap, {SizeDist::kLogUniform, 2 * kMiB, 64 * kMiB}, 80, 2000000,
+          8, cap / 20 / kGrain * kGrain};
+}
+
+struct TimedResult {
+  std::vector<double> batch_ns_per_pair;  // one entry per 1024-op batch
+  double total_seconds = 0;
+  uint64_t ops = 0;
+  uint64_t failures = 0;
+  uint64_t live_at_end = 0;
+};
+
+constexpr int kBatch = 1024;
+
+// Steady-state churn: allocate while below 95% of target_live, free while
+// above 105%, fair coin in between; a free picks a uniformly random live
+// block. Warm-up (pinned blocks, then allocating up to 95% of the target) is
+// not timed.
+//
+// Harness: before each batch of 1024 operations the clock is stopped and the
+// batch is generated into a flat op array (size to allocate, or 0 = free, and
+// the slot in a fixed block table the block lives in); the live-set
+// bookkeeping (random pick, swap-remove) happens there too. The timed loop
+// then does nothing but replay the array: one allocator call per op plus a
+// slot table access. One clock read at each end of a batch. The trace (random
+// draws, alloc/free decisions, which live block is freed) is the same as
+// drawing it inline. A refused allocation leaves its slot marked empty
+// (size 0): a free of it within the batch is skipped, and after the batch the
+// generator drops it from its live set.
+template <class A>
+TimedResult RunTimed(A& a, const TraceSpec& t, uint64_t ops, uint64_t seed,
+                     std::vector<typename A::Block>* live_out = nullptr) {
+  using Block = typename A::Block;
+  std::mt19937_64 rng(seed);
+  std::vector<Block> pinned;
+  TimedResult r;
+  for (int i = 0; i < t.pinned; ++i) {
+    Block b;
+    if (!a.Allocate(t.pinned_size, kAlignment, &b)) ++r.failures;
+    else pinned.push_back(b);
+  }
+  const uint64_t low = t.target_live * 95 / 100, high = t.target_live * 105 / 100;
+  // Slot table: every live churn block sits in one slot; `live` lists the
+  // occupied slots in the same order the inline harness kept its blocks.
+  const size_t num_slots = t.target_live * 2 + kBatch + 1;
+  std::vector<Block> slots(num_slots);
+  std::vector<uint32_t> live, spare;
+  live.reserve(num_slots);
+  spare.reserve(num_slots);
+  for (size_t s = num_slots; s-- > 0;) spare.push_back(static_cast<uint32_t>(s));
+  while (live.size() < low) {
+    const uint32_t s = spare.back();
+    if (!a.Allocate(t.dist(rng), kAlignment, &slots[s])) { ++r.failures; break; }
+    spare.pop_back();
+    live.push_back(s);
+  }
+  struct Op {
+    uint64_t size;  // 0: free the block in `slot`
+    uint32_t slot;
+  };
+  std::vector<Op> batch_ops(kBatch);
+  Op* const op = batch_ops.data();
+  Block* const slot = slots.data();
+  const uint64_t batches = (ops + kBatch - 1) / kBatch;
+  r.batch_ns_per_pair.reserve(batches);
+  for (uint64_t batch = 0; batch < batches; ++batch) {
+    for (int i = 0; i < kBatch; ++i) {
+      const uint64_t size = t.dist(rng);
+      const uint64_t rnd = rng();
+      const uint64_t n = live.size();
+      const bool alloc = n < low || (n <= high && (rnd >> 63));
+      if (alloc || n == 0) {
+        const uint32_t s = spare.back();
+        spare.pop_back();
+        live.push_back(s);
+        op[i] = Op{size, s};
+      } else {
+        const uint64_t idx = ((rnd & 0xFFFFFFFFu) * n) >> 32;
+        const uint32_t s = live[idx];
+        live[idx] = live.back();
+        live.pop_back();
+        spare.push_back(s);
+        op[i] = Op{0, s};
+      }
+    }
+    uint64_t failures = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBatch; ++i) {
+      Block& b = slot[op[i].slot];
+      if (op[i].size != 0) {
+        if (!a.Allocate(op[i].size, kAlignment, &b)) {
+          b.size = 0;
+          ++failures;
+        }
+      } else if (b.size != 0) {
+        a.Free(b);
+      }
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    const double ns = std::chrono::duration<double, std::nano>(t1 - t0).count();
+    r.total_seconds += ns * 1e-9;
+    r.batch_ns_per_pair.push_back(ns / kBatch * 2);  // 2 ops per pair
+    r.failures += failures;
+    if (failures != 0) {
+      // Refused blocks never became live: drop them from the live set.
+      for (size_t j = 0; j < live.size();) {
+        if (slot[live[j]].size == 0) {
+          spare.push_back(live[j]);
+          live[j] = live.back();
+          live.pop_back();
+        } else {
+          ++j;
+        }
+      }
+    }
+  }
+  r.ops = batches * kBatch;
+  r.live_at_end = live.size() + pinned.size();
+  if (live_out) {
+    live_out->clear();
+    for (uint32_t s : live) live_out->push_back(slot[s]);
+    live_out->insert(live_out->end(), pinned.begin(), pinned.end());
+  }
+  return r;
+}
+
+// Growing random workload: pinned blocks first, then each step frees a
+// uniformly random live block with probability 0.4 and otherwise allocates a
+// block from the trace's distribution. Returns requested live bytes /
+// capacity at the first refused allocation.
+template <class A>
+double UtilizationAtFirstFailure(A& a, const TraceSpec& t, uint64_t seed) {
+  using Block = typename A::Block;
+  std::mt19937_64 rng(seed);
+  std::bernoulli_distribution free_coin(0.4);
+  std::vector<Block> live;
+  uint64_t live_bytes = 0;
+  for (int i = 0; i < t.pinned; ++i) {
+    Block b;
+    if (!a.Allocate(t.pinned_size, kAlignment, &b)) return double(live_bytes) / t.capacity;
+    live_bytes += b.size;  // pinned: never put in `live`, never freed
+  }
+  for (;;) {
+    if (!live.empty() && free_coin(rng)) {
+      std::uniform_int_distribution<size_t> pick(0, live.size() - 1);
+      const size_t idx = pick(rng);
+      live_bytes -= live[idx].size;
+      a.Free(live[idx]);
+      live[idx] = live.back();
+      live.pop_back();
+    } else {
+      Block b;
+      const uint64_t size = t.dist(rng);
+      if (!a.Allocate(size, kAlignment, &b)) return double(live_bytes) / t.capacity;
+      live_bytes += size;
+      live.push_back(b);
+    }
+  }
+}
+
+// F: fragmenting. Fill the slab exactly with blocks of 256 B .. 16 KiB
+// (uniform multiples of 256; the last block takes the remainder), free every
+// other block (even indices), then climb a staircase: level k = 1, 2, ...
+// asks for max(1, holes / 64) blocks of k * 256 B each, until the first
+// refusal. (With 64 levels the staircase asks, in expectation, for exactly
+// the freed bytes.) `on_request(size, ok)` sees every staircase request.
+struct FResult {
+  double utilization = 0;   // requested live bytes / capacity at refusal
+  uint64_t fill_blocks = 0;
+  uint64_t holes = 0;
+  uint64_t staircase_requests = 0;
+  uint64_t failing_size = 0;
+  uint64_t live_blocks = 0;
+  bool fill_failed = false;
+};
+
+struct NoHook {
+  void operator()(uint64_t, bool) const {}
+};
+
+// `grain` and the alignments default to the trace's 256 B; tests also run odd
+// grains (sizes that are not bin boundaries) and larger staircase alignments.
+template <class A, class Hook = NoHook>
+FResult RunFTrace(A& a, uint64_t capacity, uint64_t seed, Hook on_request = Hook(),
+                  std::vector<typename A::Block>* live_out = nullptr,
+                  uint64_t grain = kGrain, uint64_t fill_alignment = kAlignment,
+                  uint64_t alignment = kAlignment) {
+  using Block = typename A::Block;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<uint64_t> units(1, 64);
+  auto dist = [&](std::mt19937_64& g) { return units(g) * grain; };
+  std::vector<Block> blocks;
+  FResult r;
+  uint64_t remaining = capacity;
+  while (remaining > 0) {
+    const uint64_t size = std::min(dist(rng), remaining);
+    Block b;
+    if (!a.Allocate(size, fill_alignment, &b)) { r.fill_failed = true; return r; }
+    blocks.push_back(b);
+    remaining -= size;
+  }
+  r.fill_blocks = blocks.size();
+  uint64_t live_bytes = capacity;
+  std::vector<Block> live;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (i % 2 == 0) {
+      a.Free(blocks[i]);
+      live_bytes -= blocks[i].size;
+      ++r.holes;
+    } else {
+      live.push_back(blocks[i]);
+    }
+  }
+  const uint64_t per_level = std::max<uint64_t>(1, r.holes / 64);
+  for (uint64_t k = 1;; ++k) {
+    const uint64_t size = k * grain;
+    for (uint64_t j = 0; j < per_level; ++j) {
+      Block b;
+      const bool ok = a.Allocate(size, alignment, &b);
+      ++r.staircase_requests;
+      on_request(size, ok);
+      if (!ok) {
+        r.utilization = double(live_bytes) / capacity;
+        r.failing_size = size;
+        r.live_blocks = live.size();
+        if (live_out) *live_out = live;
+        return r;
+      }
+      live_bytes += size;
+      live.push_back(b);
+    }
+  }
+}
+
+}  // namespace traces
+}  // namespace gpumem
+
+#endif  // GPUMEMD_TESTS_POOL_TRACES_H_
