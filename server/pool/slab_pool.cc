@@ -84,17 +84,17 @@ absl::StatusOr<PoolBlock> SlabPool::Carve(uint64_t size, uint64_t alignment,
         absl::StrCat("alignment ", alignment, " is not a power of two"));
   }
   OffsetAllocator::Block b;
-  auto take = [&](uint64_t id, SlabEntry& e) {
+  auto take = [&](uint64_t id, SlabEntry& e, bool new_slab) {
     e.empty_since = absl::InfiniteFuture();  // not empty any more
     used_bytes_ += size;
     ++live_blocks_;
-    return PoolBlock{id, e.slab->size(), b.offset, size, b.handle};
+    return PoolBlock{id, e.slab->size(), b.offset, size, b.handle, new_slab};
   };
   const bool dedicated = size > options_.slab_size;
   if (!dedicated) {
     for (auto& [id, e] : slabs_) {
       if (e.dedicated || e.tenant != tenant) continue;
-      if (e.allocator->Allocate(size, alignment, &b)) return take(id, e);
+      if (e.allocator->Allocate(size, alignment, &b)) return take(id, e, false);
     }
     // An empty slab of another tenant: scrub it and hand it over.
     for (auto& [id, e] : slabs_) {
@@ -105,21 +105,22 @@ absl::StatusOr<PoolBlock> SlabPool::Carve(uint64_t size, uint64_t alignment,
       absl::Status s = e.slab->Scrub(0, e.slab->size());
       if (!s.ok()) continue;
       e.tenant = tenant;
-      if (e.allocator->Allocate(size, alignment, &b)) return take(id, e);
+      if (e.allocator->Allocate(size, alignment, &b)) return take(id, e, false);
     }
   }
   // A new slab: dedicated (exactly big enough) or a standard one, cut down
-  // to what is left of the device.
-  const uint64_t need = RoundUp(size + (alignment > options_.granularity
-                                            ? alignment - 1 : 0));
+  // to what is left of the device. A new slab's offset 0 meets any
+  // alignment, so the block itself is all it needs to hold.
+  const uint64_t need = RoundUp(size);
   for (int attempt = 0; attempt < 2; ++attempt) {
     uint64_t bytes = dedicated ? need : std::min(options_.slab_size, Unpooled());
     bytes -= dedicated ? 0 : bytes % options_.granularity;
     if (bytes >= need && bytes <= Unpooled()) {
       uint64_t id;
       absl::StatusOr<SlabEntry*> e = NewSlab(bytes, tenant, dedicated, &id);
-      if (e.ok() && (*e)->allocator->Allocate(size, alignment, &b)) {
-        return take(id, **e);
+      if (e.ok()) {
+        if ((*e)->allocator->Allocate(size, alignment, &b)) return take(id, **e, true);
+        slabs_.erase(id);  // cannot happen for a fresh slab; keep nothing empty
       }
     }
     if (attempt == 0) ReleaseEmptySlabs(/*including_reserved=*/true);
@@ -155,6 +156,15 @@ void SlabPool::Release(const PoolBlock& block) {
     } else {
       e.empty_since = absl::Now();
     }
+  }
+}
+
+void SlabPool::Uncarve(const PoolBlock& block) {
+  Release(block);
+  if (!block.new_slab) return;
+  auto it = slabs_.find(block.slab_id);
+  if (it != slabs_.end() && it->second.allocator->live_blocks() == 0) {
+    slabs_.erase(it);
   }
 }
 

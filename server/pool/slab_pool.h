@@ -41,13 +41,15 @@ struct PoolOptions {
   double reserve_fraction = 0.0;
 };
 
-// A carved block. `handle` is the allocator's, for O(1) release.
+// A carved block. `handle` is the allocator's, for O(1) release;
+// `new_slab` says the carve created the slab (Uncarve then removes it).
 struct PoolBlock {
   uint64_t slab_id = 0;
   uint64_t slab_size = 0;
   uint64_t offset = 0;
   uint64_t size = 0;
   uint32_t handle = 0;
+  bool new_slab = false;
 };
 
 struct SlabStats {
@@ -91,6 +93,10 @@ class SlabPool {
   absl::StatusOr<PoolBlock> Carve(uint64_t size, uint64_t alignment,
                                   uint32_t tenant);
   void Release(const PoolBlock& block);
+  // Undoes a Carve that its caller abandons (a sharded request that failed
+  // elsewhere): like Release, and a slab the carve created goes back to the
+  // device at once, so the pool's slabs are as before the Carve.
+  void Uncarve(const PoolBlock& block);
 
   // A new fd for a slab's handle; NOT_FOUND if the slab is gone.
   absl::StatusOr<int> ExportSlabFd(uint64_t slab_id) const;

@@ -48,7 +48,7 @@ class MemoryBroker::PoolCarver : public placement::DeviceCarver {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(broker_->mu_) {
     auto it = pending_.find(block.id);
     if (it == pending_.end()) return;
-    broker_->pools_[block.device]->Release(it->second);
+    broker_->pools_[block.device]->Uncarve(it->second);
     pending_.erase(it);
   }
 
@@ -59,6 +59,15 @@ class MemoryBroker::PoolCarver : public placement::DeviceCarver {
   uint32_t tenant_;
   absl::flat_hash_map<uint64_t, PoolBlock> pending_;
 };
+
+absl::Status MemoryBroker::ShuttingDown() {
+  return absl::FailedPreconditionError("gpumemd is shutting down");
+}
+
+bool MemoryBroker::IsShutDown() const {
+  absl::MutexLock lock(&mu_);
+  return shut_down_;
+}
 
 MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
     : backend_(backend), options_(options) {
@@ -135,6 +144,7 @@ placement::DeviceSnapshot MemoryBroker::SnapshotLocked() const {
 
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     const PeerCred& caller, const v1::AllocateRequest& request) {
+  if (IsShutDown()) return ShuttingDown();
   uint64_t largest_device = 0;
   for (const DeviceInfo& d : backend_->devices()) {
     largest_device = std::max(largest_device, d.total_bytes);
@@ -149,8 +159,11 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
   if (!session.ok()) return session.status();
 
   absl::MutexLock lock(&mu_);
-  if (shut_down_) return absl::FailedPreconditionError("gpumemd is shutting down");
-  PoolCarver carver(this, /*tenant=*/0);
+  if (shut_down_) return ShuttingDown();
+  // Until tenants are configured (the ledger's issue), each uid is its own
+  // tenant: its blocks never share a slab with another uid's, and a slab is
+  // scrubbed before it passes from one uid to another.
+  PoolCarver carver(this, /*tenant=*/caller.uid);
   placement::PlacerOptions popts;
   popts.default_alignment = options_.default_alignment;
   placement::Placer placer(&carver, popts);
@@ -212,7 +225,7 @@ void MemoryBroker::ReleaseLocked(uint64_t id) {
 absl::StatusOr<v1::FreeResponse> MemoryBroker::Free(const PeerCred& caller,
                                                     const v1::FreeRequest& request) {
   absl::MutexLock lock(&mu_);
-  if (shut_down_) return absl::FailedPreconditionError("gpumemd is shutting down");
+  if (shut_down_) return ShuttingDown();
   if (request.id() == 0) {
     return absl::InvalidArgumentError("id must be set (allocation ids start at 1)");
   }
@@ -242,6 +255,7 @@ void MemoryBroker::OnSessionEnd(uint64_t session_id) {
 }
 
 absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {
+  if (IsShutDown()) return ShuttingDown();
   absl::StatusOr<SessionInfo> s = sessions_->Attach(caller);
   if (!s.ok()) return s.status();
   v1::Session out;
@@ -255,7 +269,7 @@ absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {
 absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller,
                                                 uint64_t slab_id) {
   absl::MutexLock lock(&mu_);
-  if (shut_down_) return absl::FailedPreconditionError("gpumemd is shutting down");
+  if (shut_down_) return ShuttingDown();
   auto users = slab_users_.find(slab_id);
   if (users == slab_users_.end()) {
     return absl::NotFoundError(absl::StrCat("no slab ", slab_id, " with live blocks"));

@@ -10,8 +10,12 @@
 //  - Every allocation belongs to exactly one session (the caller's process)
 //    and is returned to its pool when that session ends, by Free, or at
 //    Shutdown; its bytes are counted in exactly one pool meanwhile.
-//  - A slab's handle is only given to a caller whose uid holds a live block
-//    in that slab (tenants, a later feature, will refine "same uid").
+//  - Each uid is a tenant of its own (configured tenants come with the
+//    ledger): a slab holds blocks of one uid at a time, is scrubbed before it
+//    passes to another, and its handle is only given to a caller whose uid
+//    holds a live block in it.
+//  - An Allocate that fails leaves the pools as they were: blocks carved for
+//    it are released and slabs created for it go back to the device.
 //  - Free is allowed to the owning session, any process of the same uid, and
 //    root; otherwise PERMISSION_DENIED.
 //  - After Shutdown every call is FAILED_PRECONDITION and no slab is held.
@@ -79,6 +83,8 @@ class MemoryBroker {
   };
   class PoolCarver;
 
+  static absl::Status ShuttingDown();
+  bool IsShutDown() const;
   void OnSessionEnd(uint64_t session_id);
   void ReleaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   placement::DeviceSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

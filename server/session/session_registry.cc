@@ -63,7 +63,9 @@ absl::StatusOr<SessionInfo> SessionRegistry::Attach(const PeerCred& cred) {
     auto it = by_pid_.find(cred.pid);
     if (it != by_pid_.end()) {
       Entry& e = sessions_[it->second];
-      if (!Exited(e.pidfd) && e.info.cred.uid == cred.uid) return e.info;
+      // The same process, even if it changed uid since: its session (and
+      // memory) stays; each allocation records the uid that made it.
+      if (!Exited(e.pidfd)) return e.info;
       stale = it->second;  // the pid now belongs to another process
     }
   }

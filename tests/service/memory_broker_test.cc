@@ -1,0 +1,807 @@
+// Tests of MemoryBroker (server/service/memory_broker.h) over SimBackend with
+// four small devices. Callers are real processes: the test itself, and
+// sleeping children forked before the broker's threads start, so that
+// sessions really end when a child is killed.
+#include "server/service/memory_broker.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <optional>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/gpumem/v1/gpumem.pb.h"
+#include "server/backend/sim_backend.h"
+#include "server/placement/refusal.h"
+
+
+namespace gpumem {
+namespace {
+
+using ::gpumem::v1::AllocateRequest;
+using ::gpumem::v1::AllocateResponse;
+using ::gpumem::v1::DeviceRefusal;
+using ::gpumem::v1::FreeRequest;
+using ::gpumem::v1::GetStatsResponse;
+using ::gpumem::v1::PlacementRefusal;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kDevice = 256 * kMiB;
+constexpr uint64_t kSlab = 16 * kMiB;
+constexpr int kDevices = 4;
+// Forged uids for "another user" (the broker takes identity as given; the
+// transport reads it from the kernel).
+constexpr uid_t kUidA = 4242;
+constexpr uid_t kUidB = 4243;
+
+// A child process that only sleeps until it is killed (async-signal-safe
+// calls only, so it is also safe to fork from a threaded process).
+class SleepingChild {
+ public:
+  SleepingChild() {
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      for (;;) pause();
+    }
+  }
+  ~SleepingChild() {
+    Kill();
+    Reap();
+  }
+  SleepingChild(const SleepingChild&) = delete;
+  SleepingChild& operator=(const SleepingChild&) = delete;
+
+  pid_t pid() const { return pid_; }
+  PeerCred Cred(uid_t uid, gid_t gid) const { return PeerCred{pid_, uid, gid}; }
+  PeerCred Cred() const { return PeerCred{pid_, getuid(), getgid()}; }
+  // SIGKILL; the child stays a zombie until Reap().
+  void Kill() {
+    if (pid_ > 0 && !killed_) kill(pid_, SIGKILL);
+    killed_ = true;
+  }
+  void Reap() {
+    if (pid_ > 0 && !reaped_) {
+      int status;
+      waitpid(pid_, &status, 0);
+    }
+    reaped_ = true;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool killed_ = false;
+  bool reaped_ = false;
+};
+
+PeerCred Self() { return PeerCred{getpid(), getuid(), getgid()}; }
+
+AllocateRequest Request(uint64_t size, std::vector<std::string> devices = {}) {
+  AllocateRequest r;
+  r.set_size_bytes(size);
+  for (const std::string& d : devices) r.mutable_placement()->add_devices(d);
+  return r;
+}
+
+FreeRequest FreeOf(uint64_t id) {
+  FreeRequest r;
+  r.set_id(id);
+  return r;
+}
+
+uint64_t TotalUsed(const GetStatsResponse& s) {
+  uint64_t used = 0;
+  for (const auto& d : s.devices()) used += d.used_bytes();
+  return used;
+}
+
+uint64_t TotalAllocations(const GetStatsResponse& s) {
+  uint64_t n = 0;
+  for (const auto& d : s.devices()) n += d.allocation_count();
+  return n;
+}
+
+const v1::SessionStats* SessionOf(const GetStatsResponse& s, pid_t pid) {
+  for (const auto& ss : s.sessions()) {
+    if (ss.pid() == pid) return &ss;
+  }
+  return nullptr;
+}
+
+// Devices and sessions in a canonical text form, for before/after compares.
+std::string Canonical(const GetStatsResponse& s) {
+  std::string out;
+  for (const auto& d : s.devices()) out += d.DebugString();
+  std::vector<std::string> sessions;
+  for (const auto& ss : s.sessions()) sessions.push_back(ss.DebugString());
+  std::sort(sessions.begin(), sessions.end());
+  for (const std::string& ss : sessions) out += ss;
+  return out;
+}
+
+class MemoryBrokerTest : public ::testing::Test {
+ protected:
+  // Children first: fork before any broker thread exists.
+  MemoryBrokerTest() : backend_({kDevice, kDevice, kDevice, kDevice}) {}
+
+  void SetUp() override { StartBroker(); }
+
+  void StartBroker(absl::Duration release_after = absl::Hours(1),
+                   absl::Duration maintenance = absl::Seconds(1)) {
+    BrokerOptions o;
+    o.pool.slab_size = kSlab;
+    o.pool.granularity = 4096;
+    o.pool.empty_release_after = release_after;
+    o.maintenance_interval = maintenance;
+    broker_ = std::make_unique<MemoryBroker>(&backend_, o);
+    ASSERT_TRUE(broker_->Start().ok());
+  }
+
+  void TearDown() override { broker_.reset(); }
+
+  absl::StatusOr<AllocateResponse> Alloc(const PeerCred& c, uint64_t size,
+                                         std::vector<std::string> devices = {}) {
+    return broker_->Allocate(c, Request(size, std::move(devices)));
+  }
+
+  // Waits up to `limit` for `done`; returns how long it took, or limit+.
+  template <typename F>
+  absl::Duration WaitFor(F done, absl::Duration limit = absl::Seconds(1)) {
+    const absl::Time start = absl::Now();
+    while (!done()) {
+      if (absl::Now() - start > limit) return limit + absl::Milliseconds(1);
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return absl::Now() - start;
+  }
+
+  SleepingChild child_a_;
+  SleepingChild child_b_;
+  SimBackend backend_;
+  std::unique_ptr<MemoryBroker> broker_;
+};
+
+TEST_F(MemoryBrokerTest, AllocateReturnsABlockDescribedInStats) {
+  absl::StatusOr<AllocateResponse> r = Alloc(Self(), 3 * kMiB + 5);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->allocations_size(), 1);
+  const v1::Allocation& a = r->allocations(0);
+  EXPECT_NE(a.id(), 0u);
+  ASSERT_LT(a.device_index(), static_cast<uint32_t>(kDevices));
+  EXPECT_EQ(a.device_uuid(), backend_.devices()[a.device_index()].uuid);
+  EXPECT_EQ(a.size_bytes(), 3 * kMiB + 5);
+  EXPECT_EQ(a.slab_size_bytes(), kSlab);
+  EXPECT_EQ(a.offset() % 256, 0u);  // default alignment
+  EXPECT_LE(a.offset() + a.size_bytes(), a.slab_size_bytes());
+  EXPECT_EQ(a.handle_kind(), v1::HANDLE_KIND_POSIX_FD);
+
+  GetStatsResponse s = broker_->Stats();
+  EXPECT_EQ(s.backend(), "sim");
+  ASSERT_EQ(s.devices_size(), kDevices);
+  for (int d = 0; d < kDevices; ++d) {
+    const v1::DeviceStats& ds = s.devices(d);
+    EXPECT_EQ(ds.index(), static_cast<uint32_t>(d));
+    EXPECT_EQ(ds.total_bytes(), kDevice);
+    const bool here = static_cast<uint32_t>(d) == a.device_index();
+    EXPECT_EQ(ds.used_bytes(), here ? 3 * kMiB + 5 : 0);
+    EXPECT_EQ(ds.free_bytes(), kDevice - ds.used_bytes());
+    EXPECT_EQ(ds.pooled_bytes(), here ? kSlab : 0);
+    EXPECT_EQ(ds.slab_count(), here ? 1u : 0u);
+    EXPECT_EQ(ds.allocation_count(), here ? 1u : 0u);
+  }
+  const v1::SessionStats* me = SessionOf(s, getpid());
+  ASSERT_NE(me, nullptr);
+  EXPECT_EQ(me->uid(), getuid());
+  EXPECT_EQ(me->gid(), getgid());
+  EXPECT_EQ(me->allocation_count(), 1u);
+  EXPECT_EQ(me->used_bytes(), 3 * kMiB + 5);
+
+  absl::StatusOr<v1::Session> session = broker_->GetSession(Self());
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ(session->session_id(), me->session_id());
+  EXPECT_EQ(session->pid(), getpid());
+
+  absl::StatusOr<v1::FreeResponse> f = broker_->Free(Self(), FreeOf(a.id()));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->freed_bytes(), 3 * kMiB + 5);
+  EXPECT_EQ(TotalUsed(broker_->Stats()), 0u);
+}
+
+TEST_F(MemoryBrokerTest, PlacementNamesDevicesByIndexAndUuid) {
+  absl::StatusOr<AllocateResponse> r = Alloc(Self(), kMiB, {"2"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->allocations(0).device_index(), 2u);
+  std::string uuid = backend_.devices()[1].uuid;
+  for (char& c : uuid) c = static_cast<char>(toupper(c));
+  r = Alloc(Self(), kMiB, {uuid});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->allocations(0).device_index(), 1u);
+  AllocateRequest req = Request(kMiB);
+  req.mutable_placement()->add_exclude("0");
+  req.mutable_placement()->add_exclude("1");
+  req.mutable_placement()->add_exclude("2");
+  for (int i = 0; i < 5; ++i) {
+    r = broker_->Allocate(Self(), req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->allocations(0).device_index(), 3u);
+  }
+}
+
+TEST_F(MemoryBrokerTest, InvalidRequestsChangeNothing) {
+  ASSERT_TRUE(broker_->GetSession(Self()).ok());
+  const std::string before = Canonical(broker_->Stats());
+  std::vector<AllocateRequest> bad;
+  bad.push_back(Request(0));
+  bad.push_back(Request(kMiB, {"4"}));
+  bad.push_back(Request(kMiB, {""}));
+  bad.push_back(Request(kMiB, {"GPU-00000000-0000-0000-0000-000000000000"}));
+  bad.push_back(Request(kDevice + 1));
+  bad.push_back(Request(UINT64_MAX));
+  AllocateRequest r = Request(kMiB);
+  r.set_alignment(3);
+  bad.push_back(r);
+  r = Request(kMiB);
+  r.set_shard_count(5);  // only 4 devices
+  bad.push_back(r);
+  r = Request(0);
+  r.add_shard_sizes(kMiB);
+  r.add_shard_sizes(0);
+  bad.push_back(r);
+  for (const AllocateRequest& req : bad) {
+    absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), req);
+    EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument)
+        << req.ShortDebugString() << ": " << res.status();
+  }
+  EXPECT_EQ(Canonical(broker_->Stats()), before);
+}
+
+// ---------------------------------------------------------------------------
+// Free
+
+TEST_F(MemoryBrokerTest, FreeRules) {
+  absl::StatusOr<AllocateResponse> mine = Alloc(Self(), kMiB);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  const uint64_t my_id = mine->allocations(0).id();
+  const uid_t other = getuid() == kUidA ? kUidB : kUidA;
+
+  // Another uid (not root): denied, and the block stays.
+  absl::StatusOr<v1::FreeResponse> f =
+      broker_->Free(PeerCred{getpid(), other, other}, FreeOf(my_id));
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kPermissionDenied) << f.status();
+  EXPECT_EQ(TotalUsed(broker_->Stats()), kMiB);
+
+  // The same uid from another process: allowed.
+  f = broker_->Free(child_a_.Cred(), FreeOf(my_id));
+  EXPECT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(TotalUsed(broker_->Stats()), 0u);
+
+  // Double free, id 0, unknown id.
+  f = broker_->Free(Self(), FreeOf(my_id));
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound) << f.status();
+  f = broker_->Free(Self(), FreeOf(0));
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << f.status();
+  f = broker_->Free(Self(), FreeOf(987654321));
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound) << f.status();
+  f = broker_->Free(Self(), FreeOf(UINT64_MAX));
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound) << f.status();
+}
+
+TEST_F(MemoryBrokerTest, UidRulesForForeignAllocations) {
+  // uid A's allocation, made by child A.
+  absl::StatusOr<AllocateResponse> a = Alloc(child_a_.Cred(kUidA, kUidA), 2 * kMiB);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const uint64_t id = a->allocations(0).id();
+  // uid B (child B) may not free it; uid A from another process may.
+  absl::StatusOr<v1::FreeResponse> f =
+      broker_->Free(child_b_.Cred(kUidB, kUidB), FreeOf(id));
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kPermissionDenied) << f.status();
+  f = broker_->Free(child_b_.Cred(kUidA, kUidA), FreeOf(id));
+  EXPECT_TRUE(f.ok()) << f.status();
+
+  // Root may free anything.
+  a = Alloc(child_a_.Cred(kUidA, kUidA), 2 * kMiB);
+  ASSERT_TRUE(a.ok()) << a.status();
+  f = broker_->Free(PeerCred{getpid(), 0, 0}, FreeOf(a->allocations(0).id()));
+  EXPECT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->freed_bytes(), 2 * kMiB);
+  EXPECT_EQ(TotalUsed(broker_->Stats()), 0u);
+  EXPECT_EQ(TotalAllocations(broker_->Stats()), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Sessions
+
+TEST_F(MemoryBrokerTest, KilledProcessLosesItsMemoryWithinASecond) {
+  const PeerCred child = child_a_.Cred();
+  std::vector<uint64_t> ids;
+  for (uint64_t size : {kMiB, 20 * kMiB, 4096 * uint64_t{3}}) {
+    absl::StatusOr<AllocateResponse> r = Alloc(child, size);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ids.push_back(r->allocations(0).id());
+  }
+  AllocateRequest sharded = Request(8 * kMiB);
+  sharded.set_shard_count(3);
+  absl::StatusOr<AllocateResponse> r = broker_->Allocate(child, sharded);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const auto& a : r->allocations()) ids.push_back(a.id());
+  // The live caller's block must survive the child's death.
+  absl::StatusOr<AllocateResponse> mine = Alloc(Self(), 5 * kMiB);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+
+  GetStatsResponse s = broker_->Stats();
+  const v1::SessionStats* cs = SessionOf(s, child_a_.pid());
+  ASSERT_NE(cs, nullptr);
+  EXPECT_EQ(cs->allocation_count(), 6u);
+  EXPECT_EQ(cs->used_bytes(), kMiB + 20 * kMiB + 3 * 4096 + 8 * kMiB);
+  EXPECT_EQ(TotalUsed(s), kMiB + 20 * kMiB + 3 * 4096 + 8 * kMiB + 5 * kMiB);
+
+  child_a_.Kill();  // a zombie until reaped; its pidfd reports the exit
+  const absl::Duration took = WaitFor([&] {
+    GetStatsResponse now = broker_->Stats();
+    return TotalUsed(now) == 5 * kMiB && SessionOf(now, child_a_.pid()) == nullptr;
+  });
+  EXPECT_LE(took, absl::Seconds(1)) << "session not reclaimed within 1 s";
+  s = broker_->Stats();
+  EXPECT_EQ(TotalUsed(s), 5 * kMiB);
+  EXPECT_EQ(TotalAllocations(s), 1u);
+  EXPECT_EQ(SessionOf(s, child_a_.pid()), nullptr);
+  EXPECT_NE(SessionOf(s, getpid()), nullptr);
+  for (uint64_t id : ids) {
+    EXPECT_EQ(broker_->Free(Self(), FreeOf(id)).status().code(),
+              absl::StatusCode::kNotFound);
+  }
+  EXPECT_TRUE(broker_->Free(Self(), FreeOf(mine->allocations(0).id())).ok());
+  child_a_.Reap();
+}
+
+TEST_F(MemoryBrokerTest, CallerThatHasExitedGetsNoMemory) {
+  const PeerCred gone = child_a_.Cred();
+  child_a_.Kill();
+  child_a_.Reap();
+  absl::StatusOr<AllocateResponse> r = Alloc(gone, kMiB);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  // Whatever happened, nothing stays allocated for it.
+  EXPECT_LE(WaitFor([&] { return TotalUsed(broker_->Stats()) == 0; }),
+            absl::Seconds(1));
+  EXPECT_EQ(SessionOf(broker_->Stats(), gone.pid), nullptr);
+}
+
+TEST_F(MemoryBrokerTest, CallerWithoutPidIsDenied) {
+  const std::string before = Canonical(broker_->Stats());
+  const PeerCred nopid{0, getuid(), getgid()};
+  absl::StatusOr<AllocateResponse> r = Alloc(nopid, kMiB);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+  EXPECT_EQ(broker_->GetSession(nopid).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  const PeerCred negative{-5, getuid(), getgid()};
+  EXPECT_EQ(Alloc(negative, kMiB).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Canonical(broker_->Stats()), before);
+}
+
+// ---------------------------------------------------------------------------
+// Slab handles
+
+TEST_F(MemoryBrokerTest, ExportSlabGivesAMappableSharedSlab) {
+  absl::StatusOr<AllocateResponse> r = Alloc(Self(), 64 * 1024);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::Allocation& a = r->allocations(0);
+
+  absl::StatusOr<SlabFd> fd1 = broker_->ExportSlab(Self(), a.slab_id());
+  absl::StatusOr<SlabFd> fd2 = broker_->ExportSlab(Self(), a.slab_id());
+  ASSERT_TRUE(fd1.ok()) << fd1.status();
+  ASSERT_TRUE(fd2.ok()) << fd2.status();
+  EXPECT_NE(fd1->fd, fd2->fd);
+  EXPECT_EQ(fd1->size, a.slab_size_bytes());
+  struct stat st;
+  ASSERT_EQ(fstat(fd1->fd, &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), a.slab_size_bytes());
+
+  void* m1 = mmap(nullptr, fd1->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd1->fd, 0);
+  void* m2 = mmap(nullptr, fd2->size, PROT_READ, MAP_SHARED, fd2->fd, 0);
+  ASSERT_NE(m1, MAP_FAILED);
+  ASSERT_NE(m2, MAP_FAILED);
+  unsigned char* w = static_cast<unsigned char*>(m1) + a.offset();
+  const unsigned char* rd = static_cast<const unsigned char*>(m2) + a.offset();
+  EXPECT_EQ(rd[0], 0);  // a new slab reads as zeros
+  for (uint64_t i = 0; i < a.size_bytes(); ++i) w[i] = static_cast<unsigned char>(i * 7 + 1);
+  bool same = true;
+  for (uint64_t i = 0; i < a.size_bytes(); ++i) {
+    same &= rd[i] == static_cast<unsigned char>(i * 7 + 1);
+  }
+  EXPECT_TRUE(same) << "bytes written through one mapping not seen through the other";
+  munmap(m1, fd1->size);
+  munmap(m2, fd2->size);
+  close(fd1->fd);
+  close(fd2->fd);
+
+  // Another uid holding nothing there: denied. Unknown slab: NOT_FOUND.
+  const uid_t other = getuid() == kUidA ? kUidB : kUidA;
+  EXPECT_EQ(broker_->ExportSlab(child_a_.Cred(other, other), a.slab_id()).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(broker_->ExportSlab(Self(), a.slab_id() + 100000).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(broker_->ExportSlab(Self(), 0).status().code(), absl::StatusCode::kNotFound);
+  // Once the block is freed the caller holds nothing in the slab.
+  ASSERT_TRUE(broker_->Free(Self(), FreeOf(a.id())).ok());
+  EXPECT_EQ(broker_->ExportSlab(Self(), a.slab_id()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(MemoryBrokerTest, ExportSlabOfADedicatedSlab) {
+  absl::StatusOr<AllocateResponse> r = Alloc(Self(), 40 * kMiB + 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::Allocation& a = r->allocations(0);
+  EXPECT_EQ(a.slab_size_bytes(), 40 * kMiB + 4096);
+  absl::StatusOr<SlabFd> fd = broker_->ExportSlab(Self(), a.slab_id());
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_EQ(fd->size, 40 * kMiB + 4096);
+  close(fd->fd);
+  ASSERT_TRUE(broker_->Free(Self(), FreeOf(a.id())).ok());
+  EXPECT_EQ(backend_.SlabBytes(a.device_index()), 0u);  // dedicated: released
+}
+
+// Isolation between users (DESIGN.md "Tenants, quotas, isolation"): a slab's
+// handle maps the whole slab, so two uids must never have blocks in the same
+// slab, or the one could read and write the other's memory.
+TEST_F(MemoryBrokerTest, DifferentUidsNeverShareASlab) {
+  absl::StatusOr<AllocateResponse> a = Alloc(child_a_.Cred(kUidA, kUidA), kMiB, {"0"});
+  absl::StatusOr<AllocateResponse> b = Alloc(child_b_.Cred(kUidB, kUidB), kMiB, {"0"});
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(a->allocations(0).slab_id(), b->allocations(0).slab_id())
+      << "uids " << kUidA << " and " << kUidB << " got blocks in one slab";
+  // uid B must not get a handle to the slab holding uid A's block.
+  absl::StatusOr<SlabFd> fd =
+      broker_->ExportSlab(child_b_.Cred(kUidB, kUidB), a->allocations(0).slab_id());
+  EXPECT_EQ(fd.status().code(), absl::StatusCode::kPermissionDenied) << fd.status();
+  if (fd.ok()) close(fd->fd);
+}
+
+// A slab passing from one uid to another is zeroed first.
+TEST_F(MemoryBrokerTest, MemoryPassedToAnotherUidIsZeroed) {
+  const PeerCred a_cred = child_a_.Cred(kUidA, kUidA);
+  const PeerCred b_cred = child_b_.Cred(kUidB, kUidB);
+  absl::StatusOr<AllocateResponse> a = Alloc(a_cred, kSlab, {"0"});  // whole slab
+  ASSERT_TRUE(a.ok()) << a.status();
+  const v1::Allocation& blk = a->allocations(0);
+  absl::StatusOr<SlabFd> fd = broker_->ExportSlab(a_cred, blk.slab_id());
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  void* m = mmap(nullptr, fd->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd->fd, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  memset(m, 0xEE, fd->size);  // uid A's secret
+  munmap(m, fd->size);
+  close(fd->fd);
+  ASSERT_TRUE(broker_->Free(a_cred, FreeOf(blk.id())).ok());
+
+  absl::StatusOr<AllocateResponse> b = Alloc(b_cred, kMiB, {"0"});
+  ASSERT_TRUE(b.ok()) << b.status();
+  const v1::Allocation& bb = b->allocations(0);
+  absl::StatusOr<SlabFd> bfd = broker_->ExportSlab(b_cred, bb.slab_id());
+  ASSERT_TRUE(bfd.ok()) << bfd.status();
+  void* bm = mmap(nullptr, bfd->size, PROT_READ, MAP_SHARED, bfd->fd, 0);
+  ASSERT_NE(bm, MAP_FAILED);
+  const unsigned char* p = static_cast<const unsigned char*>(bm) + bb.offset();
+  uint64_t nonzero = 0;
+  for (uint64_t i = 0; i < bb.size_bytes(); ++i) nonzero += p[i] != 0;
+  EXPECT_EQ(nonzero, 0u) << "uid " << kUidB << " reads uid " << kUidA
+                         << "'s bytes (slab " << bb.slab_id() << ")";
+  munmap(bm, bfd->size);
+  close(bfd->fd);
+}
+
+// ---------------------------------------------------------------------------
+// Shutdown
+
+TEST_F(MemoryBrokerTest, ShutdownReleasesEverySlabAndRefusesCalls) {
+  std::vector<uint64_t> ids;
+  uint64_t slab = 0;
+  for (int i = 0; i < 8; ++i) {
+    absl::StatusOr<AllocateResponse> r = Alloc(Self(), (i + 1) * 3 * kMiB);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ids.push_back(r->allocations(0).id());
+    slab = r->allocations(0).slab_id();
+  }
+  ASSERT_TRUE(Alloc(child_a_.Cred(), kMiB).ok());
+  broker_->Shutdown();
+  for (int d = 0; d < kDevices; ++d) {
+    EXPECT_EQ(backend_.SlabBytes(d), 0u) << "device " << d;
+  }
+  EXPECT_EQ(Alloc(Self(), kMiB).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(broker_->Free(Self(), FreeOf(ids[0])).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(broker_->Free(Self(), FreeOf(0)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(broker_->ExportSlab(Self(), slab).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  GetStatsResponse s = broker_->Stats();
+  EXPECT_EQ(TotalUsed(s), 0u);
+  for (const auto& d : s.devices()) {
+    EXPECT_EQ(d.pooled_bytes(), 0u);
+    EXPECT_EQ(d.slab_count(), 0u);
+  }
+  broker_->Shutdown();  // idempotent
+  for (int d = 0; d < kDevices; ++d) EXPECT_EQ(backend_.SlabBytes(d), 0u);
+}
+
+TEST_F(MemoryBrokerTest, EveryCallAfterShutdownIsFailedPrecondition) {
+  broker_->Shutdown();
+  EXPECT_EQ(broker_->GetSession(Self()).status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "GetSession after Shutdown";
+  EXPECT_EQ(Alloc(Self(), UINT64_MAX).status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "oversized Allocate after Shutdown";
+  EXPECT_EQ(Alloc(PeerCred{0, getuid(), getgid()}, kMiB).status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "Allocate without pid after Shutdown";
+  // No new sessions are opened by a shut-down broker.
+  EXPECT_EQ(broker_->Stats().sessions_size(), 0);
+}
+
+TEST_F(MemoryBrokerTest, ShutdownWithReservationReturnsIt) {
+  broker_.reset();
+  BrokerOptions o;
+  o.pool.slab_size = kSlab;
+  o.pool.granularity = 4096;
+  o.pool.reserve_fraction = 0.5;
+  broker_ = std::make_unique<MemoryBroker>(&backend_, o);
+  ASSERT_TRUE(broker_->Start().ok());
+  for (int d = 0; d < kDevices; ++d) EXPECT_EQ(backend_.SlabBytes(d), kDevice / 2);
+  ASSERT_TRUE(Alloc(Self(), kMiB).ok());
+  broker_->Shutdown();
+  for (int d = 0; d < kDevices; ++d) EXPECT_EQ(backend_.SlabBytes(d), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Sharding and refusals
+
+TEST_F(MemoryBrokerTest, ShardedAllocationLandsOnDistinctDevices) {
+  AllocateRequest r = Request(4 * kMiB + 3);
+  r.set_shard_count(4);
+  absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), r);
+  ASSERT_TRUE(res.ok()) << res.status();
+  ASSERT_EQ(res->allocations_size(), 4);
+  std::set<uint32_t> devices;
+  for (int i = 0; i < 4; ++i) {
+    devices.insert(res->allocations(i).device_index());
+    EXPECT_EQ(res->allocations(i).size_bytes(), i == 3 ? kMiB + 3 : kMiB);
+  }
+  EXPECT_EQ(devices.size(), 4u);
+
+  AllocateRequest e;
+  e.add_shard_sizes(3 * kMiB);
+  e.add_shard_sizes(1 * kMiB);
+  e.add_shard_sizes(40 * kMiB);  // dedicated slab
+  res = broker_->Allocate(Self(), e);
+  ASSERT_TRUE(res.ok()) << res.status();
+  ASSERT_EQ(res->allocations_size(), 3);
+  devices.clear();
+  const uint64_t want[] = {3 * kMiB, 1 * kMiB, 40 * kMiB};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(res->allocations(i).size_bytes(), want[i]);
+    devices.insert(res->allocations(i).device_index());
+  }
+  EXPECT_EQ(devices.size(), 3u);
+  EXPECT_EQ(TotalUsed(broker_->Stats()), 4 * kMiB + 3 + 44 * kMiB);
+  EXPECT_EQ(TotalAllocations(broker_->Stats()), 7u);
+}
+
+TEST_F(MemoryBrokerTest, FailingShardedRequestLeavesStatsIdentical) {
+  // Device 3 is full; devices 0..2 hold no slab yet.
+  absl::StatusOr<AllocateResponse> full = Alloc(Self(), kDevice, {"3"});
+  ASSERT_TRUE(full.ok()) << full.status();
+  {
+    SCOPED_TRACE("largest shard refused first: nothing carved");
+    const std::string before = Canonical(broker_->Stats());
+    AllocateRequest r;
+    r.add_shard_sizes(kMiB);
+    r.add_shard_sizes(kDevice + 1);  // fits on no device
+    absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), r);
+    ASSERT_EQ(res.status().code(), absl::StatusCode::kResourceExhausted) << res.status();
+    EXPECT_EQ(Canonical(broker_->Stats()), before);
+  }
+  {
+    SCOPED_TRACE("three shards carved on new slabs, the fourth refused");
+    const std::string before = Canonical(broker_->Stats());
+    AllocateRequest r = Request(4 * kMiB);
+    r.set_shard_count(4);
+    absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), r);
+    ASSERT_EQ(res.status().code(), absl::StatusCode::kResourceExhausted) << res.status();
+    std::optional<PlacementRefusal> refusal = placement::RefusalFromStatus(res.status());
+    ASSERT_TRUE(refusal.has_value()) << res.status();
+    EXPECT_EQ(refusal->shard_count(), 4u);
+    EXPECT_EQ(refusal->total_bytes(), 4 * kMiB);
+    EXPECT_EQ(refusal->size_bytes(), kMiB);
+    ASSERT_EQ(refusal->devices_size(), 4);
+    for (int d = 0; d < 3; ++d) {
+      EXPECT_EQ(refusal->devices(d).reason(), DeviceRefusal::REASON_HOLDS_SHARD);
+    }
+    EXPECT_EQ(refusal->devices(3).device_index(), 3u);
+    EXPECT_EQ(refusal->devices(3).reason(), DeviceRefusal::REASON_CAPACITY);
+    EXPECT_EQ(Canonical(broker_->Stats()), before);
+  }
+}
+
+TEST_F(MemoryBrokerTest, RefusalCarriesThePlacementRefusal) {
+  ASSERT_TRUE(Alloc(Self(), kDevice, {"3"}).ok());
+  ASSERT_TRUE(Alloc(Self(), kDevice - kMiB, {"2"}).ok());
+  AllocateRequest r = Request(2 * kMiB, {"3", "2", "1"});
+  r.mutable_placement()->add_exclude("1");
+  absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), r);
+  ASSERT_EQ(res.status().code(), absl::StatusCode::kResourceExhausted) << res.status();
+  EXPECT_THAT(std::string(res.status().message()), HasSubstr("capacity"));
+  std::optional<PlacementRefusal> refusal = placement::RefusalFromStatus(res.status());
+  ASSERT_TRUE(refusal.has_value());
+  EXPECT_EQ(refusal->size_bytes(), 2 * kMiB);
+  EXPECT_EQ(refusal->shard_count(), 0u);
+  ASSERT_EQ(refusal->devices_size(), 3);
+  EXPECT_EQ(refusal->devices(0).device_index(), 1u);
+  EXPECT_EQ(refusal->devices(0).reason(), DeviceRefusal::REASON_EXCLUDED);
+  EXPECT_EQ(refusal->devices(1).device_index(), 2u);
+  EXPECT_EQ(refusal->devices(1).reason(), DeviceRefusal::REASON_CAPACITY);
+  EXPECT_EQ(refusal->devices(1).free_bytes(), kMiB);
+  EXPECT_EQ(refusal->devices(2).device_index(), 3u);
+  EXPECT_EQ(refusal->devices(2).reason(), DeviceRefusal::REASON_CAPACITY);
+  EXPECT_EQ(refusal->devices(2).free_bytes(), 0u);
+  EXPECT_EQ(refusal->devices(2).device_uuid(), backend_.devices()[3].uuid);
+  // Devices 0 (outside the named set) is not listed.
+  for (const auto& d : refusal->devices()) EXPECT_NE(d.device_index(), 0u);
+}
+
+TEST_F(MemoryBrokerTest, FragmentationRefusalThroughTheBroker) {
+  // Device 0: 16 slabs each with one live 8 MiB block and 8 MiB free.
+  std::vector<uint64_t> drop;
+  for (int i = 0; i < 32; ++i) {
+    absl::StatusOr<AllocateResponse> r = Alloc(Self(), 8 * kMiB, {"0"});
+    ASSERT_TRUE(r.ok()) << i << ": " << r.status();
+    if (i % 2) drop.push_back(r->allocations(0).id());
+  }
+  for (uint64_t id : drop) ASSERT_TRUE(broker_->Free(Self(), FreeOf(id)).ok());
+  GetStatsResponse s = broker_->Stats();
+  EXPECT_EQ(s.devices(0).free_bytes(), 128 * kMiB);
+  EXPECT_EQ(s.devices(0).largest_free_block_bytes(), 8 * kMiB);
+  EXPECT_DOUBLE_EQ(s.devices(0).fragmentation(), 1.0 - 8.0 / 128.0);
+  absl::StatusOr<AllocateResponse> r = Alloc(Self(), 9 * kMiB, {"0"});
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  std::optional<PlacementRefusal> refusal = placement::RefusalFromStatus(r.status());
+  ASSERT_TRUE(refusal.has_value());
+  ASSERT_EQ(refusal->devices_size(), 1);
+  EXPECT_EQ(refusal->devices(0).reason(), DeviceRefusal::REASON_FRAGMENTATION);
+  EXPECT_EQ(refusal->devices(0).largest_free_bytes(), 8 * kMiB);
+  // With a fallback to any device it is served elsewhere.
+  AllocateRequest fb = Request(9 * kMiB, {"0"});
+  fb.mutable_placement()->add_fallback();
+  absl::StatusOr<AllocateResponse> ok = broker_->Allocate(Self(), fb);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_NE(ok->allocations(0).device_index(), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Concurrency (the TSan target)
+
+TEST_F(MemoryBrokerTest, ConcurrentAllocateFreeEndsWithNothingUsed) {
+  // Idle slabs are released by the maintenance thread while we run.
+  broker_.reset();
+  StartBroker(/*release_after=*/absl::ZeroDuration(),
+              /*maintenance=*/absl::Milliseconds(2));
+  constexpr int kThreads = 4;
+  constexpr int kOps = 1500;
+  std::atomic<int> bad{0};
+  std::atomic<int> allocated{0};
+  auto worker = [&](int t) {
+    // Thread 3 is child B, killed halfway through; the others are us.
+    const PeerCred cred = t == 3 ? child_b_.Cred() : Self();
+    std::mt19937_64 rng(1000 + t);
+    std::vector<v1::Allocation> live;
+    for (int op = 0; op < kOps; ++op) {
+      const int dice = rng() % 100;
+      if (dice < 55 || live.empty()) {
+        AllocateRequest r;
+        const int kind = rng() % 20;
+        r.set_size_bytes(kind < 14 ? 1 + rng() % (256 * 1024)
+                         : kind < 19 ? 1 + rng() % (4 * kMiB)
+                                     : kSlab + 1 + rng() % (24 * kMiB));
+        if (rng() % 8 == 0) {
+          r.set_size_bytes(r.size_bytes() + 2);
+          r.set_shard_count(2);
+        } else if (rng() % 4 == 0) {
+          r.mutable_placement()->add_devices(std::to_string(rng() % 4));
+        }
+        absl::StatusOr<AllocateResponse> res = broker_->Allocate(cred, r);
+        if (res.ok()) {
+          allocated.fetch_add(1);
+          for (const auto& a : res->allocations()) live.push_back(a);
+        } else if (!absl::IsResourceExhausted(res.status()) &&
+                   !(t == 3 && absl::IsFailedPrecondition(res.status()))) {
+          ADD_FAILURE() << "thread " << t << ": " << res.status();
+          bad.fetch_add(1);
+        }
+      } else if (dice < 95) {
+        const size_t k = rng() % live.size();
+        absl::StatusOr<v1::FreeResponse> f = broker_->Free(cred, FreeOf(live[k].id()));
+        if (!f.ok() && !(t == 3 && absl::IsNotFound(f.status()))) {
+          ADD_FAILURE() << "thread " << t << ": " << f.status();
+          bad.fetch_add(1);
+        }
+        live[k] = live.back();
+        live.pop_back();
+      } else if (dice < 98) {
+        absl::StatusOr<SlabFd> fd = broker_->ExportSlab(cred, live[rng() % live.size()].slab_id());
+        if (fd.ok()) {
+          close(fd->fd);
+        } else if (t != 3) {
+          ADD_FAILURE() << "thread " << t << ": " << fd.status();
+          bad.fetch_add(1);
+        }
+      } else {
+        GetStatsResponse s = broker_->Stats();
+        for (const auto& d : s.devices()) {
+          if (d.used_bytes() > d.total_bytes() || d.pooled_bytes() > d.total_bytes()) {
+            bad.fetch_add(1);
+          }
+        }
+      }
+      if (t == 3 && op == kOps / 2) child_b_.Kill();
+    }
+    if (t != 3) {
+      for (const auto& a : live) {
+        absl::Status s = broker_->Free(cred, FreeOf(a.id())).status();
+        if (!s.ok()) {
+          ADD_FAILURE() << s;
+          bad.fetch_add(1);
+        }
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(allocated.load(), 1000);
+  EXPECT_LE(WaitFor([&] {
+              GetStatsResponse s = broker_->Stats();
+              return TotalUsed(s) == 0 && SessionOf(s, child_b_.pid()) == nullptr;
+            }),
+            absl::Seconds(1));
+  GetStatsResponse s = broker_->Stats();
+  EXPECT_EQ(TotalUsed(s), 0u);
+  EXPECT_EQ(TotalAllocations(s), 0u);
+  for (const auto& ss : s.sessions()) {
+    EXPECT_EQ(ss.allocation_count(), 0u);
+    EXPECT_EQ(ss.used_bytes(), 0u);
+  }
+  // Idle slabs go back to the devices (release_after is 0).
+  EXPECT_LE(WaitFor([&] {
+              for (int d = 0; d < kDevices; ++d) {
+                if (backend_.SlabBytes(d) != 0) return false;
+              }
+              return true;
+            }),
+            absl::Seconds(1));
+}
+
+}  // namespace
+}  // namespace gpumem
