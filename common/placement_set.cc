@@ -14,19 +14,19 @@ namespace {
 
 using ::gpumem::v1::PlacementRequest;
 
-bool AllDigits(absl::string_view s) {
-  if (s.empty()) return false;
-  for (char c : s) {
-    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
-  }
-  return true;
-}
-
 bool IsHexOrDash(char c) {
   return c == '-' || absl::ascii_isxdigit(static_cast<unsigned char>(c));
 }
 
 }  // namespace
+
+bool IsIndexSelector(absl::string_view selector) {
+  if (selector.empty()) return false;
+  for (char c : selector) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
 
 bool IsAllSelector(absl::string_view selector) {
   return absl::EqualsIgnoreCase(selector, kAllDevicesSelector);
@@ -37,7 +37,7 @@ absl::Status ValidateSelector(absl::string_view selector) {
     return absl::InvalidArgumentError("empty device selector");
   }
   if (IsAllSelector(selector)) return absl::OkStatus();
-  if (AllDigits(selector)) {
+  if (IsIndexSelector(selector)) {
     uint32_t index = 0;
     if (!absl::SimpleAtoi(selector, &index)) {
       return absl::InvalidArgumentError(

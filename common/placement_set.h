@@ -38,6 +38,9 @@ inline constexpr absl::string_view kAllDevicesSelector = "all";
 // True when `selector` is "all" in any case.
 bool IsAllSelector(absl::string_view selector);
 
+// True when `selector` is a device index: decimal digits only.
+bool IsIndexSelector(absl::string_view selector);
+
 // OK when `selector` (already trimmed) is a well-formed selector; otherwise
 // INVALID_ARGUMENT saying what is wrong with it.
 absl::Status ValidateSelector(absl::string_view selector);

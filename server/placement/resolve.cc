@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/placement_set.h"
 
 namespace gpumem {
 namespace placement {
@@ -15,13 +16,6 @@ namespace {
 
 using ::gpumem::v1::PlacementRequest;
 
-bool AllDigits(absl::string_view s) {
-  if (s.empty()) return false;
-  for (char c : s) {
-    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
-  }
-  return true;
-}
 
 std::string DeviceRange(size_t count) {
   if (count == 0) return "the daemon has no devices";
@@ -39,7 +33,7 @@ absl::Status ResolveSelector(absl::string_view field,
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": empty device selector"));
   }
-  if (absl::EqualsIgnoreCase(selector, "all")) {
+  if (IsAllSelector(selector)) {
     if (!allow_all) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": \"all\" names no single device"));
@@ -47,7 +41,7 @@ absl::Status ResolveSelector(absl::string_view field,
     std::fill(out->begin(), out->end(), true);
     return absl::OkStatus();
   }
-  if (AllDigits(selector)) {
+  if (IsIndexSelector(selector)) {
     uint32_t index = 0;
     if (absl::SimpleAtoi(selector, &index) && index < devices.size()) {
       (*out)[index] = true;
