@@ -1,6 +1,13 @@
 # Shared by the shell tests: start a daemon on a private socket, stop it,
 # and fail with a message.
-fail() { echo "FAIL: $*" >&2; exit 1; }
+fail() {
+  echo "FAIL: $*" >&2
+  if [ -n "${WORKDIR:-}" ] && [ -s "$WORKDIR/daemon.log" ]; then
+    echo "--- daemon log:" >&2
+    cat "$WORKDIR/daemon.log" >&2
+  fi
+  exit 1
+}
 
 # start_daemon BINARY ARGS...: sets DAEMON_PID, SOCK, WORKDIR.
 start_daemon() {

@@ -11,7 +11,7 @@ BUF=${GPUMEMD_BUF:-/usr/local/lib/gpumemd-tools/bin/buf}
 start_daemon "$GPUMEMD" --sim_devices=4x2GiB
 curl_args=(curl --protocol grpc --http2-prior-knowledge --unix-socket "$SOCK")
 
-services=$("$BUF" "${curl_args[@]}" --list-services http://localhost)
+services=$("$BUF" "${curl_args[@]}" --list-services http://localhost) || fail "buf could not list services"
 echo "$services"
 grep -qx "gpumem.v1.GpuMemory" <<<"$services" || fail "GpuMemory not listed"
 grep -qx "grpc.health.v1.Health" <<<"$services" || fail "health service not listed"
