@@ -1,0 +1,169 @@
+// Makes Debian's uninstrumented Abseil and gRPC usable under ThreadSanitizer.
+// Compiles to nothing unless the build is a TSan build (--config=tsan).
+//
+// 1. absl::Mutex:
+// Debian's Abseil is not built with -fsanitize=thread, so TSan cannot see the
+// happens-before edges of absl::Mutex and would report every access guarded
+// by one as a race. These definitions interpose on the Mutex entry points
+// (an executable's definitions win over libabsl_synchronization.so's), call
+// the real ones found with dlsym(RTLD_NEXT), and tell TSan about each
+// acquire and release, so what TSan reports is a real race.
+// 2. Suppressions, compiled in (__tsan_default_suppressions), so no test
+// needs a file path: TSan cannot see gRPC's, protobuf's or Abseil's own
+// synchronization, but its interceptors see the system calls and memmoves
+// those libraries make (epoll_create1 on one thread, epoll_wait on another)
+// and report them; `called_from_lib` ignores interceptor calls made directly
+// from each library (each name must match exactly one loaded library: the
+// list is `ldd` of gpumemd and gpumemctl on Debian 12). gRPC's header
+// templates compiled into our binaries are synchronized by gRPC's core, so
+// races inside grpc::internal are not ours either. Races in this project's
+// own code are still reported.
+//
+// Linked, always, into the libraries that take an absl::Mutex or talk gRPC.
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+
+#if defined(__SANITIZE_THREAD__)
+#include <dlfcn.h>
+
+#include <cstdlib>
+
+#include "absl/base/options.h"
+
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+
+namespace {
+#define GPUMEMD_STR2(x) #x
+#define GPUMEMD_STR(x) GPUMEMD_STR2(x)
+template <typename F>
+F RealMutexFn(const char* member) {
+#if ABSL_OPTION_USE_INLINE_NAMESPACE
+  const std::string ns = GPUMEMD_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
+  const std::string name = "_ZN4absl" + std::to_string(ns.size()) + ns + "5Mutex" + member;
+#else
+  const std::string name = std::string("_ZN4absl5Mutex") + member;
+#endif
+  void* p = dlsym(RTLD_NEXT, name.c_str());
+  if (p == nullptr) abort();
+  return reinterpret_cast<F>(p);
+}
+}  // namespace
+
+namespace absl {
+ABSL_NAMESPACE_BEGIN
+void Mutex::Lock() {
+  static auto real = RealMutexFn<void (*)(Mutex*)>("4LockEv");
+  real(this);
+  __tsan_acquire(this);
+}
+void Mutex::Unlock() {
+  static auto real = RealMutexFn<void (*)(Mutex*)>("6UnlockEv");
+  __tsan_release(this);
+  real(this);
+}
+void Mutex::ReaderLock() {
+  static auto real = RealMutexFn<void (*)(Mutex*)>("10ReaderLockEv");
+  real(this);
+  __tsan_acquire(this);
+}
+void Mutex::ReaderUnlock() {
+  static auto real = RealMutexFn<void (*)(Mutex*)>("12ReaderUnlockEv");
+  __tsan_release(this);
+  real(this);
+}
+bool Mutex::TryLock() {
+  static auto real = RealMutexFn<bool (*)(Mutex*)>("7TryLockEv");
+  const bool locked = real(this);
+  if (locked) __tsan_acquire(this);
+  return locked;
+}
+void Mutex::Await(const Condition& cond) {
+  static auto real = RealMutexFn<void (*)(Mutex*, const Condition&)>(
+      "5AwaitERKNS0_9ConditionE");
+  __tsan_release(this);
+  real(this, cond);
+  __tsan_acquire(this);
+}
+bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
+  static auto real = RealMutexFn<bool (*)(Mutex*, const Condition&, absl::Duration)>(
+      "16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  __tsan_release(this);
+  const bool r = real(this, cond, timeout);
+  __tsan_acquire(this);
+  return r;
+}
+ABSL_NAMESPACE_END
+}  // namespace absl
+extern "C" const char* __tsan_default_suppressions() {
+  return
+    "called_from_lib:libabsl_bad_optional_access.so.20220623\n"
+    "called_from_lib:libabsl_bad_variant_access.so.20220623\n"
+    "called_from_lib:libabsl_base.so.20220623\n"
+    "called_from_lib:libabsl_city.so.20220623\n"
+    "called_from_lib:libabsl_civil_time.so.20220623\n"
+    "called_from_lib:libabsl_cord.so.20220623\n"
+    "called_from_lib:libabsl_cord_internal.so.20220623\n"
+    "called_from_lib:libabsl_cordz_functions.so.20220623\n"
+    "called_from_lib:libabsl_cordz_handle.so.20220623\n"
+    "called_from_lib:libabsl_cordz_info.so.20220623\n"
+    "called_from_lib:libabsl_debugging_internal.so.20220623\n"
+    "called_from_lib:libabsl_demangle_internal.so.20220623\n"
+    "called_from_lib:libabsl_exponential_biased.so.20220623\n"
+    "called_from_lib:libabsl_flags_commandlineflag.so.20220623\n"
+    "called_from_lib:libabsl_flags_commandlineflag_internal.so.20220623\n"
+    "called_from_lib:libabsl_flags_config.so.20220623\n"
+    "called_from_lib:libabsl_flags_internal.so.20220623\n"
+    "called_from_lib:libabsl_flags_marshalling.so.20220623\n"
+    "called_from_lib:libabsl_flags_parse.so.20220623\n"
+    "called_from_lib:libabsl_flags_private_handle_accessor.so.20220623\n"
+    "called_from_lib:libabsl_flags_program_name.so.20220623\n"
+    "called_from_lib:libabsl_flags_reflection.so.20220623\n"
+    "called_from_lib:libabsl_flags_usage.so.20220623\n"
+    "called_from_lib:libabsl_flags_usage_internal.so.20220623\n"
+    "called_from_lib:libabsl_graphcycles_internal.so.20220623\n"
+    "called_from_lib:libabsl_hash.so.20220623\n"
+    "called_from_lib:libabsl_hashtablez_sampler.so.20220623\n"
+    "called_from_lib:libabsl_int128.so.20220623\n"
+    "called_from_lib:libabsl_log_severity.so.20220623\n"
+    "called_from_lib:libabsl_low_level_hash.so.20220623\n"
+    "called_from_lib:libabsl_malloc_internal.so.20220623\n"
+    "called_from_lib:libabsl_random_distributions.so.20220623\n"
+    "called_from_lib:libabsl_random_internal_platform.so.20220623\n"
+    "called_from_lib:libabsl_random_internal_pool_urbg.so.20220623\n"
+    "called_from_lib:libabsl_random_internal_randen.so.20220623\n"
+    "called_from_lib:libabsl_random_internal_randen_hwaes.so.20220623\n"
+    "called_from_lib:libabsl_random_internal_randen_hwaes_impl.so.20220623\n"
+    "called_from_lib:libabsl_random_internal_randen_slow.so.20220623\n"
+    "called_from_lib:libabsl_random_internal_seed_material.so.20220623\n"
+    "called_from_lib:libabsl_random_seed_gen_exception.so.20220623\n"
+    "called_from_lib:libabsl_random_seed_sequences.so.20220623\n"
+    "called_from_lib:libabsl_raw_hash_set.so.20220623\n"
+    "called_from_lib:libabsl_raw_logging_internal.so.20220623\n"
+    "called_from_lib:libabsl_spinlock_wait.so.20220623\n"
+    "called_from_lib:libabsl_stacktrace.so.20220623\n"
+    "called_from_lib:libabsl_status.so.20220623\n"
+    "called_from_lib:libabsl_statusor.so.20220623\n"
+    "called_from_lib:libabsl_str_format_internal.so.20220623\n"
+    "called_from_lib:libabsl_strerror.so.20220623\n"
+    "called_from_lib:libabsl_strings.so.20220623\n"
+    "called_from_lib:libabsl_strings_internal.so.20220623\n"
+    "called_from_lib:libabsl_symbolize.so.20220623\n"
+    "called_from_lib:libabsl_synchronization.so.20220623\n"
+    "called_from_lib:libabsl_throw_delegate.so.20220623\n"
+    "called_from_lib:libabsl_time.so.20220623\n"
+    "called_from_lib:libabsl_time_zone.so.20220623\n"
+    "called_from_lib:libaddress_sorting.so.29\n"
+    "called_from_lib:libcares.so.2\n"
+    "called_from_lib:libgpr.so.29\n"
+    "called_from_lib:libgrpc++.so.1.51\n"
+    "called_from_lib:libgrpc++_reflection.so.1.51\n"
+    "called_from_lib:libgrpc.so.29\n"
+    "called_from_lib:libprotobuf.so.32\n"
+    "called_from_lib:libre2.so.9\n"
+    "called_from_lib:libupb.so.29\n"
+    "race:grpc::internal::\n";
+}
+
+#endif  // __SANITIZE_THREAD__
