@@ -41,7 +41,6 @@ OffsetAllocator::OffsetAllocator(uint64_t capacity) : capacity_(capacity) {
   const uint32_t n = NewNode();
   nodes_[n] = Node{0, capacity, kNone, kNone, kNone, kNone};
   phys_head_ = n;
-  free_bytes_ = capacity;
   InsertFree(n, BinIndex(capacity));
 }
 
@@ -73,15 +72,18 @@ GPUMEM_POOL_INLINE uint32_t OffsetAllocator::NewNode() {
 }
 
 GPUMEM_POOL_INLINE void OffsetAllocator::ReleaseNode(uint32_t i) {
+  // Only the spare marking: every field is rewritten when the slot is reused.
   Node& n = nodes_[i];
   n.prev_free = kSpare;
   n.next_free = spare_head_;
-  n.prev_phys = n.next_phys = kNone;
-  n.size = 0;
   spare_head_ = i;
 }
 
-GPUMEM_POOL_INLINE void OffsetAllocator::InsertFree(uint32_t i, uint32_t bin) {
+// Link/Unlink move a free range into / out of a bin's list and keep the bin
+// bitmaps in step; InsertFree/RemoveFree also maintain the range's free bit
+// and free_ranges_. Rebin (a free range that stays free) needs only the
+// former.
+GPUMEM_POOL_INLINE void OffsetAllocator::Link(uint32_t i, uint32_t bin) {
   Node* const base = nodes_.data();
   const uint32_t head = bin_head_[bin];
   base[i].prev_free = kNone;
@@ -94,11 +96,9 @@ GPUMEM_POOL_INLINE void OffsetAllocator::InsertFree(uint32_t i, uint32_t bin) {
     band_bitmap_ |= uint64_t{1} << band;
   }
   bin_head_[bin] = i;
-  free_bits_[i >> 6] |= uint64_t{1} << (i & 63);
-  ++free_ranges_;
 }
 
-GPUMEM_POOL_INLINE void OffsetAllocator::RemoveFree(uint32_t i, uint32_t bin) {
+GPUMEM_POOL_INLINE void OffsetAllocator::Unlink(uint32_t i, uint32_t bin) {
   Node* const base = nodes_.data();
   const uint32_t prev = base[i].prev_free, next = base[i].next_free;
   if (prev != kNone) {
@@ -107,11 +107,23 @@ GPUMEM_POOL_INLINE void OffsetAllocator::RemoveFree(uint32_t i, uint32_t bin) {
     bin_head_[bin] = next;
     if (next == kNone) {
       const uint32_t band = bin >> kMantissaBits;
-      bin_bitmap_[band] &= ~(uint64_t{1} << (bin & kBinMask));
-      if (bin_bitmap_[band] == 0) band_bitmap_ &= ~(uint64_t{1} << band);
+      const uint64_t bits =
+          bin_bitmap_[band] & ~(uint64_t{1} << (bin & kBinMask));
+      bin_bitmap_[band] = bits;
+      if (bits == 0) band_bitmap_ &= ~(uint64_t{1} << band);
     }
   }
   if (next != kNone) base[next].prev_free = prev;
+}
+
+GPUMEM_POOL_INLINE void OffsetAllocator::InsertFree(uint32_t i, uint32_t bin) {
+  Link(i, bin);
+  free_bits_[i >> 6] |= uint64_t{1} << (i & 63);
+  ++free_ranges_;
+}
+
+GPUMEM_POOL_INLINE void OffsetAllocator::RemoveFree(uint32_t i, uint32_t bin) {
+  Unlink(i, bin);
   free_bits_[i >> 6] &= ~(uint64_t{1} << (i & 63));
   --free_ranges_;
 }
@@ -121,8 +133,8 @@ GPUMEM_POOL_INLINE void OffsetAllocator::RemoveFree(uint32_t i, uint32_t bin) {
 GPUMEM_POOL_INLINE void OffsetAllocator::Rebin(uint32_t i, uint32_t old_bin) {
   const uint32_t bin = BinIndex(nodes_[i].size);
   if (bin == old_bin) return;
-  RemoveFree(i, old_bin);
-  InsertFree(i, bin);
+  Unlink(i, old_bin);
+  Link(i, bin);
 }
 
 GPUMEM_POOL_INLINE uint32_t OffsetAllocator::FindBinAtOrAbove(uint32_t bin) const {
@@ -213,7 +225,6 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
   Node& b = nodes_[u];
   b.prev_free = kUsed;
   b.next_free = kNone;
-  free_bytes_ -= size;
   used_bytes_ += size;
   ++live_blocks_;
   out->offset = b.offset;
@@ -224,37 +235,42 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
 bool OffsetAllocator::Allocate(uint64_t size, uint64_t alignment,
                                Block* out) {
   // size == 0 wraps to 2^64 - 1 and fails the first test.
-  if (__builtin_expect(size - 1 >= free_bytes_ ||
+  if (__builtin_expect(size - 1 >= capacity_ - used_bytes_ ||
                            (alignment & (alignment - 1)) != 0 || alignment == 0,
                        0)) {
     return false;
   }
   const uint32_t own_bin = BinIndex(size);
   const Node* const base = nodes_.data();
+  uint32_t i = bin_head_[own_bin];
+  uint32_t bin = own_bin;
 
-  // 1. Own-bin probe (near best fit).
-  {
-    uint32_t i = bin_head_[own_bin];
+  // 1. Own-bin probe (near best fit). The default single probe is a plain
+  // test of the bin's head; deeper probes (tuning) walk the bin.
+  if (__builtin_expect(own_bin_probes_ == 1, 1)) {
+    if (i != kNone && Fits(base[i], size, alignment)) goto take;
+  } else {
     for (int k = own_bin_probes_; k > 0 && i != kNone; --k) {
-      if (Fits(base[i], size, alignment)) {
-        Take(i, own_bin, size, alignment, out);
-        return true;
-      }
+      if (Fits(base[i], size, alignment)) goto take;
       i = base[i].next_free;
     }
   }
-
-  // 2. Good fit: round size up to the next bin boundary.
-  const uint32_t up_bin = own_bin + (BinLowerBound(own_bin) != size);
-  uint32_t bin = FindBinAtOrAbove(up_bin);
-  if (__builtin_expect(bin != kNone, 1)) {
-    const uint32_t i = bin_head_[bin];
-    if (__builtin_expect(Fits(base[i], size, alignment), 1)) {
-      Take(i, bin, size, alignment, out);
-      return true;
+  {
+    // 2. Good fit: round size up to the next bin boundary.
+    const uint32_t up_bin = own_bin + (BinLowerBound(own_bin) != size);
+    bin = FindBinAtOrAbove(up_bin);
+    if (__builtin_expect(bin == kNone, 0)) {
+      return AllocateSlow(size, alignment, own_bin, up_bin, out);
+    }
+    i = bin_head_[bin];
+    if (__builtin_expect(!Fits(base[i], size, alignment), 0)) {
+      return AllocateSlow(size, alignment, own_bin, up_bin, out);
     }
   }
-  return AllocateSlow(size, alignment, own_bin, up_bin, out);
+take:
+  // One call site: Take's code is inlined once.
+  Take(i, bin, size, alignment, out);
+  return true;
 }
 
 // Steps 3 and 4 of the search (see the header).
@@ -303,7 +319,6 @@ void OffsetAllocator::Free(const Block& block) {
   if (__builtin_expect(cur.offset != block.offset || cur.size != block.size, 0)) {
     Fatal("offset/size do not match handle", u, block.offset, block.size);
   }
-  free_bytes_ += block.size;
   used_bytes_ -= block.size;
   --live_blocks_;
 
@@ -386,7 +401,7 @@ absl::Status OffsetAllocator::Validate() const {
   uint64_t free_sum = 0, used_sum = 0, live = 0, free_count = 0;
 
   if (capacity_ == 0) {
-    if (nn != 0 || free_bytes_ != 0 || used_bytes_ != 0 || live_blocks_ != 0 ||
+    if (nn != 0 || used_bytes_ != 0 || live_blocks_ != 0 ||
         free_ranges_ != 0 || band_bitmap_ != 0) {
       return fail("I5 counters: empty slab with non-zero state");
     }
@@ -513,9 +528,9 @@ absl::Status OffsetAllocator::Validate() const {
                                 free_count));
   }
   // I5: counters.
-  if (free_sum != free_bytes_) {
+  if (free_sum != free_bytes()) {
     return fail(absl::StrFormat("I5 counters: free_bytes %u, ranges sum to %u",
-                                free_bytes_, free_sum));
+                                free_bytes(), free_sum));
   }
   if (used_sum != used_bytes_) {
     return fail(absl::StrFormat("I5 counters: used_bytes %u, blocks sum to %u",

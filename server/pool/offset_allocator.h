@@ -34,10 +34,11 @@
 //   0), which makes coalescing O(1). Node slots that are not in use sit on a
 //   singly linked list of spare slots, so steady-state churn reuses slots; the
 //   array only grows (by 1/4, amortised O(1), so at most ~20% of it is slack)
-//   when a new peak of ranges is reached. A live block's handle is its node
-//   index. A bitmap with one bit per node slot (free_bits_) says which slots
-//   are free ranges, so Free learns whether its neighbours are free without
-//   touching a live neighbour whose links do not change.
+//   when a new peak of ranges is reached; a slot going back to the spare list
+//   only gets its spare mark and link written. A live block's handle is its
+//   node index. A bitmap with one bit per node slot (free_bits_) says which
+//   slots are free ranges, so Free learns whether its neighbours are free
+//   without touching a live neighbour whose links do not change.
 //
 //   Free ranges are binned TLSF-style: a size's bin is a "float" with
 //   kMantissaBits mantissa bits (sizes below 2^kMantissaBits get one bin per
@@ -73,6 +74,8 @@
 //   block). With padding, the padding stays a free range in the old node and
 //   the tail behind the block becomes a new free range. Free likewise lets a
 //   free neighbour absorb the block and re-bins it only if its bin changed.
+//   Re-binning a range that stays free only relinks it in the bin lists (its
+//   free bit and the free-range count are untouched).
 //
 // INVARIANTS (checked by Validate())
 //   I1 Address list: starting at phys_head_ (offset 0) the prev_phys/next_phys
@@ -84,8 +87,9 @@
 //      number of ranges in bins equals the number of free ranges in I1.
 //   I4 Bitmaps: a band's bit / a bin's bit is set iff the band / bin is
 //      non-empty; a node slot's free bit is set iff it is a free range.
-//   I5 Counters: free_bytes/used_bytes/live_blocks/free_ranges equal the sums
-//      over the address list.
+//   I5 Counters: used_bytes/live_blocks/free_ranges equal the sums over the
+//      address list, and so does free_bytes (not stored: it is capacity -
+//      used_bytes, since a block holds exactly its asked size).
 //   I6 Node pool: every slot of nodes_ is either on the address list or on
 //      the spare list, and never both.
 //
@@ -132,7 +136,8 @@ class OffsetAllocator {
 
   uint64_t capacity() const { return capacity_; }
   uint64_t used_bytes() const { return used_bytes_; }  // sum of asked sizes
-  uint64_t free_bytes() const { return free_bytes_; }  // capacity - live bytes
+  // capacity - live bytes (blocks hold exactly their asked size)
+  uint64_t free_bytes() const { return capacity_ - used_bytes_; }
   uint64_t largest_free() const;   // largest free range (0 if none)
   uint64_t live_blocks() const { return live_blocks_; }
 
@@ -188,7 +193,8 @@ class OffsetAllocator {
     uint32_t prev_phys;
     uint32_t next_phys;
     // Free node: bin list links (kNone at the ends). Live node: prev_free ==
-    // kUsed. Spare slot: prev_free == kSpare, next_free = next spare slot.
+    // kUsed. Spare slot: prev_free == kSpare, next_free = next spare slot;
+    // its other fields are stale (a reused slot gets all of them rewritten).
     uint32_t prev_free;
     uint32_t next_free;
   };
@@ -202,6 +208,8 @@ class OffsetAllocator {
   uint32_t NewNode();
   uint32_t GrowNodes();
   void ReleaseNode(uint32_t i);
+  void Link(uint32_t i, uint32_t bin);
+  void Unlink(uint32_t i, uint32_t bin);
   void InsertFree(uint32_t i, uint32_t bin);
   void RemoveFree(uint32_t i, uint32_t bin);
   void Rebin(uint32_t i, uint32_t old_bin);
@@ -212,14 +220,16 @@ class OffsetAllocator {
   bool AllocateSlow(uint64_t size, uint64_t alignment, uint32_t own_bin,
                     uint32_t up_bin, Block* out);
 
-  uint64_t capacity_;
+  // Counters that one call updates together are kept apart (with read-mostly
+  // fields in between): adjacent ones invite GCC's SLP vectoriser to pack two
+  // scalar increments into a slower SSE load/add/shuffle/store sequence.
   uint64_t used_bytes_ = 0;
-  uint64_t free_bytes_ = 0;
+  uint64_t capacity_;
   uint64_t live_blocks_ = 0;
-  uint64_t free_ranges_ = 0;
-  int own_bin_probes_ = kDefaultOwnBinProbes;
   uint32_t num_bands_ = 0;           // bands that can hold sizes <= capacity
   uint32_t spare_head_ = kNone;      // first spare node slot
+  uint64_t free_ranges_ = 0;
+  int own_bin_probes_ = kDefaultOwnBinProbes;
   uint32_t phys_head_ = kNone;       // the range at offset 0
   uint64_t band_bitmap_ = 0;         // bit f: band f has a non-empty bin
   std::vector<uint64_t> bin_bitmap_;  // per band: bit s: bin non-empty
