@@ -73,6 +73,7 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
     : backend_(backend), options_(options) {
   for (const DeviceInfo& d : backend_->devices()) {
     pools_.push_back(std::make_unique<SlabPool>(backend_, d.index, options_.pool));
+    largest_device_bytes_ = std::max(largest_device_bytes_, d.total_bytes);
   }
   sessions_ = std::make_unique<SessionRegistry>(
       [this](uint64_t id) { OnSessionEnd(id); });
@@ -145,15 +146,11 @@ placement::DeviceSnapshot MemoryBroker::SnapshotLocked() const {
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     const PeerCred& caller, const v1::AllocateRequest& request) {
   if (IsShutDown()) return ShuttingDown();
-  uint64_t largest_device = 0;
-  for (const DeviceInfo& d : backend_->devices()) {
-    largest_device = std::max(largest_device, d.total_bytes);
-  }
   if (request.shard_count() == 0 && request.shard_sizes_size() == 0 &&
-      request.size_bytes() > largest_device) {
+      request.size_bytes() > largest_device_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "size_bytes ", request.size_bytes(), " (", FormatBytes(request.size_bytes()),
-        ") is larger than any device (largest: ", FormatBytes(largest_device), ")"));
+        ") is larger than any device (largest: ", FormatBytes(largest_device_bytes_), ")"));
   }
   absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
   if (!session.ok()) return session.status();

@@ -92,6 +92,7 @@ class MemoryBroker {
 
   Backend* backend_;
   BrokerOptions options_;
+  uint64_t largest_device_bytes_ = 0;  // fixed: devices never change
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<SlabPool>> pools_ ABSL_GUARDED_BY(mu_);
