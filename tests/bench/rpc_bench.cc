@@ -1,0 +1,124 @@
+// rpc_bench: what an allocation costs over the daemon's socket, against the
+// floor of an almost empty RPC on the same channel, measured side by side.
+//
+// Starts its own gpumemd (sim backend) on a private socket, connects one
+// client, and times in rounds (interleaved, so noise hits all alike):
+//   GetSession            the floor: identity lookup, no pool work
+//   Allocate + Free       one block of --size on device 0, two RPCs
+//   Allocate+map+Free     the client library's Buffer path (first use of a
+//                         slab fetches its fd; later blocks reuse the mapping)
+// Prints median and p99 microseconds per operation and the ratio to the
+// floor; --json prints the same as JSON.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "client/client.h"
+#include "tests/integration/daemon_fixture.h"
+
+ABSL_FLAG(int, rounds, 20, "rounds; each times --per_round operations of each kind");
+ABSL_FLAG(int, per_round, 200, "operations per kind per round");
+ABSL_FLAG(uint64_t, size, 1 << 20, "bytes per allocation");
+ABSL_FLAG(bool, json, false, "print JSON");
+
+namespace gpumem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Series {
+  std::string name;
+  std::vector<double> us;  // one sample per operation
+  double Quantile(double q) {
+    std::sort(us.begin(), us.end());
+    return us[static_cast<size_t>(q * (us.size() - 1))];
+  }
+};
+
+template <typename F>
+bool Time(Series& s, int n, F op) {
+  for (int i = 0; i < n; ++i) {
+    auto t0 = Clock::now();
+    if (!op()) return false;
+    s.us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  return true;
+}
+
+int Run() {
+  testing::DaemonProcess daemon({"--sim_devices=2x4GiB", "--slab_size=256MiB"});
+  if (!daemon.Start()) {
+    fprintf(stderr, "rpc_bench: daemon did not start:\n%s", daemon.Log().c_str());
+    return 1;
+  }
+  auto client = Client::Connect(daemon.socket());
+  if (!client.ok()) return 1;
+  Client& c = **client;
+  v1::AllocateRequest req;
+  req.set_size_bytes(absl::GetFlag(FLAGS_size));
+  req.mutable_placement()->add_devices("0");
+  v1::PlacementRequest on0;
+  on0.add_devices("0");
+
+  Series floor{"GetSession"}, pair{"Allocate+Free"}, buffer{"Allocate+map+Free (Buffer)"};
+  const int n = absl::GetFlag(FLAGS_per_round);
+  // Warm up the channel and the pool's first slab.
+  for (int i = 0; i < 200; ++i) (void)c.GetSession();
+  { auto b = c.Allocate(absl::GetFlag(FLAGS_size), on0); }
+  for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
+    bool ok = Time(floor, n, [&] { return c.GetSession().ok(); }) &&
+              Time(pair, n, [&] {
+                auto a = c.AllocateRaw(req);
+                return a.ok() && c.Free(a->allocations(0).id()).ok();
+              }) &&
+              Time(buffer, n, [&] {
+                auto b = c.Allocate(absl::GetFlag(FLAGS_size), on0);
+                return b.ok() && b->Free().ok();
+              });
+    if (!ok) {
+      fprintf(stderr, "rpc_bench: an RPC failed\n");
+      return 1;
+    }
+  }
+  client->reset();
+  const int stopped = daemon.Stop();
+  const double base = floor.Quantile(0.5);
+  std::vector<Series*> all = {&floor, &pair, &buffer};
+  if (absl::GetFlag(FLAGS_json)) {
+    printf("{\"size_bytes\": %lu, \"samples_per_kind\": %zu, \"rows\": [\n",
+           static_cast<unsigned long>(absl::GetFlag(FLAGS_size)), floor.us.size());
+    for (size_t i = 0; i < all.size(); ++i) {
+      Series* s = all[i];
+      const double p50 = s->Quantile(0.5), p99 = s->Quantile(0.99);
+      printf("  {\"op\": \"%s\", \"p50_us\": %.2f, \"p99_us\": %.2f, \"ops_per_s\": %.0f, "
+             "\"ratio_to_floor\": %.2f}%s\n",
+             s->name.c_str(), p50, p99, 1e6 / p50, p50 / base, i + 1 < all.size() ? "," : "");
+    }
+    printf("]}\n");
+  } else {
+    printf("%-28s %9s %9s %10s %8s\n", "operation (1 client)", "p50 us", "p99 us", "ops/s",
+           "x floor");
+    for (Series* s : all) {
+      const double p50 = s->Quantile(0.5), p99 = s->Quantile(0.99);
+      printf("%-28s %9.1f %9.1f %10.0f %8.2f\n", s->name.c_str(), p50, p99, 1e6 / p50,
+             p50 / base);
+    }
+    printf("(%zu samples per row, %s blocks, interleaved in %d rounds)\n", floor.us.size(),
+           absl::StrFormat("%lu B", absl::GetFlag(FLAGS_size)).c_str(),
+           absl::GetFlag(FLAGS_rounds));
+  }
+  return stopped == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace gpumem
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return gpumem::Run();
+}
