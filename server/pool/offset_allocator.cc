@@ -8,6 +8,13 @@
 
 // The hot-path helpers are forced inline into Allocate/Free.
 #define GPUMEM_POOL_INLINE __attribute__((always_inline)) inline
+// GCC's SLP vectoriser packs neighbouring 32-bit node-field stores into
+// SSE shuffles on the hot paths, which costs more than it saves there.
+#if defined(__GNUC__) && !defined(__clang__)
+#define GPUMEM_POOL_NO_SLP __attribute__((optimize("no-tree-slp-vectorize")))
+#else
+#define GPUMEM_POOL_NO_SLP
+#endif
 
 namespace gpumem {
 namespace {
@@ -116,6 +123,30 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Unlink(uint32_t i, uint32_t bin) {
   if (next != kNone) base[next].prev_free = prev;
 }
 
+// Unlink for a range known to be its bin's head (prev_free == kNone).
+GPUMEM_POOL_INLINE void OffsetAllocator::UnlinkHead(uint32_t i, uint32_t bin) {
+  Node* const base = nodes_.data();
+  const uint32_t next = base[i].next_free;
+  bin_head_[bin] = next;
+  if (next != kNone) {
+    base[next].prev_free = kNone;
+  } else {
+    const uint32_t band = bin >> kMantissaBits;
+    const uint64_t bits = bin_bitmap_[band] & ~(uint64_t{1} << (bin & kBinMask));
+    bin_bitmap_[band] = bits;
+    if (bits == 0) band_bitmap_ &= ~(uint64_t{1} << band);
+  }
+}
+
+template <bool kHead>
+GPUMEM_POOL_INLINE void OffsetAllocator::UnlinkAny(uint32_t i, uint32_t bin) {
+  if (kHead) {
+    UnlinkHead(i, bin);
+  } else {
+    Unlink(i, bin);
+  }
+}
+
 GPUMEM_POOL_INLINE void OffsetAllocator::InsertFree(uint32_t i, uint32_t bin) {
   Link(i, bin);
   free_bits_[i >> 6] |= uint64_t{1} << (i & 63);
@@ -158,7 +189,9 @@ GPUMEM_POOL_INLINE bool OffsetAllocator::Fits(const Node& n, uint64_t size,
   return pad <= n.size && size <= n.size - pad;
 }
 
-// Carves [aligned offset, +size) out of free range i, which sits in `bin`.
+// Carves [aligned offset, +size) out of free range i, which sits in `bin`
+// (as the bin's head if kHead).
+template <bool kHead>
 GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
                                               uint64_t size, uint64_t alignment,
                                               Block* out) {
@@ -167,7 +200,9 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
   if (__builtin_expect(pad == 0, 1)) {
     if (nodes_[i].size == size) {
       // Exact fit: the free node becomes the block.
-      RemoveFree(i, bin);
+      UnlinkAny<kHead>(i, bin);
+      free_bits_[i >> 6] &= ~(uint64_t{1} << (i & 63));
+      --free_ranges_;
       u = i;
     } else {
       // The block goes to a new node in front of i; i keeps the tail and
@@ -187,8 +222,13 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
       }
       f.prev_phys = u;
       f.offset += size;
-      f.size -= size;
-      Rebin(i, bin);
+      const uint64_t rest = f.size - size;
+      f.size = rest;
+      const uint32_t new_bin = BinIndex(rest);
+      if (new_bin != bin) {
+        UnlinkAny<kHead>(i, bin);
+        Link(i, new_bin);
+      }
     }
   } else {
     // Head padding stays free in node i; the block moves to a new node u
@@ -205,7 +245,11 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
       if (n.next_phys != kNone) base[n.next_phys].prev_phys = u;
       n.next_phys = u;
       n.size = pad;
-      Rebin(i, bin);
+      const uint32_t new_bin = BinIndex(pad);
+      if (new_bin != bin) {
+        UnlinkAny<kHead>(i, bin);
+        Link(i, new_bin);
+      }
     }
     if (nodes_[u].size > size) {
       const uint32_t t = NewNode();
@@ -232,45 +276,84 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
   out->handle = u;
 }
 
-bool OffsetAllocator::Allocate(uint64_t size, uint64_t alignment,
-                               Block* out) {
+GPUMEM_POOL_NO_SLP bool OffsetAllocator::Allocate(uint64_t size,
+                                                  uint64_t alignment,
+                                                  Block* out) {
   // size == 0 wraps to 2^64 - 1 and fails the first test.
   if (__builtin_expect(size - 1 >= capacity_ - used_bytes_ ||
                            (alignment & (alignment - 1)) != 0 || alignment == 0,
                        0)) {
     return false;
   }
-  const uint32_t own_bin = BinIndex(size);
+  // BinIndex(size), keeping its shift: size's own bin starts exactly at
+  // `size` iff no bit below the shift is set.
+  const int sh = (63 - __builtin_clzll(size | kBinsPerBand)) - kMantissaBits;
+  const uint32_t own_bin =
+      (static_cast<uint32_t>(sh) << kMantissaBits) + static_cast<uint32_t>(size >> sh);
+  if (__builtin_expect(own_bin_probes_ != 1, 0)) {
+    return AllocateProbing(size, alignment, own_bin, out);
+  }
   const Node* const base = nodes_.data();
-  uint32_t i = bin_head_[own_bin];
-  uint32_t bin = own_bin;
-
-  // 1. Own-bin probe (near best fit). The default single probe is a plain
-  // test of the bin's head; deeper probes (tuning) walk the bin.
-  if (__builtin_expect(own_bin_probes_ == 1, 1)) {
-    if (i != kNone && Fits(base[i], size, alignment)) goto take;
-  } else {
-    for (int k = own_bin_probes_; k > 0 && i != kNone; --k) {
-      if (Fits(base[i], size, alignment)) goto take;
-      i = base[i].next_free;
+  const uint32_t* const heads = bin_head_.data();
+  const uint32_t band = own_bin >> kMantissaBits;  // < num_bands_: size <= capacity
+  // Bit 0: own bin; bit k: own bin + k (same band). One lookup serves steps
+  // 1 and 2.
+  uint64_t in_band = bin_bitmap_[band] >> (own_bin & kBinMask);
+  uint32_t bin, i;
+  // 1. Own-bin probe (default single probe: the bin's head).
+  if (in_band & 1) {
+    i = heads[own_bin];
+    if (Fits(base[i], size, alignment)) {
+      bin = own_bin;
+      goto take;
     }
   }
   {
-    // 2. Good fit: round size up to the next bin boundary.
-    const uint32_t up_bin = own_bin + (BinLowerBound(own_bin) != size);
-    bin = FindBinAtOrAbove(up_bin);
-    if (__builtin_expect(bin == kNone, 0)) {
-      return AllocateSlow(size, alignment, own_bin, up_bin, out);
+    // 2. Good fit: round size up to the next bin boundary (up_bin).
+    const uint32_t up = (size & ((uint64_t{1} << sh) - 1)) != 0;
+    in_band >>= up;
+    if (in_band != 0) {
+      bin = own_bin + up + static_cast<uint32_t>(__builtin_ctzll(in_band));
+    } else {
+      // band <= 59 (sizes < 2^64), so the shift is defined; bands beyond
+      // num_bands_ never have their bit set.
+      const uint64_t above = band_bitmap_ & (~uint64_t{0} << (band + 1));
+      if (__builtin_expect(above == 0, 0)) {
+        return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
+      }
+      const uint32_t b = static_cast<uint32_t>(__builtin_ctzll(above));
+      bin = (b << kMantissaBits) |
+            static_cast<uint32_t>(__builtin_ctzll(bin_bitmap_[b]));
     }
-    i = bin_head_[bin];
+    i = heads[bin];
     if (__builtin_expect(!Fits(base[i], size, alignment), 0)) {
-      return AllocateSlow(size, alignment, own_bin, up_bin, out);
+      return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
     }
   }
 take:
   // One call site: Take's code is inlined once.
-  Take(i, bin, size, alignment, out);
+  Take<true>(i, bin, size, alignment, out);
   return true;
+}
+
+// Steps 1 and 2 for an own-bin probe depth other than the default 1.
+__attribute__((noinline)) bool OffsetAllocator::AllocateProbing(
+    uint64_t size, uint64_t alignment, uint32_t own_bin, Block* out) {
+  uint32_t i = bin_head_[own_bin];
+  for (int k = own_bin_probes_; k > 0 && i != kNone; --k) {
+    if (Fits(nodes_[i], size, alignment)) {
+      Take<false>(i, own_bin, size, alignment, out);
+      return true;
+    }
+    i = nodes_[i].next_free;
+  }
+  const uint32_t up_bin = own_bin + (BinLowerBound(own_bin) != size);
+  const uint32_t bin = FindBinAtOrAbove(up_bin);
+  if (bin != kNone && Fits(nodes_[bin_head_[bin]], size, alignment)) {
+    Take<true>(bin_head_[bin], bin, size, alignment, out);
+    return true;
+  }
+  return AllocateSlow(size, alignment, own_bin, up_bin, out);
 }
 
 // Steps 3 and 4 of the search (see the header).
@@ -288,7 +371,7 @@ __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
     limit_bin = worst_bin + (BinLowerBound(worst_bin) != worst);
     bin = FindBinAtOrAbove(limit_bin);
     if (bin != kNone) {
-      Take(bin_head_[bin], bin, size, alignment, out);
+      Take<true>(bin_head_[bin], bin, size, alignment, out);
       return true;
     }
   }
@@ -298,7 +381,7 @@ __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
        bin = FindBinAtOrAbove(bin + 1)) {
     for (uint32_t i = bin_head_[bin]; i != kNone; i = nodes_[i].next_free) {
       if (Fits(nodes_[i], size, alignment)) {
-        Take(i, bin, size, alignment, out);
+        Take<false>(i, bin, size, alignment, out);
         return true;
       }
     }
@@ -306,7 +389,7 @@ __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
   return false;
 }
 
-void OffsetAllocator::Free(const Block& block) {
+GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
   const uint32_t u = block.handle;
   if (__builtin_expect(u >= nodes_.size(), 0)) {
     Fatal("bad handle", u, block.offset, block.size);

@@ -56,7 +56,10 @@
 //        the placement close to best fit (and utilisation high).
 //     2. Good fit: the first non-empty bin whose lower bound is >= size (size
 //        rounded up to the next bin). Its head range is >= size; take it if
-//        it also fits the alignment.
+//        it also fits the alignment. Steps 1 and 2 share one read of the
+//        size's band bitmap (bit 0 after shifting: own bin non-empty; the
+//        bits above: the rest of the band), and size's BinIndex is computed
+//        once.
 //     3. If alignment > 1: the first non-empty bin whose lower bound is
 //        >= size + alignment - 1; any range there fits whatever its offset.
 //     4. Exact fallback (only if 1-3 found nothing): walk every free range in
@@ -210,13 +213,19 @@ class OffsetAllocator {
   void ReleaseNode(uint32_t i);
   void Link(uint32_t i, uint32_t bin);
   void Unlink(uint32_t i, uint32_t bin);
+  void UnlinkHead(uint32_t i, uint32_t bin);
+  template <bool kHead>
+  void UnlinkAny(uint32_t i, uint32_t bin);
   void InsertFree(uint32_t i, uint32_t bin);
   void RemoveFree(uint32_t i, uint32_t bin);
   void Rebin(uint32_t i, uint32_t old_bin);
   uint32_t FindBinAtOrAbove(uint32_t bin) const;
   bool Fits(const Node& n, uint64_t size, uint64_t alignment) const;
+  template <bool kHead>
   void Take(uint32_t i, uint32_t bin, uint64_t size, uint64_t alignment,
             Block* out);
+  bool AllocateProbing(uint64_t size, uint64_t alignment, uint32_t own_bin,
+                       Block* out);
   bool AllocateSlow(uint64_t size, uint64_t alignment, uint32_t own_bin,
                     uint32_t up_bin, Block* out);
 
