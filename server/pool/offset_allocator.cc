@@ -189,6 +189,24 @@ GPUMEM_POOL_INLINE bool OffsetAllocator::Fits(const Node& n, uint64_t size,
   return pad <= n.size && size <= n.size - pad;
 }
 
+// Cuts node i after its first `keep` bytes (0 < keep < size): the rest
+// becomes a new node right behind i in address order, returned unlinked
+// from any bin.
+uint32_t OffsetAllocator::SplitAfter(uint32_t i, uint64_t keep) {
+  const uint32_t t = NewNode();
+  Node* const base = nodes_.data();
+  Node& n = base[i];
+  Node& rest = base[t];
+  rest.offset = n.offset + keep;
+  rest.size = n.size - keep;
+  rest.prev_phys = i;
+  rest.next_phys = n.next_phys;
+  if (n.next_phys != kNone) base[n.next_phys].prev_phys = t;
+  n.next_phys = t;
+  n.size = keep;
+  return t;
+}
+
 // Carves [aligned offset, +size) out of free range i, which sits in `bin`
 // (as the bin's head if kHead).
 template <bool kHead>
@@ -233,37 +251,15 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
   } else {
     // Head padding stays free in node i; the block moves to a new node u
     // and whatever is left behind it to another new node.
-    u = NewNode();
-    {
-      Node* const base = nodes_.data();
-      Node& n = base[i];
-      Node& b = base[u];
-      b.offset = n.offset + pad;
-      b.size = n.size - pad;
-      b.prev_phys = i;
-      b.next_phys = n.next_phys;
-      if (n.next_phys != kNone) base[n.next_phys].prev_phys = u;
-      n.next_phys = u;
-      n.size = pad;
-      const uint32_t new_bin = BinIndex(pad);
-      if (new_bin != bin) {
-        UnlinkAny<kHead>(i, bin);
-        Link(i, new_bin);
-      }
+    u = SplitAfter(i, pad);
+    const uint32_t new_bin = BinIndex(pad);
+    if (new_bin != bin) {
+      UnlinkAny<kHead>(i, bin);
+      Link(i, new_bin);
     }
     if (nodes_[u].size > size) {
-      const uint32_t t = NewNode();
-      Node* const base = nodes_.data();
-      Node& b = base[u];
-      Node& tail = base[t];
-      tail.offset = b.offset + size;
-      tail.size = b.size - size;
-      tail.prev_phys = u;
-      tail.next_phys = b.next_phys;
-      if (b.next_phys != kNone) base[b.next_phys].prev_phys = t;
-      b.next_phys = t;
-      b.size = size;
-      InsertFree(t, BinIndex(tail.size));
+      const uint32_t t = SplitAfter(u, size);
+      InsertFree(t, BinIndex(nodes_[t].size));
     }
   }
   Node& b = nodes_[u];

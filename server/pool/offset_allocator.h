@@ -209,6 +209,7 @@ class OffsetAllocator {
   bool IsFreeBit(uint32_t i) const { return (free_bits_[i >> 6] >> (i & 63)) & 1; }
 
   uint32_t NewNode();
+  uint32_t SplitAfter(uint32_t i, uint64_t keep);
   uint32_t GrowNodes();
   void ReleaseNode(uint32_t i);
   void Link(uint32_t i, uint32_t bin);
