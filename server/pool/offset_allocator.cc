@@ -1,6 +1,7 @@
 #include "server/pool/offset_allocator.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 
@@ -26,6 +27,22 @@ namespace {
                what, handle, static_cast<unsigned long long>(offset),
                static_cast<unsigned long long>(size));
   std::abort();
+}
+
+// Branch-free "address of node i's field, or a fallback when i == kNone":
+// one cmp + cmov on x86-64. Used where i == kNone is a data-dependent coin
+// flip (is a bin empty? does it have a next range?) that a branch would
+// mispredict about half the time; GCC turns a plain ternary back into a
+// branch there. The address is computed on integers and only used when
+// i != kNone, so no out-of-range pointer is ever formed.
+template <class T>
+GPUMEM_POOL_INLINE T* AddrUnlessNone(uint32_t i, uintptr_t addr, T* fallback) {
+#if defined(__x86_64__)
+  asm("cmpl $-1, %k2\n\tcmove %1, %0" : "+r"(addr) : "r"(fallback), "r"(i) : "cc");
+  return reinterpret_cast<T*>(addr);
+#else
+  return i != 0xFFFFFFFFu ? reinterpret_cast<T*>(addr) : fallback;
+#endif
 }
 
 inline int Log2Floor(uint64_t v) { return 63 - __builtin_clzll(v); }
@@ -86,6 +103,24 @@ GPUMEM_POOL_INLINE void OffsetAllocator::ReleaseNode(uint32_t i) {
   spare_head_ = i;
 }
 
+// &base[i].prev_free, or &scratch_ when i == kNone, without a branch. The
+// address is computed on integers, so no out-of-range pointer is formed.
+GPUMEM_POOL_INLINE uint32_t* OffsetAllocator::PrevFreeOrScratch(Node* base,
+                                                                uint32_t i) {
+  static_assert(kNone == 0xFFFFFFFFu, "AddrUnlessNone tests for all ones");
+  return AddrUnlessNone(i,
+                        reinterpret_cast<uintptr_t>(base) +
+                            uintptr_t{i} * sizeof(Node) + offsetof(Node, prev_free),
+                        &scratch_);
+}
+
+// base[i], or the size-0 dummy_ (which fits nothing) when i == kNone.
+GPUMEM_POOL_INLINE const OffsetAllocator::Node& OffsetAllocator::NodeOrDummy(
+    const Node* base, uint32_t i) const {
+  return *AddrUnlessNone(
+      i, reinterpret_cast<uintptr_t>(base) + uintptr_t{i} * sizeof(Node), &dummy_);
+}
+
 // Link/Unlink move a free range into / out of a bin's list and keep the bin
 // bitmaps in step; InsertFree/RemoveFree also maintain the range's free bit
 // and free_ranges_. Rebin (a free range that stays free) needs only the
@@ -95,13 +130,10 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Link(uint32_t i, uint32_t bin) {
   const uint32_t head = bin_head_[bin];
   base[i].prev_free = kNone;
   base[i].next_free = head;
-  if (head != kNone) {
-    base[head].prev_free = i;
-  } else {
-    const uint32_t band = bin >> kMantissaBits;
-    bin_bitmap_[band] |= uint64_t{1} << (bin & kBinMask);
-    band_bitmap_ |= uint64_t{1} << band;
-  }
+  *PrevFreeOrScratch(base, head) = i;
+  const uint32_t band = bin >> kMantissaBits;
+  bin_bitmap_[band] |= uint64_t{1} << (bin & kBinMask);
+  band_bitmap_ |= uint64_t{1} << band;
   bin_head_[bin] = i;
 }
 
@@ -112,15 +144,13 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Unlink(uint32_t i, uint32_t bin) {
     base[prev].next_free = next;
   } else {
     bin_head_[bin] = next;
-    if (next == kNone) {
-      const uint32_t band = bin >> kMantissaBits;
-      const uint64_t bits =
-          bin_bitmap_[band] & ~(uint64_t{1} << (bin & kBinMask));
-      bin_bitmap_[band] = bits;
-      if (bits == 0) band_bitmap_ &= ~(uint64_t{1} << band);
-    }
+    const uint32_t band = bin >> kMantissaBits;
+    const uint64_t bits = bin_bitmap_[band] &
+        ~(uint64_t{next == kNone} << (bin & kBinMask));
+    bin_bitmap_[band] = bits;
+    band_bitmap_ &= ~(uint64_t{bits == 0} << band);
   }
-  if (next != kNone) base[next].prev_free = prev;
+  *PrevFreeOrScratch(base, next) = prev;
 }
 
 // Unlink for a range known to be its bin's head (prev_free == kNone).
@@ -128,14 +158,12 @@ GPUMEM_POOL_INLINE void OffsetAllocator::UnlinkHead(uint32_t i, uint32_t bin) {
   Node* const base = nodes_.data();
   const uint32_t next = base[i].next_free;
   bin_head_[bin] = next;
-  if (next != kNone) {
-    base[next].prev_free = kNone;
-  } else {
-    const uint32_t band = bin >> kMantissaBits;
-    const uint64_t bits = bin_bitmap_[band] & ~(uint64_t{1} << (bin & kBinMask));
-    bin_bitmap_[band] = bits;
-    if (bits == 0) band_bitmap_ &= ~(uint64_t{1} << band);
-  }
+  const uint32_t band = bin >> kMantissaBits;
+  const uint64_t bits = bin_bitmap_[band] &
+      ~(uint64_t{next == kNone} << (bin & kBinMask));
+  bin_bitmap_[band] = bits;
+  band_bitmap_ &= ~(uint64_t{bits == 0} << band);
+  *PrevFreeOrScratch(base, next) = kNone;
 }
 
 template <bool kHead>
@@ -292,41 +320,36 @@ GPUMEM_POOL_NO_SLP bool OffsetAllocator::Allocate(uint64_t size,
   const Node* const base = nodes_.data();
   const uint32_t* const heads = bin_head_.data();
   const uint32_t band = own_bin >> kMantissaBits;  // < num_bands_: size <= capacity
-  // Bit 0: own bin; bit k: own bin + k (same band). One lookup serves steps
-  // 1 and 2.
-  uint64_t in_band = bin_bitmap_[band] >> (own_bin & kBinMask);
-  uint32_t bin, i;
-  // 1. Own-bin probe (default single probe: the bin's head).
-  if (in_band & 1) {
-    i = heads[own_bin];
-    if (Fits(base[i], size, alignment)) {
-      bin = own_bin;
-      goto take;
-    }
-  }
-  {
-    // 2. Good fit: round size up to the next bin boundary (up_bin).
-    const uint32_t up = (size & ((uint64_t{1} << sh) - 1)) != 0;
-    in_band >>= up;
-    if (in_band != 0) {
-      bin = own_bin + up + static_cast<uint32_t>(__builtin_ctzll(in_band));
-    } else {
-      // band <= 59 (sizes < 2^64), so the shift is defined; bands beyond
-      // num_bands_ never have their bit set.
-      const uint64_t above = band_bitmap_ & (~uint64_t{0} << (band + 1));
-      if (__builtin_expect(above == 0, 0)) {
-        return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
-      }
+  // Bit 0: own bin; bit k: own bin + k (same band).
+  const uint64_t in_band = bin_bitmap_[band] >> (own_bin & kBinMask);
+  // 2. Good fit: the first non-empty bin at or above size rounded up to the
+  // next bin boundary.
+  const uint32_t up = (size & ((uint64_t{1} << sh) - 1)) != 0;
+  const uint64_t rest = in_band >> up;
+  uint32_t good_bin = kNone, good = kNone;
+  if (rest != 0) {
+    good_bin = own_bin + up + static_cast<uint32_t>(__builtin_ctzll(rest));
+    good = heads[good_bin];
+  } else {
+    const uint64_t above = band_bitmap_ & (~uint64_t{0} << (band + 1));
+    if (above != 0) {
       const uint32_t b = static_cast<uint32_t>(__builtin_ctzll(above));
-      bin = (b << kMantissaBits) |
-            static_cast<uint32_t>(__builtin_ctzll(bin_bitmap_[b]));
-    }
-    i = heads[bin];
-    if (__builtin_expect(!Fits(base[i], size, alignment), 0)) {
-      return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
+      good_bin = (b << kMantissaBits) |
+                 static_cast<uint32_t>(__builtin_ctzll(bin_bitmap_[b]));
+      good = heads[good_bin];
     }
   }
-take:
+  // 1. Own-bin probe: the own bin's head, preferred if it fits. Both heads
+  // are read and the choice is a select, not a branch: which one fits is
+  // data-dependent and would be mispredicted about half the time.
+  const uint32_t own = heads[own_bin];
+  const bool own_fits = Fits(NodeOrDummy(base, own), size, alignment);
+  const bool good_fits = Fits(NodeOrDummy(base, good), size, alignment);
+  if (__builtin_expect(!(own_fits | good_fits), 0)) {
+    return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
+  }
+  uint32_t bin = own_fits ? own_bin : good_bin;
+  uint32_t i = own_fits ? own : good;
   // One call site: Take's code is inlined once.
   Take<true>(i, bin, size, alignment, out);
   return true;

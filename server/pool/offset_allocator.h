@@ -59,7 +59,11 @@
 //        it also fits the alignment. Steps 1 and 2 share one read of the
 //        size's band bitmap (bit 0 after shifting: own bin non-empty; the
 //        bits above: the rest of the band), and size's BinIndex is computed
-//        once.
+//        once. With the default single probe both heads are read and the
+//        choice between them is a select (cmov), not a branch: which one
+//        fits is a coin flip on random workloads, and a mispredicted branch
+//        that waits on a node load costs more than the second load (an empty
+//        bin's head reads as dummy_, which fits nothing).
 //     3. If alignment > 1: the first non-empty bin whose lower bound is
 //        >= size + alignment - 1; any range there fits whatever its offset.
 //     4. Exact fallback (only if 1-3 found nothing): walk every free range in
@@ -79,6 +83,9 @@
 //   free neighbour absorb the block and re-bins it only if its bin changed.
 //   Re-binning a range that stays free only relinks it in the bin lists (its
 //   free bit and the free-range count are untouched).
+//   The bin-list updates have no data-dependent branches either: a link
+//   write meant for an absent neighbour goes to scratch_, and the bitmaps
+//   are updated with masks computed from "did the bin become empty".
 //
 // INVARIANTS (checked by Validate())
 //   I1 Address list: starting at phys_head_ (offset 0) the prev_phys/next_phys
@@ -208,6 +215,8 @@ class OffsetAllocator {
   }
   bool IsFreeBit(uint32_t i) const { return (free_bits_[i >> 6] >> (i & 63)) & 1; }
 
+  uint32_t* PrevFreeOrScratch(Node* base, uint32_t i);
+  const Node& NodeOrDummy(const Node* base, uint32_t i) const;
   uint32_t NewNode();
   uint32_t SplitAfter(uint32_t i, uint64_t keep);
   uint32_t GrowNodes();
@@ -233,6 +242,11 @@ class OffsetAllocator {
   // Counters that one call updates together are kept apart (with read-mostly
   // fields in between): adjacent ones invite GCC's SLP vectoriser to pack two
   // scalar increments into a slower SSE load/add/shuffle/store sequence.
+  // Branch-free helpers: scratch_ absorbs the link write meant for a
+  // neighbour that does not exist; dummy_ (size 0, never changed) stands in
+  // for the head of an empty bin and fits no request.
+  uint32_t scratch_ = 0;
+  Node dummy_{0, 0, kNone, kNone, kNone, kNone};
   uint64_t used_bytes_ = 0;
   uint64_t capacity_;
   uint64_t live_blocks_ = 0;
