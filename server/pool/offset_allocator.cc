@@ -114,13 +114,6 @@ GPUMEM_POOL_INLINE uint32_t* OffsetAllocator::PrevFreeOrScratch(Node* base,
                         &scratch_);
 }
 
-// base[i], or the size-0 dummy_ (which fits nothing) when i == kNone.
-GPUMEM_POOL_INLINE const OffsetAllocator::Node& OffsetAllocator::NodeOrDummy(
-    const Node* base, uint32_t i) const {
-  return *AddrUnlessNone(
-      i, reinterpret_cast<uintptr_t>(base) + uintptr_t{i} * sizeof(Node), &dummy_);
-}
-
 // Link/Unlink move a free range into / out of a bin's list and keep the bin
 // bitmaps in step; InsertFree/RemoveFree also maintain the range's free bit
 // and free_ranges_. Rebin (a free range that stays free) needs only the
@@ -314,48 +307,39 @@ GPUMEM_POOL_NO_SLP bool OffsetAllocator::Allocate(uint64_t size,
   const int sh = (63 - __builtin_clzll(size | kBinsPerBand)) - kMantissaBits;
   const uint32_t own_bin =
       (static_cast<uint32_t>(sh) << kMantissaBits) + static_cast<uint32_t>(size >> sh);
-  if (__builtin_expect(own_bin_probes_ != 1, 0)) {
+  if (__builtin_expect(own_bin_probes_ != 0, 0)) {
     return AllocateProbing(size, alignment, own_bin, out);
   }
-  const Node* const base = nodes_.data();
-  const uint32_t* const heads = bin_head_.data();
   const uint32_t band = own_bin >> kMantissaBits;  // < num_bands_: size <= capacity
-  // Bit 0: own bin; bit k: own bin + k (same band).
-  const uint64_t in_band = bin_bitmap_[band] >> (own_bin & kBinMask);
   // 2. Good fit: the first non-empty bin at or above size rounded up to the
-  // next bin boundary.
+  // next bin boundary (up_bin = own_bin + up). The band bitmap shifted so
+  // that bit 0 is own_bin, then past up_bin.
   const uint32_t up = (size & ((uint64_t{1} << sh) - 1)) != 0;
-  const uint64_t rest = in_band >> up;
-  uint32_t good_bin = kNone, good = kNone;
+  const uint64_t rest = (bin_bitmap_[band] >> (own_bin & kBinMask)) >> up;
+  uint32_t bin;
   if (rest != 0) {
-    good_bin = own_bin + up + static_cast<uint32_t>(__builtin_ctzll(rest));
-    good = heads[good_bin];
+    bin = own_bin + up + static_cast<uint32_t>(__builtin_ctzll(rest));
   } else {
+    // band <= 58 (sizes < 2^64), so the shift is defined; bands beyond
+    // num_bands_ never have their bit set.
     const uint64_t above = band_bitmap_ & (~uint64_t{0} << (band + 1));
-    if (above != 0) {
-      const uint32_t b = static_cast<uint32_t>(__builtin_ctzll(above));
-      good_bin = (b << kMantissaBits) |
-                 static_cast<uint32_t>(__builtin_ctzll(bin_bitmap_[b]));
-      good = heads[good_bin];
+    if (__builtin_expect(above == 0, 0)) {
+      return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
     }
+    const uint32_t b = static_cast<uint32_t>(__builtin_ctzll(above));
+    bin = (b << kMantissaBits) |
+          static_cast<uint32_t>(__builtin_ctzll(bin_bitmap_[b]));
   }
-  // 1. Own-bin probe: the own bin's head, preferred if it fits. Both heads
-  // are read and the choice is a select, not a branch: which one fits is
-  // data-dependent and would be mispredicted about half the time.
-  const uint32_t own = heads[own_bin];
-  const bool own_fits = Fits(NodeOrDummy(base, own), size, alignment);
-  const bool good_fits = Fits(NodeOrDummy(base, good), size, alignment);
-  if (__builtin_expect(!(own_fits | good_fits), 0)) {
+  const uint32_t i = bin_head_[bin];
+  if (__builtin_expect(!Fits(nodes_[i], size, alignment), 0)) {
     return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
   }
-  uint32_t bin = own_fits ? own_bin : good_bin;
-  uint32_t i = own_fits ? own : good;
   // One call site: Take's code is inlined once.
   Take<true>(i, bin, size, alignment, out);
   return true;
 }
 
-// Steps 1 and 2 for an own-bin probe depth other than the default 1.
+// Steps 1 and 2 with an own-bin probe (own_bin_probes() > 0).
 __attribute__((noinline)) bool OffsetAllocator::AllocateProbing(
     uint64_t size, uint64_t alignment, uint32_t own_bin, Block* out) {
   uint32_t i = bin_head_[own_bin];
@@ -596,8 +580,10 @@ absl::Status OffsetAllocator::Validate() const {
     if (band_bit != (bin_bitmap_[band] != 0)) {
       return fail(absl::StrFormat("I4 bitmaps: band %u bit disagrees with its bins", band));
     }
-    if (kBinsPerBand < 64 && (bin_bitmap_[band] >> kBinsPerBand) != 0) {
-      return fail(absl::StrFormat("I4 bitmaps: band %u has bits past its bins", band));
+    if constexpr (kBinsPerBand < 64) {
+      if ((bin_bitmap_[band] >> kBinsPerBand) != 0) {
+        return fail(absl::StrFormat("I4 bitmaps: band %u has bits past its bins", band));
+      }
     }
   }
   for (uint32_t bin = 0; bin < num_bins; ++bin) {

@@ -106,7 +106,7 @@ TEST(OffsetAllocator, WholeSlab) {
 // Run with the own-bin probe off too, so the exact fallback alone must find
 // the hole.
 TEST(OffsetAllocator, SizesAroundBinBoundaries) {
-  for (int probes : {0, OffsetAllocator::kDefaultOwnBinProbes, 8})
+  for (int probes : {0, 1, 8})
   for (uint32_t bin = 1; bin < OffsetAllocator::BinIndex(~0ull >> 2); ++bin) {
     const uint64_t lb = OffsetAllocator::BinLowerBound(bin);
     ASSERT_EQ(OffsetAllocator::BinIndex(lb), bin);
@@ -325,7 +325,7 @@ struct FVariant {
 
 TEST(OffsetAllocatorFTrace, NoRefusalWhileAFittingHoleExists) {
   for (FVariant v : {FVariant{256, 256, 256}, FVariant{257, 1, 1}, FVariant{256, 256, 4096}})
-  for (int probes : {0, OffsetAllocator::kDefaultOwnBinProbes, 8})
+  for (int probes : {0, 1, 8})
   for (uint64_t seed : {1, 2}) {
     const uint64_t cap = 64ull << 20;
     OffsetAllocator a(cap);
