@@ -107,21 +107,28 @@ class NullAllocator {
   uint64_t freed_ = 0;
 };
 
+uint64_t TimedOps(const traces::TraceSpec& t) {
+  return std::max<uint64_t>(traces::kBatch,
+                            uint64_t(t.ops * absl::GetFlag(FLAGS_ops_scale)));
+}
+
+void FillTimed(const traces::TimedResult& r, Row* row) {
+  row->timed = true;
+  row->median_ns = Percentile(r.batch_ns_per_pair, 0.5);
+  row->p99_ns = Percentile(r.batch_ns_per_pair, 0.99);
+  row->ops = r.ops;
+  row->ops_per_s = r.ops / r.total_seconds;
+  row->failures = r.failures;
+  row->live = r.live_at_end;
+}
+
 Row RunHarnessFloor(const traces::TraceSpec& t) {
   Row row;
   row.trace = t.name;
   row.allocator = "harness floor";
-  row.timed = true;
   row.has_util = false;
-  const uint64_t ops = std::max<uint64_t>(
-      traces::kBatch, uint64_t(t.ops * absl::GetFlag(FLAGS_ops_scale)));
   NullAllocator a(t.capacity);
-  traces::TimedResult r = traces::RunTimed(a, t, ops, absl::GetFlag(FLAGS_seed));
-  row.median_ns = Percentile(r.batch_ns_per_pair, 0.5);
-  row.p99_ns = Percentile(r.batch_ns_per_pair, 0.99);
-  row.ops = r.ops;
-  row.ops_per_s = r.ops / r.total_seconds;
-  row.live = r.live_at_end;
+  FillTimed(traces::RunTimed(a, t, TimedOps(t), absl::GetFlag(FLAGS_seed)), &row);
   return row;
 }
 
@@ -130,20 +137,11 @@ Row RunChurnTrace(const traces::TraceSpec& t, const char* name) {
   Row row;
   row.trace = t.name;
   row.allocator = name;
-  row.timed = true;
-  const uint64_t ops = std::max<uint64_t>(
-      traces::kBatch, uint64_t(t.ops * absl::GetFlag(FLAGS_ops_scale)));
   {
     A a(t.capacity);
     SetProbes(&a);
-    traces::TimedResult r = traces::RunTimed(a, t, ops, absl::GetFlag(FLAGS_seed));
-    row.median_ns = Percentile(r.batch_ns_per_pair, 0.5);
-    row.p99_ns = Percentile(r.batch_ns_per_pair, 0.99);
-    row.ops = r.ops;
-    row.ops_per_s = r.ops / r.total_seconds;
-    row.failures = r.failures;
-    row.live = r.live_at_end;
-    FillMeta(a, r.live_at_end, &row);
+    FillTimed(traces::RunTimed(a, t, TimedOps(t), absl::GetFlag(FLAGS_seed)), &row);
+    FillMeta(a, row.live, &row);
   }
   const int seeds = std::max(1, absl::GetFlag(FLAGS_util_seeds));
   double sum = 0, mn = 1, sum_req = 0, mn_req = 1;
