@@ -86,13 +86,15 @@
 //   free neighbour absorb the block and re-bins it only if its bin changed.
 //   Re-binning a range that stays free only relinks it in the bin lists (its
 //   free bit and the free-range count are untouched).
-//   The bin-list updates have no data-dependent branches: whether a bin
-//   becomes empty (or was empty) is a coin flip on random workloads, and a
+//   In the bin-list updates, whether a bin becomes empty (or was empty) is
+//   decided without a branch: it is a coin flip on random workloads, and a
 //   mispredicted branch there cost more than computing both outcomes. A link
 //   write meant for an absent neighbour goes to scratch_, and the bitmaps
-//   are updated with masks computed from "did the bin become empty". (Free's
-//   "is the previous / next range free?" stays a branch: making it a select
-//   serialises the neighbour loads behind it, which measured slower.)
+//   are updated with masks computed from "did the bin become empty". (Other
+//   data-dependent branches stay: "is this range its bin's head?" predicts
+//   well, and Free's "is the previous / next range free?" as a select
+//   serialises the neighbour loads behind it; both measured slower as
+//   selects.)
 //
 // INVARIANTS (checked by Validate())
 //   I1 Address list: starting at phys_head_ (offset 0) the prev_phys/next_phys
