@@ -130,18 +130,24 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Link(uint32_t i, uint32_t bin) {
   bin_head_[bin] = i;
 }
 
+// The head of `bin` becomes `next` (kNone: the bin is now empty, and its
+// bitmap bits are cleared with masks, not a branch).
+GPUMEM_POOL_INLINE void OffsetAllocator::SetBinHead(uint32_t bin, uint32_t next) {
+  bin_head_[bin] = next;
+  const uint32_t band = bin >> kMantissaBits;
+  const uint64_t bits = bin_bitmap_[band] &
+      ~(uint64_t{next == kNone} << (bin & kBinMask));
+  bin_bitmap_[band] = bits;
+  band_bitmap_ &= ~(uint64_t{bits == 0} << band);
+}
+
 GPUMEM_POOL_INLINE void OffsetAllocator::Unlink(uint32_t i, uint32_t bin) {
   Node* const base = nodes_.data();
   const uint32_t prev = base[i].prev_free, next = base[i].next_free;
   if (prev != kNone) {
     base[prev].next_free = next;
   } else {
-    bin_head_[bin] = next;
-    const uint32_t band = bin >> kMantissaBits;
-    const uint64_t bits = bin_bitmap_[band] &
-        ~(uint64_t{next == kNone} << (bin & kBinMask));
-    bin_bitmap_[band] = bits;
-    band_bitmap_ &= ~(uint64_t{bits == 0} << band);
+    SetBinHead(bin, next);
   }
   *PrevFreeOrScratch(base, next) = prev;
 }
@@ -150,12 +156,7 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Unlink(uint32_t i, uint32_t bin) {
 GPUMEM_POOL_INLINE void OffsetAllocator::UnlinkHead(uint32_t i, uint32_t bin) {
   Node* const base = nodes_.data();
   const uint32_t next = base[i].next_free;
-  bin_head_[bin] = next;
-  const uint32_t band = bin >> kMantissaBits;
-  const uint64_t bits = bin_bitmap_[band] &
-      ~(uint64_t{next == kNone} << (bin & kBinMask));
-  bin_bitmap_[band] = bits;
-  band_bitmap_ &= ~(uint64_t{bits == 0} << band);
+  SetBinHead(bin, next);
   *PrevFreeOrScratch(base, next) = kNone;
 }
 
@@ -174,18 +175,22 @@ GPUMEM_POOL_INLINE void OffsetAllocator::InsertFree(uint32_t i, uint32_t bin) {
   ++free_ranges_;
 }
 
+// kHead: i is known to be its bin's head.
+template <bool kHead>
 GPUMEM_POOL_INLINE void OffsetAllocator::RemoveFree(uint32_t i, uint32_t bin) {
-  Unlink(i, bin);
+  UnlinkAny<kHead>(i, bin);
   free_bits_[i >> 6] &= ~(uint64_t{1} << (i & 63));
   --free_ranges_;
 }
 
-// Free range i changed size from one whose bin was old_bin: move it to the
-// bin of its new size, unless that is the same bin (then nothing to do).
+// Free range i changed size from one whose bin was old_bin (as that bin's
+// head if kHead): move it to the bin of its new size, unless that is the
+// same bin (then nothing to do).
+template <bool kHead>
 GPUMEM_POOL_INLINE void OffsetAllocator::Rebin(uint32_t i, uint32_t old_bin) {
   const uint32_t bin = BinIndex(nodes_[i].size);
   if (bin == old_bin) return;
-  Unlink(i, old_bin);
+  UnlinkAny<kHead>(i, old_bin);
   Link(i, bin);
 }
 
@@ -239,9 +244,7 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
   if (__builtin_expect(pad == 0, 1)) {
     if (nodes_[i].size == size) {
       // Exact fit: the free node becomes the block.
-      UnlinkAny<kHead>(i, bin);
-      free_bits_[i >> 6] &= ~(uint64_t{1} << (i & 63));
-      --free_ranges_;
+      RemoveFree<kHead>(i, bin);
       u = i;
     } else {
       // The block goes to a new node in front of i; i keeps the tail and
@@ -261,23 +264,14 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
       }
       f.prev_phys = u;
       f.offset += size;
-      const uint64_t rest = f.size - size;
-      f.size = rest;
-      const uint32_t new_bin = BinIndex(rest);
-      if (new_bin != bin) {
-        UnlinkAny<kHead>(i, bin);
-        Link(i, new_bin);
-      }
+      f.size -= size;
+      Rebin<kHead>(i, bin);
     }
   } else {
     // Head padding stays free in node i; the block moves to a new node u
     // and whatever is left behind it to another new node.
     u = SplitAfter(i, pad);
-    const uint32_t new_bin = BinIndex(pad);
-    if (new_bin != bin) {
-      UnlinkAny<kHead>(i, bin);
-      Link(i, new_bin);
-    }
+    Rebin<kHead>(i, bin);
     if (nodes_[u].size > size) {
       const uint32_t t = SplitAfter(u, size);
       InsertFree(t, BinIndex(nodes_[t].size));
@@ -422,7 +416,7 @@ GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
     prev.size += cur.size;
     if (next_free) {
       Node& next = base[nx];
-      RemoveFree(nx, BinIndex(next.size));
+      RemoveFree<false>(nx, BinIndex(next.size));
       prev.size += next.size;
       after = next.next_phys;
       ReleaseNode(nx);
@@ -430,7 +424,7 @@ GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
     prev.next_phys = after;
     if (after != kNone) base[after].prev_phys = p;
     ReleaseNode(u);
-    Rebin(p, old_bin);
+    Rebin<false>(p, old_bin);
   } else if (next_free) {
     // The next range grows downwards over the block.
     Node& next = base[nx];
@@ -444,7 +438,7 @@ GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
       phys_head_ = nx;
     }
     ReleaseNode(u);
-    Rebin(nx, old_bin);
+    Rebin<false>(nx, old_bin);
   } else {
     InsertFree(u, BinIndex(cur.size));
   }

@@ -231,12 +231,15 @@ class OffsetAllocator {
   uint32_t GrowNodes();
   void ReleaseNode(uint32_t i);
   void Link(uint32_t i, uint32_t bin);
+  void SetBinHead(uint32_t bin, uint32_t next);
   void Unlink(uint32_t i, uint32_t bin);
   void UnlinkHead(uint32_t i, uint32_t bin);
   template <bool kHead>
   void UnlinkAny(uint32_t i, uint32_t bin);
   void InsertFree(uint32_t i, uint32_t bin);
+  template <bool kHead>
   void RemoveFree(uint32_t i, uint32_t bin);
+  template <bool kHead>
   void Rebin(uint32_t i, uint32_t old_bin);
   uint32_t FindBinAtOrAbove(uint32_t bin) const;
   bool Fits(const Node& n, uint64_t size, uint64_t alignment) const;

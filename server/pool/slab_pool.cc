@@ -168,28 +168,31 @@ void SlabPool::Uncarve(const PoolBlock& block) {
   }
 }
 
-absl::StatusOr<int> SlabPool::ExportSlabFd(uint64_t slab_id) const {
+absl::StatusOr<const SlabPool::SlabEntry*> SlabPool::FindSlab(
+    uint64_t slab_id) const {
   auto it = slabs_.find(slab_id);
   if (it == slabs_.end()) {
     return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
   }
-  return it->second.slab->ExportFd();
+  return &it->second;
+}
+
+absl::StatusOr<int> SlabPool::ExportSlabFd(uint64_t slab_id) const {
+  absl::StatusOr<const SlabEntry*> e = FindSlab(slab_id);
+  if (!e.ok()) return e.status();
+  return (*e)->slab->ExportFd();
 }
 
 absl::StatusOr<uint32_t> SlabPool::SlabTenant(uint64_t slab_id) const {
-  auto it = slabs_.find(slab_id);
-  if (it == slabs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
-  }
-  return it->second.tenant;
+  absl::StatusOr<const SlabEntry*> e = FindSlab(slab_id);
+  if (!e.ok()) return e.status();
+  return (*e)->tenant;
 }
 
 absl::StatusOr<uint64_t> SlabPool::SlabSize(uint64_t slab_id) const {
-  auto it = slabs_.find(slab_id);
-  if (it == slabs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
-  }
-  return it->second.slab->size();
+  absl::StatusOr<const SlabEntry*> e = FindSlab(slab_id);
+  if (!e.ok()) return e.status();
+  return (*e)->slab->size();
 }
 
 void SlabPool::ReleaseEmptySlabs(bool including_reserved) {

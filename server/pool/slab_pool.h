@@ -129,6 +129,8 @@ class SlabPool {
     absl::Time empty_since = absl::InfinitePast();
   };
 
+  // The slab with this id, or NOT_FOUND.
+  absl::StatusOr<const SlabEntry*> FindSlab(uint64_t slab_id) const;
   absl::StatusOr<SlabEntry*> NewSlab(uint64_t bytes, uint32_t tenant,
                                      bool dedicated, uint64_t* id);
   absl::Status Refuse(uint64_t size, uint64_t alignment) const;
