@@ -100,7 +100,6 @@ class NullAllocator {
     return true;
   }
   __attribute__((noinline)) void Free(const Block& b) { freed_ += b.size; }
-  uint64_t freed() const { return freed_; }
 
  private:
   uint64_t next_ = 0;

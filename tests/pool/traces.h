@@ -196,7 +196,6 @@ TimedResult RunTimed(A& a, const TraceSpec& t, uint64_t ops, uint64_t seed,
 struct Utilization {
   double live = 0;
   double with_request = 0;
-  uint64_t refused_size = 0;
 };
 
 template <class A>
@@ -210,7 +209,6 @@ Utilization UtilizationAtFirstFailure(A& a, const TraceSpec& t, uint64_t seed) {
     Utilization u;
     u.live = double(live_bytes) / t.capacity;
     u.with_request = double(live_bytes + refused) / t.capacity;
-    u.refused_size = refused;
     return u;
   };
   for (int i = 0; i < t.pinned; ++i) {
