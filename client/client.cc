@@ -15,14 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/fd_channel.h"
+#include "common/refusal_payload.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 
 namespace gpumem {
 namespace {
-
-std::string RefusalTypeUrl() {
-  return "type.googleapis.com/" + v1::PlacementRefusal::descriptor()->full_name();
-}
 
 // Keeps the code and message; a PlacementRefusal in the binary error details
 // becomes a payload (see PlacementRefusalOf).
@@ -33,7 +30,7 @@ absl::Status FromGrpc(const grpc::Status& s) {
   if (!s.error_details().empty() && details.ParseFromString(s.error_details())) {
     for (const google::protobuf::Any& any : details.details()) {
       if (any.Is<v1::PlacementRefusal>()) {
-        out.SetPayload(RefusalTypeUrl(), absl::Cord(any.value()));
+        out.SetPayload(kPlacementRefusalTypeUrl, absl::Cord(any.value()));
       }
     }
   }
@@ -49,11 +46,7 @@ struct MappedSlab {
 }  // namespace
 
 std::optional<v1::PlacementRefusal> PlacementRefusalOf(const absl::Status& status) {
-  auto payload = status.GetPayload(RefusalTypeUrl());
-  if (!payload.has_value()) return std::nullopt;
-  v1::PlacementRefusal refusal;
-  if (!refusal.ParseFromString(std::string(*payload))) return std::nullopt;
-  return refusal;
+  return RefusalFromStatus(status);
 }
 
 std::string DefaultSocketPath() {

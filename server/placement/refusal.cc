@@ -4,7 +4,6 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/byte_size.h"
 
@@ -78,14 +77,6 @@ absl::Status RefusalStatus(const PlacementRefusal& refusal) {
   status.SetPayload(kPlacementRefusalTypeUrl,
                     absl::Cord(refusal.SerializeAsString()));
   return status;
-}
-
-std::optional<PlacementRefusal> RefusalFromStatus(const absl::Status& status) {
-  auto payload = status.GetPayload(kPlacementRefusalTypeUrl);
-  if (!payload.has_value()) return std::nullopt;
-  PlacementRefusal refusal;
-  if (!refusal.ParseFromString(std::string(*payload))) return std::nullopt;
-  return refusal;
 }
 
 }  // namespace placement

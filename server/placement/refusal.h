@@ -7,35 +7,27 @@
 //   device 1 (GPU-2b..): fragmentation, largest free range 1.00 GiB of
 //   3.00 GiB free; device 2 (GPU-3c..): excluded
 // The status also carries the serialized proto as an absl::Status payload
-// under kPlacementRefusalTypeUrl, so a gRPC layer can copy it into the
-// binary error details (google.rpc.Status.details) unchanged.
+// under kPlacementRefusalTypeUrl (common/refusal_payload.h, which also reads
+// it back), so a gRPC layer can copy it into the binary error details
+// (google.rpc.Status.details) unchanged.
 #ifndef GPUMEMD_SERVER_PLACEMENT_REFUSAL_H_
 #define GPUMEMD_SERVER_PLACEMENT_REFUSAL_H_
 
 #include <cstdint>
-#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
+#include "common/refusal_payload.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 
 namespace gpumem {
 namespace placement {
-
-inline constexpr absl::string_view kPlacementRefusalTypeUrl =
-    "type.googleapis.com/gpumem.v1.PlacementRefusal";
-
 
 // The message text for `refusal`.
 std::string DescribeRefusal(const gpumem::v1::PlacementRefusal& refusal);
 
 // RESOURCE_EXHAUSTED with DescribeRefusal's text and the proto as payload.
 absl::Status RefusalStatus(const gpumem::v1::PlacementRefusal& refusal);
-
-// The PlacementRefusal carried by `status`, if any.
-std::optional<gpumem::v1::PlacementRefusal> RefusalFromStatus(
-    const absl::Status& status);
 
 }  // namespace placement
 }  // namespace gpumem

@@ -1,6 +1,6 @@
 #include "server/service/gpumem_service.h"
 
-#include "server/placement/refusal.h"
+#include "common/refusal_payload.h"
 
 namespace gpumem {
 
@@ -9,7 +9,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   const auto code = static_cast<grpc::StatusCode>(status.code());
   std::string message(status.message());
   std::optional<v1::PlacementRefusal> refusal =
-      placement::RefusalFromStatus(status);
+      RefusalFromStatus(status);
   if (!refusal.has_value()) return grpc::Status(code, message);
   v1::RpcStatus details;
   details.set_code(static_cast<int32_t>(status.code()));

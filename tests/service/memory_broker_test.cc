@@ -33,7 +33,7 @@
 #include "gtest/gtest.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 #include "server/backend/sim_backend.h"
-#include "server/placement/refusal.h"
+#include "common/refusal_payload.h"
 
 
 namespace gpumem {
@@ -630,7 +630,7 @@ TEST_F(MemoryBrokerTest, FailingShardedRequestLeavesStatsIdentical) {
     r.set_shard_count(4);
     absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), r);
     ASSERT_EQ(res.status().code(), absl::StatusCode::kResourceExhausted) << res.status();
-    std::optional<PlacementRefusal> refusal = placement::RefusalFromStatus(res.status());
+    std::optional<PlacementRefusal> refusal = RefusalFromStatus(res.status());
     ASSERT_TRUE(refusal.has_value()) << res.status();
     EXPECT_EQ(refusal->shard_count(), 4u);
     EXPECT_EQ(refusal->total_bytes(), 4 * kMiB);
@@ -653,7 +653,7 @@ TEST_F(MemoryBrokerTest, RefusalCarriesThePlacementRefusal) {
   absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), r);
   ASSERT_EQ(res.status().code(), absl::StatusCode::kResourceExhausted) << res.status();
   EXPECT_THAT(std::string(res.status().message()), HasSubstr("capacity"));
-  std::optional<PlacementRefusal> refusal = placement::RefusalFromStatus(res.status());
+  std::optional<PlacementRefusal> refusal = RefusalFromStatus(res.status());
   ASSERT_TRUE(refusal.has_value());
   EXPECT_EQ(refusal->size_bytes(), 2 * kMiB);
   EXPECT_EQ(refusal->shard_count(), 0u);
@@ -686,7 +686,7 @@ TEST_F(MemoryBrokerTest, FragmentationRefusalThroughTheBroker) {
   EXPECT_DOUBLE_EQ(s.devices(0).fragmentation(), 1.0 - 8.0 / 128.0);
   absl::StatusOr<AllocateResponse> r = Alloc(Self(), 9 * kMiB, {"0"});
   ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
-  std::optional<PlacementRefusal> refusal = placement::RefusalFromStatus(r.status());
+  std::optional<PlacementRefusal> refusal = RefusalFromStatus(r.status());
   ASSERT_TRUE(refusal.has_value());
   ASSERT_EQ(refusal->devices_size(), 1);
   EXPECT_EQ(refusal->devices(0).reason(), DeviceRefusal::REASON_FRAGMENTATION);

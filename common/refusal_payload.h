@@ -1,0 +1,28 @@
+// The structured half of a placement refusal, as it rides on an absl::Status.
+//
+// The daemon refuses a placement with RESOURCE_EXHAUSTED whose message
+// describes the refusal and whose payload (under kPlacementRefusalTypeUrl)
+// is the serialized gpumem.v1.PlacementRefusal; the gRPC layer copies that
+// payload into google.rpc.Status details and the client library puts it back
+// on the absl::Status it returns. Both sides use this file, so the type URL
+// and the parsing exist once.
+#ifndef GPUMEMD_COMMON_REFUSAL_PAYLOAD_H_
+#define GPUMEMD_COMMON_REFUSAL_PAYLOAD_H_
+
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "proto/gpumem/v1/gpumem.pb.h"
+
+namespace gpumem {
+
+inline constexpr absl::string_view kPlacementRefusalTypeUrl =
+    "type.googleapis.com/gpumem.v1.PlacementRefusal";
+
+// The PlacementRefusal carried by `status`, if any (and if it parses).
+std::optional<v1::PlacementRefusal> RefusalFromStatus(const absl::Status& status);
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_COMMON_REFUSAL_PAYLOAD_H_
