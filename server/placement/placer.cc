@@ -6,8 +6,6 @@
 
 #include "server/placement/policy_order.h"
 #include "server/placement/refusal.h"
-#include "server/placement/resolve.h"
-#include "server/placement/shard_plan.h"
 
 namespace gpumem {
 namespace placement {
@@ -39,24 +37,39 @@ PlacementResult Fail(absl::Status status) {
 Placer::Placer(DeviceCarver* carver, PlacerOptions options)
     : carver_(carver), options_(options) {}
 
+absl::StatusOr<PreparedRequest> PrepareRequest(
+    const gpumem::v1::AllocateRequest& request,
+    const std::vector<DeviceView>& devices, const PlacerOptions& options) {
+  absl::StatusOr<ResolvedPlacement> resolved =
+      ResolvePlacement(request.placement(), devices);
+  if (!resolved.ok()) return resolved.status();
+  absl::StatusOr<ShardPlan> plan = PlanShards(
+      request, options.default_alignment, resolved->allowed_device_count());
+  if (!plan.ok()) return plan.status();
+  return PreparedRequest{*std::move(resolved), *std::move(plan)};
+}
+
 PlacementResult Placer::Allocate(const gpumem::v1::AllocateRequest& request,
                                  const DeviceSnapshot& snapshot) const {
-  absl::StatusOr<ResolvedPlacement> resolved =
-      ResolvePlacement(request.placement(), snapshot.devices);
-  if (!resolved.ok()) return Fail(resolved.status());
-  absl::StatusOr<ShardPlan> plan = PlanShards(
-      request, options_.default_alignment, resolved->allowed_device_count());
-  if (!plan.ok()) return Fail(plan.status());
+  absl::StatusOr<PreparedRequest> prepared =
+      PrepareRequest(request, snapshot.devices, options_);
+  if (!prepared.ok()) return Fail(prepared.status());
+  return Place(*prepared, snapshot);
+}
 
-  const std::vector<uint32_t> candidates = CandidateOrder(*resolved, snapshot);
-  const size_t shard_count = plan->sizes.size();
+PlacementResult Placer::Place(const PreparedRequest& request,
+                              const DeviceSnapshot& snapshot) const {
+  const ResolvedPlacement& resolved = request.placement;
+  const ShardPlan& plan = request.plan;
+  const std::vector<uint32_t> candidates = CandidateOrder(resolved, snapshot);
+  const size_t shard_count = plan.sizes.size();
 
   // Largest shard first; equal sizes keep shard order.
   std::vector<size_t> shard_order(shard_count);
   std::iota(shard_order.begin(), shard_order.end(), 0);
   std::stable_sort(
       shard_order.begin(), shard_order.end(),
-      [&](size_t a, size_t b) { return plan->sizes[a] > plan->sizes[b]; });
+      [&](size_t a, size_t b) { return plan.sizes[a] > plan.sizes[b]; });
 
   std::vector<std::optional<CarvedBlock>> blocks(shard_count);
   // holder[d]: the shard device d holds, if any.
@@ -69,14 +82,14 @@ PlacementResult Placer::Allocate(const gpumem::v1::AllocateRequest& request,
   };
 
   for (size_t shard : shard_order) {
-    const uint64_t size = plan->sizes[shard];
+    const uint64_t size = plan.sizes[shard];
     // Refusals for this shard, by device.
     std::vector<std::pair<uint32_t, CarveRefusal>> refusals;
     for (uint32_t device : candidates) {
       if (holder[device].has_value()) continue;
       CarveRefusal refusal;
       absl::StatusOr<CarvedBlock> block =
-          carver_->TryCarve(device, size, plan->alignment, &refusal);
+          carver_->TryCarve(device, size, plan.alignment, &refusal);
       if (block.ok()) {
         blocks[shard] = *std::move(block);
         holder[device] = shard;
@@ -93,10 +106,10 @@ PlacementResult Placer::Allocate(const gpumem::v1::AllocateRequest& request,
     // Nothing holds this shard: undo the others and say why, per device.
     PlacementRefusal detail;
     detail.set_size_bytes(size);
-    if (plan->sharded) {
+    if (plan.sharded) {
       detail.set_shard_index(static_cast<uint32_t>(shard));
       detail.set_shard_count(static_cast<uint32_t>(shard_count));
-      detail.set_total_bytes(plan->total_bytes);
+      detail.set_total_bytes(plan.total_bytes);
     }
     std::vector<DeviceRefusal> devices;
     auto add = [&](uint32_t index, DeviceRefusal::Reason reason) {
@@ -120,7 +133,7 @@ PlacementResult Placer::Allocate(const gpumem::v1::AllocateRequest& request,
       add(index, DeviceRefusal::REASON_HOLDS_SHARD)
           ->set_shard_index(static_cast<uint32_t>(*holder[index]));
     }
-    for (uint32_t index : resolved->excluded) {
+    for (uint32_t index : resolved.excluded) {
       add(index, DeviceRefusal::REASON_EXCLUDED);
     }
     std::sort(devices.begin(), devices.end(),

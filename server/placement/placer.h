@@ -29,7 +29,9 @@
 // device with the most free bytes.
 //
 // A Placer holds no state of its own; calls may run concurrently when the
-// carver allows it.
+// carver allows it. The argument checks need only the devices' indices and
+// UUIDs, never pool state, so a caller that serialises carving under a lock
+// runs PrepareRequest before taking it and Place under it.
 #ifndef GPUMEMD_SERVER_PLACEMENT_PLACER_H_
 #define GPUMEMD_SERVER_PLACEMENT_PLACER_H_
 
@@ -38,9 +40,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 #include "server/placement/carver.h"
 #include "server/placement/device_view.h"
+#include "server/placement/resolve.h"
+#include "server/placement/shard_plan.h"
 
 namespace gpumem {
 namespace placement {
@@ -62,14 +67,32 @@ struct PlacementResult {
   bool ok() const { return status.ok(); }
 };
 
+// A request whose arguments have been checked: its resolved placement and
+// its shard plan.
+struct PreparedRequest {
+  ResolvedPlacement placement;
+  ShardPlan plan;
+};
+
+// Checks `request` against `devices` (only their indices and UUIDs are
+// read): INVALID_ARGUMENT naming the bad field, or the prepared request.
+absl::StatusOr<PreparedRequest> PrepareRequest(
+    const gpumem::v1::AllocateRequest& request,
+    const std::vector<DeviceView>& devices, const PlacerOptions& options);
+
 class Placer {
  public:
   // `carver` must outlive the Placer.
   explicit Placer(DeviceCarver* carver, PlacerOptions options = {});
 
-  // Places `request` on the devices of `snapshot` (see device_view.h).
+  // PrepareRequest, then Place: checks `request` and places it on the
+  // devices of `snapshot` (see device_view.h).
   PlacementResult Allocate(const gpumem::v1::AllocateRequest& request,
                            const DeviceSnapshot& snapshot) const;
+
+  // Places a request PrepareRequest accepted for the same devices.
+  PlacementResult Place(const PreparedRequest& request,
+                        const DeviceSnapshot& snapshot) const;
 
  private:
   DeviceCarver* carver_;

@@ -108,6 +108,8 @@ class SlabPool {
   // Gives back slabs empty since before now - empty_release_after.
   int ReleaseIdleSlabs(absl::Time now);
 
+  // Bytes in live blocks (O(1); Stats() walks every slab).
+  uint64_t used_bytes() const { return used_bytes_; }
   // Free bytes a request could get at best: unpooled capacity plus pooled free.
   uint64_t free_bytes() const;
   // The largest block Carve could serve now (pooled range or a new slab).

@@ -74,7 +74,13 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
   for (const DeviceInfo& d : backend_->devices()) {
     pools_.push_back(std::make_unique<SlabPool>(backend_, d.index, options_.pool));
     largest_device_bytes_ = std::max(largest_device_bytes_, d.total_bytes);
+    placement::DeviceView v;
+    v.index = d.index;
+    v.uuid = d.uuid;
+    v.total_bytes = d.total_bytes;
+    device_views_.push_back(std::move(v));
   }
+  placer_options_.default_alignment = options_.default_alignment;
   sessions_ = std::make_unique<SessionRegistry>(
       [this](uint64_t id) { OnSessionEnd(id); });
 }
@@ -124,17 +130,12 @@ void MemoryBroker::Shutdown() {
 
 placement::DeviceSnapshot MemoryBroker::SnapshotLocked() const {
   placement::DeviceSnapshot snap;
-  for (const DeviceInfo& d : backend_->devices()) {
-    const SlabPool& pool = *pools_[d.index];
-    placement::DeviceView v;
-    v.index = d.index;
-    v.uuid = d.uuid;
-    v.total_bytes = d.total_bytes;
-    PoolStats s = pool.Stats();
-    v.used_bytes = s.used_bytes;
-    v.free_bytes = d.total_bytes - s.used_bytes;
+  snap.devices = device_views_;
+  for (placement::DeviceView& v : snap.devices) {
+    const SlabPool& pool = *pools_[v.index];
+    v.used_bytes = pool.used_bytes();
+    v.free_bytes = v.total_bytes - v.used_bytes;
     v.largest_free_bytes = pool.largest_carvable();
-    snap.devices.push_back(std::move(v));
   }
   const Backend* backend = backend_;
   snap.peer = [backend](uint32_t a, uint32_t b) {
@@ -154,6 +155,10 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
   }
   absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
   if (!session.ok()) return session.status();
+  // Argument checks need no pool state: done before taking the lock.
+  absl::StatusOr<placement::PreparedRequest> prepared =
+      placement::PrepareRequest(request, device_views_, placer_options_);
+  if (!prepared.ok()) return prepared.status();
 
   absl::MutexLock lock(&mu_);
   if (shut_down_) return ShuttingDown();
@@ -161,10 +166,8 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
   // tenant: its blocks never share a slab with another uid's, and a slab is
   // scrubbed before it passes from one uid to another.
   PoolCarver carver(this, /*tenant=*/caller.uid);
-  placement::PlacerOptions popts;
-  popts.default_alignment = options_.default_alignment;
-  placement::Placer placer(&carver, popts);
-  placement::PlacementResult result = placer.Allocate(request, SnapshotLocked());
+  placement::Placer placer(&carver, placer_options_);
+  placement::PlacementResult result = placer.Place(*prepared, SnapshotLocked());
   if (!result.ok()) return result.status;
   if (!sessions_->IsLive(session->id)) {
     // The caller died while we placed: nobody would ever free these.

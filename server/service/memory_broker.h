@@ -92,7 +92,10 @@ class MemoryBroker {
 
   Backend* backend_;
   BrokerOptions options_;
-  uint64_t largest_device_bytes_ = 0;  // fixed: devices never change
+  // Fixed at construction (devices never change), read without mu_:
+  uint64_t largest_device_bytes_ = 0;
+  std::vector<placement::DeviceView> device_views_;  // index, UUID, total
+  placement::PlacerOptions placer_options_;
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<SlabPool>> pools_ ABSL_GUARDED_BY(mu_);
