@@ -241,6 +241,11 @@ uint64_t SlabPool::largest_carvable() const {
   return std::max(largest, fresh - fresh % options_.granularity);
 }
 
+double Fragmentation(uint64_t largest_free, uint64_t free_bytes) {
+  if (free_bytes == 0) return 0.0;
+  return 1.0 - static_cast<double>(largest_free) / static_cast<double>(free_bytes);
+}
+
 PoolStats SlabPool::Stats() const {
   PoolStats s;
   s.total_bytes = total_bytes_;
@@ -253,10 +258,7 @@ PoolStats SlabPool::Stats() const {
     s.largest_pooled_free = std::max(s.largest_pooled_free, e.allocator->largest_free());
     ++s.slab_count;
   }
-  if (s.pooled_free_bytes > 0) {
-    s.fragmentation = 1.0 - static_cast<double>(s.largest_pooled_free) /
-                                static_cast<double>(s.pooled_free_bytes);
-  }
+  s.fragmentation = Fragmentation(s.largest_pooled_free, s.pooled_free_bytes);
   return s;
 }
 
@@ -270,6 +272,7 @@ std::vector<SlabStats> SlabPool::Slabs() const {
     s.used_bytes = e.allocator->used_bytes();
     s.free_bytes = e.allocator->free_bytes();
     s.largest_free = e.allocator->largest_free();
+    s.fragmentation = Fragmentation(s.largest_free, s.free_bytes);
     s.live_blocks = e.allocator->live_blocks();
     s.dedicated = e.dedicated;
     s.reserved = e.reserved;

@@ -52,6 +52,9 @@ struct PoolBlock {
   bool new_slab = false;
 };
 
+// 1 - largest free range / free bytes (0 when nothing is free).
+double Fragmentation(uint64_t largest_free, uint64_t free_bytes);
+
 struct SlabStats {
   uint64_t slab_id = 0;
   uint32_t tenant = 0;
@@ -59,6 +62,7 @@ struct SlabStats {
   uint64_t used_bytes = 0;
   uint64_t free_bytes = 0;
   uint64_t largest_free = 0;
+  double fragmentation = 0.0;  // Fragmentation(largest_free, free_bytes)
   uint64_t live_blocks = 0;
   bool dedicated = false;
   bool reserved = false;

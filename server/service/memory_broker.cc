@@ -64,10 +64,7 @@ absl::Status MemoryBroker::ShuttingDown() {
   return absl::FailedPreconditionError("gpumemd is shutting down");
 }
 
-bool MemoryBroker::IsShutDown() const {
-  absl::MutexLock lock(&mu_);
-  return shut_down_;
-}
+bool MemoryBroker::IsShutDown() const { return shut_down_.load(); }
 
 MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
     : backend_(backend), options_(options) {
@@ -81,6 +78,16 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
     device_views_.push_back(std::move(v));
   }
   placer_options_.default_alignment = options_.default_alignment;
+  for (const DeviceInfo& d : backend_->devices()) {
+    std::vector<v1::PeerLink>& row = peer_rows_.emplace_back();
+    for (const DeviceInfo& peer : backend_->devices()) {
+      switch (backend_->Peer(d.index, peer.index)) {
+        case PeerLink::kSelf: row.push_back(v1::PEER_LINK_SELF); break;
+        case PeerLink::kNvLink: row.push_back(v1::PEER_LINK_NVLINK); break;
+        case PeerLink::kHost: row.push_back(v1::PEER_LINK_HOST); break;
+      }
+    }
+  }
   sessions_ = std::make_unique<SessionRegistry>(
       [this](uint64_t id) { OnSessionEnd(id); });
 }
@@ -287,10 +294,30 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller,
 }
 
 v1::GetStatsResponse MemoryBroker::Stats(bool include_slabs) const {
+  // Pool figures are copied under the lock; the response is built after.
+  struct DeviceLoad {
+    PoolStats stats;
+    uint64_t largest = 0;
+    std::vector<SlabStats> slabs;
+  };
+  const std::vector<DeviceInfo>& devices = backend_->devices();
+  std::vector<DeviceLoad> loads(devices.size());
   v1::GetStatsResponse out;
   out.set_backend(backend_->name());
-  absl::MutexLock lock(&mu_);
-  for (const DeviceInfo& d : backend_->devices()) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (const DeviceInfo& d : devices) {
+      DeviceLoad& load = loads[d.index];
+      load.largest = d.total_bytes;  // after Shutdown: no pools, all free
+      if (pools_.empty()) continue;
+      load.stats = pools_[d.index]->Stats();
+      load.largest = pools_[d.index]->largest_carvable();
+      if (include_slabs) load.slabs = pools_[d.index]->Slabs();
+    }
+    AddSessionStatsLocked(&out);
+  }
+  for (const DeviceInfo& d : devices) {
+    const DeviceLoad& load = loads[d.index];
     v1::DeviceStats* ds = out.add_devices();
     ds->set_index(d.index);
     ds->set_uuid(d.uuid);
@@ -298,46 +325,34 @@ v1::GetStatsResponse MemoryBroker::Stats(bool include_slabs) const {
     ds->set_pci_bus_id(d.pci_bus_id);
     ds->set_numa_node(d.numa_node);
     ds->set_total_bytes(d.total_bytes);
-    PoolStats s;
-    uint64_t largest = d.total_bytes;
-    if (!pools_.empty()) {
-      s = pools_[d.index]->Stats();
-      largest = pools_[d.index]->largest_carvable();
-    }
-    ds->set_pooled_bytes(s.pooled_bytes);
-    ds->set_used_bytes(s.used_bytes);
-    ds->set_free_bytes(d.total_bytes - s.used_bytes);
-    ds->set_largest_free_block_bytes(largest);
-    ds->set_fragmentation(s.fragmentation);
-    ds->set_slab_count(s.slab_count);
-    ds->set_allocation_count(s.live_blocks);
-    for (const DeviceInfo& peer : backend_->devices()) {
-      switch (backend_->Peer(d.index, peer.index)) {
-        case PeerLink::kSelf: ds->add_peers(v1::PEER_LINK_SELF); break;
-        case PeerLink::kNvLink: ds->add_peers(v1::PEER_LINK_NVLINK); break;
-        case PeerLink::kHost: ds->add_peers(v1::PEER_LINK_HOST); break;
-      }
-    }
-    if (!include_slabs || pools_.empty()) continue;
-    for (const SlabStats& slab : pools_[d.index]->Slabs()) {
+    ds->set_pooled_bytes(load.stats.pooled_bytes);
+    ds->set_used_bytes(load.stats.used_bytes);
+    ds->set_free_bytes(d.total_bytes - load.stats.used_bytes);
+    ds->set_largest_free_block_bytes(load.largest);
+    ds->set_fragmentation(load.stats.fragmentation);
+    ds->set_slab_count(load.stats.slab_count);
+    ds->set_allocation_count(load.stats.live_blocks);
+    for (v1::PeerLink link : peer_rows_[d.index]) ds->add_peers(link);
+    for (const SlabStats& slab : load.slabs) {
       v1::SlabStats* out_slab = ds->add_slabs();
       out_slab->set_slab_id(slab.slab_id);
       out_slab->set_size_bytes(slab.size);
       out_slab->set_used_bytes(slab.used_bytes);
       out_slab->set_free_bytes(slab.free_bytes);
       out_slab->set_largest_free_bytes(slab.largest_free);
-      out_slab->set_fragmentation(
-          slab.free_bytes == 0 ? 0.0
-                               : 1.0 - static_cast<double>(slab.largest_free) /
-                                           static_cast<double>(slab.free_bytes));
+      out_slab->set_fragmentation(slab.fragmentation);
       out_slab->set_live_blocks(slab.live_blocks);
       out_slab->set_dedicated(slab.dedicated);
       out_slab->set_reserved(slab.reserved);
       out_slab->set_tenant(slab.tenant);
     }
   }
+  return out;
+}
+
+void MemoryBroker::AddSessionStatsLocked(v1::GetStatsResponse* out) const {
   for (const SessionInfo& info : sessions_->List()) {
-    v1::SessionStats* ss = out.add_sessions();
+    v1::SessionStats* ss = out->add_sessions();
     ss->set_session_id(info.id);
     ss->set_pid(info.cred.pid);
     ss->set_uid(info.cred.uid);
@@ -351,7 +366,6 @@ v1::GetStatsResponse MemoryBroker::Stats(bool include_slabs) const {
     ss->set_allocation_count(count);
     ss->set_used_bytes(bytes);
   }
-  return out;
 }
 
 }  // namespace gpumem

@@ -25,6 +25,7 @@
 #ifndef GPUMEMD_SERVER_SERVICE_MEMORY_BROKER_H_
 #define GPUMEMD_SERVER_SERVICE_MEMORY_BROKER_H_
 
+#include <atomic>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -88,6 +89,8 @@ class MemoryBroker {
   void OnSessionEnd(uint64_t session_id);
   void ReleaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   placement::DeviceSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddSessionStatsLocked(v1::GetStatsResponse* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Maintain();
 
   Backend* backend_;
@@ -96,8 +99,11 @@ class MemoryBroker {
   uint64_t largest_device_bytes_ = 0;
   std::vector<placement::DeviceView> device_views_;  // index, UUID, total
   placement::PlacerOptions placer_options_;
+  std::vector<std::vector<v1::PeerLink>> peer_rows_;  // [from][to], GetStats
   mutable absl::Mutex mu_;
-  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Set once, under mu_ (Shutdown); read without the lock by the checks at
+  // the top of Allocate/GetSession, and under it everywhere else.
+  std::atomic<bool> shut_down_{false};
   std::vector<std::unique_ptr<SlabPool>> pools_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Record> allocations_ ABSL_GUARDED_BY(mu_);
