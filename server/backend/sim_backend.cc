@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/byte_size.h"
+#include "server/backend/sim_topology.h"
 
 namespace gpumem {
 
@@ -69,15 +70,16 @@ SimBackend::SimBackend(const std::vector<uint64_t>& device_bytes,
     d.total_bytes = device_bytes[i];
     devices_.push_back(d);
   }
+  // No topology given: every pair through the host (the empty topology).
+  if (links_.empty()) {
+    links_ = *ParseSimTopology("", static_cast<uint32_t>(device_bytes.size()));
+  }
 }
 
 SimBackend::~SimBackend() = default;
 
 PeerLink SimBackend::Peer(uint32_t a, uint32_t b) const {
-  if (a == b) return PeerLink::kSelf;
-  const size_t n = devices_.size();
-  if (links_.size() != n * n || a >= n || b >= n) return PeerLink::kHost;
-  return links_[a * n + b];
+  return links_[a * devices_.size() + b];
 }
 
 uint64_t SimBackend::SlabBytes(uint32_t device) const {

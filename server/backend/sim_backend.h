@@ -38,7 +38,7 @@ class SimBackend : public Backend {
  private:
   class SimSlab;
   std::vector<DeviceInfo> devices_;
-  std::vector<PeerLink> links_;
+  std::vector<PeerLink> links_;  // [a * n + b], always n * n
   // Bytes in live slabs per device; a slab's destructor gives its bytes back.
   std::unique_ptr<std::atomic<uint64_t>[]> slab_bytes_;
 };
