@@ -1,6 +1,9 @@
 #include "common/placement_set.h"
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -8,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "google/protobuf/repeated_ptr_field.h"
 
 namespace gpumem {
 namespace {
@@ -16,6 +20,27 @@ using ::gpumem::v1::PlacementRequest;
 
 bool IsHexOrDash(char c) {
   return c == '-' || absl::ascii_isxdigit(static_cast<unsigned char>(c));
+}
+
+// INVALID_ARGUMENT with the message of `status` prefixed by `flag`.
+absl::Status Prefixed(absl::string_view flag, const absl::Status& status) {
+  return absl::InvalidArgumentError(absl::StrCat(flag, ": ", status.message()));
+}
+
+// Parses the device list `text` of `flag` and appends its selectors to `out`;
+// any error is prefixed with `flag`.
+absl::Status AppendList(absl::string_view flag, absl::string_view text,
+                        google::protobuf::RepeatedPtrField<std::string>* out) {
+  absl::StatusOr<std::vector<std::string>> selectors = ParseDeviceList(text);
+  if (!selectors.ok()) return Prefixed(flag, selectors.status());
+  for (std::string& s : *selectors) *out->Add() = std::move(s);
+  return absl::OkStatus();
+}
+
+absl::Status UnknownPolicy(absl::string_view value) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown policy \"", value,
+                   "\"; expected least-loaded, pack or near:<device>"));
 }
 
 }  // namespace
@@ -105,68 +130,54 @@ absl::StatusOr<PolicySpec> ParsePolicy(absl::string_view text) {
     spec.policy = PlacementRequest::POLICY_PACK;
     return spec;
   }
-  if (absl::StartsWithIgnoreCase(value, "near")) {
-    absl::string_view rest = value.substr(4);
-    if (!absl::ConsumePrefix(&rest, ":")) {
-      if (rest.empty()) {
-        return absl::InvalidArgumentError(
-            "policy \"near\" needs a device: near:<index or UUID>");
-      }
-      // e.g. "nearest": fall through to the generic error.
-    } else {
-      rest = absl::StripAsciiWhitespace(rest);
-      if (rest.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "policy \"", value, "\" needs a device: near:<index or UUID>"));
-      }
-      if (IsAllSelector(rest)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "policy \"", value, "\": near takes one device, not \"all\""));
-      }
-      absl::Status valid = ValidateSelector(rest);
-      if (!valid.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("policy \"", value, "\": ", valid.message()));
-      }
-      spec.policy = PlacementRequest::POLICY_NEAR;
-      spec.near = std::string(rest);
-      return spec;
-    }
+  if (!absl::StartsWithIgnoreCase(value, "near")) return UnknownPolicy(value);
+  absl::string_view rest = value.substr(4);
+  if (rest.empty()) {
+    return absl::InvalidArgumentError(
+        "policy \"near\" needs a device: near:<index or UUID>");
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown policy \"", value,
-                   "\"; expected least-loaded, pack or near:<device>"));
+  // "near" followed by anything but ":", e.g. "nearest".
+  if (!absl::ConsumePrefix(&rest, ":")) return UnknownPolicy(value);
+  rest = absl::StripAsciiWhitespace(rest);
+  if (rest.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "policy \"", value, "\" needs a device: near:<index or UUID>"));
+  }
+  if (IsAllSelector(rest)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "policy \"", value, "\": near takes one device, not \"all\""));
+  }
+  absl::Status valid = ValidateSelector(rest);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("policy \"", value, "\": ", valid.message()));
+  }
+  spec.policy = PlacementRequest::POLICY_NEAR;
+  spec.near = std::string(rest);
+  return spec;
 }
 
 absl::StatusOr<PlacementRequest> BuildPlacementRequest(
     const PlacementFlags& flags) {
   PlacementRequest request;
-  auto prefixed = [](absl::string_view flag, const absl::Status& status) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": ", status.message()));
-  };
   if (!flags.gpus.empty()) {
-    absl::StatusOr<std::vector<std::string>> gpus = ParseDeviceList(flags.gpus);
-    if (!gpus.ok()) return prefixed("--gpus", gpus.status());
-    for (std::string& s : *gpus) request.add_devices(std::move(s));
+    absl::Status status =
+        AppendList("--gpus", flags.gpus, request.mutable_devices());
+    if (!status.ok()) return status;
   }
   if (!flags.exclude.empty()) {
-    absl::StatusOr<std::vector<std::string>> exclude =
-        ParseDeviceList(flags.exclude);
-    if (!exclude.ok()) return prefixed("--exclude", exclude.status());
-    for (std::string& s : *exclude) request.add_exclude(std::move(s));
+    absl::Status status =
+        AppendList("--exclude", flags.exclude, request.mutable_exclude());
+    if (!status.ok()) return status;
   }
   for (size_t i = 0; i < flags.fallback.size(); ++i) {
-    absl::StatusOr<std::vector<std::string>> set =
-        ParseDeviceList(flags.fallback[i]);
-    if (!set.ok()) {
-      return prefixed(absl::StrCat("--fallback[", i, "]"), set.status());
-    }
-    gpumem::v1::DeviceSet* device_set = request.add_fallback();
-    for (std::string& s : *set) device_set->add_devices(std::move(s));
+    absl::Status status =
+        AppendList(absl::StrCat("--fallback[", i, "]"), flags.fallback[i],
+                   request.add_fallback()->mutable_devices());
+    if (!status.ok()) return status;
   }
   absl::StatusOr<PolicySpec> policy = ParsePolicy(flags.policy);
-  if (!policy.ok()) return prefixed("--policy", policy.status());
+  if (!policy.ok()) return Prefixed("--policy", policy.status());
   request.set_policy(policy->policy);
   request.set_near(policy->near);
   return request;

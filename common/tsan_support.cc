@@ -20,16 +20,14 @@
 // own code are still reported.
 //
 // Linked, always, into the libraries that take an absl::Mutex or talk gRPC.
-#include <string>
-
-#include "absl/synchronization/mutex.h"
-
 #if defined(__SANITIZE_THREAD__)
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "absl/base/options.h"
+#include "absl/synchronization/mutex.h"
 
 extern "C" void __tsan_acquire(void* addr);
 extern "C" void __tsan_release(void* addr);

@@ -1,9 +1,11 @@
 #include "server/placement/resolve.h"
 
-#include <algorithm>
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
-#include "absl/strings/ascii.h"
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -16,43 +18,35 @@ namespace {
 
 using ::gpumem::v1::PlacementRequest;
 
-
 std::string DeviceRange(size_t count) {
   if (count == 0) return "the daemon has no devices";
   if (count == 1) return "the only device is 0";
   return absl::StrCat("devices are 0..", count - 1);
 }
 
-// Adds the devices `selector` names to `out` (a membership mask), or
-// INVALID_ARGUMENT naming `field`.
-absl::Status ResolveSelector(absl::string_view field,
-                             absl::string_view selector,
-                             absl::Span<const DeviceView> devices,
-                             bool allow_all, std::vector<bool>* out) {
+// The one device `selector` names, or INVALID_ARGUMENT naming `field`.
+// "all" names no single device, so it is refused here.
+absl::StatusOr<uint32_t> ResolveOne(absl::string_view field,
+                                    absl::string_view selector,
+                                    absl::Span<const DeviceView> devices) {
   if (selector.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": empty device selector"));
   }
   if (IsAllSelector(selector)) {
-    if (!allow_all) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": \"all\" names no single device"));
-    }
-    std::fill(out->begin(), out->end(), true);
-    return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": \"all\" names no single device"));
   }
   if (IsIndexSelector(selector)) {
     uint32_t index = 0;
     if (absl::SimpleAtoi(selector, &index) && index < devices.size()) {
-      (*out)[index] = true;
-      return absl::OkStatus();
+      return index;
     }
   } else {
     for (const DeviceView& device : devices) {
       if (!device.uuid.empty() &&
           absl::EqualsIgnoreCase(selector, device.uuid)) {
-        (*out)[device.index] = true;
-        return absl::OkStatus();
+        return device.index;
       }
     }
   }
@@ -61,16 +55,20 @@ absl::Status ResolveSelector(absl::string_view field,
 }
 
 // The mask of the devices a repeated selector field names; empty means all
-// when `empty_is_all`.
+// when `empty_is_all`. "all" names every device.
 absl::StatusOr<std::vector<bool>> ResolveSet(
     absl::string_view field,
     const google::protobuf::RepeatedPtrField<std::string>& selectors,
     absl::Span<const DeviceView> devices, bool empty_is_all) {
   std::vector<bool> mask(devices.size(), empty_is_all && selectors.empty());
   for (const std::string& selector : selectors) {
-    absl::Status status =
-        ResolveSelector(field, selector, devices, /*allow_all=*/true, &mask);
-    if (!status.ok()) return status;
+    if (IsAllSelector(selector)) {
+      mask.assign(devices.size(), true);
+      continue;
+    }
+    absl::StatusOr<uint32_t> device = ResolveOne(field, selector, devices);
+    if (!device.ok()) return device.status();
+    mask[*device] = true;
   }
   return mask;
 }
@@ -97,14 +95,12 @@ absl::StatusOr<ResolvedPlacement> ResolvePlacement(
   // Policy first: it does not depend on the devices.
   switch (request.policy()) {
     case PlacementRequest::POLICY_UNSPECIFIED:
-    case PlacementRequest::POLICY_LEAST_LOADED:
       resolved.policy = PlacementRequest::POLICY_LEAST_LOADED;
       break;
+    case PlacementRequest::POLICY_LEAST_LOADED:
     case PlacementRequest::POLICY_PACK:
-      resolved.policy = PlacementRequest::POLICY_PACK;
-      break;
     case PlacementRequest::POLICY_NEAR:
-      resolved.policy = PlacementRequest::POLICY_NEAR;
+      resolved.policy = request.policy();
       break;
     default:
       return absl::InvalidArgumentError(
@@ -143,31 +139,26 @@ absl::StatusOr<ResolvedPlacement> ResolvePlacement(
                  /*empty_is_all=*/false);
   if (!exclude.ok()) return exclude.status();
   if (resolved.policy == PlacementRequest::POLICY_NEAR) {
-    std::vector<bool> near(devices.size(), false);
-    absl::Status status = ResolveSelector("placement.near", request.near(),
-                                          devices, /*allow_all=*/false, &near);
-    if (!status.ok()) return status;
-    resolved.near = static_cast<uint32_t>(
-        std::find(near.begin(), near.end(), true) - near.begin());
+    absl::StatusOr<uint32_t> near =
+        ResolveOne("placement.near", request.near(), devices);
+    if (!near.ok()) return near.status();
+    resolved.near = *near;
   }
 
   std::vector<bool> seen(devices.size(), false);
-  std::vector<bool> excluded(devices.size(), false);
   for (const std::vector<bool>& mask : stage_masks) {
     std::vector<uint32_t> stage;
     for (uint32_t d = 0; d < devices.size(); ++d) {
       if (!mask[d] || seen[d]) continue;
       seen[d] = true;
-      if ((*exclude)[d]) {
-        excluded[d] = true;
-        continue;
-      }
-      stage.push_back(d);
+      if (!(*exclude)[d]) stage.push_back(d);
     }
     resolved.stages.push_back(std::move(stage));
   }
+  // Excluded devices some stage named; those no stage named were never
+  // candidates.
   for (uint32_t d = 0; d < devices.size(); ++d) {
-    if (excluded[d]) resolved.excluded.push_back(d);
+    if (seen[d] && (*exclude)[d]) resolved.excluded.push_back(d);
   }
   return resolved;
 }

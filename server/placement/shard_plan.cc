@@ -1,12 +1,11 @@
 #include "server/placement/shard_plan.h"
 
+#include "absl/numeric/bits.h"
 #include "absl/strings/str_cat.h"
 
 namespace gpumem {
 namespace placement {
 namespace {
-
-bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 absl::Status TooManyShards(size_t shards, size_t max_shards) {
   return absl::InvalidArgumentError(
@@ -22,7 +21,7 @@ absl::StatusOr<ShardPlan> PlanShards(const gpumem::v1::AllocateRequest& request,
   ShardPlan plan;
   plan.alignment =
       request.alignment() == 0 ? default_alignment : request.alignment();
-  if (!IsPowerOfTwo(plan.alignment)) {
+  if (!absl::has_single_bit(plan.alignment)) {
     return absl::InvalidArgumentError(
         absl::StrCat("alignment ", plan.alignment, " is not a power of two"));
   }

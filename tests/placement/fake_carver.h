@@ -10,7 +10,9 @@
 #ifndef GPUMEMD_TESTS_PLACEMENT_FAKE_CARVER_H_
 #define GPUMEMD_TESTS_PLACEMENT_FAKE_CARVER_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -29,6 +31,12 @@ namespace testing {
 
 inline constexpr uint64_t kMiB = uint64_t{1} << 20;
 inline constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+// 0-1 and 2-3 are NVLink pairs; everything else goes through the host.
+inline PeerDistance Pairs(uint32_t a, uint32_t b) {
+  if (a == b) return PeerDistance::kSelf;
+  return a / 2 == b / 2 ? PeerDistance::kNvLink : PeerDistance::kHost;
+}
 
 struct FakeDeviceSpec {
   uint64_t total = 0;

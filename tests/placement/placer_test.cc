@@ -31,13 +31,8 @@ using testing::FakeDeviceSpec;
 using testing::FakeUuid;
 using ::testing::HasSubstr;
 using testing::kGiB;
+using testing::Pairs;
 using testing::Used;
-
-// 0-1 and 2-3 are NVLink pairs; everything else goes through the host.
-PeerDistance Pairs(uint32_t a, uint32_t b) {
-  if (a == b) return PeerDistance::kSelf;
-  return a / 2 == b / 2 ? PeerDistance::kNvLink : PeerDistance::kHost;
-}
 
 // n GiB, as text for a text-format request.
 std::string G(uint64_t n) { return absl::StrCat(n * kGiB); }

@@ -17,12 +17,7 @@ namespace {
 using ::gpumem::v1::PlacementRequest;
 using ::testing::ElementsAreArray;
 using testing::kGiB;
-
-// 0-1 and 2-3 are NVLink pairs; everything else goes through the host.
-PeerDistance Pairs(uint32_t a, uint32_t b) {
-  if (a == b) return PeerDistance::kSelf;
-  return a / 2 == b / 2 ? PeerDistance::kNvLink : PeerDistance::kHost;
-}
+using testing::Pairs;
 
 // Free and used bytes per device, in GiB; total is their sum.
 DeviceSnapshot Loads(const std::vector<std::pair<int, int>>& used_free) {
