@@ -34,11 +34,24 @@ using Clock = std::chrono::steady_clock;
 struct Series {
   std::string name;
   std::vector<double> us;  // one sample per operation
-  double Quantile(double q) {
-    std::sort(us.begin(), us.end());
-    return us[static_cast<size_t>(q * (us.size() - 1))];
-  }
 };
+
+// What one line of output says about a series.
+struct Row {
+  std::string name;
+  double p50_us, p99_us;
+};
+
+// The q-quantile of samples sorted ascending (the nearest rank below).
+double Quantile(const std::vector<double>& sorted, double q) {
+  return sorted[static_cast<size_t>(q * (sorted.size() - 1))];
+}
+
+// Sorts the series' samples (once) and reads its quantiles off them.
+Row Summarize(Series& s) {
+  std::sort(s.us.begin(), s.us.end());
+  return {s.name, Quantile(s.us, 0.5), Quantile(s.us, 0.99)};
+}
 
 template <typename F>
 bool Time(Series& s, int n, F op) {
@@ -87,26 +100,26 @@ int Run() {
   }
   client->reset();
   const int stopped = daemon.Stop();
-  const double base = floor.Quantile(0.5);
-  std::vector<Series*> all = {&floor, &pair, &buffer};
+  std::vector<Row> rows;
+  for (Series* s : {&floor, &pair, &buffer}) rows.push_back(Summarize(*s));
+  const double base = rows[0].p50_us;
   if (absl::GetFlag(FLAGS_json)) {
     printf("{\"size_bytes\": %lu, \"samples_per_kind\": %zu, \"rows\": [\n",
            static_cast<unsigned long>(absl::GetFlag(FLAGS_size)), floor.us.size());
-    for (size_t i = 0; i < all.size(); ++i) {
-      Series* s = all[i];
-      const double p50 = s->Quantile(0.5), p99 = s->Quantile(0.99);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
       printf("  {\"op\": \"%s\", \"p50_us\": %.2f, \"p99_us\": %.2f, \"ops_per_s\": %.0f, "
              "\"ratio_to_floor\": %.2f}%s\n",
-             s->name.c_str(), p50, p99, 1e6 / p50, p50 / base, i + 1 < all.size() ? "," : "");
+             r.name.c_str(), r.p50_us, r.p99_us, 1e6 / r.p50_us, r.p50_us / base,
+             i + 1 < rows.size() ? "," : "");
     }
     printf("]}\n");
   } else {
     printf("%-28s %9s %9s %10s %8s\n", "operation (1 client)", "p50 us", "p99 us", "ops/s",
            "x floor");
-    for (Series* s : all) {
-      const double p50 = s->Quantile(0.5), p99 = s->Quantile(0.99);
-      printf("%-28s %9.1f %9.1f %10.0f %8.2f\n", s->name.c_str(), p50, p99, 1e6 / p50,
-             p50 / base);
+    for (const Row& r : rows) {
+      printf("%-28s %9.1f %9.1f %10.0f %8.2f\n", r.name.c_str(), r.p50_us, r.p99_us,
+             1e6 / r.p50_us, r.p50_us / base);
     }
     printf("(%zu samples per row, %s blocks, interleaved in %d rounds)\n", floor.us.size(),
            absl::StrFormat("%lu B", absl::GetFlag(FLAGS_size)).c_str(),

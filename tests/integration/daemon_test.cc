@@ -8,19 +8,20 @@
 
 #include <chrono>
 #include <filesystem>
-#include <map>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
+#include "tests/integration/daemon_client_test.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace gpumem {
 namespace {
 
 using testing::ChildProcess;
+using testing::DaemonClientTest;
 using testing::DaemonProcess;
 using testing::RunfilePath;
 
@@ -30,29 +31,10 @@ struct Alloc {
   uint64_t id, device, slab, offset, size;
 };
 
-class DaemonTest : public ::testing::Test {
+class DaemonTest : public DaemonClientTest {
  protected:
-  void SetUp() override {
-    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
-        "--sim_devices=4x1GiB", "--slab_size=64MiB"});
-    ASSERT_TRUE(daemon_->Start()) << daemon_->Log();
-    auto c = Client::Connect(daemon_->socket());
-    ASSERT_TRUE(c.ok()) << c.status();
-    client_ = std::move(*c);
-  }
-  void TearDown() override {
-    client_.reset();
-    if (daemon_) EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
-  }
+  DaemonTest() : DaemonClientTest({"--sim_devices=4x1GiB", "--slab_size=64MiB"}) {}
 
-  std::vector<uint64_t> UsedPerDevice() {
-    auto stats = client_->GetStats();
-    EXPECT_TRUE(stats.ok()) << stats.status();
-    std::vector<uint64_t> used;
-    if (!stats.ok()) return used;
-    for (const auto& d : stats->devices()) used.push_back(d.used_bytes());
-    return used;
-  }
   uint64_t TotalUsed() {
     uint64_t t = 0;
     for (uint64_t u : UsedPerDevice()) t += u;
@@ -127,9 +109,6 @@ class DaemonTest : public ::testing::Test {
     if (line.empty()) return "no output, exit status " + std::to_string(status);
     return line;
   }
-
-  std::unique_ptr<DaemonProcess> daemon_;
-  std::unique_ptr<Client> client_;
 };
 
 TEST_F(DaemonTest, SigkilledClientsMemoryReturnsWithinOneSecond) {

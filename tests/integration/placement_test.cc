@@ -5,31 +5,26 @@
 
 #include "client/client.h"
 #include "gtest/gtest.h"
-#include "tests/integration/daemon_fixture.h"
+#include "tests/integration/daemon_client_test.h"
 
 namespace gpumem {
 namespace {
 
-using testing::DaemonProcess;
+using testing::DaemonClientTest;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-class PlacementTest : public ::testing::Test {
+class PlacementTest : public DaemonClientTest {
  protected:
+  PlacementTest()
+      : DaemonClientTest({"--sim_devices=4x1GiB", "--slab_size=64MiB",
+                          "--sim_topology=nvlink:0-1,2-3"}) {}
+
   void SetUp() override {
-    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
-        "--sim_devices=4x1GiB", "--slab_size=64MiB", "--sim_topology=nvlink:0-1,2-3"});
-    ASSERT_TRUE(daemon_->Start()) << daemon_->Log();
-    auto c = Client::Connect(daemon_->socket());
-    ASSERT_TRUE(c.ok()) << c.status();
-    client_ = std::move(*c);
+    ASSERT_NO_FATAL_FAILURE(DaemonClientTest::SetUp());
     auto stats = client_->GetStats();
     ASSERT_TRUE(stats.ok());
     for (const auto& d : stats->devices()) uuids_.push_back(d.uuid());
-  }
-  void TearDown() override {
-    client_.reset();
-    EXPECT_EQ(daemon_->Stop(), 0);
   }
 
   absl::StatusOr<v1::AllocateResponse> Alloc(uint64_t size, const v1::PlacementRequest& p,
@@ -45,20 +40,12 @@ class PlacementTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? r->allocations(0).device_index() : 999;
   }
-  std::vector<uint64_t> Used() {
-    std::vector<uint64_t> used;
-    auto stats = client_->GetStats();
-    for (const auto& d : stats->devices()) used.push_back(d.used_bytes());
-    return used;
-  }
   static v1::PlacementRequest On(std::initializer_list<const char*> devices) {
     v1::PlacementRequest p;
     for (const char* d : devices) p.add_devices(d);
     return p;
   }
 
-  std::unique_ptr<DaemonProcess> daemon_;
-  std::unique_ptr<Client> client_;
   std::vector<std::string> uuids_;
 };
 
@@ -100,7 +87,7 @@ TEST_F(PlacementTest, AFullPreferredSetFallsBackInOrderAndStrictNeverLeaks) {
   // Strict: nothing outside the named sets, even with 2 and 3 nearly empty.
   auto r = Alloc(200 * kMiB, On({"0", "1"}));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(Used()[2], 0u);
+  EXPECT_EQ(UsedPerDevice()[2], 0u);
   // The refusal says per device why, in words and in the error details.
   EXPECT_NE(r.status().message().find("device 0"), absl::string_view::npos);
   EXPECT_NE(r.status().message().find("capacity"), absl::string_view::npos);
@@ -154,11 +141,11 @@ TEST_F(PlacementTest, ShardsLandOnDistinctDevicesAllOrNothing) {
   EXPECT_EQ(devices.size(), 4u);
 
   ASSERT_TRUE(Alloc(800 * kMiB, On({"3"})).ok());
-  const std::vector<uint64_t> before = Used();
+  const std::vector<uint64_t> before = UsedPerDevice();
   // 4 x 200 MiB: the shard meant for device 3 cannot fit; nothing is kept.
   auto fail = Alloc(800 * kMiB, {}, 4);
   ASSERT_EQ(fail.status().code(), absl::StatusCode::kResourceExhausted) << fail.status();
-  EXPECT_EQ(Used(), before);
+  EXPECT_EQ(UsedPerDevice(), before);
   auto refusal = PlacementRefusalOf(fail.status());
   ASSERT_TRUE(refusal.has_value());
   EXPECT_EQ(refusal->shard_count(), 4u);
@@ -173,7 +160,7 @@ TEST_F(PlacementTest, TheClientLibraryMapsEveryShard) {
     static_cast<char*>(b.data())[b.size() - 1] = 1;
   }
   shards->clear();
-  EXPECT_EQ(Used(), std::vector<uint64_t>(4, 0));
+  EXPECT_EQ(UsedPerDevice(), std::vector<uint64_t>(4, 0));
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ grep -q 'no device \\"7\\"' "$WORKDIR/err.json" || { cat "$WORKDIR/err.json"; fa
 json_check "$WORKDIR/alloc.json" 'j["allocations"][0]["sizeBytes"] == "1048576"'
 for _ in $(seq 100); do
   "$BUF" "${curl_args[@]}" -d '{}' http://localhost/gpumem.v1.GpuMemory/GetStats >"$WORKDIR/stats.json"
-  /usr/bin/python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if all(d["usedBytes"]=="0" for d in j["devices"]) else 1)' "$WORKDIR/stats.json" && break
+  json_ok "$WORKDIR/stats.json" 'all(d["usedBytes"] == "0" for d in j["devices"])' && break
   sleep 0.02
 done
 json_check "$WORKDIR/stats.json" 'all(d["usedBytes"] == "0" for d in j["devices"])'
