@@ -9,7 +9,8 @@
 //
 // An allocation belongs to the process that made it: without --hold it is
 // returned as soon as gpumemctl exits. --hold keeps it until Ctrl-C.
-// Exit status: 0 ok, 1 the daemon refused (its message is printed), 2 usage.
+// Exit status: 0 ok, 1 the daemon refused or could not be reached (the
+// message is printed), 2 usage.
 #include <signal.h>
 #include <unistd.h>
 
@@ -46,11 +47,11 @@ namespace {
 
 constexpr char kUsage[] =
     "gpumemctl: talk to gpumemd.\n"
-    "  gpumemctl stats [--slabs] [--json]\n"
-    "  gpumemctl alloc SIZE [--gpus=LIST] [--exclude=LIST] [--fallback=LIST]...\n"
-    "                  [--policy=least-loaded|pack|near:DEV] [--shards=N] [--hold]\n"
-    "  gpumemctl free ID\n"
-    "  gpumemctl session\n"
+    "  gpumemctl [--socket=PATH] stats [--slabs] [--json]\n"
+    "  gpumemctl [--socket=PATH] alloc SIZE [--gpus=LIST] [--exclude=LIST] [--fallback=LIST]...\n"
+    "                  [--policy=least-loaded|pack|near:DEV] [--shards=N] [--hold] [--json]\n"
+    "  gpumemctl [--socket=PATH] free ID\n"
+    "  gpumemctl [--socket=PATH] session\n"
     "SIZE: 4096, 64KiB, 1.5GiB, 2G. LIST: 0,1 | all | GPU-<uuid>.";
 
 int Fail(const absl::Status& s) {

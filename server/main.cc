@@ -185,8 +185,10 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gpumemd: lends the memory of every GPU on this machine to client processes.\n"
-      "Usage: gpumemd [--backend=sim|cuda] [--sim_devices=4x16GiB] [--socket=PATH] "
-      "[--config=FILE]");
+      "Usage: gpumemd [--backend=sim|cuda] [--sim_devices=4x16GiB] "
+      "[--sim_topology=nvlink:0-1,...] [--socket=PATH] [--config=FILE] "
+      "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
+      "[--reserve_fraction=0]");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
     std::cerr << "gpumemd: unexpected argument \"" << rest[1] << "\" (see --help)\n";
