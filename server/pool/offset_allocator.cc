@@ -126,38 +126,41 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Link(uint32_t i, uint32_t bin) {
   *PrevFreeOrScratch(base, head) = i;
   const uint32_t band = bin >> kMantissaBits;
   bin_bitmap_[band] |= uint64_t{1} << (bin & kBinMask);
-  band_bitmap_ |= uint64_t{1} << band;
+  // Written only when it changes (rarely: bits are cleared lazily), so the
+  // next call's search does not wait for this one.
+  if (__builtin_expect(((band_bitmap_ >> band) & 1) == 0, 0)) {
+    band_bitmap_ |= uint64_t{1} << band;
+  }
   bin_head_[bin] = i;
 }
 
 // The head of `bin` becomes `next` (kNone: the bin is now empty, and its
-// bitmap bits are cleared with masks, not a branch).
+// bitmap bit is cleared with a mask, not a branch). The band summary is left
+// as it is: a stale band bit is cleared by the next search that meets it.
 GPUMEM_POOL_INLINE void OffsetAllocator::SetBinHead(uint32_t bin, uint32_t next) {
   bin_head_[bin] = next;
   const uint32_t band = bin >> kMantissaBits;
   const uint64_t bits = bin_bitmap_[band] &
       ~(uint64_t{next == kNone} << (bin & kBinMask));
   bin_bitmap_[band] = bits;
-  band_bitmap_ &= ~(uint64_t{bits == 0} << band);
 }
 
 GPUMEM_POOL_INLINE void OffsetAllocator::Unlink(uint32_t i, uint32_t bin) {
   Node* const base = nodes_.data();
   const uint32_t prev = base[i].prev_free, next = base[i].next_free;
-  if (prev != kNone) {
+  if (bin_head_[bin] != i) {
     base[prev].next_free = next;
+    *PrevFreeOrScratch(base, next) = prev;
   } else {
+    // The next range becomes the head; its back link is left as it is.
     SetBinHead(bin, next);
   }
-  *PrevFreeOrScratch(base, next) = prev;
 }
 
-// Unlink for a range known to be its bin's head (prev_free == kNone).
+// Unlink for a range known to be its bin's head. Touches no other node: the
+// new head's back link is left stale (a head's prev_free is never read).
 GPUMEM_POOL_INLINE void OffsetAllocator::UnlinkHead(uint32_t i, uint32_t bin) {
-  Node* const base = nodes_.data();
-  const uint32_t next = base[i].next_free;
-  SetBinHead(bin, next);
-  *PrevFreeOrScratch(base, next) = kNone;
+  SetBinHead(bin, nodes_[i].next_free);
 }
 
 template <bool kHead>
@@ -194,7 +197,9 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Rebin(uint32_t i, uint32_t old_bin) {
   Link(i, bin);
 }
 
-GPUMEM_POOL_INLINE uint32_t OffsetAllocator::FindBinAtOrAbove(uint32_t bin) const {
+// The first non-empty bin at or above `bin`, or kNone. Clears the stale band
+// bits it passes (band summary: see the header).
+GPUMEM_POOL_INLINE uint32_t OffsetAllocator::FindBinAtOrAbove(uint32_t bin) {
   uint32_t band = bin >> kMantissaBits;
   if (band >= num_bands_) return kNone;
   const uint64_t in_band =
@@ -203,10 +208,15 @@ GPUMEM_POOL_INLINE uint32_t OffsetAllocator::FindBinAtOrAbove(uint32_t bin) cons
     return (band << kMantissaBits) | __builtin_ctzll(in_band);
   }
   if (band + 1 >= 64) return kNone;
-  const uint64_t above = band_bitmap_ & (~uint64_t{0} << (band + 1));
-  if (above == 0) return kNone;
-  band = __builtin_ctzll(above);
-  return (band << kMantissaBits) | __builtin_ctzll(bin_bitmap_[band]);
+  uint64_t above = band_bitmap_ & (~uint64_t{0} << (band + 1));
+  for (; above != 0; above &= above - 1) {
+    band = __builtin_ctzll(above);
+    if (bin_bitmap_[band] != 0) {
+      return (band << kMantissaBits) | __builtin_ctzll(bin_bitmap_[band]);
+    }
+    band_bitmap_ &= ~(uint64_t{1} << band);
+  }
+  return kNone;
 }
 
 GPUMEM_POOL_INLINE bool OffsetAllocator::Fits(const Node& n, uint64_t size,
@@ -315,14 +325,22 @@ GPUMEM_POOL_NO_SLP bool OffsetAllocator::Allocate(uint64_t size,
     bin = own_bin + up + static_cast<uint32_t>(__builtin_ctzll(rest));
   } else {
     // band <= 58 (sizes < 2^64), so the shift is defined; bands beyond
-    // num_bands_ never have their bit set.
-    const uint64_t above = band_bitmap_ & (~uint64_t{0} << (band + 1));
-    if (__builtin_expect(above == 0, 0)) {
-      return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
+    // num_bands_ never have their bit set. A band whose bit is stale (its
+    // bins all emptied since) is cleared and skipped.
+    uint64_t above = band_bitmap_ & (~uint64_t{0} << (band + 1));
+    uint32_t b;
+    uint64_t w;
+    for (;;) {
+      if (__builtin_expect(above == 0, 0)) {
+        return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
+      }
+      b = static_cast<uint32_t>(__builtin_ctzll(above));
+      w = bin_bitmap_[b];
+      if (__builtin_expect(w != 0, 1)) break;
+      band_bitmap_ &= ~(uint64_t{1} << b);
+      above &= above - 1;
     }
-    const uint32_t b = static_cast<uint32_t>(__builtin_ctzll(above));
-    bin = (b << kMantissaBits) |
-          static_cast<uint32_t>(__builtin_ctzll(bin_bitmap_[b]));
+    bin = (b << kMantissaBits) | static_cast<uint32_t>(__builtin_ctzll(w));
   }
   const uint32_t i = bin_head_[bin];
   if (__builtin_expect(!Fits(nodes_[i], size, alignment), 0)) {
@@ -445,8 +463,14 @@ GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
 }
 
 uint64_t OffsetAllocator::largest_free() const {
-  if (band_bitmap_ == 0) return 0;
-  const uint32_t band = Log2Floor(band_bitmap_);
+  // Highest band whose bitmap is non-empty (stale band bits are skipped,
+  // not cleared: this is a const reader).
+  uint64_t bands = band_bitmap_;
+  while (bands != 0 && bin_bitmap_[Log2Floor(bands)] == 0) {
+    bands &= ~(uint64_t{1} << Log2Floor(bands));
+  }
+  if (bands == 0) return 0;
+  const uint32_t band = Log2Floor(bands);
   const uint32_t bin = (band << kMantissaBits) | Log2Floor(bin_bitmap_[band]);
   uint64_t best = 0;
   for (uint32_t i = bin_head_[bin]; i != kNone; i = nodes_[i].next_free) {
@@ -482,7 +506,7 @@ absl::Status OffsetAllocator::Validate() const {
 
   if (capacity_ == 0) {
     if (nn != 0 || used_bytes_ != 0 || live_blocks_ != 0 ||
-        free_ranges_ != 0 || band_bitmap_ != 0) {
+        free_ranges_ != 0) {
       return fail("I5 counters: empty slab with non-zero state");
     }
     return absl::OkStatus();
@@ -527,11 +551,6 @@ absl::Status OffsetAllocator::Validate() const {
     if (is_free) {
       free_sum += n.size;
       ++free_count;
-      if (n.prev_free == kNone && bin_head_[BinIndex(n.size)] != i) {
-        return fail(absl::StrFormat(
-            "I3 bins: free node %u (size %u) is not linked into bin %u", i,
-            n.size, BinIndex(n.size)));
-      }
     } else {
       used_sum += n.size;
       ++live;
@@ -571,7 +590,7 @@ absl::Status OffsetAllocator::Validate() const {
       if (band_bit) return fail(absl::StrFormat("I4 bitmaps: band %u beyond capacity set", band));
       continue;
     }
-    if (band_bit != (bin_bitmap_[band] != 0)) {
+    if (!band_bit && bin_bitmap_[band] != 0) {
       return fail(absl::StrFormat("I4 bitmaps: band %u bit disagrees with its bins", band));
     }
     if constexpr (kBinsPerBand < 64) {
@@ -592,7 +611,7 @@ absl::Status OffsetAllocator::Validate() const {
       }
       const Node& n = nodes_[i];
       if (!IsFree(n)) return fail(absl::StrFormat("I3 bins: bin %u holds live node %u", bin, i));
-      if (n.prev_free != back) {
+      if (back != kNone && n.prev_free != back) {
         return fail(absl::StrFormat("I3 bins: bad back link at node %u in bin %u", i, bin));
       }
       if (BinIndex(n.size) != bin) {

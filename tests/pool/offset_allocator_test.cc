@@ -234,6 +234,48 @@ TEST(OffsetAllocator, HugeCapacities) {
 // Every permutation of freeing 6 blocks (720 orders), in a slab filled
 // exactly and in one with gaps; ranges checked against a map model after
 // every free.
+// The band summary is cleared lazily (see the header): a band whose bins all
+// emptied keeps its bit until a search passes it. Searches and largest_free()
+// must look past such a band.
+TEST(OffsetAllocator, EmptiedBandsAreSkipped) {
+  constexpr uint64_t kMiB = 1 << 20;
+  OffsetAllocator a(1024 * kMiB);
+  Block b4, b1, b64, d, rest;
+  ASSERT_TRUE(a.Allocate(4 * kMiB, 1, &b4));
+  ASSERT_TRUE(a.Allocate(1 * kMiB, 1, &b1));
+  ASSERT_TRUE(a.Allocate(64 * kMiB, 1, &b64));
+  ASSERT_TRUE(a.Allocate(1 * kMiB, 1, &d));
+  ASSERT_TRUE(a.Allocate(954 * kMiB, 1, &rest));
+  EXPECT_EQ(a.free_bytes(), 0u);
+  a.Free(b4);
+  a.Free(b64);
+  EXPECT_EQ(a.largest_free(), 64 * kMiB);
+  // Empties the [4, 8) MiB band.
+  Block x;
+  ASSERT_TRUE(a.Allocate(4 * kMiB, 1, &x));
+  EXPECT_EQ(x.offset, 0u);
+  ExpectValid(a);
+  // Nothing in [2, 4) MiB; the search passes the emptied band and carves the
+  // 64 MiB range.
+  Block y;
+  ASSERT_TRUE(a.Allocate(3 * kMiB, 1, &y));
+  EXPECT_EQ(y.offset, 5 * kMiB);
+  EXPECT_EQ(a.largest_free(), 61 * kMiB);
+  ExpectValid(a);
+  // Empties the top band: nothing is free, then only 1 MiB is.
+  Block z;
+  ASSERT_TRUE(a.Allocate(61 * kMiB, 1, &z));
+  EXPECT_EQ(a.largest_free(), 0u);
+  EXPECT_FALSE(a.Allocate(1, 1, &x));
+  a.Free(d);
+  EXPECT_EQ(a.largest_free(), 1 * kMiB);
+  Block w;
+  EXPECT_FALSE(a.Allocate(1 * kMiB + 1, 1, &w));
+  ASSERT_TRUE(a.Allocate(1 * kMiB, 1, &w));
+  EXPECT_EQ(w.offset, 69 * kMiB);
+  ExpectValid(a);
+}
+
 TEST(OffsetAllocator, FreeInEveryOrder) {
   for (bool gaps : {false, true}) {
     std::vector<int> order(6);
