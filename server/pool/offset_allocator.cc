@@ -61,7 +61,7 @@ OffsetAllocator::OffsetAllocator(uint64_t capacity) : capacity_(capacity) {
   bin_head_.assign(static_cast<size_t>(num_bands_) << kMantissaBits, kNone);
   if (capacity == 0) return;
   nodes_.reserve(kInitialNodes);
-  free_bits_.resize((nodes_.capacity() + 63) / 64, 0);
+  neighbours_free_.resize(nodes_.capacity() + 1, 0);
   const uint32_t n = NewNode();
   nodes_[n] = Node{0, capacity, kNone, kNone, kNone, kNone};
   phys_head_ = n;
@@ -82,7 +82,7 @@ __attribute__((noinline)) uint32_t OffsetAllocator::GrowNodes() {
     size_t want = n + std::max<size_t>(n / 4, kInitialNodes);
     if (want > kMaxNodes) want = kMaxNodes;
     nodes_.reserve(want);
-    free_bits_.resize((nodes_.capacity() + 63) / 64, 0);
+    neighbours_free_.resize(nodes_.capacity() + 1, 0);
   }
   nodes_.push_back(Node{0, 0, kNone, kNone, kSpare, kNone});
   return static_cast<uint32_t>(n);
@@ -114,9 +114,15 @@ GPUMEM_POOL_INLINE uint32_t* OffsetAllocator::PrevFreeOrScratch(Node* base,
                         &scratch_);
 }
 
+// &neighbours_free_[i], or the spare byte at its end when i == kNone (a
+// flag update for a neighbour that does not exist), without a branch.
+GPUMEM_POOL_INLINE uint8_t* OffsetAllocator::NeighbourFlags(uint32_t i) {
+  const size_t last = neighbours_free_.size() - 1;
+  return &neighbours_free_[i == kNone ? last : i];
+}
+
 // Link/Unlink move a free range into / out of a bin's list and keep the bin
-// bitmaps in step; InsertFree/RemoveFree also maintain the range's free bit
-// and free_ranges_. Rebin (a free range that stays free) needs only the
+// bitmaps in step; InsertFree/RemoveFree also maintain free_ranges_. Rebin (a free range that stays free) needs only the
 // former.
 GPUMEM_POOL_INLINE void OffsetAllocator::Link(uint32_t i, uint32_t bin) {
   Node* const base = nodes_.data();
@@ -174,7 +180,6 @@ GPUMEM_POOL_INLINE void OffsetAllocator::UnlinkAny(uint32_t i, uint32_t bin) {
 
 GPUMEM_POOL_INLINE void OffsetAllocator::InsertFree(uint32_t i, uint32_t bin) {
   Link(i, bin);
-  free_bits_[i >> 6] |= uint64_t{1} << (i & 63);
   ++free_ranges_;
 }
 
@@ -182,7 +187,6 @@ GPUMEM_POOL_INLINE void OffsetAllocator::InsertFree(uint32_t i, uint32_t bin) {
 template <bool kHead>
 GPUMEM_POOL_INLINE void OffsetAllocator::RemoveFree(uint32_t i, uint32_t bin) {
   UnlinkAny<kHead>(i, bin);
-  free_bits_[i >> 6] &= ~(uint64_t{1} << (i & 63));
   --free_ranges_;
 }
 
@@ -253,9 +257,13 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
   const uint64_t pad = AlignPad(nodes_[i].offset, alignment);
   if (__builtin_expect(pad == 0, 1)) {
     if (nodes_[i].size == size) {
-      // Exact fit: the free node becomes the block.
+      // Exact fit: the free node becomes the block; its neighbours (live:
+      // free ranges are never adjacent) now have a live neighbour there.
       RemoveFree<kHead>(i, bin);
       u = i;
+      neighbours_free_[u] = 0;
+      *NeighbourFlags(nodes_[u].prev_phys) &= ~kNextIsFree;
+      *NeighbourFlags(nodes_[u].next_phys) &= ~kPrevIsFree;
     } else {
       // The block goes to a new node in front of i; i keeps the tail and
       // stays linked in its bin unless the tail's size falls in another bin.
@@ -267,8 +275,10 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
       b.size = size;
       b.prev_phys = f.prev_phys;
       b.next_phys = i;
+      neighbours_free_[u] = kNextIsFree;  // the range before f is live
       if (f.prev_phys != kNone) {
         base[f.prev_phys].next_phys = u;
+        neighbours_free_[f.prev_phys] &= ~kNextIsFree;
       } else {
         phys_head_ = u;
       }
@@ -285,6 +295,11 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
     if (nodes_[u].size > size) {
       const uint32_t t = SplitAfter(u, size);
       InsertFree(t, BinIndex(nodes_[t].size));
+      neighbours_free_[u] = kPrevIsFree | kNextIsFree;
+    } else {
+      // The live range behind now follows the block, not free range i.
+      neighbours_free_[u] = kPrevIsFree;
+      *NeighbourFlags(nodes_[u].next_phys) &= ~kPrevIsFree;
     }
   }
   Node& b = nodes_[u];
@@ -420,11 +435,13 @@ GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
   used_bytes_ -= block.size;
   --live_blocks_;
 
-  // The neighbours' state comes from the free bitmap, so a live neighbour
-  // that needs no link update is never touched.
+  // The neighbours' state comes from the block's own flags, read by handle:
+  // it does not wait for the node, and a live neighbour that needs no link
+  // update is never touched.
   const uint32_t p = cur.prev_phys, nx = cur.next_phys;
-  const bool prev_free = p != kNone && IsFreeBit(p);
-  const bool next_free = nx != kNone && IsFreeBit(nx);
+  const uint8_t flags = neighbours_free_[u];
+  const bool prev_free = (flags & kPrevIsFree) != 0;
+  const bool next_free = (flags & kNextIsFree) != 0;
   if (prev_free) {
     // p absorbs the block (and the next range if that is free too) and
     // stays in its bin unless its size moves to another bin.
@@ -440,7 +457,10 @@ GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
       ReleaseNode(nx);
     }
     prev.next_phys = after;
-    if (after != kNone) base[after].prev_phys = p;
+    if (after != kNone) {
+      base[after].prev_phys = p;
+      neighbours_free_[after] |= kPrevIsFree;
+    }
     ReleaseNode(u);
     Rebin<false>(p, old_bin);
   } else if (next_free) {
@@ -452,6 +472,7 @@ GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
     next.prev_phys = p;
     if (p != kNone) {
       base[p].next_phys = nx;
+      neighbours_free_[p] |= kNextIsFree;
     } else {
       phys_head_ = nx;
     }
@@ -459,6 +480,8 @@ GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
     Rebin<false>(nx, old_bin);
   } else {
     InsertFree(u, BinIndex(cur.size));
+    *NeighbourFlags(p) |= kNextIsFree;
+    *NeighbourFlags(nx) |= kPrevIsFree;
   }
 }
 
@@ -494,7 +517,7 @@ uint64_t OffsetAllocator::metadata_bytes() const {
   return sizeof(*this) + nodes_.capacity() * sizeof(Node) +
          bin_head_.capacity() * sizeof(uint32_t) +
          bin_bitmap_.capacity() * sizeof(uint64_t) +
-         free_bits_.capacity() * sizeof(uint64_t);
+         neighbours_free_.capacity();
 }
 
 absl::Status OffsetAllocator::Validate() const {
@@ -540,8 +563,15 @@ absl::Status OffsetAllocator::Validate() const {
       return fail(absl::StrFormat("I1 address list: node %u runs past capacity", i));
     }
     const bool is_free = IsFree(n);
-    if (is_free != IsFreeBit(i)) {
-      return fail(absl::StrFormat("I4 bitmaps: free bit of node %u disagrees", i));
+    if (!is_free) {
+      const bool pf = n.prev_phys != kNone && IsFree(nodes_[n.prev_phys]);
+      const bool nf = n.next_phys != kNone && IsFree(nodes_[n.next_phys]);
+      const uint8_t want = (pf ? kPrevIsFree : 0) | (nf ? kNextIsFree : 0);
+      if (neighbours_free_[i] != want) {
+        return fail(absl::StrFormat(
+            "I4 flags: live node %u has neighbour flags %u, neighbours say %u",
+            i, neighbours_free_[i], want));
+      }
     }
     if (is_free && prev_free) {
       return fail(absl::StrFormat(
@@ -571,9 +601,6 @@ absl::Status OffsetAllocator::Validate() const {
     if (seen[i] == 2) return fail(absl::StrFormat("I6 node pool: cycle in spare list at %u", i));
     if (nodes_[i].prev_free != kSpare) {
       return fail(absl::StrFormat("I6 node pool: spare slot %u not marked spare", i));
-    }
-    if (IsFreeBit(i)) {
-      return fail(absl::StrFormat("I4 bitmaps: spare slot %u has its free bit", i));
     }
     seen[i] = 2;
     ++spare;
