@@ -70,8 +70,10 @@ OffsetAllocator::OffsetAllocator(uint64_t capacity) : capacity_(capacity) {
 
 OffsetAllocator::~OffsetAllocator() = default;
 
-// Cold: the node array is full. Grows by 1/4 (amortised O(1), and at most
-// 25% of the array is slack) instead of std::vector's doubling.
+// Cold: the node array is full. Grows by 1/8 (amortised O(1), and at most
+// 1/9 of the array is slack) instead of std::vector's doubling: the slack
+// counts against the <= 64 B per live block budget (it was 1/4 until the
+// neighbour flags added a byte per slot).
 __attribute__((noinline)) uint32_t OffsetAllocator::GrowNodes() {
   const size_t n = nodes_.size();
   if (n >= kMaxNodes) {
@@ -79,7 +81,7 @@ __attribute__((noinline)) uint32_t OffsetAllocator::GrowNodes() {
     std::abort();
   }
   if (n == nodes_.capacity()) {
-    size_t want = n + std::max<size_t>(n / 4, kInitialNodes);
+    size_t want = n + std::max<size_t>(n / 8, kInitialNodes);
     if (want > kMaxNodes) want = kMaxNodes;
     nodes_.reserve(want);
     neighbours_free_.resize(nodes_.capacity(), Flags{});

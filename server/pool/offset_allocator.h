@@ -33,7 +33,7 @@
 //   order (prev_phys/next_phys, starting at phys_head_, the range at offset
 //   0), which makes coalescing O(1). Node slots that are not in use sit on a
 //   singly linked list of spare slots, so steady-state churn reuses slots; the
-//   array only grows (by 1/4, amortised O(1), so at most ~20% of it is slack)
+//   array only grows (by 1/8, amortised O(1), so at most ~11% of it is slack)
 //   when a new peak of ranges is reached; a slot going back to the spare list
 //   only gets its spare mark and link written. A live block's handle is its
 //   node index. One byte per node slot (neighbours_free_) says, for a live
@@ -143,7 +143,7 @@
 //      the spare list, and never both.
 //
 // Metadata: sizeof(Node) == 32 bytes per range (live or free) plus 1 byte per
-// node slot, the node array's growth slack (<= 1/4 of the slots in use at the
+// node slot, the node array's growth slack (<= 1/8 of the slots in use at the
 // last growth), and fixed per-slab tables: the bin heads (4 bytes per bin,
 // 2^kMantissaBits bins per power of two up to the capacity: 7.25 KiB for a
 // 4 GiB slab) and one 64-bit bitmap per power of two.
