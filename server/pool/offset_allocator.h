@@ -264,6 +264,8 @@ class OffsetAllocator {
   static void SetFlag(Flags* f, uint8_t bit) { *f = Flags(static_cast<uint8_t>(*f) | bit); }
   static void ClearFlag(Flags* f, uint8_t bit) { *f = Flags(static_cast<uint8_t>(*f) & ~bit); }
 
+  [[noreturn]] __attribute__((noinline, cold)) static void FreeFailed(
+      const char* what, const Block& block);
   uint32_t* PrevFreeOrScratch(Node* base, uint32_t i);
   Flags* NeighbourFlags(uint32_t i);
   uint32_t NewNode();
@@ -317,5 +319,7 @@ class OffsetAllocator {
 };
 
 }  // namespace gpumem
+
+#include "server/pool/offset_allocator_inl.h"  // IWYU pragma: export
 
 #endif  // GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
