@@ -79,17 +79,41 @@ absl::Status SocketListener::Bind() {
     }
     unlink(path_.c_str());  // stale, left by a daemon that died
   }
+  // Bound and listening under a temporary name first, then renamed into
+  // place: whoever sees the socket file (a client, a test, a unit waiting for
+  // it) can connect at once. Binding in place would leave a window between
+  // bind() and listen() where connecting fails with ECONNREFUSED. If the
+  // temporary name does not fit sun_path, the socket is bound in place.
+  const std::string tmp = absl::StrCat(path_, ".", getpid());
+  const bool via_tmp = tmp.size() < sizeof(addr.sun_path);
+  struct sockaddr_un bind_addr = addr;
+  if (via_tmp) {
+    memset(bind_addr.sun_path, 0, sizeof(bind_addr.sun_path));
+    memcpy(bind_addr.sun_path, tmp.data(), tmp.size());
+    unlink(tmp.c_str());  // left by an earlier daemon with this pid
+  }
+  const std::string& bound = via_tmp ? tmp : path_;
   listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0) return Errno("socket");
-  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    absl::Status s = absl::FailedPreconditionError(
-        absl::StrCat("cannot bind ", path_, ": ", strerror(errno)));
+  auto fail = [&](absl::Status s) {
     close(listen_fd_);
     listen_fd_ = -1;
+    unlink(bound.c_str());
     return s;
+  };
+  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&bind_addr), sizeof(bind_addr)) != 0) {
+    const int err = errno;
+    close(listen_fd_);
+    listen_fd_ = -1;
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot bind ", bound, ": ", strerror(err)));
   }
-  chmod(path_.c_str(), 0666);
-  if (listen(listen_fd_, 128) != 0) return Errno("listen");
+  chmod(bound.c_str(), 0666);
+  if (listen(listen_fd_, 128) != 0) return fail(Errno("listen"));
+  if (via_tmp && rename(tmp.c_str(), path_.c_str()) != 0) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "cannot move socket ", tmp, " to ", path_, ": ", strerror(errno))));
+  }
   return absl::OkStatus();
 }
 

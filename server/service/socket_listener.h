@@ -12,7 +12,9 @@
 //
 // The socket file is created mode 0666 (anyone may connect; what they may
 // do is decided per caller from kernel credentials), a stale socket file is
-// replaced, and a live one (another daemon answering) is an error. Stop()
+// replaced, and a live one (another daemon answering) is an error. The file
+// appears only once the socket is listening (it is bound under a temporary
+// name and renamed), so its existence means a connect will succeed. Stop()
 // closes the socket, removes the file and waits for channel threads.
 #ifndef GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 #define GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
