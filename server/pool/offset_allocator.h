@@ -28,6 +28,9 @@
 //     2^64 - 1.
 //
 // HOW
+//   (Code: Allocate, Free and the helpers they are made of are inline, in
+//   offset_allocator_inl.h, so callers compile them in place; the cold paths
+//   are in offset_allocator.cc.)
 //   Every range of the slab, free or live, is a Node in one array (nodes_),
 //   addressed by 32-bit index. Nodes form a doubly linked list in address
 //   order (prev_phys/next_phys, starting at phys_head_, the range at offset
