@@ -80,8 +80,8 @@ GPUMEM_POOL_INLINE OffsetAllocator::Flags* OffsetAllocator::NeighbourFlags(uint3
 }
 
 // Link/Unlink move a free range into / out of a bin's list and keep the bin
-// bitmaps in step; InsertFree/RemoveFree also maintain free_ranges_. Rebin (a free range that stays free) needs only the
-// former.
+// bitmaps in step; InsertFree/RemoveFree also maintain free_ranges_. Rebin
+// (a free range that stays free) needs only the former.
 GPUMEM_POOL_INLINE void OffsetAllocator::Link(uint32_t i, uint32_t bin) {
   Node* const base = nodes_.data();
   const uint32_t head = bin_head_[bin];
@@ -279,7 +279,7 @@ GPUMEM_POOL_INLINE bool OffsetAllocator::Allocate(uint64_t size,
   if (__builtin_expect(!Fits(nodes_[i], size, alignment), 0)) {
     return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
   }
-  // One call site: Take's code is inlined once.
+  // Take is forced inline here (and in the two slow paths).
   Take<true>(i, bin, size, alignment, out);
   return true;
 }
