@@ -65,7 +65,7 @@ void OffsetAllocator::FreeFailed(const char* what, const Block& block) {
 // The first non-empty bin at or above `bin`, or kNone. Clears the stale band
 // bits it passes (band summary: see the header).
 uint32_t OffsetAllocator::FindBinAtOrAbove(uint32_t bin) {
-  uint32_t band = bin >> kMantissaBits;
+  const uint32_t band = bin >> kMantissaBits;
   if (band >= num_bands_) return kNone;
   const uint64_t in_band =
       bin_bitmap_[band] & (~uint64_t{0} << (bin & kBinMask));
@@ -73,15 +73,7 @@ uint32_t OffsetAllocator::FindBinAtOrAbove(uint32_t bin) {
     return (band << kMantissaBits) | __builtin_ctzll(in_band);
   }
   if (band + 1 >= 64) return kNone;
-  uint64_t above = band_bitmap_ & (~uint64_t{0} << (band + 1));
-  for (; above != 0; above &= above - 1) {
-    band = __builtin_ctzll(above);
-    if (bin_bitmap_[band] != 0) {
-      return (band << kMantissaBits) | __builtin_ctzll(bin_bitmap_[band]);
-    }
-    band_bitmap_ &= ~(uint64_t{1} << band);
-  }
-  return kNone;
+  return FirstBinAboveBand(band);
 }
 
 // Cuts node i after its first `keep` bytes (0 < keep < size): the rest

@@ -287,6 +287,7 @@ class OffsetAllocator {
   template <bool kHead>
   void Rebin(uint32_t i, uint32_t old_bin);
   uint32_t FindBinAtOrAbove(uint32_t bin);
+  uint32_t FirstBinAboveBand(uint32_t band);
   bool Fits(const Node& n, uint64_t size, uint64_t alignment) const;
   template <bool kHead>
   void Take(uint32_t i, uint32_t bin, uint64_t size, uint64_t alignment,

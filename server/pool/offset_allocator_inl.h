@@ -159,6 +159,22 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Rebin(uint32_t i, uint32_t old_bin) {
   Link(i, bin);
 }
 
+// The first non-empty bin in a band above `band` (< 63), or kNone. Bands
+// beyond num_bands_ never have their summary bit set; a band whose bit is
+// stale (its bins all emptied since) is cleared and skipped.
+GPUMEM_POOL_INLINE uint32_t OffsetAllocator::FirstBinAboveBand(uint32_t band) {
+  for (uint64_t above = band_bitmap_ & (~uint64_t{0} << (band + 1)); above != 0;
+       above &= above - 1) {
+    const uint32_t b = static_cast<uint32_t>(__builtin_ctzll(above));
+    const uint64_t w = bin_bitmap_[b];
+    if (__builtin_expect(w != 0, 1)) {
+      return (b << kMantissaBits) | static_cast<uint32_t>(__builtin_ctzll(w));
+    }
+    band_bitmap_ &= ~(uint64_t{1} << b);
+  }
+  return kNone;
+}
+
 GPUMEM_POOL_INLINE bool OffsetAllocator::Fits(const Node& n, uint64_t size,
                                               uint64_t alignment) const {
   const uint64_t pad = pool_internal::AlignPad(n.offset, alignment);
@@ -257,23 +273,11 @@ GPUMEM_POOL_INLINE bool OffsetAllocator::Allocate(uint64_t size,
   if (rest != 0) {
     bin = own_bin + up + static_cast<uint32_t>(__builtin_ctzll(rest));
   } else {
-    // band <= 58 (sizes < 2^64), so the shift is defined; bands beyond
-    // num_bands_ never have their bit set. A band whose bit is stale (its
-    // bins all emptied since) is cleared and skipped.
-    uint64_t above = band_bitmap_ & (~uint64_t{0} << (band + 1));
-    uint32_t b;
-    uint64_t w;
-    for (;;) {
-      if (__builtin_expect(above == 0, 0)) {
-        return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
-      }
-      b = static_cast<uint32_t>(__builtin_ctzll(above));
-      w = bin_bitmap_[b];
-      if (__builtin_expect(w != 0, 1)) break;
-      band_bitmap_ &= ~(uint64_t{1} << b);
-      above &= above - 1;
+    // band <= 58 (sizes < 2^64).
+    bin = FirstBinAboveBand(band);
+    if (__builtin_expect(bin == kNone, 0)) {
+      return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
     }
-    bin = (b << kMantissaBits) | static_cast<uint32_t>(__builtin_ctzll(w));
   }
   const uint32_t i = bin_head_[bin];
   if (__builtin_expect(!Fits(nodes_[i], size, alignment), 0)) {
