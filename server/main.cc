@@ -24,7 +24,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
@@ -189,6 +191,13 @@ int main(int argc, char** argv) {
       "[--sim_topology=nvlink:0-1,...] [--socket=PATH] [--config=FILE] "
       "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
       "[--reserve_fraction=0]");
+  // --help lists the flags of this file (Abseil's default looks for a file
+  // named after the program, gpumemd.cc, and found none).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
     std::cerr << "gpumemd: unexpected argument \"" << rest[1] << "\" (see --help)\n";
