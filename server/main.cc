@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -28,16 +29,21 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
 #include "proto/gpumem/v1/config.pb.h"
 #include "server/backend/cuda_backend.h"
 #include "server/backend/sim_backend.h"
 #include "server/backend/sim_topology.h"
+#include "server/ledger/tenant_ledger.h"
+#include "server/quota/quota_book.h"
 #include "server/service/gpumem_service.h"
 #include "server/service/memory_broker.h"
 #include "server/service/socket_listener.h"
 #include "server/session/peer_credentials.h"
+#include "server/tenants/tenant_admin.h"
+#include "server/tenants/tenant_directory.h"
 
 // Empty string / negative number = not given (then the config file, then
 // the built-in default, decides).
@@ -55,6 +61,9 @@ ABSL_FLAG(double, empty_slab_release_seconds, -1,
           "seconds an empty slab is kept before it goes back (default 30)");
 ABSL_FLAG(double, reserve_fraction, -1,
           "fraction of each device taken as slabs at start and kept (default 0)");
+ABSL_FLAG(std::string, ledger, "",
+          "the ledger file (SQLite; directory created), or none to keep no ledger "
+          "(default /var/lib/gpumemd/ledger.db)");
 
 namespace gpumem {
 namespace {
@@ -64,19 +73,46 @@ namespace {
   std::exit(1);
 }
 
-absl::StatusOr<v1::DaemonConfig> LoadConfig(const std::string& path) {
+// `locations` records where each field was, for the tenant checks' errors.
+absl::StatusOr<v1::DaemonConfig> LoadConfig(
+    const std::string& path, google::protobuf::TextFormat::ParseInfoTree* locations) {
   v1::DaemonConfig config;
   if (path.empty()) return config;
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read config ", path));
   std::stringstream text;
   text << in.rdbuf();
-  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &config)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config ", path, " is not a valid gpumem.v1.DaemonConfig textproto "
-        "(the parser's complaint is above)"));
-  }
+  absl::Status parsed = tenants::ParseConfigText(text.str(), path, &config, locations);
+  if (!parsed.ok()) return parsed;
   return config;
+}
+
+// The ledger at `path` ("none": off), its directory created if missing.
+std::unique_ptr<ledger::TenantLedger> OpenLedger(const std::string& path) {
+  ledger::LedgerOptions options;
+  if (path != "none") {
+    options.path = path;
+    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    std::error_code error;
+    if (!dir.empty()) std::filesystem::create_directories(dir, error);
+    if (error) {
+      Die(absl::FailedPreconditionError(absl::StrCat(
+          "ledger ", path, ": cannot create directory ", dir.string(), ": ", error.message())));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> opened =
+      ledger::TenantLedger::Open(options);
+  if (!opened.ok()) Die(opened.status());
+  if (!(*opened)->enabled()) {
+    std::cerr << "gpumemd: ledger off (--ledger=none): no events are recorded and usage "
+                 "history lasts only while this daemon runs\n";
+  } else {
+    std::cerr << "gpumemd: ledger " << path << "; first allocation id "
+              << (*opened)->first_allocation_id() << "; "
+              << (*opened)->restart_event_count()
+              << " allocation(s) live at the last unclean stop closed with DAEMON_RESTART\n";
+  }
+  return std::move(*opened);
 }
 
 std::string Pick(const std::string& flag, const std::string& config,
@@ -87,7 +123,9 @@ std::string Pick(const std::string& flag, const std::string& config,
 }
 
 int Run() {
-  absl::StatusOr<v1::DaemonConfig> config = LoadConfig(absl::GetFlag(FLAGS_config));
+  google::protobuf::TextFormat::ParseInfoTree config_locations;
+  absl::StatusOr<v1::DaemonConfig> config =
+      LoadConfig(absl::GetFlag(FLAGS_config), &config_locations);
   if (!config.ok()) Die(config.status());
 
   const std::string backend_name =
@@ -142,11 +180,40 @@ int Run() {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Tenants and quotas from the config; the ledger.
+  std::vector<placement::DeviceView> device_views;
+  for (const DeviceInfo& d : backend->devices()) {
+    placement::DeviceView v;
+    v.index = d.index;
+    v.uuid = d.uuid;
+    v.total_bytes = d.total_bytes;
+    device_views.push_back(std::move(v));
+  }
+  absl::StatusOr<tenants::TenantDirectory> tenant_directory = tenants::TenantDirectory::Build(
+      *config, &config_locations, absl::GetFlag(FLAGS_config), device_views);
+  if (!tenant_directory.ok()) Die(tenant_directory.status());
+  std::unique_ptr<ledger::TenantLedger> ledger = OpenLedger(
+      Pick(absl::GetFlag(FLAGS_ledger), config->ledger(), "/var/lib/gpumemd/ledger.db"));
+  quota::QuotaBook quotas(static_cast<uint32_t>(device_views.size()));
+  std::vector<ledger::QuotaRow> quota_rows;
+  for (const tenants::Tenant& t : tenant_directory->tenants()) {
+    quotas.SetQuota(t.id, t.quota);
+    if (!t.quota.unlimited()) {
+      quota_rows.push_back({t.name, t.quota, "config", absl::GetCurrentTimeNanos()});
+    }
+  }
+  if (absl::Status s = ledger->ReplaceQuotas(quota_rows); !s.ok()) Die(s);
+  options.tenants = &*tenant_directory;
+  options.quotas = &quotas;
+  options.ledger = ledger.get();
+
   MemoryBroker broker(backend.get(), options);
   absl::Status started = broker.Start();
   if (!started.ok()) Die(started);
   PeerTable peers;
-  GpuMemoryService service(&broker, &peers);
+  tenants::TenantAdmin tenant_admin(&*tenant_directory, &quotas, ledger.get(), device_views,
+                                    [&broker] { broker.ServeWaiters(); });
+  GpuMemoryService service(&broker, &peers, &tenant_admin);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -166,6 +233,15 @@ int Run() {
     std::cerr << "gpumemd:   device " << d.index << " " << d.uuid << " "
               << FormatBytes(d.total_bytes) << " " << d.name << "\n";
   }
+  if (tenant_directory->configured()) {
+    std::cerr << "gpumemd: " << tenant_directory->tenants().size() << " tenant(s)";
+    if (!config->default_tenant().empty()) {
+      std::cerr << "; unlisted uids go to \"" << config->default_tenant() << "\"";
+    } else {
+      std::cerr << "; unlisted uids are refused";
+    }
+    std::cerr << "\n";
+  }
 
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
@@ -173,10 +249,12 @@ int Run() {
   }
   std::cerr << "gpumemd: signal " << sig << ", shutting down\n";
   listener.Stop();
+  broker.StopWaiting();  // waiting Allocates answer now, not at their deadline
   // In-flight calls are sub-millisecond; idle client connections would
   // otherwise hold Shutdown until the deadline.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
   broker.Shutdown();
+  ledger->Close();  // commits the DAEMON_STOP events of the release above
   std::cerr << "gpumemd: stopped; every slab released\n";
   return 0;
 }
@@ -190,7 +268,7 @@ int main(int argc, char** argv) {
       "Usage: gpumemd [--backend=sim|cuda] [--sim_devices=4x16GiB] "
       "[--sim_topology=nvlink:0-1,...] [--socket=PATH] [--config=FILE] "
       "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
-      "[--reserve_fraction=0]");
+      "[--reserve_fraction=0] [--ledger=/var/lib/gpumemd/ledger.db|none]");
   // --help lists the flags of this file (Abseil's default looks for a file
   // named after the program, gpumemd.cc, and found none).
   absl::FlagsUsageConfig usage;

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
+#include "server/quota/quota_carver.h"
 
 namespace gpumem {
 
@@ -78,6 +79,7 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
     device_views_.push_back(std::move(v));
   }
   placer_options_.default_alignment = options_.default_alignment;
+  if (options_.ledger != nullptr) next_id_ = options_.ledger->first_allocation_id();
   for (const DeviceInfo& d : backend_->devices()) {
     std::vector<v1::PeerLink>& row = peer_rows_.emplace_back();
     for (const DeviceInfo& peer : backend_->devices()) {
@@ -126,12 +128,13 @@ void MemoryBroker::Shutdown() {
     stopping_ = true;
   }
   if (maintenance_.joinable()) maintenance_.join();
+  StopWaiting();
   absl::MutexLock lock(&mu_);
   if (shut_down_) return;
   shut_down_ = true;
   std::vector<uint64_t> ids;
   for (const auto& [id, r] : allocations_) ids.push_back(id);
-  for (uint64_t id : ids) ReleaseLocked(id);
+  for (uint64_t id : ids) ReleaseLocked(id, ledger::EventKind::kDaemonStop);
   pools_.clear();  // every slab goes back to the backend
 }
 
@@ -167,31 +170,83 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
       placement::PrepareRequest(request, device_views_, placer_options_);
   if (!prepared.ok()) return prepared.status();
 
+  absl::StatusOr<tenants::TenantRef> tenant = TenantOf(caller);
+  if (!tenant.ok()) return tenant.status();
+
   absl::MutexLock lock(&mu_);
   if (shut_down_) return ShuttingDown();
-  // Until tenants are configured (the ledger's issue), each uid is its own
-  // tenant: its blocks never share a slab with another uid's, and a slab is
-  // scrubbed before it passes from one uid to another.
-  PoolCarver carver(this, /*tenant=*/caller.uid);
-  placement::Placer placer(&carver, placer_options_);
-  placement::PlacementResult result = placer.Place(*prepared, SnapshotLocked());
+  absl::StatusOr<v1::AllocateResponse> placed =
+      PlaceLocked(caller, *tenant, session->id, *prepared);
+  if (placed.ok() || request.wait_ms() == 0 || stop_waiting_ ||
+      placed.status().code() != absl::StatusCode::kResourceExhausted) {
+    return placed;
+  }
+  // Nothing can serve it now: wait (mu_ is released while waiting) until a
+  // release serves it (ServeWaitersLocked) or the time is up.
+  Waiter w;
+  w.caller = caller;
+  w.tenant = *tenant;
+  w.session = session->id;
+  w.prepared = &*prepared;
+  const auto ticket = waiters_.Add(tenant->priority, &w);
+  mu_.AwaitWithDeadline(absl::Condition(&w.done),
+                        absl::Now() + absl::Milliseconds(request.wait_ms()));
+  if (w.done) return std::move(w.result);
+  waiters_.Remove(ticket);
+  // Time is up: the usual answer, as things stand now.
+  return PlaceLocked(caller, *tenant, session->id, *prepared);
+}
+
+absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOf(const PeerCred& caller) const {
+  if (options_.tenants != nullptr) return options_.tenants->Resolve(caller.uid, caller.gid);
+  return tenants::TenantRef{caller.uid, absl::StrCat("uid-", caller.uid), 0};
+}
+
+absl::StatusOr<v1::AllocateResponse> MemoryBroker::PlaceLocked(
+    const PeerCred& caller, const tenants::TenantRef& tenant, uint64_t session,
+    const placement::PreparedRequest& prepared) {
+  // The pool carves blocks for this tenant's slabs only; the quota adaptor
+  // charges the tenant before the pool carves.
+  PoolCarver pool_carver(this, tenant.id);
+  std::optional<quota::QuotaCarver> quota_carver;
+  placement::DeviceCarver* carver = &pool_carver;
+  if (options_.quotas != nullptr) {
+    carver = &quota_carver.emplace(&pool_carver, options_.quotas, tenant.id, tenant.name);
+  }
+  placement::Placer placer(carver, placer_options_);
+  placement::PlacementResult result = placer.Place(prepared, SnapshotLocked());
   if (!result.ok()) return result.status;
-  if (!sessions_->IsLive(session->id)) {
+  if (!sessions_->IsLive(session)) {
     // The caller died while we placed: nobody would ever free these.
-    for (const placement::CarvedBlock& b : result.blocks) carver.Release(b);
+    for (const placement::CarvedBlock& b : result.blocks) carver->Release(b);
     return absl::FailedPreconditionError("the calling process has exited");
   }
   v1::AllocateResponse response;
   for (const placement::CarvedBlock& b : result.blocks) {
     Record r;
-    r.session = session->id;
+    r.session = session;
     r.uid = caller.uid;
+    r.pid = caller.pid;
+    r.tenant = tenant.id;
+    r.tenant_name = tenant.name;
     r.device = b.device;
-    r.block = carver.pool_block(b.id);
-    allocations_[b.id] = r;
-    by_session_[session->id].insert(b.id);
+    r.charged = b.size_bytes;
+    r.block = pool_carver.pool_block(b.id);
+    by_session_[session].insert(b.id);
     ++slab_users_[r.block.slab_id][caller.uid];
     slab_device_[r.block.slab_id] = b.device;
+    if (options_.ledger != nullptr) {
+      ledger::LedgerEvent e;
+      e.kind = ledger::EventKind::kAllocate;
+      e.tenant = tenant.name;
+      e.uid = caller.uid;
+      e.pid = caller.pid;
+      e.session = session;
+      e.device = static_cast<int32_t>(b.device);
+      e.bytes = b.size_bytes;
+      e.allocation_id = b.id;
+      options_.ledger->Append(std::move(e));
+    }
 
     const DeviceInfo& d = backend_->devices()[b.device];
     v1::Allocation* a = response.add_allocations();
@@ -203,15 +258,62 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     a->set_offset(r.block.offset);
     a->set_size_bytes(r.block.size);
     a->set_handle_kind(v1::HANDLE_KIND_POSIX_FD);
+    allocations_[b.id] = std::move(r);
   }
   return response;
 }
 
-void MemoryBroker::ReleaseLocked(uint64_t id) {
+void MemoryBroker::ServeWaitersLocked() {
+  for (const auto& [ticket, w] : waiters_.InOrder()) {
+    if (!sessions_->IsLive(w->session)) {  // its process exited: dropped
+      w->result = absl::FailedPreconditionError("the waiting process has exited");
+      w->done = true;
+      waiters_.Remove(ticket);
+      continue;
+    }
+    absl::StatusOr<v1::AllocateResponse> r =
+        PlaceLocked(w->caller, w->tenant, w->session, *w->prepared);
+    // Still no room: keeps waiting. Served, or another error: done.
+    if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted) continue;
+    w->result = std::move(r);
+    w->done = true;
+    waiters_.Remove(ticket);
+  }
+}
+
+void MemoryBroker::ServeWaiters() {
+  absl::MutexLock lock(&mu_);
+  if (!shut_down_) ServeWaitersLocked();
+}
+
+void MemoryBroker::StopWaiting() {
+  absl::MutexLock lock(&mu_);
+  stop_waiting_ = true;
+  for (const auto& [ticket, w] : waiters_.InOrder()) {
+    w->result = ShuttingDown();
+    w->done = true;
+    waiters_.Remove(ticket);
+  }
+}
+
+void MemoryBroker::ReleaseLocked(uint64_t id, ledger::EventKind why) {
   auto it = allocations_.find(id);
   if (it == allocations_.end()) return;
   const Record& r = it->second;
   if (!shut_down_ || !pools_.empty()) pools_[r.device]->Release(r.block);
+  if (options_.quotas != nullptr) options_.quotas->Credit(r.tenant, r.device, r.charged);
+  if (options_.ledger != nullptr) {
+    ledger::LedgerEvent e;
+    e.kind = why;
+    e.tenant = r.tenant_name;
+    e.uid = r.uid;
+    e.pid = r.pid;
+    e.session = r.session;
+    e.device = static_cast<int32_t>(r.device);
+    e.bytes = r.charged;
+    e.allocation_id = id;
+    options_.ledger->Append(std::move(e));
+  }
   auto users = slab_users_.find(r.block.slab_id);
   if (users != slab_users_.end()) {
     auto u = users->second.find(r.uid);
@@ -249,16 +351,20 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::Free(const PeerCred& caller,
   }
   v1::FreeResponse response;
   response.set_freed_bytes(it->second.block.size);
-  ReleaseLocked(request.id());
+  ReleaseLocked(request.id(), ledger::EventKind::kFree);
+  ServeWaitersLocked();
   return response;
 }
 
 void MemoryBroker::OnSessionEnd(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
   auto s = by_session_.find(session_id);
-  if (s == by_session_.end()) return;
-  std::vector<uint64_t> ids(s->second.begin(), s->second.end());
-  for (uint64_t id : ids) ReleaseLocked(id);
+  if (s != by_session_.end()) {
+    std::vector<uint64_t> ids(s->second.begin(), s->second.end());
+    for (uint64_t id : ids) ReleaseLocked(id, ledger::EventKind::kSessionEnd);
+  }
+  // Also drops this session's own waiters (PlaceLocked sees it ended).
+  if (!shut_down_) ServeWaitersLocked();
 }
 
 absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {

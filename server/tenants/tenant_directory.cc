@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
@@ -182,6 +183,16 @@ const Tenant* TenantDirectory::Find(absl::string_view name) const {
     if (t.name == name) return &t;
   }
   return nullptr;
+}
+
+std::optional<uint32_t> TenantDirectory::IdOf(absl::string_view name) const {
+  if (!tenants_.empty()) {
+    const Tenant* t = Find(name);
+    return t == nullptr ? std::nullopt : std::optional<uint32_t>(t->id);
+  }
+  uint32_t uid = 0;
+  if (absl::ConsumePrefix(&name, "uid-") && absl::SimpleAtoi(name, &uid)) return uid;
+  return std::nullopt;
 }
 
 std::string TenantDirectory::NameOf(uint32_t id) const {

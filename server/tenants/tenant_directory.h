@@ -18,6 +18,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,8 @@ class TenantDirectory {
   const std::vector<Tenant>& tenants() const { return tenants_; }
   // A configured tenant by name, or null.
   const Tenant* Find(absl::string_view name) const;
+  // The id of the tenant named `name` ("uid-N" when not configured).
+  std::optional<uint32_t> IdOf(absl::string_view name) const;
   // The name of tenant `id` (configured, or "uid-N").
   std::string NameOf(uint32_t id) const;
 
