@@ -11,33 +11,47 @@
 //    and is returned to its pool when that session ends, by Free, or at
 //    Shutdown; its bytes are counted in exactly one pool meanwhile.
 //  - Every caller is charged to a tenant (BrokerOptions.tenants; without it
-//    each uid is a tenant of its own): a slab holds blocks of one tenant at a
-//    time, is scrubbed before it passes to another, and its handle is only
-//    given to a caller whose uid holds a live block in it.
-//  - With a QuotaBook, carving goes through the quota adaptor
-//    (server/quota/quota_carver.h): a tenant never holds more than its quota;
-//    every allocation's bytes are credited back when it ends.
-//  - With a ledger, every allocation and its end are appended to it at the
-//    commit point, under the lock (a queue push; the ledger writes on its own
-//    thread).
-//  - Waiting admission: an Allocate with wait_ms that nothing can serve now
-//    waits (without holding the lock) until a Free, a session end or a quota
-//    change makes room, or the time is up (then the usual refusal). Waiters
-//    are tried by tenant priority, then arrival (admission/waiter_queue.h);
-//    one whose process exits is dropped.
+//    each uid is a tenant of its own). Slabs belong to one tenant for life: a slab's handle is only given to
+//    sessions of its tenant, and the sessions given it are recorded, so a
+//    slab released while one of them lives stays counted as retained (see
+//    server/pool/slab_pool.h) until they end or close it.
 //  - An Allocate that fails leaves the pools as they were: blocks carved for
-//    it are released and slabs created for it go back to the device.
+//    it are released and slabs created for it go back to the device. A
+//    backend failure reaches the caller with the backend's code, naming the
+//    device and the operation; it is never reported as a refusal.
 //  - Free is allowed to the owning session, any process of the same uid, and
 //    root; otherwise PERMISSION_DENIED.
-//  - After Shutdown every call is FAILED_PRECONDITION and no slab is held.
+//  - Stats shows device figures to everyone, and sessions and tenants only
+//    of the caller's own uid unless the caller is an administrator (root, or
+//    a member of BrokerOptions::admin_group).
+//  - With a QuotaBook, carving goes through the quota adaptor
+//    (server/quota/quota_carver.h): a tenant never holds more than its
+//    quota; an allocation's bytes are credited back after its block is
+//    released.
+//  - With a ledger, an allocation's ALLOCATE event is appended when it is
+//    committed to the table, and its ending event (FREE, SESSION_END,
+//    DAEMON_STOP) when it leaves the table, before its bytes are credited:
+//    replaying the ledger never shows a tenant holding more than it did.
+//    Appending is a queue push; the ledger writes on its own thread.
+//  - Waiting admission: an Allocate with wait_ms that nothing can serve now
+//    waits until a release or a quota change makes room (the thread that
+//    released places it) or the time is up (then the usual refusal).
+//    Waiters are tried by tenant priority, then arrival
+//    (admission/waiter_queue.h); one whose process exits is dropped.
+//  - Shutdown waits for calls in flight, releases every allocation and slab
+//    (retained ones too), and from then on every call answers
+//    FAILED_PRECONDITION "gpumemd is shutting down".
 //
-// Thread-safety: all methods may be called from any thread; one mutex
-// serializes pool changes (the allocator work under it is O(1) per slab).
+// Thread-safety: every method may be called from any thread. Locks are
+// held for in-memory bookkeeping only: each device's pool has its own lock
+// (so allocations on different devices do not wait for each other) and
+// backend work runs outside it; the allocation table has one short lock.
 #ifndef GPUMEMD_SERVER_SERVICE_MEMORY_BROKER_H_
 #define GPUMEMD_SERVER_SERVICE_MEMORY_BROKER_H_
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,6 +79,9 @@ struct BrokerOptions {
   uint64_t default_alignment = 256;
   // How often idle slabs are looked for.
   absl::Duration maintenance_interval = absl::Seconds(1);
+  // Members of this group (besides root) see every session and tenant in
+  // Stats. Empty: root only. Resolved at Start; an unknown group fails it.
+  std::string admin_group;
   // Tenants, quotas and the ledger; each may be null (each uid its own
   // tenant, no quota, no ledger). They must outlive the broker.
   const tenants::TenantDirectory* tenants = nullptr;
@@ -80,7 +97,8 @@ class MemoryBroker {
   MemoryBroker(const MemoryBroker&) = delete;
   MemoryBroker& operator=(const MemoryBroker&) = delete;
 
-  // Makes pool reservations and starts the maintenance thread.
+  // Resolves the admin group, makes pool reservations and starts the
+  // maintenance thread.
   absl::Status Start();
   // Releases every allocation and slab; later calls fail. Idempotent.
   void Shutdown();
@@ -89,19 +107,25 @@ class MemoryBroker {
                                                 const v1::AllocateRequest& request);
   absl::StatusOr<v1::FreeResponse> Free(const PeerCred& caller,
                                         const v1::FreeRequest& request);
-  v1::GetStatsResponse Stats(bool include_slabs = false) const;
+  // What `caller` may see (see the class comment).
+  v1::GetStatsResponse Stats(const PeerCred& caller, bool include_slabs = false) const;
   absl::StatusOr<v1::Session> GetSession(const PeerCred& caller);
-  // A new fd for a slab's handle, for the slab-handle channel.
+  // A new fd for a slab's handle, for the slab-handle channel; the caller's
+  // session is recorded as holding the slab.
   absl::StatusOr<SlabFd> ExportSlab(const PeerCred& caller, uint64_t slab_id);
+  // The caller's process closed (unmapped) a slab it was given.
+  absl::Status CloseSlab(const PeerCred& caller, uint64_t slab_id);
 
+  // Root, or a member of the admin group.
+  bool IsAdmin(const PeerCred& caller) const;
   const Backend& backend() const { return *backend_; }
-
-  // The tenant `caller` is charged to (PERMISSION_DENIED when none).
+  // The tenant a caller's allocations are charged to (PERMISSION_DENIED
+  // when the config gives it none).
   absl::StatusOr<tenants::TenantRef> TenantOf(const PeerCred& caller) const;
-  // Tries the waiting requests again (after a quota change).
+  // Tries the waiting Allocates again (after a quota change).
   void ServeWaiters();
-  // Fails every waiting Allocate with FAILED_PRECONDITION and lets no new one
-  // wait: the first step of shutting down.
+  // Fails every waiting Allocate with FAILED_PRECONDITION and lets no new
+  // one wait: the first step of shutting down.
   void StopWaiting();
 
  private:
@@ -115,7 +139,7 @@ class MemoryBroker {
     uint64_t charged = 0;  // bytes charged to the quota and the ledger
     PoolBlock block;
   };
-  class PoolCarver;
+  // An Allocate waiting for memory (wait_ms); lives on its caller's stack.
   struct Waiter {
     PeerCred caller;
     tenants::TenantRef tenant;
@@ -124,42 +148,59 @@ class MemoryBroker {
     bool done = false;
     absl::StatusOr<v1::AllocateResponse> result;
   };
+  struct SessionUse {
+    absl::flat_hash_set<uint64_t> ids;
+    uint64_t bytes = 0;
+  };
+  class PoolCarver;
 
   static absl::Status ShuttingDown();
-  bool IsShutDown() const;
   void OnSessionEnd(uint64_t session_id);
-  absl::StatusOr<v1::AllocateResponse> PlaceLocked(
-      const PeerCred& caller, const tenants::TenantRef& tenant, uint64_t session,
-      const placement::PreparedRequest& prepared) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ServeWaitersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseLocked(uint64_t id, ledger::EventKind why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  placement::DeviceSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddSessionStatsLocked(v1::GetStatsResponse* out) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Places and commits one request (the body of Allocate, and of serving
+  // a waiter).
+  absl::StatusOr<v1::AllocateResponse> Place(const PeerCred& caller,
+                                             const tenants::TenantRef& tenant,
+                                             uint64_t session,
+                                             const placement::PreparedRequest& prepared);
+  // Removes a record under table_mu_ and appends its ending event `why`;
+  // the caller releases its block and credits it after (Return).
+  Record TakeRecordLocked(absl::flat_hash_map<uint64_t, Record>::iterator it,
+                          ledger::EventKind why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_);
+  // Releases a taken record's block, credits its quota, serves waiters.
+  void Return(const std::vector<Record>& records);
+  void AppendEvent(ledger::EventKind kind, uint64_t id, const Record& r);
+  placement::DeviceSnapshot Snapshot() const;
   void Maintain();
 
   Backend* backend_;
   BrokerOptions options_;
-  // Fixed at construction (devices never change), read without mu_:
+  std::optional<gid_t> admin_gid_;  // set by Start
+  // Fixed at construction (devices never change), read without locks:
   uint64_t largest_device_bytes_ = 0;
   std::vector<placement::DeviceView> device_views_;  // index, UUID, total
   placement::PlacerOptions placer_options_;
   std::vector<std::vector<v1::PeerLink>> peer_rows_;  // [from][to], GetStats
-  mutable absl::Mutex mu_;
-  // Set once, under mu_ (Shutdown); read without the lock by the checks at
-  // the top of Allocate/GetSession, and under it everywhere else.
-  std::atomic<bool> shut_down_{false};
-  std::vector<std::unique_ptr<SlabPool>> pools_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<uint64_t, Record> allocations_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> by_session_
-      ABSL_GUARDED_BY(mu_);
-  // slab id -> uid -> live blocks of that uid in the slab.
-  absl::flat_hash_map<uint64_t, absl::flat_hash_map<uid_t, uint64_t>> slab_users_
-      ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, uint32_t> slab_device_ ABSL_GUARDED_BY(mu_);
-  admission::WaiterQueue<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
-  bool stop_waiting_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<SlabPool>> pools_;      // one per device, own locks
+
+  // Every call holds this shared for its duration; Shutdown takes it
+  // exclusively, so it waits for calls in flight and none starts after.
+  mutable absl::Mutex gate_;
+  bool shut_down_ ABSL_GUARDED_BY(gate_) = false;
+
+  std::atomic<uint64_t> next_id_{1};
+  mutable absl::Mutex table_mu_ ABSL_ACQUIRED_AFTER(gate_);
+  absl::flat_hash_map<uint64_t, Record> allocations_ ABSL_GUARDED_BY(table_mu_);
+  absl::flat_hash_map<uint64_t, SessionUse> by_session_ ABSL_GUARDED_BY(table_mu_);
+
+  // Waiting admission. A release bumps releases_ and, if waiting_ > 0,
+  // serves the waiters; a request about to wait re-checks releases_ after
+  // counting itself in waiting_, so no release is missed (both seq_cst).
+  std::atomic<uint64_t> releases_{0};
+  std::atomic<int> waiting_{0};
+  absl::Mutex wait_mu_ ABSL_ACQUIRED_AFTER(gate_);
+  admission::WaiterQueue<Waiter> waiters_ ABSL_GUARDED_BY(wait_mu_);
+  bool stop_waiting_ ABSL_GUARDED_BY(wait_mu_) = false;
+
   std::unique_ptr<SessionRegistry> sessions_;
   absl::Mutex stop_mu_;
   bool stopping_ ABSL_GUARDED_BY(stop_mu_) = false;

@@ -14,8 +14,6 @@ namespace gpumem {
 namespace tenants {
 namespace {
 
-bool IsAdmin(const PeerCred& caller) { return caller.uid == 0; }
-
 void ToProto(const ledger::LedgerEvent& e, v1::LedgerEvent* out) {
   out->set_seq(e.seq);
   out->set_time_unix_ns(e.time_ns);
@@ -57,7 +55,7 @@ void TenantAdmin::FillQuota(const Quota& quota, v1::Quota* out) const {
 
 absl::StatusOr<v1::GetUsageResponse> TenantAdmin::GetUsage(const PeerCred& caller) const {
   absl::StatusOr<TenantRef> self = directory_->Resolve(caller.uid, caller.gid);
-  const bool admin = IsAdmin(caller);
+  const bool admin = is_admin_(caller);
   if (!admin && !self.ok()) return self.status();
   // Which tenants: the configured ones, or (one tenant per uid) those the
   // ledger has seen; never others' for a non-admin.
@@ -107,13 +105,14 @@ absl::StatusOr<v1::GetLedgerResponse> TenantAdmin::GetLedger(
     const PeerCred& caller, const v1::GetLedgerRequest& request) const {
   ledger::EventQuery q;
   q.tenant = request.tenant();
-  if (!IsAdmin(caller)) {
+  if (!is_admin_(caller)) {
     absl::StatusOr<TenantRef> self = directory_->Resolve(caller.uid, caller.gid);
     if (!self.ok()) return self.status();
     if (!q.tenant.empty() && q.tenant != self->name) {
       return absl::PermissionDeniedError(absl::StrCat(
           "uid ", caller.uid, " is charged to tenant \"", self->name,
-          "\" and may not read the ledger of tenant \"", q.tenant, "\" (root only)"));
+          "\" and may not read the ledger of tenant \"", q.tenant,
+          "\" (root and the admin group only)"));
     }
     q.tenant = self->name;
   }
@@ -147,9 +146,10 @@ absl::StatusOr<v1::GetLedgerResponse> TenantAdmin::GetLedger(
 
 absl::StatusOr<v1::SetQuotaResponse> TenantAdmin::SetQuota(const PeerCred& caller,
                                                           const v1::SetQuotaRequest& request) {
-  if (!IsAdmin(caller)) {
+  if (!is_admin_(caller)) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "SetQuota is for root; uid ", caller.uid, " may not change quotas"));
+        "SetQuota is for root and the admin group; uid ", caller.uid,
+        " may not change quotas"));
   }
   std::optional<uint32_t> id = directory_->IdOf(request.tenant());
   if (!id) {

@@ -2,10 +2,11 @@
 // tenant directory, the quota book and the ledger.
 //
 // Who sees what (identity from the kernel, never a field):
-//  - root sees and may name every tenant; anyone else sees only the tenant
-//    they are charged to (GetUsage lists only it; GetLedger is limited to
-//    it, and naming another tenant is PERMISSION_DENIED).
-//  - SetQuota is root's only (PERMISSION_DENIED otherwise). The new quota
+//  - An administrator (root, or a member of --admin_group: the `is_admin`
+//    the daemon passes) sees and may name every tenant; anyone else sees
+//    only the tenant they are charged to (GetUsage lists only it; GetLedger
+//    is limited to it, and naming another tenant is PERMISSION_DENIED).
+//  - SetQuota is for administrators only (PERMISSION_DENIED otherwise). The new quota
 //    replaces the old one whole, takes effect for the next carve, is recorded
 //    as a QUOTA_SET event and in the ledger's quotas table, and lasts until
 //    the daemon loads its config again (restart).
@@ -36,9 +37,11 @@ class TenantAdmin {
   // (the broker tries its waiters again).
   TenantAdmin(const TenantDirectory* directory, quota::QuotaBook* quotas,
               ledger::TenantLedger* ledger, std::vector<placement::DeviceView> devices,
+              std::function<bool(const PeerCred&)> is_admin,
               std::function<void()> quota_changed)
       : directory_(directory), quotas_(quotas), ledger_(ledger),
-        devices_(std::move(devices)), quota_changed_(std::move(quota_changed)) {}
+        devices_(std::move(devices)), is_admin_(std::move(is_admin)),
+        quota_changed_(std::move(quota_changed)) {}
 
   absl::StatusOr<v1::GetUsageResponse> GetUsage(const PeerCred& caller) const;
   absl::StatusOr<v1::GetLedgerResponse> GetLedger(const PeerCred& caller,
@@ -53,6 +56,7 @@ class TenantAdmin {
   quota::QuotaBook* quotas_;
   ledger::TenantLedger* ledger_;
   const std::vector<placement::DeviceView> devices_;
+  std::function<bool(const PeerCred&)> is_admin_;
   std::function<void()> quota_changed_;
 };
 
