@@ -31,6 +31,7 @@ class MemoryBroker::PoolCarver : public placement::DeviceCarver {
       case CarveResult::Kind::kError:
         return r.error;
       case CarveResult::Kind::kRefused:
+        refusal->refused = true;
         refusal->free_bytes = r.refusal.free_bytes;
         refusal->largest_free_bytes = r.refusal.largest_free_bytes;
         refusal->reason = r.refusal.reason == PoolRefusal::Reason::kCapacity
