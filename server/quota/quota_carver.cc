@@ -9,6 +9,7 @@ absl::StatusOr<placement::CarvedBlock> QuotaCarver::TryCarve(
     uint32_t device, uint64_t size, uint64_t alignment, placement::CarveRefusal* refusal) {
   QuotaRefusal why;
   if (!book_->TryCharge(tenant_, tenant_name_, device, size, &why)) {
+    refusal->refused = true;
     refusal->reason = placement::CarveRefusal::Reason::kQuota;
     refusal->free_bytes = why.headroom_bytes;
     refusal->largest_free_bytes = why.headroom_bytes;

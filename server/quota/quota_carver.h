@@ -8,7 +8,7 @@
 // no moment does the book hold more than the quota, and every carved block
 // is charged. Release hands the block back to the inner carver and credits
 // the charge. A quota refusal is RESOURCE_EXHAUSTED with
-// CarveRefusal::Reason::kQuota, the quota's headroom as free bytes and the
+// refusal->refused set, CarveRefusal::Reason::kQuota, the quota's headroom as free bytes and the
 // quota's figures in `detail`; placement then tries the next device.
 //
 // A block that becomes an allocation stays charged after placement returns;

@@ -37,6 +37,7 @@ TEST(QuotaCarverTest, RefusesBeyondTotalWithFigures) {
   auto b = carver.TryCarve(1, 60 * kMiB, 256, &refusal);
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(refusal.refused);
   EXPECT_EQ(refusal.reason, CarveRefusal::Reason::kQuota);
   EXPECT_EQ(refusal.free_bytes, 40 * kMiB);
   EXPECT_NE(refusal.detail.find("tenant \"ml\" quota total_bytes 100.00 MiB"), std::string::npos)
