@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -123,27 +124,31 @@ void TenantLedger::WriterLoop() {
   std::string last_error;
   for (;;) {
     bool stop;
+    std::vector<LedgerEvent> fresh;
     {
+      // Only swaps under the lock, so Append never waits for the fold.
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(this, &TenantLedger::WorkReady), options_.max_delay);
       stop = stopping_;
-      for (LedgerEvent& e : queue_) {
-        held.push_back(std::move(e));
-      }
-      const size_t fresh = queue_.size();
-      queue_.clear();
+      fresh.swap(queue_);
       for (QuotaRow& q : quota_queue_) quotas.push_back(std::move(q));
       quota_queue_.clear();
+    }
+    {
       // Fold only the new events (held may start with retried ones).
       absl::MutexLock usage(&usage_mu_);
-      for (size_t i = held.size() - fresh; i < held.size(); ++i) {
-        const LedgerEvent& e = held[i];
+      for (const LedgerEvent& e : fresh) {
         if (usage_.Apply(e)) {
           changed.insert({e.tenant, e.device});
           changed.insert({e.tenant, UsageAccount::kAllDevices});
         }
         if (e.kind == EventKind::kAllocate) highest_id = std::max(highest_id, e.allocation_id);
       }
+    }
+    if (held.empty()) {
+      held.swap(fresh);
+    } else {
+      std::move(fresh.begin(), fresh.end(), std::back_inserter(held));
     }
     if (held.empty() && quotas.empty()) {
       if (stop) return;
