@@ -11,12 +11,17 @@
 //    keeps charges and credits paired (quota_carver.h does for carves).
 //  - SetQuota takes effect for the next charge. Lowering a quota below what
 //    a tenant holds takes nothing back; it only refuses further charges.
+//  - Retained bytes count (slabs released while a process may still hold
+//    their handle, server/pool/slab_pool.h): with a retained source set,
+//    each byte check adds what the source says the tenant has retained on
+//    the device (and on all devices, for total_bytes) to its charges.
 // Tenants without a quota are still counted (GetUsage reports them).
 // Thread-safe.
 #ifndef GPUMEMD_SERVER_QUOTA_QUOTA_BOOK_H_
 #define GPUMEMD_SERVER_QUOTA_QUOTA_BOOK_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,6 +51,11 @@ class QuotaBook {
  public:
   explicit QuotaBook(uint32_t device_count) : device_count_(device_count) {}
 
+  // Bytes `tenant` has retained on `device` now. Called under the book's
+  // lock, so it must not call back into the book.
+  using RetainedSource = std::function<uint64_t(uint32_t tenant, uint32_t device)>;
+  void SetRetainedSource(RetainedSource source);
+
   void SetQuota(uint32_t tenant, tenants::Quota quota);
   // nullopt-free copy; an unlimited Quota when none was set.
   tenants::Quota GetQuota(uint32_t tenant) const;
@@ -63,6 +73,7 @@ class QuotaBook {
 
   const uint32_t device_count_;
   mutable absl::Mutex mu_;
+  RetainedSource retained_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint32_t, tenants::Quota> quotas_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint32_t, TenantHoldings> holdings_ ABSL_GUARDED_BY(mu_);
 };

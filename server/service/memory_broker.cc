@@ -95,10 +95,18 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
   }
   sessions_ = std::make_unique<SessionRegistry>(
       [this](uint64_t id) { OnSessionEnd(id); });
+  if (options_.quotas != nullptr) {  // quotas count retained bytes
+    options_.quotas->SetRetainedSource([this](uint32_t tenant, uint32_t device) {
+      const auto stats = pools_[device]->TenantStats();
+      auto it = stats.find(tenant);
+      return it == stats.end() ? uint64_t{0} : it->second.retained_bytes;
+    });
+  }
 }
 
 MemoryBroker::~MemoryBroker() {
   Shutdown();
+  if (options_.quotas != nullptr) options_.quotas->SetRetainedSource(nullptr);
   sessions_.reset();  // joins the watcher before the maps go
 }
 

@@ -78,6 +78,32 @@ TEST(QuotaCarverTest, InnerRefusalCreditsTheCharge) {
   EXPECT_EQ(book.Holdings(1).allocations, 0u);
 }
 
+TEST(QuotaCarverTest, RetainedBytesCountAgainstTheQuota) {
+  FakeCarver pool({Used(1024 * kMiB, 0), Used(1024 * kMiB, 0)});
+  QuotaBook book(2);
+  tenants::Quota q;
+  q.total_bytes = 100 * kMiB;
+  q.device_bytes = {std::nullopt, 50 * kMiB};
+  book.SetQuota(1, q);
+  uint64_t retained[2] = {30 * kMiB, 20 * kMiB};
+  book.SetRetainedSource([&](uint32_t tenant, uint32_t device) {
+    return tenant == 1 ? retained[device] : 0;
+  });
+  QuotaCarver carver(&pool, &book, 1, "ml");
+  CarveRefusal refusal;
+  // Device 1: 20 MiB retained + 31 asked > 50.
+  EXPECT_FALSE(carver.TryCarve(1, 31 * kMiB, 256, &refusal).ok());
+  EXPECT_NE(refusal.detail.find("20.00 MiB held (20.00 MiB of it retained)"), std::string::npos)
+      << refusal.detail;
+  EXPECT_TRUE(carver.TryCarve(1, 30 * kMiB, 256, &refusal).ok());
+  // Total: 50 retained + 30 held + 21 asked > 100.
+  EXPECT_FALSE(carver.TryCarve(0, 21 * kMiB, 256, &refusal).ok());
+  EXPECT_NE(refusal.detail.find("total_bytes 100.00 MiB: 80.00 MiB held (50.00 MiB of it "
+                                "retained)"), std::string::npos) << refusal.detail;
+  retained[0] = 0;  // the holder closed its handle
+  EXPECT_TRUE(carver.TryCarve(0, 21 * kMiB, 256, &refusal).ok());
+}
+
 // Many threads charge one tenant at once; the book's holdings, sampled by a
 // watcher throughout, never exceed the quota.
 TEST(QuotaCarverTest, ConcurrentChargesNeverPassTheQuota) {
