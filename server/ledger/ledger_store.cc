@@ -2,9 +2,14 @@
 // prepared once; everything else is prepared per call.
 #include "server/ledger/ledger_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -126,9 +131,30 @@ LedgerStore::~LedgerStore() {
   }
   if (reader_ != nullptr) sqlite3_close(reader_);
   if (db_ != nullptr) sqlite3_close(db_);
+  if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
 }
 
 absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count) {
+  const std::string lock_path = path_ + "-lock";
+  lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ledger ", path_, ": unable to open its lock file ", lock_path, ": ", strerror(errno)));
+  }
+  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    char owner[32] = {};
+    const ssize_t n = pread(lock_fd_, owner, sizeof(owner) - 1, 0);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ledger ", path_, " is in use by another gpumemd (pid ",
+        n > 0 ? std::string(owner, strcspn(owner, "\n")) : "unknown",
+        "); one daemon per ledger file"));
+  }
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  if (ftruncate(lock_fd_, 0) != 0 ||
+      pwrite(lock_fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ledger ", path_, ": cannot write its lock file ", lock_path, ": ", strerror(errno)));
+  }
   if (sqlite3_open_v2(path_.c_str(), &db_,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                       nullptr) != SQLITE_OK) {

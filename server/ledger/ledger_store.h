@@ -5,6 +5,10 @@
 //  - Open creates the file and schema or checks an existing one; a file that
 //    is not a ledger, is corrupt or cannot be written is an error naming the
 //    path with SQLite's own message. The journal is WAL.
+//  - One daemon per ledger: the store holds an exclusive flock on PATH-lock
+//    (holding the owner's pid) while it lives, and Open fails naming that
+//    pid when another process holds it. Without this a second daemon would
+//    close the first one's live allocations as if it had crashed.
 //  - Open recovers: every allocation still in the `live` table (live when the
 //    last daemon died) gets a DAEMON_RESTART event, leaves `live`, and its
 //    bytes leave current usage, all in one transaction. Byte-seconds are not
@@ -99,6 +103,7 @@ class LedgerStore {
   absl::Status InsertEvent(const LedgerEvent& e);
 
   std::string path_;
+  int lock_fd_ = -1;
   sqlite3* db_ = nullptr;
   sqlite3* reader_ = nullptr;
   mutable absl::Mutex reader_mu_;

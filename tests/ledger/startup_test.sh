@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
 # Start-up of tenants and the ledger: the example tenants file works; a bad
-# tenant config, a corrupt ledger and an unusable ledger path are start-up
-# errors (exit 1) that name the file, the line or SQLite's message; the
-# ledger directory is created; --ledger=none says so.
+# tenant config, a corrupt ledger, an unusable ledger path and a ledger
+# another daemon holds are start-up errors (exit 1) that name the file, the
+# line, SQLite's message or the other daemon's pid; the ledger directory is
+# created; --ledger=none says so.
 set -euo pipefail
 source "$(dirname "$0")/../integration/lib.sh"
 GPUMEMD=$1
 CTL=$2
 TENANTS=$3
 
-# The example tenants file, and a ledger in a directory that does not exist yet.
 dir=$(mktemp -d /tmp/gpumemd-ledger-XXXXXX)
+expect_start_error() {  # WHAT PATTERN ARGS...
+  local what=$1 pattern=$2; shift 2
+  set +e
+  "$GPUMEMD" --socket="$dir/s.sock" "$@" 2>"$dir/err"
+  local rc=$?
+  set -e
+  cat "$dir/err"
+  [ "$rc" = 1 ] || fail "$what: exit $rc"
+  grep -q -- "$pattern" "$dir/err" || fail "$what: no \"$pattern\" in the message"
+  [ ! -e "$dir/s.sock" ] || fail "$what: a socket was created"
+}
+
+# The example tenants file, and a ledger in a directory that does not exist yet.
 start_daemon "$GPUMEMD" --config="$TENANTS" --ledger="$dir/new/sub/ledger.db"
 [ -f "$dir/new/sub/ledger.db" ] || fail "the ledger directory was not created"
 "$CTL" --socket="$SOCK" tenants --json >"$WORKDIR/tenants.json"
@@ -22,6 +35,9 @@ json_check "$WORKDIR/tenants.json" \
 "$CTL" --socket="$SOCK" ledger >"$WORKDIR/ledger.txt"
 grep -q "ALLOCATE .*tenant=shared" "$WORKDIR/ledger.txt" || { cat "$WORKDIR/ledger.txt"; fail "no ALLOCATE line"; }
 grep -q "SESSION_END .*tenant=shared" "$WORKDIR/ledger.txt" || fail "no SESSION_END line"
+# A second daemon may not use the same ledger.
+expect_start_error "second daemon on one ledger" "ledger $dir/new/sub/ledger.db is in use by another gpumemd (pid $DAEMON_PID)" \
+  --ledger="$dir/new/sub/ledger.db"
 stop_daemon
 
 start_daemon "$GPUMEMD" --ledger=none
@@ -34,17 +50,6 @@ set -e
 grep -q "FAILED_PRECONDITION.*ledger is off" "$WORKDIR/err" || fail "ledger off message"
 stop_daemon
 
-expect_start_error() {  # WHAT PATTERN ARGS...
-  local what=$1 pattern=$2; shift 2
-  set +e
-  "$GPUMEMD" --socket="$dir/s.sock" "$@" 2>"$dir/err"
-  local rc=$?
-  set -e
-  cat "$dir/err"
-  [ "$rc" = 1 ] || fail "$what: exit $rc"
-  grep -q -- "$pattern" "$dir/err" || fail "$what: no \"$pattern\" in the message"
-  [ ! -e "$dir/s.sock" ] || fail "$what: a socket was created"
-}
 
 printf 'tenant { name: "a" uids: 7 }\ntenant {\n  name: "b"\n  uids: 7\n}\n' >"$dir/dup.textproto"
 expect_start_error "uid under two tenants" "dup.textproto:4: uid 7 is listed by tenant \"a\" and by tenant \"b\"" \

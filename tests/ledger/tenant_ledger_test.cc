@@ -148,6 +148,20 @@ TEST(TenantLedgerTest, QueryFiltersAndPages) {
   EXPECT_EQ(l->Query(since)->size(), 2u);
 }
 
+TEST(TenantLedgerTest, OneLedgerOneOwner) {
+  const std::string path = TempDir() + "/ledger.db";
+  auto first = OpenOrDie(path);
+  LedgerOptions o;
+  o.path = path;
+  auto second = TenantLedger::Open(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find(
+                absl::StrCat("is in use by another gpumemd (pid ", getpid(), ")")),
+            std::string::npos) << second.status();
+  first.reset();
+  EXPECT_TRUE(TenantLedger::Open(o).ok());
+}
+
 TEST(TenantLedgerTest, CorruptFileIsAnErrorNamingPathAndSqlite) {
   const std::string path = TempDir() + "/ledger.db";
   std::ofstream(path) << std::string(8192, 'x');
