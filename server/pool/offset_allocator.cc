@@ -21,35 +21,53 @@ OffsetAllocator::OffsetAllocator(uint64_t capacity) : capacity_(capacity) {
   num_bands_ = capacity == 0 ? 1 : (BinIndex(capacity) >> kMantissaBits) + 1;
   bin_bitmap_.assign(num_bands_, 0);
   bin_head_.assign(static_cast<size_t>(num_bands_) << kMantissaBits, kNone);
+  chunk_base_.assign(1, ChunkBase{0, 0});
+  chunk_mask_ = 0;
   if (capacity == 0) return;
-  nodes_.reserve(kInitialNodes);
-  neighbours_free_.resize(nodes_.capacity(), Flags{});
   const uint32_t n = NewNode();
-  nodes_[n] = Node{0, capacity, kNone, kNone, kNone, kNone};
+  node(n) = Node{0, capacity, kNone, kNone, kNone, kNone};
   phys_head_ = n;
   InsertFree(n, BinIndex(capacity));
 }
 
-OffsetAllocator::~OffsetAllocator() = default;
+OffsetAllocator::~OffsetAllocator() {
+  for (void* c : chunks_) std::free(c);
+}
 
-// Cold: the node array is full. Grows by 1/8 (amortised O(1), and at most
-// 1/9 of the array is slack) instead of std::vector's doubling: the slack
-// counts against the <= 64 B per live block budget (it was 1/4 until the
-// neighbour flags added a byte per slot).
+// Cold: no spare slot. Hands out the next never-used slot, first allocating
+// a new chunk if the last one is full. Nothing that exists is copied or
+// moved: the new chunk is left untouched (its pages are faulted in as its
+// slots are first written, one page per 128 slots), and only when the chunk
+// table is full is it doubled (16 bytes per chunk: 8 KiB at a million
+// slots).
 __attribute__((noinline)) uint32_t OffsetAllocator::GrowNodes() {
-  const size_t n = nodes_.size();
+  const uint32_t n = num_slots_;
   if (n >= kMaxNodes) {
     std::fprintf(stderr, "OffsetAllocator: more than %u ranges\n", kMaxNodes);
     std::abort();
   }
-  if (n == nodes_.capacity()) {
-    size_t want = n + std::max<size_t>(n / 8, kInitialNodes);
-    if (want > kMaxNodes) want = kMaxNodes;
-    nodes_.reserve(want);
-    neighbours_free_.resize(nodes_.capacity(), Flags{});
+  if ((n & (kChunkSlots - 1)) == 0) {
+    const uint32_t c = n >> kChunkShift;
+    void* chunk = std::malloc(size_t{kChunkSlots} * (sizeof(Node) + sizeof(Flags)));
+    if (chunk == nullptr) {
+      std::fprintf(stderr, "OffsetAllocator: out of host memory for ranges\n");
+      std::abort();
+    }
+    chunks_.push_back(chunk);
+    if (c >= chunk_base_.size()) {
+      chunk_base_.resize(chunk_base_.size() * 2, ChunkBase{0, 0});
+      chunk_mask_ = static_cast<uint32_t>(chunk_base_.size() - 1);
+    }
+    const uintptr_t first = uintptr_t{c} << kChunkShift;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(chunk);
+    chunk_base_[c].nodes = at - first * sizeof(Node);
+    chunk_base_[c].flags = at + kChunkSlots * sizeof(Node) - first * sizeof(Flags);
   }
-  nodes_.push_back(Node{0, 0, kNone, kNone, kSpare, kNone});
-  return static_cast<uint32_t>(n);
+  num_slots_ = n + 1;
+  Node& slot = node(n);
+  slot.prev_free = kSpare;
+  slot.next_free = kNone;
+  return n;
 }
 
 // Out of line and cold: Free was handed a block this allocator did not give
@@ -81,14 +99,13 @@ uint32_t OffsetAllocator::FindBinAtOrAbove(uint32_t bin) {
 // from any bin.
 uint32_t OffsetAllocator::SplitAfter(uint32_t i, uint64_t keep) {
   const uint32_t t = NewNode();
-  Node* const base = nodes_.data();
-  Node& n = base[i];
-  Node& rest = base[t];
+  Node& n = node(i);
+  Node& rest = node(t);
   rest.offset = n.offset + keep;
   rest.size = n.size - keep;
   rest.prev_phys = i;
   rest.next_phys = n.next_phys;
-  if (n.next_phys != kNone) base[n.next_phys].prev_phys = t;
+  if (n.next_phys != kNone) node(n.next_phys).prev_phys = t;
   n.next_phys = t;
   n.size = keep;
   return t;
@@ -99,15 +116,15 @@ __attribute__((noinline)) bool OffsetAllocator::AllocateProbing(
     uint64_t size, uint64_t alignment, uint32_t own_bin, Block* out) {
   uint32_t i = bin_head_[own_bin];
   for (int k = own_bin_probes_; k > 0 && i != kNone; --k) {
-    if (Fits(nodes_[i], size, alignment)) {
+    if (Fits(node(i), size, alignment)) {
       Take<false>(i, own_bin, size, alignment, out);
       return true;
     }
-    i = nodes_[i].next_free;
+    i = node(i).next_free;
   }
   const uint32_t up_bin = own_bin + (BinLowerBound(own_bin) != size);
   const uint32_t bin = FindBinAtOrAbove(up_bin);
-  if (bin != kNone && Fits(nodes_[bin_head_[bin]], size, alignment)) {
+  if (bin != kNone && Fits(node(bin_head_[bin]), size, alignment)) {
     Take<true>(bin_head_[bin], bin, size, alignment, out);
     return true;
   }
@@ -137,8 +154,8 @@ __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
   // 4. Exact fallback over the bins that may still hold a fitting range.
   for (bin = FindBinAtOrAbove(own_bin); bin != kNone && bin < limit_bin;
        bin = FindBinAtOrAbove(bin + 1)) {
-    for (uint32_t i = bin_head_[bin]; i != kNone; i = nodes_[i].next_free) {
-      if (Fits(nodes_[i], size, alignment)) {
+    for (uint32_t i = bin_head_[bin]; i != kNone; i = node(i).next_free) {
+      if (Fits(node(i), size, alignment)) {
         Take<false>(i, bin, size, alignment, out);
         return true;
       }
@@ -158,8 +175,8 @@ uint64_t OffsetAllocator::largest_free() const {
   const uint32_t band = Log2Floor(bands);
   const uint32_t bin = (band << kMantissaBits) | Log2Floor(bin_bitmap_[band]);
   uint64_t best = 0;
-  for (uint32_t i = bin_head_[bin]; i != kNone; i = nodes_[i].next_free) {
-    if (nodes_[i].size > best) best = nodes_[i].size;
+  for (uint32_t i = bin_head_[bin]; i != kNone; i = node(i).next_free) {
+    if (node(i).size > best) best = node(i).size;
   }
   return best;
 }
@@ -169,22 +186,24 @@ std::vector<std::pair<uint64_t, uint64_t>> OffsetAllocator::FreeRangeList()
   std::vector<std::pair<uint64_t, uint64_t>> out;
   out.reserve(free_ranges_);
   if (capacity_ == 0) return out;
-  for (uint32_t i = phys_head_; i != kNone; i = nodes_[i].next_phys) {
-    if (IsFree(nodes_[i])) out.emplace_back(nodes_[i].offset, nodes_[i].size);
+  for (uint32_t i = phys_head_; i != kNone; i = node(i).next_phys) {
+    if (IsFree(node(i))) out.emplace_back(node(i).offset, node(i).size);
   }
   return out;
 }
 
 uint64_t OffsetAllocator::metadata_bytes() const {
-  return sizeof(*this) + nodes_.capacity() * sizeof(Node) +
+  return sizeof(*this) +
+         chunks_.size() * size_t{kChunkSlots} * (sizeof(Node) + sizeof(Flags)) +
+         chunk_base_.capacity() * sizeof(ChunkBase) +
+         chunks_.capacity() * sizeof(void*) +
          bin_head_.capacity() * sizeof(uint32_t) +
-         bin_bitmap_.capacity() * sizeof(uint64_t) +
-         neighbours_free_.capacity();
+         bin_bitmap_.capacity() * sizeof(uint64_t);
 }
 
 absl::Status OffsetAllocator::Validate() const {
   auto fail = [](const std::string& msg) { return absl::InternalError(msg); };
-  const size_t nn = nodes_.size();
+  const size_t nn = num_slots_;
   // Where each slot was seen: 0 = nowhere, 1 = address list, 2 = spare list.
   std::vector<uint8_t> seen(nn, 0);
   uint64_t free_sum = 0, used_sum = 0, live = 0, free_count = 0;
@@ -198,17 +217,17 @@ absl::Status OffsetAllocator::Validate() const {
   }
   // I1, I2: address list.
   if (phys_head_ >= nn) return fail("I1 address list: no first range");
-  if (nodes_[phys_head_].prev_phys != kNone || nodes_[phys_head_].offset != 0) {
+  if (node(phys_head_).prev_phys != kNone || node(phys_head_).offset != 0) {
     return fail("I1 address list: first range is not the range at offset 0");
   }
   uint64_t expect_offset = 0;
   uint32_t prev = kNone;
   bool prev_free = false;
-  for (uint32_t i = phys_head_; i != kNone; i = nodes_[i].next_phys) {
+  for (uint32_t i = phys_head_; i != kNone; i = node(i).next_phys) {
     if (i >= nn) return fail(absl::StrFormat("I1 address list: index %u out of range", i));
     if (seen[i]) return fail(absl::StrFormat("I1 address list: cycle at node %u", i));
     seen[i] = 1;
-    const Node& n = nodes_[i];
+    const Node& n = node(i);
     if (n.prev_free == kSpare) {
       return fail(absl::StrFormat("I6 node pool: spare slot %u on address list", i));
     }
@@ -226,19 +245,19 @@ absl::Status OffsetAllocator::Validate() const {
     }
     const bool is_free = IsFree(n);
     if (!is_free) {
-      const bool pf = n.prev_phys != kNone && IsFree(nodes_[n.prev_phys]);
-      const bool nf = n.next_phys != kNone && IsFree(nodes_[n.next_phys]);
+      const bool pf = n.prev_phys != kNone && IsFree(node(n.prev_phys));
+      const bool nf = n.next_phys != kNone && IsFree(node(n.next_phys));
       const uint8_t want = (pf ? kPrevIsFree : 0) | (nf ? kNextIsFree : 0);
-      if (static_cast<uint8_t>(neighbours_free_[i]) != want) {
+      if (static_cast<uint8_t>(slot_flags(i)) != want) {
         return fail(absl::StrFormat(
             "I4 flags: live node %u has neighbour flags %u, neighbours say %u",
-            i, static_cast<uint8_t>(neighbours_free_[i]), want));
+            i, static_cast<uint8_t>(slot_flags(i)), want));
       }
     }
     if (is_free && prev_free) {
       return fail(absl::StrFormat(
           "I2 coalescing: free ranges at %u and %u are adjacent",
-          nodes_[prev].offset, n.offset));
+          node(prev).offset, n.offset));
     }
     if (is_free) {
       free_sum += n.size;
@@ -257,11 +276,11 @@ absl::Status OffsetAllocator::Validate() const {
   }
   // I6: spare list.
   uint64_t spare = 0;
-  for (uint32_t i = spare_head_; i != kNone; i = nodes_[i].next_free) {
+  for (uint32_t i = spare_head_; i != kNone; i = node(i).next_free) {
     if (i >= nn) return fail(absl::StrFormat("I6 node pool: spare index %u out of range", i));
     if (seen[i] == 1) return fail(absl::StrFormat("I6 node pool: slot %u both live and spare", i));
     if (seen[i] == 2) return fail(absl::StrFormat("I6 node pool: cycle in spare list at %u", i));
-    if (nodes_[i].prev_free != kSpare) {
+    if (node(i).prev_free != kSpare) {
       return fail(absl::StrFormat("I6 node pool: spare slot %u not marked spare", i));
     }
     seen[i] = 2;
@@ -269,6 +288,31 @@ absl::Status OffsetAllocator::Validate() const {
   }
   for (size_t i = 0; i < nn; ++i) {
     if (seen[i] == 0) return fail(absl::StrFormat("I6 node pool: slot %u leaked", i));
+  }
+  // I7: node storage.
+  const size_t want_chunks = (nn + kChunkSlots - 1) / kChunkSlots;
+  if (chunks_.size() != want_chunks) {
+    return fail(absl::StrFormat("I7 node storage: %u chunks for %u slots",
+                                chunks_.size(), nn));
+  }
+  const size_t table = chunk_base_.size();
+  if (table == 0 || (table & (table - 1)) != 0 || chunk_mask_ != table - 1 ||
+      table < want_chunks) {
+    return fail(absl::StrFormat(
+        "I7 node storage: chunk table of %u entries (mask %u) for %u chunks",
+        table, chunk_mask_, want_chunks));
+  }
+  for (size_t c = 0; c < table; ++c) {
+    ChunkBase want{0, 0};
+    if (c < want_chunks) {
+      const uintptr_t at = reinterpret_cast<uintptr_t>(chunks_[c]);
+      const uintptr_t first = uintptr_t{c} << kChunkShift;
+      want.nodes = at - first * sizeof(Node);
+      want.flags = at + kChunkSlots * sizeof(Node) - first * sizeof(Flags);
+    }
+    if (chunk_base_[c].nodes != want.nodes || chunk_base_[c].flags != want.flags) {
+      return fail(absl::StrFormat("I7 node storage: chunk table entry %u is wrong", c));
+    }
   }
   // I3, I4: bins and bitmaps.
   uint64_t binned = 0;
@@ -294,11 +338,11 @@ absl::Status OffsetAllocator::Validate() const {
       return fail(absl::StrFormat("I4 bitmaps: bin %u bit disagrees with its list", bin));
     }
     uint32_t back = kNone;
-    for (uint32_t i = bin_head_[bin]; i != kNone; i = nodes_[i].next_free) {
+    for (uint32_t i = bin_head_[bin]; i != kNone; i = node(i).next_free) {
       if (i >= nn || seen[i] != 1) {
         return fail(absl::StrFormat("I3 bins: bin %u holds node %u that is not a range", bin, i));
       }
-      const Node& n = nodes_[i];
+      const Node& n = node(i);
       if (!IsFree(n)) return fail(absl::StrFormat("I3 bins: bin %u holds live node %u", bin, i));
       if (back != kNone && n.prev_free != back) {
         return fail(absl::StrFormat("I3 bins: bad back link at node %u in bin %u", i, bin));

@@ -153,6 +153,7 @@
 #ifndef GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
 #define GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -238,7 +239,8 @@ class OffsetAllocator {
   static constexpr uint32_t kSpare = 0xFFFFFFFDu;   // prev_free of a spare slot
   static constexpr uint32_t kMaxNodes = 0xFFFFFFF0u;
   static constexpr uint32_t kBinMask = (1u << kMantissaBits) - 1;
-  static constexpr size_t kInitialNodes = 16;
+  static constexpr int kChunkShift = 9;
+  static constexpr uint32_t kChunkSlots = 1u << kChunkShift;
 
   struct Node {
     uint64_t offset;
@@ -257,7 +259,7 @@ class OffsetAllocator {
   static bool IsFree(const Node& n) {
     return n.prev_free != kUsed && n.prev_free != kSpare;
   }
-  // neighbours_free_ flags of a live block.
+  // Neighbour flags of a live block.
   static constexpr uint8_t kPrevIsFree = 1, kNextIsFree = 2;
   // A byte that is not a character type: a store through uint8_t* may alias
   // anything, which made the compiler reload the vectors' data pointers
@@ -269,7 +271,16 @@ class OffsetAllocator {
 
   [[noreturn]] __attribute__((noinline, cold)) static void FreeFailed(
       const char* what, const Block& block);
-  uint32_t* PrevFreeOrScratch(Node* base, uint32_t i);
+  // Slot i of the node storage (i < num_slots_): one load from the chunk
+  // table (a few hundred bytes, stays in L1) and one add.
+  Node& node(uint32_t i) const {
+    return *reinterpret_cast<Node*>(chunk_base_[i >> kChunkShift].nodes +
+                                    uintptr_t{i} * sizeof(Node));
+  }
+  Flags& slot_flags(uint32_t i) const {
+    return *reinterpret_cast<Flags*>(chunk_base_[i >> kChunkShift].flags + i);
+  }
+  uint32_t* PrevFreeOrScratch(uint32_t i);
   Flags* NeighbourFlags(uint32_t i);
   uint32_t NewNode();
   uint32_t SplitAfter(uint32_t i, uint64_t keep);
@@ -314,11 +325,25 @@ class OffsetAllocator {
   uint64_t band_bitmap_ = 0;         // bit f: band f has a non-empty bin
   std::vector<uint64_t> bin_bitmap_;  // per band: bit s: bin non-empty
   std::vector<uint32_t> bin_head_;    // per bin: first free node or kNone
-  std::vector<Node> nodes_;
-  // Per node slot, meaningful for live blocks: kPrevIsFree / kNextIsFree say
-  // whether the range before / after it is free. flags_scratch_ absorbs
-  // updates for a neighbour that does not exist.
-  std::vector<Flags> neighbours_free_;
+  // Node storage: chunks of kChunkSlots slots, each kChunkSlots Nodes followed
+  // by kChunkSlots neighbour-flag bytes (per slot, meaningful for live
+  // blocks: kPrevIsFree / kNextIsFree say whether the range before / after
+  // it is free). A chunk never moves once allocated, so growing the storage
+  // copies nothing but, when the table fills, the chunk table (16 bytes per
+  // chunk). chunk_base_[c] holds chunk c's addresses biased by its first
+  // slot, so that slot i is at chunk_base_[i >> kChunkShift].nodes + 32 * i
+  // (integer arithmetic; only real slots' addresses become pointers). The
+  // table's size is a power of two (chunk_mask_ = size - 1; entries past the
+  // last chunk are 0), so a masked index is always inside it.
+  struct ChunkBase {
+    uintptr_t nodes;
+    uintptr_t flags;
+  };
+  std::vector<ChunkBase> chunk_base_;
+  uint32_t chunk_mask_ = 0;
+  uint32_t num_slots_ = 0;            // slots handed out (spare or in use)
+  std::vector<void*> chunks_;         // owned, malloc'd, one per chunk
+  // flags_scratch_ absorbs updates for a neighbour that does not exist.
   Flags flags_scratch_{};
 };
 
