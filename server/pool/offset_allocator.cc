@@ -21,8 +21,6 @@ OffsetAllocator::OffsetAllocator(uint64_t capacity) : capacity_(capacity) {
   num_bands_ = capacity == 0 ? 1 : (BinIndex(capacity) >> kMantissaBits) + 1;
   bin_bitmap_.assign(num_bands_, 0);
   bin_head_.assign(static_cast<size_t>(num_bands_) << kMantissaBits, kNone);
-  chunk_base_.assign(1, ChunkBase{0, 0});
-  chunk_mask_ = 0;
   if (capacity == 0) return;
   const uint32_t n = NewNode();
   node(n) = Node{0, capacity, kNone, kNone, kNone, kNone};
@@ -30,38 +28,28 @@ OffsetAllocator::OffsetAllocator(uint64_t capacity) : capacity_(capacity) {
   InsertFree(n, BinIndex(capacity));
 }
 
-OffsetAllocator::~OffsetAllocator() {
-  for (void* c : chunks_) std::free(c);
-}
+OffsetAllocator::~OffsetAllocator() = default;
 
-// Cold: no spare slot. Hands out the next never-used slot, first allocating
-// a new chunk if the last one is full. Nothing that exists is copied or
-// moved: the new chunk is left untouched (its pages are faulted in as its
-// slots are first written, one page per 128 slots), and only when the chunk
-// table is full is it doubled (16 bytes per chunk: 8 KiB at a million
-// slots).
+// Cold: no spare slot. Hands out the next never-used slot, first doubling
+// the slot capacity if it is all handed out. Doubling remaps the two arrays
+// (MappedBuffer: page tables move, bytes are not copied) and touches none
+// of the new pages; they are faulted in as slots are first written (one
+// page per 128 slots, and per 4096 slots for the flags).
 __attribute__((noinline)) uint32_t OffsetAllocator::GrowNodes() {
   const uint32_t n = num_slots_;
   if (n >= kMaxNodes) {
     std::fprintf(stderr, "OffsetAllocator: more than %u ranges\n", kMaxNodes);
     std::abort();
   }
-  if ((n & (kChunkSlots - 1)) == 0) {
-    const uint32_t c = n >> kChunkShift;
-    void* chunk = std::malloc(size_t{kChunkSlots} * (sizeof(Node) + sizeof(Flags)));
-    if (chunk == nullptr) {
-      std::fprintf(stderr, "OffsetAllocator: out of host memory for ranges\n");
-      std::abort();
-    }
-    chunks_.push_back(chunk);
-    if (c >= chunk_base_.size()) {
-      chunk_base_.resize(chunk_base_.size() * 2, ChunkBase{0, 0});
-      chunk_mask_ = static_cast<uint32_t>(chunk_base_.size() - 1);
-    }
-    const uintptr_t first = uintptr_t{c} << kChunkShift;
-    const uintptr_t at = reinterpret_cast<uintptr_t>(chunk);
-    chunk_base_[c].nodes = at - first * sizeof(Node);
-    chunk_base_[c].flags = at + kChunkSlots * sizeof(Node) - first * sizeof(Flags);
+  if (n == slot_capacity_) {
+    const uint64_t want = std::min<uint64_t>(
+        kMaxNodes, std::max<uint64_t>(kInitialSlots, uint64_t{n} * 2));
+    node_buffer_.Resize(want * sizeof(Node));
+    flag_buffer_.Resize(want * sizeof(Flags));
+    nodes_ = static_cast<Node*>(node_buffer_.data());
+    neighbours_free_ = static_cast<Flags*>(flag_buffer_.data());
+    slot_capacity_ = static_cast<uint32_t>(std::min<uint64_t>(
+        node_buffer_.bytes() / sizeof(Node), flag_buffer_.bytes() / sizeof(Flags)));
   }
   num_slots_ = n + 1;
   Node& slot = node(n);
@@ -112,25 +100,6 @@ uint32_t OffsetAllocator::SplitAfter(uint32_t i, uint64_t keep) {
 }
 
 // Steps 1 and 2 with an own-bin probe (own_bin_probes() > 0).
-__attribute__((noinline)) bool OffsetAllocator::AllocateProbing(
-    uint64_t size, uint64_t alignment, uint32_t own_bin, Block* out) {
-  uint32_t i = bin_head_[own_bin];
-  for (int k = own_bin_probes_; k > 0 && i != kNone; --k) {
-    if (Fits(node(i), size, alignment)) {
-      Take<false>(i, own_bin, size, alignment, out);
-      return true;
-    }
-    i = node(i).next_free;
-  }
-  const uint32_t up_bin = own_bin + (BinLowerBound(own_bin) != size);
-  const uint32_t bin = FindBinAtOrAbove(up_bin);
-  if (bin != kNone && Fits(node(bin_head_[bin]), size, alignment)) {
-    Take<true>(bin_head_[bin], bin, size, alignment, out);
-    return true;
-  }
-  return AllocateSlow(size, alignment, own_bin, up_bin, out);
-}
-
 // Steps 3 and 4 of the search (see the header).
 __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
     uint64_t size, uint64_t alignment, uint32_t own_bin, uint32_t up_bin,
@@ -192,11 +161,11 @@ std::vector<std::pair<uint64_t, uint64_t>> OffsetAllocator::FreeRangeList()
   return out;
 }
 
+// Node storage counts the pages of slots handed out (the mapping beyond
+// them has never been written and is not resident).
 uint64_t OffsetAllocator::metadata_bytes() const {
-  return sizeof(*this) +
-         chunks_.size() * size_t{kChunkSlots} * (sizeof(Node) + sizeof(Flags)) +
-         chunk_base_.capacity() * sizeof(ChunkBase) +
-         chunks_.capacity() * sizeof(void*) +
+  return sizeof(*this) + MappedBuffer::RoundUpToPage(num_slots_ * sizeof(Node)) +
+         MappedBuffer::RoundUpToPage(num_slots_ * sizeof(Flags)) +
          bin_head_.capacity() * sizeof(uint32_t) +
          bin_bitmap_.capacity() * sizeof(uint64_t);
 }
@@ -290,29 +259,14 @@ absl::Status OffsetAllocator::Validate() const {
     if (seen[i] == 0) return fail(absl::StrFormat("I6 node pool: slot %u leaked", i));
   }
   // I7: node storage.
-  const size_t want_chunks = (nn + kChunkSlots - 1) / kChunkSlots;
-  if (chunks_.size() != want_chunks) {
-    return fail(absl::StrFormat("I7 node storage: %u chunks for %u slots",
-                                chunks_.size(), nn));
-  }
-  const size_t table = chunk_base_.size();
-  if (table == 0 || (table & (table - 1)) != 0 || chunk_mask_ != table - 1 ||
-      table < want_chunks) {
+  if (num_slots_ > slot_capacity_ ||
+      uint64_t{slot_capacity_} * sizeof(Node) > node_buffer_.bytes() ||
+      uint64_t{slot_capacity_} * sizeof(Flags) > flag_buffer_.bytes() ||
+      nodes_ != node_buffer_.data() || neighbours_free_ != flag_buffer_.data()) {
     return fail(absl::StrFormat(
-        "I7 node storage: chunk table of %u entries (mask %u) for %u chunks",
-        table, chunk_mask_, want_chunks));
-  }
-  for (size_t c = 0; c < table; ++c) {
-    ChunkBase want{0, 0};
-    if (c < want_chunks) {
-      const uintptr_t at = reinterpret_cast<uintptr_t>(chunks_[c]);
-      const uintptr_t first = uintptr_t{c} << kChunkShift;
-      want.nodes = at - first * sizeof(Node);
-      want.flags = at + kChunkSlots * sizeof(Node) - first * sizeof(Flags);
-    }
-    if (chunk_base_[c].nodes != want.nodes || chunk_base_[c].flags != want.flags) {
-      return fail(absl::StrFormat("I7 node storage: chunk table entry %u is wrong", c));
-    }
+        "I7 node storage: %u slots handed out, %u slots of capacity, buffers of "
+        "%u and %u bytes", num_slots_, slot_capacity_, node_buffer_.bytes(),
+        flag_buffer_.bytes()));
   }
   // I3, I4: bins and bitmaps.
   uint64_t binned = 0;

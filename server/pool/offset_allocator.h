@@ -159,6 +159,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/pool/mapped_buffer.h"
 
 namespace gpumem {
 
@@ -175,7 +176,7 @@ class OffsetAllocator {
   static constexpr uint32_t kBinsPerBand = 1u << kMantissaBits;
   static_assert(kMantissaBits >= 1 && kMantissaBits <= 6,
                 "a band's bins must fit one 64-bit bitmap word");
-  static constexpr int kDefaultOwnBinProbes = 0;
+  static constexpr int kDefaultOwnBinProbes = 4;
 
   explicit OffsetAllocator(uint64_t capacity);
   OffsetAllocator(const OffsetAllocator&) = delete;
@@ -239,8 +240,7 @@ class OffsetAllocator {
   static constexpr uint32_t kSpare = 0xFFFFFFFDu;   // prev_free of a spare slot
   static constexpr uint32_t kMaxNodes = 0xFFFFFFF0u;
   static constexpr uint32_t kBinMask = (1u << kMantissaBits) - 1;
-  static constexpr int kChunkShift = 9;
-  static constexpr uint32_t kChunkSlots = 1u << kChunkShift;
+  static constexpr uint32_t kInitialSlots = 128;  // one 4 KiB page of nodes
 
   struct Node {
     uint64_t offset;
@@ -271,15 +271,9 @@ class OffsetAllocator {
 
   [[noreturn]] __attribute__((noinline, cold)) static void FreeFailed(
       const char* what, const Block& block);
-  // Slot i of the node storage (i < num_slots_): one load from the chunk
-  // table (a few hundred bytes, stays in L1) and one add.
-  Node& node(uint32_t i) const {
-    return *reinterpret_cast<Node*>(chunk_base_[i >> kChunkShift].nodes +
-                                    uintptr_t{i} * sizeof(Node));
-  }
-  Flags& slot_flags(uint32_t i) const {
-    return *reinterpret_cast<Flags*>(chunk_base_[i >> kChunkShift].flags + i);
-  }
+  // Slot i of the node storage (i < num_slots_).
+  Node& node(uint32_t i) const { return nodes_[i]; }
+  Flags& slot_flags(uint32_t i) const { return neighbours_free_[i]; }
   uint32_t* PrevFreeOrScratch(uint32_t i);
   Flags* NeighbourFlags(uint32_t i);
   uint32_t NewNode();
@@ -303,8 +297,8 @@ class OffsetAllocator {
   template <bool kHead>
   void Take(uint32_t i, uint32_t bin, uint64_t size, uint64_t alignment,
             Block* out);
-  bool AllocateProbing(uint64_t size, uint64_t alignment, uint32_t own_bin,
-                       Block* out);
+  uint32_t BestOfFirst(uint32_t bin, int probes, uint64_t size,
+                       uint64_t alignment) const;
   bool AllocateSlow(uint64_t size, uint64_t alignment, uint32_t own_bin,
                     uint32_t up_bin, Block* out);
 
@@ -325,24 +319,19 @@ class OffsetAllocator {
   uint64_t band_bitmap_ = 0;         // bit f: band f has a non-empty bin
   std::vector<uint64_t> bin_bitmap_;  // per band: bit s: bin non-empty
   std::vector<uint32_t> bin_head_;    // per bin: first free node or kNone
-  // Node storage: chunks of kChunkSlots slots, each kChunkSlots Nodes followed
-  // by kChunkSlots neighbour-flag bytes (per slot, meaningful for live
-  // blocks: kPrevIsFree / kNextIsFree say whether the range before / after
-  // it is free). A chunk never moves once allocated, so growing the storage
-  // copies nothing but, when the table fills, the chunk table (16 bytes per
-  // chunk). chunk_base_[c] holds chunk c's addresses biased by its first
-  // slot, so that slot i is at chunk_base_[i >> kChunkShift].nodes + 32 * i
-  // (integer arithmetic; only real slots' addresses become pointers). The
-  // table's size is a power of two (chunk_mask_ = size - 1; entries past the
-  // last chunk are 0), so a masked index is always inside it.
-  struct ChunkBase {
-    uintptr_t nodes;
-    uintptr_t flags;
-  };
-  std::vector<ChunkBase> chunk_base_;
-  uint32_t chunk_mask_ = 0;
-  uint32_t num_slots_ = 0;            // slots handed out (spare or in use)
-  std::vector<void*> chunks_;         // owned, malloc'd, one per chunk
+  // Node storage: slot i is nodes_[i], its neighbour flags (meaningful for
+  // live blocks: kPrevIsFree / kNextIsFree say whether the range before /
+  // after it is free) neighbours_free_[i]. Both arrays live in MappedBuffers
+  // (mremap: growing them copies nothing) sized for slot_capacity_ slots;
+  // slots [0, num_slots_) have been handed out (spare or in use), the rest
+  // have never been written (their pages are not resident). The pointers are
+  // cached here: they change only in GrowNodes.
+  Node* nodes_ = nullptr;
+  Flags* neighbours_free_ = nullptr;
+  uint32_t num_slots_ = 0;
+  uint32_t slot_capacity_ = 0;
+  MappedBuffer node_buffer_;
+  MappedBuffer flag_buffer_;
   // flags_scratch_ absorbs updates for a neighbour that does not exist.
   Flags flags_scratch_{};
 };

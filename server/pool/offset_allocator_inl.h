@@ -59,25 +59,22 @@ GPUMEM_POOL_INLINE void OffsetAllocator::ReleaseNode(uint32_t i) {
   spare_head_ = i;
 }
 
-// &node(i).prev_free, or &scratch_ when i == kNone, without a branch. For
-// kNone the chunk table index is masked into the table and the address,
-// computed on integers, is never used: no out-of-range read happens and no
-// out-of-range pointer is formed.
+// &node(i).prev_free, or &scratch_ when i == kNone, without a branch. The
+// address is computed on integers, so no out-of-range pointer is formed.
 GPUMEM_POOL_INLINE uint32_t* OffsetAllocator::PrevFreeOrScratch(uint32_t i) {
   static_assert(kNone == 0xFFFFFFFFu, "AddrUnlessNone tests for all ones");
   return pool_internal::AddrUnlessNone(
       i,
-      chunk_base_[(i >> kChunkShift) & chunk_mask_].nodes +
-          uintptr_t{i} * sizeof(Node) + offsetof(Node, prev_free),
+      reinterpret_cast<uintptr_t>(nodes_) + uintptr_t{i} * sizeof(Node) +
+          offsetof(Node, prev_free),
       &scratch_);
 }
 
 // &slot_flags(i), or &flags_scratch_ when i == kNone (a flag update for a
-// neighbour that does not exist), without a branch (as PrevFreeOrScratch).
+// neighbour that does not exist), without a branch.
 GPUMEM_POOL_INLINE OffsetAllocator::Flags* OffsetAllocator::NeighbourFlags(uint32_t i) {
   return pool_internal::AddrUnlessNone(
-      i, chunk_base_[(i >> kChunkShift) & chunk_mask_].flags + i,
-      &flags_scratch_);
+      i, reinterpret_cast<uintptr_t>(neighbours_free_) + i, &flags_scratch_);
 }
 
 // Link/Unlink move a free range into / out of a bin's list and keep the bin
@@ -244,6 +241,28 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
   out->handle = u;
 }
 
+// Of at most `probes` ranges of `bin`, starting at its head, the one that
+// fits (size, alignment) and is smallest, the lowest in the slab among equal
+// sizes; kNone if none of them fits.
+GPUMEM_POOL_INLINE uint32_t OffsetAllocator::BestOfFirst(uint32_t bin, int probes,
+                                                         uint64_t size,
+                                                         uint64_t alignment) const {
+  uint32_t best = kNone;
+  uint64_t best_size = ~uint64_t{0}, best_offset = ~uint64_t{0};
+  uint32_t i = bin_head_[bin];
+  for (int k = probes; k > 0 && i != kNone; --k) {
+    const Node& n = node(i);
+    if (Fits(n, size, alignment) &&
+        (n.size < best_size || (n.size == best_size && n.offset < best_offset))) {
+      best = i;
+      best_size = n.size;
+      best_offset = n.offset;
+    }
+    i = n.next_free;
+  }
+  return best;
+}
+
 GPUMEM_POOL_INLINE bool OffsetAllocator::Allocate(uint64_t size,
                                                   uint64_t alignment,
                                                   Block* out) {
@@ -258,18 +277,26 @@ GPUMEM_POOL_INLINE bool OffsetAllocator::Allocate(uint64_t size,
   const int sh = (63 - __builtin_clzll(size | kBinsPerBand)) - kMantissaBits;
   const uint32_t own_bin =
       (static_cast<uint32_t>(sh) << kMantissaBits) + static_cast<uint32_t>(size >> sh);
-  if (__builtin_expect(own_bin_probes_ != 0, 0)) {
-    return AllocateProbing(size, alignment, own_bin, out);
-  }
-  const uint32_t band = own_bin >> kMantissaBits;  // < num_bands_: size <= capacity
-  // 2. Good fit: the first non-empty bin at or above size rounded up to the
-  // next bin boundary (up_bin = own_bin + up). The band bitmap shifted so
-  // that bit 0 is own_bin, then past up_bin.
   const uint32_t up = (size & ((uint64_t{1} << sh) - 1)) != 0;
-  const uint64_t rest = (bin_bitmap_[band] >> (own_bin & kBinMask)) >> up;
+  const int probes = own_bin_probes_;
+  // 1. Own bin: the best of its first `probes` ranges.
+  if (__builtin_expect(probes != 0, 1)) {
+    const uint32_t i = BestOfFirst(own_bin, probes, size, alignment);
+    if (i != kNone) {
+      Take<false>(i, own_bin, size, alignment, out);
+      return true;
+    }
+  }
+  // 2. Good fit: the first non-empty bin above the own bin (or, without
+  // probing, at or above size rounded up to the next bin boundary, up_bin =
+  // own_bin + up): every range there holds `size` bytes. The band bitmap
+  // shifted so that bit 0 is own_bin, then past the bins to skip.
+  const uint32_t band = own_bin >> kMantissaBits;  // < num_bands_: size <= capacity
+  const uint32_t skip = probes != 0 ? 1 : up;
+  const uint64_t rest = (bin_bitmap_[band] >> (own_bin & kBinMask)) >> skip;
   uint32_t bin;
   if (rest != 0) {
-    bin = own_bin + up + static_cast<uint32_t>(__builtin_ctzll(rest));
+    bin = own_bin + skip + static_cast<uint32_t>(__builtin_ctzll(rest));
   } else {
     // band <= 58 (sizes < 2^64).
     bin = FirstBinAboveBand(band);
@@ -277,11 +304,19 @@ GPUMEM_POOL_INLINE bool OffsetAllocator::Allocate(uint64_t size,
       return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
     }
   }
+  if (__builtin_expect(probes != 0, 1)) {
+    const uint32_t i = BestOfFirst(bin, probes, size, alignment);
+    if (__builtin_expect(i == kNone, 0)) {
+      return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
+    }
+    Take<false>(i, bin, size, alignment, out);
+    return true;
+  }
   const uint32_t i = bin_head_[bin];
   if (__builtin_expect(!Fits(node(i), size, alignment), 0)) {
     return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
   }
-  // Take is forced inline here (and in the two slow paths).
+  // Take is forced inline here (and in the slow path).
   Take<true>(i, bin, size, alignment, out);
   return true;
 }

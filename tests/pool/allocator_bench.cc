@@ -104,6 +104,7 @@ struct Row {
   bool has_latency = false;
   uint64_t alloc_calls = 0, alloc_p999_ns = 0, alloc_max_ns = 0;
   uint64_t alloc_over_2us = 0, faults = 0;
+  uint64_t all_p999_ns = 0, all_max_ns = 0, faulted_calls = 0, preempted_calls = 0;
   double meta_held = 0, meta_in_use = 0;
   bool has_in_use = false;
   bool has_meta = true;
@@ -179,12 +180,16 @@ void FillTimed(const traces::TimedResult& r, Row* row) {
 
 template <class A>
 void FillLatency(const LatencyRecorder<A>& rec, uint64_t faults, Row* row) {
-  const LatencyHistogram& h = rec.histogram();
+  const LatencyHistogram& h = rec.clean();
   row->has_latency = true;
-  row->alloc_calls = h.count();
+  row->alloc_calls = rec.all().count();
   row->alloc_p999_ns = h.Quantile(0.999);
   row->alloc_max_ns = h.max();
   row->alloc_over_2us = h.CountAbove(2000);
+  row->all_p999_ns = rec.all().Quantile(0.999);
+  row->all_max_ns = rec.all().max();
+  row->faulted_calls = rec.faulted_calls();
+  row->preempted_calls = rec.preempted_calls();
   row->faults = faults;
 }
 
@@ -329,10 +334,11 @@ void Prefault(uint64_t bytes) {
 }
 
 void PrintTable(const std::vector<Row>& rows, uint64_t timer_floor) {
-  absl::PrintF("%-5s %-15s %9s %9s %10s %8s %15s %15s %8s %8s %7s %7s %9s %9s %7s\n",
+  absl::PrintF("%-5s %-15s %9s %9s %10s %8s %15s %15s %7s %7s %6s %8s %9s %7s %6s %8s %7s %7s\n",
                "trace", "allocator", "med ns/pr", "p99 ns/pr", "ops",
                "refused", "util@fail(min)", "util+req(min)", "a p99.9",
-               "a max", "a >2us", "faults", "meta B/l", "in-use", "live");
+               "a max", "a>2us", "all p99.9", "all max", "faulted", "preemp",
+               "meta B/l", "in-use", "live");
   for (const Row& r : rows) {
     std::string med = "-", p99 = "-", ops = "-";
     if (r.timed) {
@@ -350,22 +356,30 @@ void PrintTable(const std::vector<Row>& rows, uint64_t timer_floor) {
                      : absl::StrFormat("%.4f", r.util_req_mean);
       if (r.has_meta) meta = absl::StrFormat("%.1f", r.meta_held);
     }
-    std::string p999 = "-", amax = "-", over = "-", faults = "-";
+    std::string p999 = "-", amax = "-", over = "-", all_p999 = "-", all_max = "-",
+                faulted = "-", preempted = "-";
     if (r.has_latency) {
       p999 = absl::StrFormat("%d", r.alloc_p999_ns);
       amax = absl::StrFormat("%d", r.alloc_max_ns);
       over = absl::StrFormat("%d", r.alloc_over_2us);
-      faults = absl::StrFormat("%d", r.faults);
+      all_p999 = absl::StrFormat("%d", r.all_p999_ns);
+      all_max = absl::StrFormat("%d", r.all_max_ns);
+      faulted = absl::StrFormat("%d", r.faulted_calls);
+      preempted = absl::StrFormat("%d", r.preempted_calls);
     }
     std::string in_use = r.has_in_use ? absl::StrFormat("%.1f", r.meta_in_use) : "-";
-    absl::PrintF("%-5s %-15s %9s %9s %10s %8d %15s %15s %8s %8s %7s %7s %9s %9s %7d\n",
+    absl::PrintF("%-5s %-15s %9s %9s %10s %8d %15s %15s %7s %7s %6s %8s %9s %7s %6s %8s %7s %7d\n",
                  r.trace.c_str(), r.allocator.c_str(), med.c_str(), p99.c_str(),
                  ops.c_str(), r.failures, util.c_str(), util_req.c_str(),
-                 p999.c_str(), amax.c_str(), over.c_str(), faults.c_str(),
-                 meta.c_str(), in_use.c_str(), r.live);
+                 p999.c_str(), amax.c_str(), over.c_str(), all_p999.c_str(),
+                 all_max.c_str(), faulted.c_str(), preempted.c_str(), meta.c_str(),
+                 in_use.c_str(), r.live);
   }
-  absl::PrintF("timer floor (median of an empty clock interval): %d ns; "
-               "single-Allocate columns (a ...) include it; prefault: %s\n",
+  absl::PrintF("single Allocate calls, ns (first seed): a p99.9 / a max / a>2us over "
+               "calls that took no page fault and were not preempted; all p99.9 / "
+               "all max over every call; faulted / preemp: calls that took a page "
+               "fault / were preempted. Each includes the timer floor (median of an "
+               "empty clock interval): %d ns. prefault: %s\n",
                timer_floor, absl::GetFlag(FLAGS_prefault) ? "on" : "off");
 }
 
@@ -398,9 +412,12 @@ void PrintJson(const std::vector<Row>& rows, uint64_t timer_floor) {
     if (r.has_latency) {
       absl::PrintF(", \"allocate_calls\": %d, \"allocate_p999_ns\": %d, "
                    "\"allocate_max_ns\": %d, \"allocate_over_2us\": %d, "
+                   "\"allocate_all_p999_ns\": %d, \"allocate_all_max_ns\": %d, "
+                   "\"allocate_faulted_calls\": %d, \"allocate_preempted_calls\": %d, "
                    "\"minor_faults\": %d",
                    r.alloc_calls, r.alloc_p999_ns, r.alloc_max_ns,
-                   r.alloc_over_2us, r.faults);
+                   r.alloc_over_2us, r.all_p999_ns, r.all_max_ns,
+                   r.faulted_calls, r.preempted_calls, r.faults);
     }
     if (r.has_in_use) absl::PrintF(", \"in_use_bytes_per_live_block\": %.2f", r.meta_in_use);
     absl::PrintF(", \"live_blocks\": %d}%s\n", r.live, i + 1 < rows.size() ? "," : "");

@@ -11,11 +11,11 @@ for t in S L F C P; do
   grep -q "^$t .*map best-fit" table.out || { echo "missing $t baseline row"; exit 1; }
 done
 grep -q '^S  *harness floor' table.out || { echo "missing harness floor row"; exit 1; }
-grep -q '^timer floor' table.out || { echo "missing timer floor line"; exit 1; }
+grep -q '^single Allocate calls' table.out || { echo "missing legend line"; exit 1; }
 "$bench" --ops_scale=0.002 --util_seeds=1 --noprefault --traces=F,C --json > json.out
 for key in median_ns_per_pair util_at_first_failure \
     util_at_first_failure_with_request allocate_p999_ns allocate_max_ns \
-    minor_faults '"prefault": false'; do
+    allocate_all_max_ns allocate_faulted_calls minor_faults '"prefault": false'; do
   grep -q "$key" json.out || { echo "bad json: no $key"; cat json.out; exit 1; }
 done
 grep -q '"trace": "S"' json.out && { echo "--traces did not select"; exit 1; }
