@@ -99,12 +99,11 @@ uint32_t OffsetAllocator::SplitAfter(uint32_t i, uint64_t keep) {
   return t;
 }
 
-// Steps 1 and 2 with an own-bin probe (own_bin_probes() > 0).
-// Steps 3 and 4 of the search (see the header).
+// Step 3 of the search, the exact fallback (see the header).
 __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
     uint64_t size, uint64_t alignment, uint32_t own_bin, uint32_t up_bin,
     Block* out) {
-  // 3. Alignment-safe fit: any range >= size + alignment - 1 fits.
+  // Alignment-safe fit: any range >= size + alignment - 1 fits.
   uint32_t limit_bin = up_bin;
   uint32_t bin;
   if (alignment > 1) {
@@ -120,7 +119,7 @@ __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
     }
   }
 
-  // 4. Exact fallback over the bins that may still hold a fitting range.
+  // Walk every range of the bins that may still hold a fitting range.
   for (bin = FindBinAtOrAbove(own_bin); bin != kNone && bin < limit_bin;
        bin = FindBinAtOrAbove(bin + 1)) {
     for (uint32_t i = bin_head_[bin]; i != kNone; i = node(i).next_free) {

@@ -1,12 +1,12 @@
-// Inline definitions of OffsetAllocator's hot path: Allocate, Free and the
-// bin-list, node-pool and neighbour-flag helpers they are made of. Included
-// at the end of offset_allocator.h and nowhere else, so that callers (the
-// SlabPool, the benchmark) compile the fast paths in place: no call, no
-// register save/restore per operation (measured: allocator_bench S 40.2 ->
-// 38.7 ns per pair, L 34.5 -> 32.6). The cold paths (node array growth, splitting for
-// alignment padding, the probing and exact-fallback searches, statistics,
-// Validate) stay out of line in offset_allocator.cc. The design and the
-// invariants are described in offset_allocator.h.
+// Inline definitions of OffsetAllocator's hot path: Allocate (steps 1 and 2
+// of the search), Free and the bin-list, node-pool and neighbour-flag
+// helpers they are made of. Included at the end of offset_allocator.h and
+// nowhere else, so that callers (the SlabPool, the benchmark) compile the
+// fast paths in place, without a call per operation (measured: see
+// allocator_bench's tuning history). The cold paths (node storage growth,
+// splitting for alignment padding, the exact fallback, statistics,
+// Validate) stay out of line in offset_allocator.cc. The guarantees, the
+// search and the invariants are described in offset_allocator.h.
 #ifndef GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_INL_H_
 #define GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_INL_H_
 
