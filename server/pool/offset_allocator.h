@@ -11,7 +11,7 @@
 //   * Exactness: Allocate refuses only when no free range can hold the
 //     request at its alignment (or size is 0 / alignment not a power of 2).
 //   * Free coalesces at once: no two free ranges are ever adjacent.
-//   * Time: Free is O(1). Allocate is O(1): at most 2 * own_bin_probes()
+//   * Time: Free is O(1). Allocate is O(1): at most own_bin_probes() + 1
 //     ranges looked at plus a few bit scans, except the exact fallback
 //     (step 3 below), which runs only when that found nothing fitting.
 //   * No stalls: metadata grows without copying anything (mremap), and in
@@ -32,15 +32,16 @@
 //     1. Own bin (the bin holding `size`; its ranges may be smaller or
 //        larger): of its first K ranges, take the smallest that fits,
 //        lowest address among equal sizes.
-//     2. Good fit: the first non-empty bin above the own bin; every range
-//        there is larger than `size`. Of its first K ranges, take the
-//        smallest that fits the alignment, lowest address among equals.
+//     2. Good fit: the head of the first non-empty bin above the own bin.
+//        No free range lies between `size` and that bin's sizes except in
+//        the own bin, so this is within a bin (< 1/64) of best fit when
+//        step 1 found nothing; it fits unless alignment needs padding.
 //     3. Exact fallback, only if 1-2 found nothing: if alignment > 1, the
 //        head of the first non-empty bin whose ranges fit at any offset
-//        (>= size + alignment - 1); else walk every range of every bin
-//        from the own bin up to that bin, testing each exactly. These are
-//        the only bins where steps 1-2 can miss a fitting range, so a
-//        refusal is proven correct.
+//        (>= size + alignment - 1); failing that (or if alignment == 1),
+//        walk every range of every bin from the own bin up to that bin,
+//        testing each exactly. These are the only bins where steps 1-2 can
+//        miss a fitting range, so a refusal is proven correct.
 //   The block is carved from the front of the chosen range; the rest stays
 //   free (re-binned only if its bin changes). K = 0 skips step 1 and takes
 //   the head of the first non-empty bin at or above `size` rounded up to a
