@@ -59,6 +59,30 @@
 //     stay branches: as selects they measured slower.
 //   * Counters updated together are kept apart in the object: adjacent ones
 //     invited GCC's SLP vectoriser into a slower SSE sequence.
+//   Issue 15 (long churn, stalls). Figures at --ops_scale=0.3 (0.5 where
+//   said) on the 2-vCPU development VM while it was loaded (load average
+//   8-20); ratios and refusal counts are from one run each:
+//   * Node storage. Before: one std::vector grown by 1/8 and copied (78
+//     copies to reach 520,000 blocks; single Allocate calls up to 85 ms).
+//     Tried: fixed chunks of 512 slots behind a chunk table (one more
+//     dependent load per node access): S 38.2 -> 46.5 ns per pair, L 32.1
+//     -> 37.8, P 42 -> 53 with the old search. Chosen: two arrays in
+//     mremap-grown mappings (MappedBuffer; doubling moves page tables, not
+//     bytes, and touches no new page): S 39.6, L 33.2, the vector's speed.
+//   * Search, step 1 (best of the own bin's first K ranges; refusals on C /
+//     P, best fit 29,587 / 5,708): K=0 (the old search) 34,253 / 14,794
+//     (P util@fail 0.868 vs 0.981); K=1 34,010 / 6,165; K=2 32,089 / 5,767;
+//     K=3 31,349 / 5,751; K=4 30,424 / 5,674 (with best-of-K in step 2
+//     too). Each K costs S ~4-5 ns per pair. Unbounded K in steps 1 and 2
+//     made the same choice as the std::map best fit on every call of C
+//     (checked call by call) and its refusals equal, 29,587.
+//   * Ties: the lowest address among equal sizes. Taking the first exact
+//     fit (the most recently freed range) instead: C 33,044 refusals vs
+//     30,424 at K=4; at ops_scale 0.5 55,926 vs best fit 50,468 (1.11x),
+//     5-6 ns per pair faster. Rejected.
+//   * Step 2 best of K vs the bin's head (ops_scale 0.5): C refusals 51,357
+//     vs 52,492 (best fit 50,468), P 10,386 vs 10,721 (10,456), but P 61.7
+//     vs 55.7 ns per pair against best fit's ~570: the head is kept.
 #include <malloc.h>
 
 #include <algorithm>
