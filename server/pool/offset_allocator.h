@@ -11,7 +11,7 @@
 //   * Exactness: Allocate refuses only when no free range can hold the
 //     request at its alignment (or size is 0 / alignment not a power of 2).
 //   * Free coalesces at once: no two free ranges are ever adjacent.
-//   * Time: Free is O(1). Allocate is O(1): at most own_bin_probes() + 1
+//   * Time: Free is O(1). Allocate is O(1): at most 2 * own_bin_probes()
 //     ranges looked at plus a few bit scans, except the exact fallback
 //     (step 3 below), which runs only when that found nothing fitting.
 //   * No stalls: metadata grows without copying anything (mremap), and in
@@ -28,14 +28,15 @@
 //   word per band) and a bin's sizes differ by < 1/64. A summary word says
 //   which bands may have a non-empty bin: "first non-empty bin above b" is
 //   two count-trailing-zeros. For Allocate(size, alignment), with K =
-//   own_bin_probes() (default 4):
+//   own_bin_probes() (default 3):
 //     1. Own bin (the bin holding `size`; its ranges may be smaller or
 //        larger): of its first K ranges, take the smallest that fits,
 //        lowest address among equal sizes.
-//     2. Good fit: the head of the first non-empty bin above the own bin.
-//        No free range lies between `size` and that bin's sizes except in
-//        the own bin, so this is within a bin (< 1/64) of best fit when
-//        step 1 found nothing; it fits unless alignment needs padding.
+//     2. Good fit: the first non-empty bin above the own bin. No free range
+//        lies between `size` and that bin's sizes except in the own bin, so
+//        any range there is within a bin (< 1/64) of best fit when step 1
+//        found nothing. Of its first K ranges, take the smallest that fits
+//        the alignment, lowest address among equal sizes.
 //     3. Exact fallback, only if 1-2 found nothing: if alignment > 1, the
 //        head of the first non-empty bin whose ranges fit at any offset
 //        (>= size + alignment - 1); failing that (or if alignment == 1),
@@ -95,7 +96,7 @@ class OffsetAllocator {
   static constexpr uint32_t kBinsPerBand = 1u << kMantissaBits;
   static_assert(kMantissaBits >= 1 && kMantissaBits <= 6,
                 "a band's bins must fit one 64-bit bitmap word");
-  static constexpr int kDefaultOwnBinProbes = 4;
+  static constexpr int kDefaultOwnBinProbes = 3;
 
   explicit OffsetAllocator(uint64_t capacity);
   OffsetAllocator(const OffsetAllocator&) = delete;

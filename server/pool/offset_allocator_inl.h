@@ -287,10 +287,10 @@ GPUMEM_POOL_INLINE bool OffsetAllocator::Allocate(uint64_t size,
       return true;
     }
   }
-  // 2. Good fit: the head of the first non-empty bin above the own bin (or,
-  // without step 1, at or above size rounded up to the next bin boundary,
-  // up_bin = own_bin + up): every range there holds `size` bytes. The band
-  // bitmap shifted so that bit 0 is own_bin, then past the bins to skip.
+  // 2. Good fit: the first non-empty bin above the own bin (or, without
+  // probing, at or above size rounded up to the next bin boundary, up_bin =
+  // own_bin + up): every range there holds `size` bytes. The band bitmap
+  // shifted so that bit 0 is own_bin, then past the bins to skip.
   const uint32_t band = own_bin >> kMantissaBits;  // < num_bands_: size <= capacity
   const uint32_t skip = probes != 0 ? 1 : up;
   const uint64_t rest = (bin_bitmap_[band] >> (own_bin & kBinMask)) >> skip;
@@ -303,6 +303,14 @@ GPUMEM_POOL_INLINE bool OffsetAllocator::Allocate(uint64_t size,
     if (__builtin_expect(bin == kNone, 0)) {
       return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
     }
+  }
+  if (__builtin_expect(probes != 0, 1)) {
+    const uint32_t i = BestOfFirst(bin, probes, size, alignment);
+    if (__builtin_expect(i == kNone, 0)) {
+      return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
+    }
+    Take<false>(i, bin, size, alignment, out);
+    return true;
   }
   const uint32_t i = bin_head_[bin];
   if (__builtin_expect(!Fits(node(i), size, alignment), 0)) {

@@ -80,9 +80,13 @@
 //     fit (the most recently freed range) instead: C 33,044 refusals vs
 //     30,424 at K=4; at ops_scale 0.5 55,926 vs best fit 50,468 (1.11x),
 //     5-6 ns per pair faster. Rejected.
-//   * Step 2 best of K vs the bin's head (ops_scale 0.5): C refusals 51,357
-//     vs 52,492 (best fit 50,468), P 10,386 vs 10,721 (10,456), but P 61.7
-//     vs 55.7 ns per pair against best fit's ~570: the head is kept.
+//   * Step 2 taking the bin's head instead of the best of its first K: L
+//     util@fail 0.944 (min 0.834) instead of best fit's 0.9627 (0.9484),
+//     which best of 2, 3 or 4 match; speed within the noise. Best of K.
+//   * K = 3 (both steps) vs 4, ops_scale 0.5, same runs as best fit: P
+//     59.6 vs 63.2 ns per pair (best fit 601 / 569: ratio 0.099 / 0.111);
+//     refusals C 51,977 vs 51,357 (best fit 50,468), P 10,500 vs 10,386
+//     (10,456); util@fail C 0.8805 vs 0.9005 (0.8852). K = 3 is the default.
 #include <malloc.h>
 
 #include <algorithm>

@@ -398,9 +398,10 @@ TEST(OffsetAllocatorSearch, OwnBinHoleAboveBinStartIsReused) {
 }
 
 // Step 2: with the own bin empty, the block comes from the first non-empty
-// bin above it, within a bin (< 1/64) of the smallest fitting hole, and
-// not from the big free range at the slab's end.
-TEST(OffsetAllocatorSearch, GoodFitIsWithinOneBinOfBestFit) {
+// bin above it (within a bin, < 1/64, of the smallest fitting hole), not
+// from the big free range at the slab's end; of that bin's first K ranges
+// the smallest.
+TEST(OffsetAllocatorSearch, GoodFitIsTheSmallestOfTheFirstK) {
   OffsetAllocator a(64 << 20);
   // Holes in bin [2^20 + 2^14, 2^20 + 2^15) and one in a bin far above.
   const uint64_t base = (1 << 20) + (1 << 14);
@@ -415,9 +416,8 @@ TEST(OffsetAllocatorSearch, GoodFitIsWithinOneBinOfBestFit) {
   for (const Block& h : holes) a.Free(h);
   Block b;
   ASSERT_TRUE(a.Allocate((1 << 20) + 1, 1, &b));  // own bin is empty
-  bool in_a_small_hole = false;
-  for (int i : {0, 1, 3}) in_a_small_hole |= b.offset == holes[i].offset;
-  EXPECT_TRUE(in_a_small_hole) << b.offset;
+  // The bin's list, head first: base + 256, base, base + 768 (K = 3).
+  EXPECT_EQ(b.offset, holes[1].offset);
   ExpectValid(a);
 }
 
