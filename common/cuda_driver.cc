@@ -85,12 +85,12 @@ absl::Status CudaStatus(const CudaDriver& driver, CUresult r, absl::string_view 
       break;
   }
   absl::Status s(code, message);
-  s.SetPayload(kCudaErrorPayload, absl::Cord(absl::StrCat(static_cast<int>(r))));
+  s.SetPayload(kDriverErrorPayload, absl::Cord(absl::StrCat(static_cast<int>(r))));
   return s;
 }
 
 CUresult CudaErrorOf(const absl::Status& status) {
-  auto p = status.GetPayload(kCudaErrorPayload);
+  auto p = status.GetPayload(kDriverErrorPayload);
   if (!p.has_value()) return CUDA_SUCCESS;
   int v = 0;
   if (!absl::SimpleAtoi(std::string(*p), &v)) return CUDA_ERROR_UNKNOWN;

@@ -13,8 +13,8 @@
 //   device gone or unusable (DEVICE_UNAVAILABLE, ECC_UNCORRECTABLE,
 //   NOT_INITIALIZED, DEINITIALIZED, NO_DEVICE, ...) -> UNAVAILABLE
 //   anything else                                   -> INTERNAL
-// and carries kCudaErrorPayload (the CUresult in decimal), so layers above can
-// tell a driver's refusal from their own.
+// and carries kDriverErrorPayload (common/driver_error.h; the CUresult in
+// decimal), so layers above can tell a driver's refusal from their own.
 #ifndef GPUMEMD_COMMON_CUDA_DRIVER_H_
 #define GPUMEMD_COMMON_CUDA_DRIVER_H_
 
@@ -25,10 +25,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/driver_error.h"
 
 namespace gpumem {
-
-inline constexpr char kCudaErrorPayload[] = "type.gpumem/cuda_error";
 
 struct CudaDriver {
   void* lib = nullptr;

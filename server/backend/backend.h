@@ -21,7 +21,7 @@
 //  - ExportFd returns a new fd each call (the caller owns and closes it) for
 //    the fd kinds; IpcHandle returns the 64 handle bytes for kCudaIpc. Each
 //    answers FAILED_PRECONDITION for a slab of the other kind.
-//  - Driver errors carry common/cuda_driver.h's kCudaErrorPayload, so the
+//  - Driver errors carry kDriverErrorPayload (common/driver_error.h), so the
 //    layers above can tell them from their own refusals.
 //
 // Implementations: sim_backend.h (memfd host memory), cuda_backend.h (driver
@@ -36,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/driver_error.h"
 
 namespace gpumem {
 

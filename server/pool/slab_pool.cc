@@ -25,7 +25,8 @@ SlabPool::SlabPool(Backend* backend, uint32_t device, PoolOptions options)
       device_(device),
       options_(options),
       total_bytes_(backend->devices().at(device).total_bytes) {
-  if (options_.granularity == 0) options_.granularity = 1;
+  options_.granularity = std::max<uint64_t>(
+      {options_.granularity, backend->Granularity(device), 1});
   options_.slab_size = std::max(RoundUp(options_.slab_size), options_.granularity);
 }
 
@@ -52,7 +53,8 @@ absl::Status SlabPool::Reserve() {
     bytes -= bytes % options_.granularity;
     if (bytes == 0) break;
     uint64_t id;
-    absl::StatusOr<SlabEntry*> e = NewSlab(bytes, 0, false, &id);
+    absl::StatusOr<SlabEntry*> e =
+        NewSlab(bytes, 0, backend_->handle_kinds().front(), false, &id);
     if (!e.ok()) return e.status();
     (*e)->reserved = true;
     reserved += bytes;
@@ -62,22 +64,24 @@ absl::Status SlabPool::Reserve() {
 
 absl::StatusOr<SlabPool::SlabEntry*> SlabPool::NewSlab(uint64_t bytes,
                                                        uint32_t tenant,
+                                                       HandleKind kind,
                                                        bool dedicated,
                                                        uint64_t* id) {
-  absl::StatusOr<std::unique_ptr<Slab>> slab = backend_->CreateSlab(device_, bytes);
+  absl::StatusOr<std::unique_ptr<Slab>> slab = backend_->CreateSlab(device_, bytes, kind);
   if (!slab.ok()) return slab.status();
   *id = next_slab_id.fetch_add(1);
   SlabEntry& e = slabs_[*id];
   e.slab = std::move(*slab);
   e.allocator = std::make_unique<OffsetAllocator>(bytes);
   e.tenant = tenant;
+  e.kind = kind;
   e.dedicated = dedicated;
   e.empty_since = absl::Now();
   return &e;
 }
 
 absl::StatusOr<PoolBlock> SlabPool::Carve(uint64_t size, uint64_t alignment,
-                                          uint32_t tenant) {
+                                          uint32_t tenant, HandleKind kind) {
   if (size == 0) return absl::InvalidArgumentError("size must be > 0");
   if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
     return absl::InvalidArgumentError(
@@ -88,17 +92,18 @@ absl::StatusOr<PoolBlock> SlabPool::Carve(uint64_t size, uint64_t alignment,
     e.empty_since = absl::InfiniteFuture();  // not empty any more
     used_bytes_ += size;
     ++live_blocks_;
-    return PoolBlock{id, e.slab->size(), b.offset, size, b.handle, new_slab};
+    return PoolBlock{id, e.slab->size(), b.offset, size, b.handle, new_slab, e.kind};
   };
   const bool dedicated = size > options_.slab_size;
   if (!dedicated) {
     for (auto& [id, e] : slabs_) {
-      if (e.dedicated || e.tenant != tenant) continue;
+      if (e.dedicated || e.tenant != tenant || e.kind != kind) continue;
       if (e.allocator->Allocate(size, alignment, &b)) return take(id, e, false);
     }
     // An empty slab of another tenant: scrub it and hand it over.
     for (auto& [id, e] : slabs_) {
-      if (e.dedicated || e.tenant == tenant || e.allocator->live_blocks() != 0) {
+      if (e.dedicated || e.tenant == tenant || e.kind != kind ||
+          e.allocator->live_blocks() != 0) {
         continue;
       }
       if (e.allocator->capacity() < size) continue;
@@ -112,19 +117,23 @@ absl::StatusOr<PoolBlock> SlabPool::Carve(uint64_t size, uint64_t alignment,
   // to what is left of the device. A new slab's offset 0 meets any
   // alignment, so the block itself is all it needs to hold.
   const uint64_t need = RoundUp(size);
+  absl::Status driver_error;  // the backend's last failure making a slab
   for (int attempt = 0; attempt < 2; ++attempt) {
     uint64_t bytes = dedicated ? need : std::min(options_.slab_size, Unpooled());
     bytes -= dedicated ? 0 : bytes % options_.granularity;
     if (bytes >= need && bytes <= Unpooled()) {
       uint64_t id;
-      absl::StatusOr<SlabEntry*> e = NewSlab(bytes, tenant, dedicated, &id);
+      absl::StatusOr<SlabEntry*> e = NewSlab(bytes, tenant, kind, dedicated, &id);
       if (e.ok()) {
         if ((*e)->allocator->Allocate(size, alignment, &b)) return take(id, **e, true);
         slabs_.erase(id);  // cannot happen for a fresh slab; keep nothing empty
+      } else if (e.status().GetPayload(kDriverErrorPayload).has_value()) {
+        driver_error = e.status();
       }
     }
     if (attempt == 0) ReleaseEmptySlabs(/*including_reserved=*/true);
   }
+  if (!driver_error.ok()) return driver_error;  // the driver's words, not ours
   return Refuse(size, alignment);
 }
 
@@ -181,6 +190,12 @@ absl::StatusOr<int> SlabPool::ExportSlabFd(uint64_t slab_id) const {
   absl::StatusOr<const SlabEntry*> e = FindSlab(slab_id);
   if (!e.ok()) return e.status();
   return (*e)->slab->ExportFd();
+}
+
+absl::StatusOr<std::string> SlabPool::SlabIpcHandle(uint64_t slab_id) const {
+  absl::StatusOr<const SlabEntry*> e = FindSlab(slab_id);
+  if (!e.ok()) return e.status();
+  return (*e)->slab->IpcHandle();
 }
 
 absl::StatusOr<uint32_t> SlabPool::SlabTenant(uint64_t slab_id) const {

@@ -6,6 +6,10 @@
 //  - A slab belongs to one tenant at a time. A block is only ever carved from
 //    a slab its tenant owns; an empty slab may pass to another tenant, and is
 //    scrubbed (zeroed) before it does.
+//  - A slab has one HandleKind (how clients open it) for its life; a block is
+//    only carved from a slab of the kind its request asked for.
+//  - Slab sizes are multiples of the larger of the backend's granularity for
+//    the device and PoolOptions::granularity.
 //  - A block larger than the slab size gets a dedicated slab of its own
 //    (rounded up to the backend's granularity), released as soon as the
 //    block is.
@@ -23,6 +27,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,6 +55,7 @@ struct PoolBlock {
   uint64_t size = 0;
   uint32_t handle = 0;
   bool new_slab = false;
+  HandleKind kind = HandleKind::kMemfd;
 };
 
 // 1 - largest free range / free bytes (0 when nothing is free).
@@ -94,8 +100,14 @@ class SlabPool {
   // A block of `size` bytes at `alignment` (power of two) for `tenant`.
   // RESOURCE_EXHAUSTED when the device cannot hold it; the message says
   // whether capacity or fragmentation refused it.
+  // A backend's error creating a slab is returned as is (driver errors carry
+  // kDriverErrorPayload).
   absl::StatusOr<PoolBlock> Carve(uint64_t size, uint64_t alignment,
-                                  uint32_t tenant);
+                                  uint32_t tenant, HandleKind kind);
+  // The same, in the backend's default kind.
+  absl::StatusOr<PoolBlock> Carve(uint64_t size, uint64_t alignment, uint32_t tenant) {
+    return Carve(size, alignment, tenant, backend_->handle_kinds().front());
+  }
   void Release(const PoolBlock& block);
   // Undoes a Carve that its caller abandons (a sharded request that failed
   // elsewhere): like Release, and a slab the carve created goes back to the
@@ -104,6 +116,8 @@ class SlabPool {
 
   // A new fd for a slab's handle; NOT_FOUND if the slab is gone.
   absl::StatusOr<int> ExportSlabFd(uint64_t slab_id) const;
+  // A kCudaIpc slab's 64 handle bytes; NOT_FOUND if the slab is gone.
+  absl::StatusOr<std::string> SlabIpcHandle(uint64_t slab_id) const;
   // The tenant owning a slab, or NOT_FOUND.
   absl::StatusOr<uint32_t> SlabTenant(uint64_t slab_id) const;
   // A slab's size in bytes (what an importer maps), or NOT_FOUND.
@@ -130,6 +144,7 @@ class SlabPool {
     std::unique_ptr<Slab> slab;
     std::unique_ptr<OffsetAllocator> allocator;
     uint32_t tenant = 0;
+    HandleKind kind = HandleKind::kMemfd;
     bool dedicated = false;
     bool reserved = false;
     absl::Time empty_since = absl::InfinitePast();
@@ -137,7 +152,7 @@ class SlabPool {
 
   // The slab with this id, or NOT_FOUND.
   absl::StatusOr<const SlabEntry*> FindSlab(uint64_t slab_id) const;
-  absl::StatusOr<SlabEntry*> NewSlab(uint64_t bytes, uint32_t tenant,
+  absl::StatusOr<SlabEntry*> NewSlab(uint64_t bytes, uint32_t tenant, HandleKind kind,
                                      bool dedicated, uint64_t* id);
   absl::Status Refuse(uint64_t size, uint64_t alignment) const;
   void ReleaseEmptySlabs(bool including_reserved);

@@ -14,18 +14,44 @@
 
 namespace gpumem {
 
+namespace {
+
+v1::HandleKind ToWire(HandleKind kind) {
+  switch (kind) {
+    case HandleKind::kMemfd: return v1::HANDLE_KIND_MEMFD;
+    case HandleKind::kCudaVmmFd: return v1::HANDLE_KIND_CUDA_VMM_FD;
+    case HandleKind::kCudaIpc: return v1::HANDLE_KIND_CUDA_IPC;
+  }
+  return v1::HANDLE_KIND_UNSPECIFIED;
+}
+
+std::string KindList(const std::vector<HandleKind>& kinds) {
+  std::string out;
+  for (HandleKind k : kinds) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", v1::HandleKind_Name(ToWire(k)));
+  }
+  return out;
+}
+
+}  // namespace
+
 class MemoryBroker::PoolCarver : public placement::DeviceCarver {
  public:
-  PoolCarver(MemoryBroker* broker, uint32_t tenant) : broker_(broker), tenant_(tenant) {}
+  PoolCarver(MemoryBroker* broker, uint32_t tenant, HandleKind kind)
+      : broker_(broker), tenant_(tenant), kind_(kind) {}
 
   absl::StatusOr<placement::CarvedBlock> TryCarve(
       uint32_t device, uint64_t size, uint64_t alignment,
       placement::CarveRefusal* refusal) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(broker_->mu_) {
     SlabPool& pool = *broker_->pools_[device];
-    absl::StatusOr<PoolBlock> b = pool.Carve(size, alignment, tenant_);
+    absl::StatusOr<PoolBlock> b = pool.Carve(size, alignment, tenant_, kind_);
     if (!b.ok()) {
       if (b.status().code() == absl::StatusCode::kResourceExhausted) {
+        // The driver's out-of-memory: its words go into the refusal.
+        if (b.status().GetPayload(kDriverErrorPayload).has_value()) {
+          refusal->detail = std::string(b.status().message());
+        }
         refusal->free_bytes = pool.free_bytes();
         refusal->largest_free_bytes = pool.largest_carvable();
         refusal->reason = refusal->free_bytes < size
@@ -57,6 +83,7 @@ class MemoryBroker::PoolCarver : public placement::DeviceCarver {
  private:
   MemoryBroker* broker_;
   uint32_t tenant_;
+  HandleKind kind_;
   absl::flat_hash_map<uint64_t, PoolBlock> pending_;
 };
 
@@ -98,6 +125,15 @@ MemoryBroker::~MemoryBroker() {
 }
 
 absl::Status MemoryBroker::Start() {
+  const std::vector<HandleKind>& can = backend_->handle_kinds();
+  if (options_.handle_kinds.empty()) options_.handle_kinds = can;
+  for (HandleKind k : options_.handle_kinds) {
+    if (std::find(can.begin(), can.end(), k) == can.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "handle kind ", HandleKindName(k), " is not one the ", backend_->name(),
+          " backend makes (it makes: ", KindList(can), ")"));
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
     for (auto& pool : pools_) {
@@ -151,6 +187,19 @@ placement::DeviceSnapshot MemoryBroker::SnapshotLocked() const {
   return snap;
 }
 
+absl::StatusOr<HandleKind> MemoryBroker::RequestedKind(
+    const v1::AllocateRequest& request) const {
+  const std::vector<HandleKind>& offered = options_.handle_kinds;
+  if (request.handle_kind() == v1::HANDLE_KIND_UNSPECIFIED) return offered.front();
+  for (HandleKind k : offered) {
+    if (ToWire(k) == request.handle_kind()) return k;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "handle_kind ", v1::HandleKind_Name(request.handle_kind()),
+      " is not offered by this daemon (", backend_->name(),
+      " backend); it offers: ", KindList(offered)));
+}
+
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     const PeerCred& caller, const v1::AllocateRequest& request) {
   if (IsShutDown()) return ShuttingDown();
@@ -160,6 +209,8 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
         "size_bytes ", request.size_bytes(), " (", FormatBytes(request.size_bytes()),
         ") is larger than any device (largest: ", FormatBytes(largest_device_bytes_), ")"));
   }
+  absl::StatusOr<HandleKind> kind = RequestedKind(request);
+  if (!kind.ok()) return kind.status();
   absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
   if (!session.ok()) return session.status();
   // Argument checks need no pool state: done before taking the lock.
@@ -172,7 +223,7 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
   // Until tenants are configured (the ledger's issue), each uid is its own
   // tenant: its blocks never share a slab with another uid's, and a slab is
   // scrubbed before it passes from one uid to another.
-  PoolCarver carver(this, /*tenant=*/caller.uid);
+  PoolCarver carver(this, /*tenant=*/caller.uid, *kind);
   placement::Placer placer(&carver, placer_options_);
   placement::PlacementResult result = placer.Place(*prepared, SnapshotLocked());
   if (!result.ok()) return result.status;
@@ -181,8 +232,21 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     for (const placement::CarvedBlock& b : result.blocks) carver.Release(b);
     return absl::FailedPreconditionError("the calling process has exited");
   }
+  // Legacy IPC slabs: their handle bytes go in the reply.
+  std::vector<std::string> ipc_handles(result.blocks.size());
+  for (size_t i = 0; i < result.blocks.size() && *kind == HandleKind::kCudaIpc; ++i) {
+    const placement::CarvedBlock& b = result.blocks[i];
+    absl::StatusOr<std::string> handle =
+        pools_[b.device]->SlabIpcHandle(carver.pool_block(b.id).slab_id);
+    if (!handle.ok()) {
+      for (const placement::CarvedBlock& c : result.blocks) carver.Release(c);
+      return handle.status();
+    }
+    ipc_handles[i] = *std::move(handle);
+  }
   v1::AllocateResponse response;
-  for (const placement::CarvedBlock& b : result.blocks) {
+  for (size_t i = 0; i < result.blocks.size(); ++i) {
+    const placement::CarvedBlock& b = result.blocks[i];
     Record r;
     r.session = session->id;
     r.uid = caller.uid;
@@ -202,7 +266,8 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     a->set_slab_size_bytes(r.block.slab_size);
     a->set_offset(r.block.offset);
     a->set_size_bytes(r.block.size);
-    a->set_handle_kind(v1::HANDLE_KIND_POSIX_FD);
+    a->set_handle_kind(ToWire(r.block.kind));
+    if (r.block.kind == HandleKind::kCudaIpc) a->set_ipc_handle(ipc_handles[i]);
   }
   return response;
 }
@@ -319,6 +384,13 @@ v1::GetStatsResponse MemoryBroker::Stats(bool include_slabs) const {
   for (const DeviceInfo& d : devices) {
     const DeviceLoad& load = loads[d.index];
     v1::DeviceStats* ds = out.add_devices();
+    // Asked outside the lock: a driver call, and not the pools' state.
+    absl::StatusOr<DriverMemInfo> driver = backend_->DriverMemory(d.index);
+    if (driver.ok()) {
+      ds->set_driver_free_bytes(driver->free_bytes);
+      ds->set_driver_total_bytes(driver->total_bytes);
+    }
+    ds->set_granularity_bytes(backend_->Granularity(d.index));
     ds->set_index(d.index);
     ds->set_uuid(d.uuid);
     ds->set_name(d.name);

@@ -19,6 +19,10 @@
 //  - Free is allowed to the owning session, any process of the same uid, and
 //    root; otherwise PERMISSION_DENIED.
 //  - After Shutdown every call is FAILED_PRECONDITION and no slab is held.
+//  - A request for a handle kind the daemon does not offer is
+//    FAILED_PRECONDITION naming the kinds it offers. A driver's error making
+//    a slab reaches the caller with the driver's words: out of memory as a
+//    RESOURCE_EXHAUSTED refusal naming the device, others as is.
 //
 // Thread-safety: all methods may be called from any thread; one mutex
 // serializes pool changes (the allocator work under it is O(1) per slab).
@@ -46,6 +50,10 @@ namespace gpumem {
 
 struct BrokerOptions {
   PoolOptions pool;
+  // The slab handle kinds offered to clients, the first the default; empty
+  // means every kind the backend makes. Start() refuses a kind the backend
+  // cannot make.
+  std::vector<HandleKind> handle_kinds;
   uint64_t default_alignment = 256;
   // How often idle slabs are looked for.
   absl::Duration maintenance_interval = absl::Seconds(1);
@@ -74,6 +82,8 @@ class MemoryBroker {
   absl::StatusOr<SlabFd> ExportSlab(const PeerCred& caller, uint64_t slab_id);
 
   const Backend& backend() const { return *backend_; }
+  // The kinds offered, the default first (valid after Start).
+  const std::vector<HandleKind>& handle_kinds() const { return options_.handle_kinds; }
 
  private:
   struct Record {
@@ -83,6 +93,8 @@ class MemoryBroker {
     PoolBlock block;
   };
   class PoolCarver;
+  // The offered kind a request asks for, or FAILED_PRECONDITION.
+  absl::StatusOr<HandleKind> RequestedKind(const v1::AllocateRequest& request) const;
 
   static absl::Status ShuttingDown();
   bool IsShutDown() const;
