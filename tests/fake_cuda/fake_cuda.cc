@@ -37,6 +37,8 @@
 //   FAKE_CUDA_PEERS        groups of devices with peer access, "0-1,2-3"
 //   FAKE_CUDA_GRANULARITY  allocation granularity in bytes (default 2 MiB)
 //   FAKE_CUDA_NO_POSIX_FD  "1": POSIX fd handles are not supported
+//   FAKE_CUDA_DIRTY        "1": new memory reads 0xA5, not zeros (the real
+//                          driver does not zero what it hands out)
 //   FAKE_CUDA_FAIL         injected failures, comma separated:
 //                          "cuMemCreate@3=CUDA_ERROR_OUT_OF_MEMORY" (3rd call),
 //                          "cuMemsetD8_v2@2+=46" (2nd call on), "cuMemMap=1"
@@ -57,6 +59,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <set>
@@ -127,6 +130,7 @@ struct State {
   std::set<std::pair<int, int>> peers;  // global index pairs
   uint64_t granularity = 2 * kMiB;
   bool no_posix_fd = false;
+  bool dirty = false;
   std::string lost_file;
   std::vector<Failure> failures;
   std::vector<CUctx_st> contexts;
@@ -263,6 +267,7 @@ bool Configure(State& s) {
     }
   }
   s.no_posix_fd = std::string(Env("FAKE_CUDA_NO_POSIX_FD")) == "1";
+  s.dirty = std::string(Env("FAKE_CUDA_DIRTY")) == "1";
   s.lost_file = Env("FAKE_CUDA_LOST_FILE");
   for (const std::string& item : Split(Env("FAKE_CUDA_FAIL"), ',')) {
     Failure f;
@@ -454,6 +459,13 @@ int NewPhysical(const State& s, int ordinal, uint64_t bytes, CUresult* err) {
     if (fd >= 0) close(fd);
     *err = CUDA_ERROR_OUT_OF_MEMORY;
     return -1;
+  }
+  if (s.dirty) {
+    std::vector<char> junk(kMiB, static_cast<char>(0xA5));
+    for (uint64_t at = 0; at < bytes; at += junk.size()) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(junk.size(), bytes - at));
+      if (pwrite(fd, junk.data(), n, static_cast<off_t>(at)) != static_cast<ssize_t>(n)) break;
+    }
   }
   return fd;
 }
