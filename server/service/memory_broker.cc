@@ -49,12 +49,12 @@ class MemoryBroker::PoolCarver : public placement::DeviceCarver {
     if (!b.ok()) {
       if (b.status().code() == absl::StatusCode::kResourceExhausted) {
         // The driver's out-of-memory: its words go into the refusal.
-        if (b.status().GetPayload(kDriverErrorPayload).has_value()) {
-          refusal->detail = std::string(b.status().message());
-        }
+        const bool driver = b.status().GetPayload(kDriverErrorPayload).has_value();
+        if (driver) refusal->detail = std::string(b.status().message());
         refusal->free_bytes = pool.free_bytes();
         refusal->largest_free_bytes = pool.largest_carvable();
-        refusal->reason = refusal->free_bytes < size
+        // The driver's out-of-memory is capacity, whatever the pool thought.
+        refusal->reason = refusal->free_bytes < size || driver
                               ? placement::CarveRefusal::Reason::kCapacity
                               : placement::CarveRefusal::Reason::kFragmentation;
       }

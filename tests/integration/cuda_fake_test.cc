@@ -186,6 +186,7 @@ TEST_F(CudaFakeTest, InjectedOutOfMemoryIsResourceExhaustedNamingDeviceAndDriver
   ASSERT_TRUE(refusal.has_value());
   ASSERT_EQ(refusal->devices_size(), 1);
   EXPECT_TRUE(absl::StrContains(refusal->devices(0).detail(), "CUDA_ERROR_OUT_OF_MEMORY"));
+  EXPECT_EQ(refusal->devices(0).reason(), v1::DeviceRefusal::REASON_CAPACITY);
   // Still serving; the existing slab still carves.
   EXPECT_TRUE(Alloc(kMiB, "0").ok());
 }
