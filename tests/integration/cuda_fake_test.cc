@@ -172,6 +172,21 @@ TEST_F(CudaFakeTest, ReaderFindsTheDeviceByUuidUnderCudaVisibleDevices) {
   EXPECT_EQ(Read(hex, "CUDA_VISIBLE_DEVICES=1,0"), "read ok");
 }
 
+TEST_F(CudaFakeTest, AnImportThatFailsNamesTheCallAndTheNextOneWorks) {
+  StartDaemon({"--slab_size=16MiB"});
+  std::string hex;
+  auto writer = StartWriter("0", "vmm", kMiB, &hex);
+  // The reader's own driver fails its first cuMemMap.
+  std::string line = Read(hex, "FAKE_CUDA_FAIL=cuMemMap@1=CUDA_ERROR_OUT_OF_MEMORY");
+  EXPECT_TRUE(absl::StrContains(line, "RESOURCE_EXHAUSTED")) << line;
+  EXPECT_TRUE(absl::StrContains(line, "cuMemMap")) << line;
+  EXPECT_TRUE(absl::StrContains(line, "CUDA_ERROR_OUT_OF_MEMORY")) << line;
+  line = Read(hex, "FAKE_CUDA_FAIL=cuMemImportFromShareableHandle=CUDA_ERROR_NOT_SUPPORTED");
+  EXPECT_TRUE(absl::StrContains(line, "cuMemImportFromShareableHandle")) << line;
+  EXPECT_TRUE(absl::StrContains(line, "CUDA_ERROR_NOT_SUPPORTED")) << line;
+  EXPECT_EQ(Read(hex), "read ok");
+}
+
 TEST_F(CudaFakeTest, InjectedOutOfMemoryIsResourceExhaustedNamingDeviceAndDriver) {
   StartDaemon({"--slab_size=16MiB"},
               {{"FAKE_CUDA_FAIL", "cuMemCreate@2+=CUDA_ERROR_OUT_OF_MEMORY"}});
@@ -233,6 +248,30 @@ TEST_F(CudaFakeTest, KindNotOfferedIsFailedPreconditionSayingWhichAre) {
   auto fine = Alloc(kMiB, "0");
   ASSERT_TRUE(fine.ok()) << fine.status();
   EXPECT_EQ(fine->allocations(0).handle_kind(), v1::HANDLE_KIND_CUDA_VMM_FD);
+}
+
+TEST_F(CudaFakeTest, BlocksOfDifferentKindsNeverShareASlab) {
+  StartDaemon({"--slab_size=16MiB"});
+  auto vmm = Alloc(kMiB, "0");
+  auto ipc = Alloc(kMiB, "0", v1::HANDLE_KIND_CUDA_IPC);
+  auto vmm2 = Alloc(kMiB, "0", v1::HANDLE_KIND_CUDA_VMM_FD);
+  ASSERT_TRUE(vmm.ok() && ipc.ok() && vmm2.ok());
+  EXPECT_EQ(vmm->allocations(0).handle_kind(), v1::HANDLE_KIND_CUDA_VMM_FD);
+  EXPECT_TRUE(vmm->allocations(0).ipc_handle().empty());
+  EXPECT_EQ(ipc->allocations(0).handle_kind(), v1::HANDLE_KIND_CUDA_IPC);
+  EXPECT_NE(ipc->allocations(0).slab_id(), vmm->allocations(0).slab_id());
+  EXPECT_EQ(vmm2->allocations(0).slab_id(), vmm->allocations(0).slab_id());
+  // Sharded requests carry the kind to every shard.
+  v1::AllocateRequest req;
+  req.set_size_bytes(2 * kMiB);
+  req.set_shard_count(2);
+  req.set_handle_kind(v1::HANDLE_KIND_CUDA_IPC);
+  auto shards = client_->AllocateRaw(req);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  for (const v1::Allocation& a : shards->allocations()) {
+    EXPECT_EQ(a.handle_kind(), v1::HANDLE_KIND_CUDA_IPC);
+    EXPECT_EQ(a.ipc_handle().size(), 64u);
+  }
 }
 
 TEST_F(CudaFakeTest, SlabsAreMultiplesOfTheDriversGranularity) {
