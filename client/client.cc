@@ -174,7 +174,21 @@ void Client::UnmapBlock(const v1::Allocation& a) {
   absl::MutexLock lock(&impl_->mu);
   auto it = impl_->slabs.find(a.slab_id());
   if (it == impl_->slabs.end()) return;
-  if (--it->second.refs == 0) impl_->slabs.erase(it);  // closes the slab
+  if (--it->second.refs == 0) {
+    impl_->slabs.erase(it);  // closes the slab
+    // Legacy IPC handles came with the allocation, not over the channel:
+    // open it now to say the slab is closed.
+    if (impl_->channel_fd < 0 && a.handle_kind() == v1::HANDLE_KIND_CUDA_IPC) {
+      absl::StatusOr<int> fd = ConnectFdChannel(impl_->socket_path);
+      if (fd.ok()) impl_->channel_fd = *fd;
+    }
+    // Tell the daemon, so a released slab is not kept retained for us.
+    if (impl_->channel_fd >= 0 &&
+        CloseSlabFd(impl_->channel_fd, a.slab_id()).code() == absl::StatusCode::kUnavailable) {
+      close(impl_->channel_fd);
+      impl_->channel_fd = -1;
+    }
+  }
 }
 
 absl::Status Client::CopyBlock(const v1::Allocation& a, uint64_t offset, const void* src,
