@@ -143,8 +143,8 @@ TEST_F(CudaFakeTest, TwoProcessesShareAVmmSlabAndKillGivesMemoryBack) {
       << Device(1).DebugString();
 }
 
-TEST_F(CudaFakeTest, TwoProcessesShareALegacyIpcSlab) {
-  StartDaemon({"--slab_size=16MiB"});
+TEST_F(CudaFakeTest, TwoProcessesShareALegacyIpcSlabAndKillGivesItBack) {
+  StartDaemon({"--slab_size=16MiB", "--empty_slab_release_seconds=0"});
   std::string hex;
   auto writer = StartWriter("0", "ipc", 2 * kMiB, &hex);
   v1::Allocation a;
@@ -157,6 +157,17 @@ TEST_F(CudaFakeTest, TwoProcessesShareALegacyIpcSlab) {
   ASSERT_TRUE(a.ParseFromString(absl::HexStringToBytes(hex)));
   EXPECT_GT(a.offset(), 0u);
   EXPECT_EQ(Read(hex), "read ok");
+  EXPECT_EQ(Device(0).driver_free_bytes(), 256 * kMiB - 16 * kMiB);
+  // The writers were given the handle bytes: the slab goes back only once
+  // both are gone.
+  writer->Kill(SIGKILL);
+  writer->Wait();
+  EXPECT_TRUE(Eventually([&] { return Device(0).used_bytes() == kMiB; }));
+  EXPECT_EQ(Device(0).driver_free_bytes(), 256 * kMiB - 16 * kMiB);
+  second->Kill(SIGKILL);
+  second->Wait();
+  EXPECT_TRUE(Eventually([&] { return Device(0).driver_free_bytes() == 256 * kMiB; }))
+      << Device(0).DebugString();
 }
 
 TEST_F(CudaFakeTest, ReaderFindsTheDeviceByUuidUnderCudaVisibleDevices) {
