@@ -1,11 +1,23 @@
 #include "client/cuda_device_context.h"
 
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace gpumem {
 
 absl::StatusOr<CudaDeviceContext> CudaDeviceContext::Find(const CudaDriver& d,
                                                           const std::string& uuid) {
+  // Found once per device per driver: the numbering never changes in a
+  // process, and the primary context is retained once.
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* found =
+      new absl::flat_hash_map<std::pair<const CudaDriver*, std::string>, CudaDeviceContext>;
+  absl::MutexLock lock(&mu);
+  auto cached = found->find(std::make_pair(&d, uuid));
+  if (cached != found->end()) return cached->second;
   int count = 0;
   absl::Status s = CudaStatus(d, d.cuDeviceGetCount(&count), "cuDeviceGetCount");
   if (!s.ok()) return s;
@@ -22,6 +34,7 @@ absl::StatusOr<CudaDeviceContext> CudaDeviceContext::Find(const CudaDriver& d,
     s = CudaStatus(d, d.cuDevicePrimaryCtxRetain(&out.ctx, dev), "cuDevicePrimaryCtxRetain",
                    absl::StrCat("device ", uuid));
     if (!s.ok()) return s;
+    found->emplace(std::make_pair(&d, uuid), out);
     return out;
   }
   return absl::FailedPreconditionError(absl::StrCat(

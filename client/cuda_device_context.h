@@ -3,8 +3,8 @@
 // The daemon names devices by UUID; under CUDA_VISIBLE_DEVICES this process
 // may number them differently or not see some at all. Find() looks the UUID
 // up among the devices the driver shows this process and retains that
-// device's primary context (kept for the process's life, like the runtime
-// does). MakeCurrent() sets it on the calling thread; Write/Read copy with
+// device's primary context (once per device, cached, kept for the process's
+// life, like the runtime does). MakeCurrent() sets it on the calling thread; Write/Read copy with
 // cuMemcpyHtoD/DtoH for the CUDA slab mappers.
 #ifndef GPUMEMD_CLIENT_CUDA_DEVICE_CONTEXT_H_
 #define GPUMEMD_CLIENT_CUDA_DEVICE_CONTEXT_H_

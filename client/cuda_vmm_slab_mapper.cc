@@ -18,6 +18,7 @@ class VmmSlab : public OpenedSlab {
   VmmSlab(const CudaDriver* d, CudaDeviceContext dev, uint64_t size)
       : d_(d), dev_(std::move(dev)), size_(size) {}
   ~VmmSlab() override {
+    dev_.MakeCurrent(*d_).IgnoreError();
     if (mapped_) d_->cuMemUnmap(va_, size_);
     if (va_ != 0) d_->cuMemAddressFree(va_, size_);
     if (handle_ != 0) d_->cuMemRelease(handle_);

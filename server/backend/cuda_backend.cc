@@ -59,6 +59,7 @@ class VmmSlab : public CudaSlabBase {
  public:
   using CudaSlabBase::CudaSlabBase;
   ~VmmSlab() override {
+    d_->cuCtxSetCurrent(dev_->ctx);
     if (mapped_) d_->cuMemUnmap(base_, size_);
     if (base_ != 0) d_->cuMemAddressFree(base_, size_);
     if (handle_ != 0) d_->cuMemRelease(handle_);
