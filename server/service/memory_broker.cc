@@ -19,14 +19,36 @@
 
 namespace gpumem {
 
+namespace {
+
+v1::HandleKind ToWire(HandleKind kind) {
+  switch (kind) {
+    case HandleKind::kMemfd: return v1::HANDLE_KIND_MEMFD;
+    case HandleKind::kCudaVmmFd: return v1::HANDLE_KIND_CUDA_VMM_FD;
+    case HandleKind::kCudaIpc: return v1::HANDLE_KIND_CUDA_IPC;
+  }
+  return v1::HANDLE_KIND_UNSPECIFIED;
+}
+
+std::string KindList(const std::vector<HandleKind>& kinds) {
+  std::string out;
+  for (HandleKind k : kinds) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", v1::HandleKind_Name(ToWire(k)));
+  }
+  return out;
+}
+
+}  // namespace
+
 class MemoryBroker::PoolCarver : public placement::DeviceCarver {
  public:
-  PoolCarver(MemoryBroker* broker, uint32_t tenant) : broker_(broker), tenant_(tenant) {}
+  PoolCarver(MemoryBroker* broker, uint32_t tenant, HandleKind kind)
+      : broker_(broker), tenant_(tenant), kind_(kind) {}
 
   absl::StatusOr<placement::CarvedBlock> TryCarve(
       uint32_t device, uint64_t size, uint64_t alignment,
       placement::CarveRefusal* refusal) override {
-    CarveResult r = broker_->pools_[device]->Carve(size, alignment, tenant_);
+    CarveResult r = broker_->pools_[device]->Carve(size, alignment, tenant_, kind_);
     switch (r.kind) {
       case CarveResult::Kind::kError:
         return r.error;
@@ -63,6 +85,7 @@ class MemoryBroker::PoolCarver : public placement::DeviceCarver {
  private:
   MemoryBroker* broker_;
   uint32_t tenant_;
+  HandleKind kind_;
   absl::flat_hash_map<uint64_t, PoolBlock> pending_;
 };
 
@@ -111,6 +134,15 @@ MemoryBroker::~MemoryBroker() {
 }
 
 absl::Status MemoryBroker::Start() {
+  const std::vector<HandleKind>& can = backend_->handle_kinds();
+  if (options_.handle_kinds.empty()) options_.handle_kinds = can;
+  for (HandleKind k : options_.handle_kinds) {
+    if (std::find(can.begin(), can.end(), k) == can.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "handle kind ", HandleKindName(k), " is not one the ", backend_->name(),
+          " backend makes (it makes: ", KindList(can), ")"));
+    }
+  }
   if (!options_.admin_group.empty()) {
     struct group grp;
     struct group* found = nullptr;
@@ -200,6 +232,19 @@ placement::DeviceSnapshot MemoryBroker::Snapshot() const {
   return snap;
 }
 
+absl::StatusOr<HandleKind> MemoryBroker::RequestedKind(
+    const v1::AllocateRequest& request) const {
+  const std::vector<HandleKind>& offered = options_.handle_kinds;
+  if (request.handle_kind() == v1::HANDLE_KIND_UNSPECIFIED) return offered.front();
+  for (HandleKind k : offered) {
+    if (ToWire(k) == request.handle_kind()) return k;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "handle_kind ", v1::HandleKind_Name(request.handle_kind()),
+      " is not offered by this daemon (", backend_->name(),
+      " backend); it offers: ", KindList(offered)));
+}
+
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     const PeerCred& caller, const v1::AllocateRequest& request) {
   absl::ReaderMutexLock gate(&gate_);
@@ -210,6 +255,8 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
         "size_bytes ", request.size_bytes(), " (", FormatBytes(request.size_bytes()),
         ") is larger than any device (largest: ", FormatBytes(largest_device_bytes_), ")"));
   }
+  absl::StatusOr<HandleKind> kind = RequestedKind(request);
+  if (!kind.ok()) return kind.status();
   absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
   if (!session.ok()) return session.status();
   absl::StatusOr<placement::PreparedRequest> prepared =
@@ -221,7 +268,7 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
 
   for (;;) {
     const uint64_t releases = releases_.load();
-    absl::StatusOr<v1::AllocateResponse> placed = Place(caller, *tenant, session->id, *prepared);
+    absl::StatusOr<v1::AllocateResponse> placed = Place(caller, *tenant, session->id, *prepared, *kind);
     if (placed.ok() || request.wait_ms() == 0 ||
         placed.status().code() != absl::StatusCode::kResourceExhausted) {
       return placed;
@@ -241,6 +288,7 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
       w.tenant = *tenant;
       w.session = session->id;
       w.prepared = &*prepared;
+      w.kind = *kind;
       const auto ticket = waiters_.Add(tenant->priority, &w);
       wait_mu_.AwaitWithDeadline(absl::Condition(&w.done),
                                  absl::Now() + absl::Milliseconds(request.wait_ms()));
@@ -249,7 +297,7 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
       if (w.done) return std::move(w.result);
     }
     // Time is up: the usual answer, as things stand now.
-    return Place(caller, *tenant, session->id, *prepared);
+    return Place(caller, *tenant, session->id, *prepared, *kind);
   }
 }
 
@@ -260,10 +308,10 @@ absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOf(const PeerCred& caller
 
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
     const PeerCred& caller, const tenants::TenantRef& tenant, uint64_t session,
-    const placement::PreparedRequest& prepared) {
+    const placement::PreparedRequest& prepared, HandleKind kind) {
   // The pool carves from this tenant's slabs; the quota adaptor charges the
   // tenant before the pool carves.
-  PoolCarver pool_carver(this, tenant.id);
+  PoolCarver pool_carver(this, tenant.id, kind);
   std::optional<quota::QuotaCarver> quota_carver;
   placement::DeviceCarver* carver = &pool_carver;
   if (options_.quotas != nullptr) {
@@ -273,6 +321,20 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
   placement::PlacementResult result = placer.Place(prepared, Snapshot());
   if (!result.ok()) return result.status;
 
+  // Legacy IPC slabs: their handle bytes go in the reply, and the session is
+  // recorded as holding the slab (it may keep the handle open for its life).
+  std::vector<std::string> ipc_handles(result.blocks.size());
+  for (size_t i = 0; i < result.blocks.size() && kind == HandleKind::kCudaIpc; ++i) {
+    const placement::CarvedBlock& b = result.blocks[i];
+    absl::StatusOr<std::string> handle = pools_[b.device]->IpcHandle(
+        pool_carver.pool_block(b.id).slab_id, tenant.id, session);
+    if (!handle.ok()) {
+      for (const placement::CarvedBlock& c : result.blocks) carver->Release(c);
+      return handle.status();
+    }
+    ipc_handles[i] = *std::move(handle);
+  }
+
   v1::AllocateResponse response;
   {
     absl::MutexLock lock(&table_mu_);
@@ -280,7 +342,8 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
     // finds these records in OnSessionEnd (see session_registry.h).
     if (sessions_->IsLive(session)) {
       SessionUse& use = by_session_[session];
-      for (const placement::CarvedBlock& b : result.blocks) {
+      for (size_t i = 0; i < result.blocks.size(); ++i) {
+        const placement::CarvedBlock& b = result.blocks[i];
         Record r;
         r.session = session;
         r.uid = caller.uid;
@@ -303,7 +366,8 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
         a->set_slab_size_bytes(r.block.slab_size);
         a->set_offset(r.block.offset);
         a->set_size_bytes(r.block.size);
-        a->set_handle_kind(v1::HANDLE_KIND_POSIX_FD);
+        a->set_handle_kind(ToWire(r.block.kind));
+        if (r.block.kind == HandleKind::kCudaIpc) a->set_ipc_handle(ipc_handles[i]);
         allocations_[b.id] = std::move(r);
       }
       return response;
@@ -344,7 +408,7 @@ void MemoryBroker::ServeWaiters() {
       w->result = absl::FailedPreconditionError("the waiting process has exited");
     } else {
       absl::StatusOr<v1::AllocateResponse> r =
-          Place(w->caller, w->tenant, w->session, *w->prepared);
+          Place(w->caller, w->tenant, w->session, *w->prepared, w->kind);
       // Still no room: it keeps waiting. Served, or another error: done.
       if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted) continue;
       w->result = std::move(r);
@@ -550,6 +614,13 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
     ds->set_fragmentation(stats.fragmentation);
     ds->set_slab_count(stats.slab_count);
     ds->set_allocation_count(stats.live_blocks);
+    ds->set_granularity_bytes(backend_->Granularity(d.index));
+    // The driver's own view (no pool lock is held here).
+    absl::StatusOr<DriverMemInfo> driver = backend_->DriverMemory(d.index);
+    if (driver.ok()) {
+      ds->set_driver_free_bytes(driver->free_bytes);
+      ds->set_driver_total_bytes(driver->total_bytes);
+    }
     for (v1::PeerLink link : peer_rows_[d.index]) ds->add_peers(link);
     for (const SlabStats& slab : slabs) {
       // Slab figures are device figures, but whose slab it is is not.
