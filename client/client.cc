@@ -250,4 +250,11 @@ absl::Status Buffer::Free() {
   return c->Free(info_.id());
 }
 
+void Buffer::Abandon() {
+  if (client_ == nullptr) return;
+  client_->UnmapBlock(info_);
+  client_ = nullptr;
+  data_ = nullptr;
+}
+
 }  // namespace gpumem
