@@ -252,14 +252,21 @@ CachingPool::~CachingPool() {
   }
   caches_.clear();
   large_.clear();  // Buffer destructors free at the daemon
+  for (auto& [ptr, block] : lost_large_) block->buffer.Abandon();
+  lost_large_.clear();
   for (auto& lease : leases_) {
-    if (!lease->released && !lease->lost.load()) lease->buffer = Buffer();
+    if (lease->lost.load()) {
+      lease->buffer.Abandon();
+    } else if (!lease->released) {
+      lease->buffer = Buffer();
+    }
     if (lease->shadow != nullptr) munmap(lease->shadow, lease->shadow_bytes);
   }
   leases_.clear();
   table_.store(nullptr);
   tables_.clear();
   client_.reset();
+  retired_clients_.clear();
   if (watch_fd_ >= 0) close(watch_fd_);
   for (auto& [begin, size] : lost_) munmap(reinterpret_cast<void*>(begin), size);
 }
@@ -383,7 +390,9 @@ absl::StatusOr<void*> CachingPool::AllocateSlow(uint64_t size, uint32_t cls,
       if (buf.status().code() == absl::StatusCode::kResourceExhausted) {
         return AllocateLarge(size, arena->placement);
       }
-      return buf.status();
+      return absl::Status(buf.status().code(),
+                          absl::StrCat("leasing ", options_.lease_bytes,
+                                       " bytes from the daemon: ", buf.status().message()));
     }
     auto l = std::make_unique<Lease>();
     l->base = reinterpret_cast<uintptr_t>(buf->data());
@@ -490,6 +499,7 @@ absl::Status CachingPool::Free(void* ptr) {
   }
   absl::MutexLock lock(&mu_);
   if (lease->lost.load()) {
+    LostBlockFreedLocked(lease);
     return LibraryError(kLost, absl::StrFormat(
         "%p was lost when the daemon restarted; the pointer is invalid", ptr));
   }
@@ -506,17 +516,14 @@ absl::Status CachingPool::FreeLarge(uintptr_t p) {
   if (it != large_.end()) {
     std::unique_ptr<LargeBlock> block = std::move(it->second);
     large_.erase(it);
-    if (!connected.ok()) {
-      block->buffer.Abandon();
+    if (!connected.ok()) {  // cannot happen after a restart: that moves it to lost_large_
       return connected;
     }
     return block->buffer.Free();
   }
-  if (IsLost(p)) {
-    return LibraryError(kLost, absl::StrFormat(
-        "%p was lost when the daemon restarted; the pointer is invalid",
-        reinterpret_cast<void*>(p)));
-  }
+  bool found;
+  absl::Status lost = FreeLostLocked(p, &found);
+  if (found) return lost;
   return LibraryError(kForeignPointer, absl::StrFormat(
       "%p was not allocated by this client", reinterpret_cast<void*>(p)));
 }
@@ -651,38 +658,88 @@ absl::Status CachingPool::EnsureConnectedLocked() {
 
 void CachingPool::HandleDaemonLostLocked() {
   daemon_lost_.store(true);
-  std::vector<std::pair<uintptr_t, uint64_t>> ranges;
   for (auto& arena : arenas_) {
     for (Lease* l : arena->leases) {
       l->lost.store(true);
-      ranges.push_back({l->base, l->size});
+      lost_bytes_ += l->size;
+      lost_leases_.push_back(l);
     }
     arena->leases.clear();
   }
+  PublishLeasesLocked();
+  // Cached blocks are nobody's: only blocks the program holds keep a lost
+  // lease mapped.
   for (ThreadCache* tc : caches_) {
     tc->Lock();
-    for (auto& bin : tc->bins) bin.n = 0;
+    for (auto& bin : tc->bins) {
+      for (uint32_t i = 0; i < bin.n; ++i) --bin.b[i].lease->blocks_out;
+      bin.n = 0;
+    }
     tc->cached_bytes = 0;
     tc->in_use = 0;
     tc->Unlock();
   }
   in_use_outside_caches_ = 0;
-  PublishLeasesLocked();
-  for (auto& l : leases_) {
-    if (l->lost.load() && l->buffer.valid()) {
-      l->buffer.Abandon();
-      madvise(l->shadow, l->shadow_bytes, MADV_DONTNEED);
-    }
-  }
   for (auto& [ptr, block] : large_) {
-    ranges.push_back({ptr, block->buffer.size()});
-    block->buffer.Abandon();
+    lost_bytes_ += block->buffer.size();
+    lost_large_[ptr] = std::move(block);
   }
   large_.clear();
-  client_.reset();  // after every Buffer of it is gone
-  for (auto& [begin, size] : ranges) ReserveLost(begin, size);
+  // The old client stays until every Buffer of it is abandoned.
+  retired_clients_.push_back(std::move(client_));
+  for (size_t i = 0; i < lost_leases_.size();) {
+    if (lost_leases_[i]->blocks_out == 0) {
+      UnmapLostLeaseLocked(lost_leases_[i]);
+      lost_leases_.erase(lost_leases_.begin() + i);
+    } else {
+      ++i;
+    }
+  }
   if (watch_fd_ >= 0) close(watch_fd_);
   watch_fd_ = -1;
+}
+
+void CachingPool::UnmapLostLeaseLocked(Lease* l) {
+  const uintptr_t base = l->base;
+  const uint64_t size = l->size;
+  l->buffer.Abandon();
+  madvise(l->shadow, l->shadow_bytes, MADV_DONTNEED);
+  ReserveLost(base, size);
+}
+
+absl::Status CachingPool::FreeLostLocked(uintptr_t p, bool* found) {
+  *found = true;
+  const absl::Status lost = LibraryError(kLost, absl::StrFormat(
+      "%p was lost when the daemon restarted; the pointer is invalid",
+      reinterpret_cast<void*>(p)));
+  auto it = lost_large_.find(p);
+  if (it != lost_large_.end()) {
+    const uint64_t size = it->second->buffer.size();
+    it->second->buffer.Abandon();
+    lost_large_.erase(it);
+    ReserveLost(p, size);
+    return lost;
+  }
+  for (size_t i = 0; i < lost_leases_.size(); ++i) {
+    Lease* l = lost_leases_[i];
+    if (p - l->base >= l->size) continue;
+    const uint64_t off = p - l->base;
+    if ((off & (size_classes::kGranule - 1)) == 0 &&
+        (l->shadow[off >> kGranuleShift].exchange(kFreed) & kLive)) {
+      LostBlockFreedLocked(l);
+    }
+    return lost;
+  }
+  if (IsLost(p)) return lost;
+  *found = false;
+  return absl::OkStatus();
+}
+
+void CachingPool::LostBlockFreedLocked(Lease* l) {
+  if (--l->blocks_out != 0) return;
+  auto it = std::find(lost_leases_.begin(), lost_leases_.end(), l);
+  if (it != lost_leases_.end()) lost_leases_.erase(it);
+  UnmapLostLeaseLocked(l);
 }
 
 // Keeps a lost block's addresses from being handed out again (a new mapping
@@ -697,21 +754,21 @@ void CachingPool::ReserveLost(uintptr_t begin, uint64_t size) {
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
   if (got == want) {
     lost_.push_back({lo, hi - lo});
-    lost_bytes_ += size;
     return;
   }
   if (got != MAP_FAILED) munmap(got, hi - lo);  // old kernel: ignored the hint
   // Shares a page with another lost block already reserved, or something
   // else was mapped there meanwhile: recorded only if fully inside ours.
   for (auto& [b, n] : lost_) {
-    if (begin >= b && begin + size <= b + n) {
-      lost_bytes_ += size;
-      return;
-    }
+    if (begin >= b && begin + size <= b + n) return;
   }
 }
 
 bool CachingPool::IsLost(uintptr_t p) {
+  if (lost_large_.contains(p)) return true;
+  for (Lease* l : lost_leases_) {
+    if (p - l->base < l->size) return true;
+  }
   for (auto& [b, n] : lost_) {
     if (p - b < n) return true;
   }

@@ -22,10 +22,12 @@
 //     the same pointer at once: exactly one succeeds.
 //   * Daemon restart: a watcher thread sees the daemon's end of a connection
 //     close; the pool then abandons every lease and large block without
-//     freeing them (a restarted daemon may reuse their ids), reserves their
-//     address ranges (PROT_NONE, so stale pointers fault and the addresses are
-//     not handed out again), and reconnects with backoff on the next request.
-//     Free of such a pointer answers kLost.
+//     freeing them (a restarted daemon may reuse their ids), keeps their
+//     address ranges from being handed out again, and reconnects with
+//     backoff on the next request.
+//     Free of such a pointer answers kLost. Blocks the program still holds
+//     stay mapped (orphaned host/device memory: writes are harmless but
+//     lost) until it frees them; then the addresses are reserved PROT_NONE.
 //   * fork(): the child must not use the parent's pool (its daemon session,
 //     leases and threads are the parent's); every call in the child answers
 //     kForked without touching any lock.
@@ -160,7 +162,11 @@ class CachingPool {
   absl::Status ConnectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleDaemonLostLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReserveLost(uintptr_t begin, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool IsLost(uintptr_t p);
+  void UnmapLostLeaseLocked(Lease* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LostBlockFreedLocked(Lease* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Free of a pointer lost at a restart (*found false: it is not one).
+  absl::Status FreeLostLocked(uintptr_t p, bool* found) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsLost(uintptr_t p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WatchLoop();
   friend void DetachThreadCache(ThreadCache* tc);
 
@@ -182,6 +188,12 @@ class CachingPool {
   std::vector<std::unique_ptr<const LeaseTable>> tables_ ABSL_GUARDED_BY(mu_);
   std::vector<ThreadCache*> caches_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uintptr_t, std::unique_ptr<LargeBlock>> large_ ABSL_GUARDED_BY(mu_);
+  // Lost at a daemon restart: leases and large blocks the program still
+  // holds stay mapped (it may still be writing them) until it frees them;
+  // then their addresses are reserved (lost_) so they are not reused.
+  std::vector<Lease*> lost_leases_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uintptr_t, std::unique_ptr<LargeBlock>> lost_large_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Client>> retired_clients_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uintptr_t, uint64_t>> lost_ ABSL_GUARDED_BY(mu_);  // reserved ranges
   uint64_t lost_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // In-use bytes counted outside thread caches (slow path, exited threads).

@@ -83,6 +83,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path)
   close(*probe);
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  // A channel of its own: a Client made after a daemon restart must not
+  // share the old Client's (dead) connection from gRPC's global pool.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto channel = grpc::CreateCustomChannel(
       "unix:" + socket_path, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::GpuMemory::NewStub(channel);

@@ -16,8 +16,9 @@
  *  - All functions are thread-safe on one client, except that gpumem_close()
  *    must not race with other calls on the same client.
  *  - When the daemon restarts, memory from before is lost: its pointers are
- *    invalid (with the sim backend, touching them faults), gpumem_free() of
- *    them answers GPUMEM_E_LOST, and the library reconnects with backoff and
+ *    invalid (the memory stays mapped, orphaned, until the program frees it,
+ *    so a thread still writing it does not crash), gpumem_free() of them
+ *    answers GPUMEM_E_LOST, and the library reconnects with backoff and
  *    serves new requests.
  *
  * Environment (read by gpumem_connect() and the PyTorch entry points):
