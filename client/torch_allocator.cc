@@ -33,11 +33,11 @@ constexpr int kMaxOrdinals = 64;
 struct TorchState {
   absl::Mutex mu;
   std::atomic<gpumem_client*> client{nullptr};           // set once, under mu
-  std::atomic<CachingPool::Arena*> arena[kMaxOrdinals];  // set once each
+  std::atomic<CachingPool::Arena*> arena[kMaxOrdinals] = {};  // set once each
 };
 
 TorchState& State() {
-  static TorchState* s = new TorchState;  // never destroyed: used until exit
+  static TorchState* s = new TorchState();  // never destroyed: used until exit
   return *s;
 }
 
