@@ -95,8 +95,13 @@ int gpumem_malloc_sharded(gpumem_client* client, size_t total, unsigned shards,
                           const gpumem_placement* where, void** ptrs, size_t* sizes,
                           int* devices);
 
-/* Returns a block. See the codes above for what bad pointers get. */
+/* Returns a block. See the codes above for what bad pointers get; NULL is a
+ * no-op (GPUMEM_OK), as with free(). A large block (or shard) freed twice is
+ * GPUMEM_E_FOREIGN_POINTER: its memory went back to the daemon. */
 int gpumem_free(gpumem_client* client, void* ptr);
+
+/* How many devices the daemon has (-1 on error, last error set). */
+int gpumem_device_count(gpumem_client* client);
 
 /* The daemon's device index of a live block, or -1 (last error set). */
 int gpumem_device_of(gpumem_client* client, const void* ptr);

@@ -188,6 +188,21 @@ int gpumem_free(gpumem_client* c, void* ptr) {
   return s.ok() ? SetOk() : SetError(s);
 }
 
+int gpumem_device_count(gpumem_client* c) {
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) {
+    SetError(pool.status());
+    return -1;
+  }
+  absl::StatusOr<std::vector<std::string>> uuids = (*pool)->DeviceUuids();
+  if (!uuids.ok()) {
+    SetError(uuids.status());
+    return -1;
+  }
+  SetOk();
+  return static_cast<int>(uuids->size());
+}
+
 int gpumem_device_of(gpumem_client* c, const void* ptr) {
   absl::StatusOr<CachingPool*> pool = PoolOf(c);
   if (!pool.ok()) {
