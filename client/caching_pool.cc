@@ -236,7 +236,17 @@ absl::StatusOr<std::unique_ptr<CachingPool>> CachingPool::Create(PoolOptions opt
 }
 
 CachingPool::~CachingPool() {
-  if (Forked()) return;  // the parent's: leave everything alone (see header)
+  if (Forked()) {
+    // The parent's leases and session: nothing may be freed or unmapped from
+    // here (a free would reach the daemon as the parent's uid). Leak it all.
+    watcher_.detach();
+    new auto(std::move(leases_));
+    new auto(std::move(large_));
+    new auto(std::move(lost_large_));
+    (void)client_.release();
+    new auto(std::move(retired_clients_));
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -643,7 +653,7 @@ absl::Status CachingPool::ConnectLocked() {
 absl::Status CachingPool::EnsureConnectedLocked() {
   if (client_ != nullptr && watch_fd_ >= 0) {
     struct pollfd p = {watch_fd_, POLLIN, 0};
-    if (poll(&p, 1, 0) != 0) daemon_lost_.store(true);
+    if (poll(&p, 1, 0) > 0) daemon_lost_.store(true);  // EOF: the daemon exited
   }
   if (daemon_lost_.load() && client_ != nullptr) HandleDaemonLostLocked();
   if (client_ != nullptr) return absl::OkStatus();
