@@ -206,7 +206,6 @@ void DetachThreadCache(CachingPool::ThreadCache* tc) {
 
 CachingPool::CachingPool(PoolOptions options)
     : options_(std::move(options)),
-      pool_id_(g_next_id.fetch_add(1)),
       fork_epoch_(g_fork_epoch.load()) {}
 
 absl::StatusOr<std::unique_ptr<CachingPool>> CachingPool::Create(PoolOptions options) {
@@ -239,7 +238,7 @@ CachingPool::~CachingPool() {
   if (Forked()) {
     // The parent's leases and session: nothing may be freed or unmapped from
     // here (a free would reach the daemon as the parent's uid). Leak it all.
-    watcher_.detach();
+    if (watcher_.joinable()) new std::thread(std::move(watcher_));  // no such thread here
     new auto(std::move(leases_));
     new auto(std::move(large_));
     new auto(std::move(lost_large_));

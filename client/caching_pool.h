@@ -171,7 +171,6 @@ class CachingPool {
   friend void DetachThreadCache(ThreadCache* tc);
 
   const PoolOptions options_;
-  const uint64_t pool_id_;
   const uint64_t fork_epoch_;
 
   absl::Mutex mu_;
