@@ -7,14 +7,16 @@
 set -euo pipefail
 gpumemd=$1 lib=$2 header=$3 c_program=$4 omp_example=$5
 source tests/integration/lib.sh
+source tests/client/sanitizer_env.sh
+sanitizer_env "$lib"
 build=${TEST_TMPDIR:-$(mktemp -d)}/build
 mkdir -p "$build"
 cp "$lib" "$build/libgpumem.so.1"           # the soname the loader looks for
 ln -sf libgpumem.so.1 "$build/libgpumem.so"  # the name -lgpumem looks for
 inc=$(dirname "$header")
-gcc -std=c99 -Wall -Wextra -Werror -pedantic -I"$inc" "$c_program" -o "$build/c_program" \
+gcc $SANITIZER_CFLAGS -std=c99 -Wall -Wextra -Werror -pedantic -I"$inc" "$c_program" -o "$build/c_program" \
   -L"$build" -lgpumem -Wl,-rpath,"$build" || fail "c_program.c did not build"
-gcc -std=c11 -Wall -Werror -fopenmp -I"$inc" "$omp_example" -o "$build/omp_shards" \
+gcc $SANITIZER_CFLAGS -std=c11 -Wall -Werror -fopenmp -I"$inc" "$omp_example" -o "$build/omp_shards" \
   -L"$build" -lgpumem -Wl,-rpath,"$build" || fail "omp_shards.c did not build"
 readelf -d "$build/c_program" | grep -q 'NEEDED.*libgpumem.so.1' || fail "not linked to libgpumem.so.1"
 
