@@ -44,7 +44,7 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kSizes[16] = {512,  1024,  4096, 256,   16384, 2048, 65536, 8192,
                                768,  32768, 3072, 128,   6144,  24576, 1536, 12288};
 
-void* volatile sink;  // keeps the compiler from pairing malloc with free away
+thread_local void* volatile sink;  // keeps the compiler from pairing malloc with free away
 
 struct Glibc {
   static void* Alloc(size_t n) { return std::malloc(n); }
