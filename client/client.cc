@@ -106,6 +106,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path)
   impl->channel_fd = *channel_fd;
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  // A channel of its own: a Client made after a daemon restart must not
+  // share the old Client's (dead) connection from gRPC's global pool.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto channel = grpc::CreateCustomChannel(
       "unix:" + socket_path, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::GpuMemory::NewStub(channel);
@@ -346,6 +349,13 @@ absl::Status Buffer::Free() {
   c->UnmapBlock(info_);
   data_ = nullptr;
   return c->Free(info_.id());
+}
+
+void Buffer::Abandon() {
+  if (client_ == nullptr) return;
+  client_->UnmapBlock(info_);
+  client_ = nullptr;
+  data_ = nullptr;
 }
 
 }  // namespace gpumem

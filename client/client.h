@@ -58,6 +58,11 @@ class Buffer {
   // Frees now and reports the daemon's answer; the Buffer becomes empty.
   absl::Status Free();
 
+  // Unmaps the block and forgets it without telling the daemon; the Buffer
+  // becomes empty. For a daemon that has gone away: a restarted daemon may
+  // have given this id to another block, so freeing it there would be wrong.
+  void Abandon();
+
  private:
   friend class Client;
   Buffer(Client* client, v1::Allocation info, void* data)

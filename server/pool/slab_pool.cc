@@ -61,24 +61,33 @@ absl::Status SlabPool::Reserve() {
     if (bytes == 0) break;
     const HandleKind kind = backend_->handle_kinds().front();
     absl::StatusOr<std::unique_ptr<Slab>> slab = backend_->CreateSlab(device_, bytes, kind);
-    if (!slab.ok()) {
-      return absl::Status(slab.status().code(),
-                          absl::StrCat("device ", device_, ": reserving a ",
-                                       FormatBytes(bytes), " slab: ",
-                                       slab.status().message()));
-    }
+    if (!slab.ok()) return BackendError(slab.status(), "reserving", bytes);
     absl::MutexLock lock(&mu_);
-    const uint64_t id = next_slab_id.fetch_add(1);
-    SlabEntry& e = slabs_[id];
-    e.slab = std::move(*slab);
-    e.allocator = std::make_unique<OffsetAllocator>(bytes);
-    e.kind = kind;
-    e.reserved = true;
-    e.empty_since = absl::Now();
-    pooled_bytes_ += bytes;
+    AddSlabLocked(std::move(*slab), kind, kNoTenant).second->reserved = true;
     reserved += bytes;
   }
   return absl::OkStatus();
+}
+
+absl::Status SlabPool::BackendError(const absl::Status& s, absl::string_view doing,
+                                    uint64_t bytes) const {
+  return absl::Status(s.code(), absl::StrCat("device ", device_, ": ", doing, " a ",
+                                             FormatBytes(bytes), " slab failed: ",
+                                             s.message()));
+}
+
+std::pair<uint64_t, SlabPool::SlabEntry*> SlabPool::AddSlabLocked(
+    std::unique_ptr<Slab> slab, HandleKind kind, uint32_t tenant) {
+  const uint64_t id = next_slab_id.fetch_add(1);
+  SlabEntry& e = slabs_[id];
+  e.allocator = std::make_unique<OffsetAllocator>(slab->size());
+  pooled_bytes_ += slab->size();
+  e.slab = std::move(slab);
+  e.kind = kind;
+  e.tenant = tenant;
+  e.empty_since = absl::Now();
+  if (tenant != kNoTenant) ++tenants_[tenant].slab_count;
+  return {id, &e};
 }
 
 bool SlabPool::TakeLocked(uint64_t id, SlabEntry& e, uint64_t size,
@@ -172,22 +181,12 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant,
   absl::MutexLock lock(&mu_);
   creating_bytes_ -= bytes;
   if (!slab.ok()) {
-    r.error = absl::Status(
-        slab.status().code(),
-        absl::StrCat("device ", device_, ": creating a ", FormatBytes(bytes),
-                     " slab failed: ", slab.status().message()));
+    r.error = BackendError(slab.status(), "creating", bytes);
     return r;
   }
-  const uint64_t id = next_slab_id.fetch_add(1);
-  SlabEntry& e = slabs_[id];
-  e.slab = std::move(*slab);
-  e.allocator = std::make_unique<OffsetAllocator>(bytes);
-  e.tenant = tenant;
-  e.kind = kind;
+  auto [id, entry] = AddSlabLocked(std::move(*slab), kind, tenant);
+  SlabEntry& e = *entry;
   e.dedicated = dedicated;
-  e.empty_since = absl::Now();
-  pooled_bytes_ += bytes;
-  ++tenants_[tenant].slab_count;
   if (!TakeLocked(id, e, size, alignment, true, &r.block)) {
     // Cannot happen for a fresh slab of at least `need` bytes.
     r.error = absl::InternalError(absl::StrCat(

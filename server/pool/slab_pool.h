@@ -44,6 +44,7 @@
 
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -231,6 +232,13 @@ class SlabPool {
                                absl::StatusOr<T> (*give)(const Slab& slab));
 
   SlabEntry* FindLocked(uint64_t slab_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a slab the backend made, owned by `tenant`; counts it.
+  std::pair<uint64_t, SlabEntry*> AddSlabLocked(std::unique_ptr<Slab> slab,
+                                                HandleKind kind, uint32_t tenant)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A backend failure, naming the device and what the pool was doing.
+  absl::Status BackendError(const absl::Status& s, absl::string_view doing,
+                            uint64_t bytes) const;
   // Takes a block out of `e` if it fits; counts it.
   bool TakeLocked(uint64_t id, SlabEntry& e, uint64_t size, uint64_t alignment,
                   bool new_slab, PoolBlock* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
