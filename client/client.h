@@ -1,8 +1,10 @@
 // gpumem::Client: the thin C++ client of gpumemd.
 //
 // Connect() opens one gRPC channel and one slab-handle channel to the
-// daemon's socket. Allocate() asks for memory and returns a Buffer whose
-// data() is a pointer the process can use at once: the first block in a slab
+// daemon's socket. Allocate, Free and GetSession travel on one long-lived
+// stream (stream_transport.h), or as unary RPCs against a daemon without it.
+// Allocate() asks for memory and returns a Buffer whose data() is a pointer
+// the process can use at once: the first block in a slab
 // makes the client fetch the slab's fd and map it; later blocks in the same
 // slab reuse that mapping (slabs are refcounted and unmapped when the last
 // Buffer in them goes away).

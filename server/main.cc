@@ -37,6 +37,7 @@
 #include "server/service/gpumem_service.h"
 #include "server/service/memory_broker.h"
 #include "server/service/socket_listener.h"
+#include "server/service/stream_service.h"
 #include "server/session/peer_credentials.h"
 
 // Empty string / negative number = not given (then the config file, then
@@ -55,6 +56,8 @@ ABSL_FLAG(double, empty_slab_release_seconds, -1,
           "seconds an empty slab is kept before it goes back (default 30)");
 ABSL_FLAG(double, reserve_fraction, -1,
           "fraction of each device taken as slabs at start and kept (default 0)");
+ABSL_FLAG(int, stream_threads, 1,
+          "threads (one completion queue each) serving the Stream RPC");
 
 namespace gpumem {
 namespace {
@@ -152,8 +155,16 @@ int Run() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
+  StreamServiceOptions stream_options;
+  stream_options.threads = absl::GetFlag(FLAGS_stream_threads);
+  if (stream_options.threads < 1 || stream_options.threads > 64) {
+    Die(absl::InvalidArgumentError("--stream_threads must be in [1, 64]"));
+  }
+  StreamService streams(&broker, &peers, &service, stream_options);
+  streams.AddCompletionQueues(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) Die(absl::InternalError("gRPC server failed to start"));
+  streams.Start();
 
   SocketListener listener(socket_path, &broker, &peers);
   absl::Status bound = listener.Bind();
@@ -176,6 +187,7 @@ int Run() {
   // In-flight calls are sub-millisecond; idle client connections would
   // otherwise hold Shutdown until the deadline.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
+  streams.Shutdown();
   broker.Shutdown();
   std::cerr << "gpumemd: stopped; every slab released\n";
   return 0;
@@ -190,7 +202,7 @@ int main(int argc, char** argv) {
       "Usage: gpumemd [--backend=sim|cuda] [--sim_devices=4x16GiB] "
       "[--sim_topology=nvlink:0-1,...] [--socket=PATH] [--config=FILE] "
       "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
-      "[--reserve_fraction=0]");
+      "[--reserve_fraction=0] [--stream_threads=1]");
   // --help lists the flags of this file (Abseil's default looks for a file
   // named after the program, gpumemd.cc, and found none).
   absl::FlagsUsageConfig usage;
