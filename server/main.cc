@@ -17,7 +17,6 @@
 
 #include <google/protobuf/text_format.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
@@ -35,6 +34,7 @@
 #include "server/backend/sim_backend.h"
 #include "server/backend/sim_topology.h"
 #include "server/service/gpumem_service.h"
+#include "server/service/health_service.h"
 #include "server/service/memory_broker.h"
 #include "server/service/socket_listener.h"
 #include "server/service/stream_service.h"
@@ -151,10 +151,13 @@ int Run() {
   PeerTable peers;
   GpuMemoryService service(&broker, &peers);
 
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
+  // Our own health service: gRPC's default one adds polling threads that
+  // double the cost of a stream round trip (health_service.h).
+  HealthService health;
+  builder.RegisterService(&health);
   StreamServiceOptions stream_options;
   stream_options.threads = absl::GetFlag(FLAGS_stream_threads);
   if (stream_options.threads < 1 || stream_options.threads > 64) {
@@ -165,6 +168,7 @@ int Run() {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) Die(absl::InternalError("gRPC server failed to start"));
   streams.Start();
+  health.Start(streams.shared_queue());
 
   SocketListener listener(socket_path, &broker, &peers);
   absl::Status bound = listener.Bind();
@@ -183,6 +187,7 @@ int Run() {
     std::cerr << "gpumemd: SIGHUP ignored (restart to reload the config)\n";
   }
   std::cerr << "gpumemd: signal " << sig << ", shutting down\n";
+  health.SetNotServing();
   listener.Stop();
   // In-flight calls are sub-millisecond; idle client connections would
   // otherwise hold Shutdown until the deadline.

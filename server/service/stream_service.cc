@@ -1,6 +1,7 @@
 // See stream_service.h. One Call per stream, driven by the events of its
 // completion queue (accepted, read done, write done, finish done, call done);
-// all of a Call's events arrive on one queue, drained by one thread.
+// all of a Call's events arrive on one queue, drained by one thread. Tags
+// are CqEvents (cq_event.h), so other async services may share the queues.
 //
 // Invariants of a Call:
 //  - at most one Read and one Write outstanding (gRPC's rule); Finish only
@@ -22,29 +23,34 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc_status.h"
+#include "server/service/cq_event.h"
 #include "server/service/gpumem_service.h"
 
 namespace gpumem {
 
-struct StreamService::Queue {
-  std::unique_ptr<grpc::ServerCompletionQueue> cq;
-  std::thread thread;
-};
-
 class StreamService::Call {
+  // A tag handed to gRPC: which call, which event. Passed as CqEvent*.
+  enum class Event { kAccepted, kRead, kWritten, kFinished, kDone };
+  struct Tag final : CqEvent {
+    Tag(Call* c, Event e) : call(c), event(e) {}
+    void OnEvent(bool ok) override { Call::OnEvent(this, ok); }
+    void* tag() { return static_cast<CqEvent*>(this); }
+    Call* const call;
+    const Event event;
+  };
+
  public:
   Call(StreamService* owner, grpc::ServerCompletionQueue* cq)
       : owner_(owner), cq_(cq), stream_(&ctx_) {}
 
   // Posts the request for the next stream on `cq`.
   void Listen() {
-    ctx_.AsyncNotifyWhenDone(&done_tag_);
-    owner_->service_->RequestStream(&ctx_, &stream_, cq_, cq_, &accept_tag_);
+    ctx_.AsyncNotifyWhenDone(done_tag_.tag());
+    owner_->service_->RequestStream(&ctx_, &stream_, cq_, cq_, accept_tag_.tag());
   }
 
   // Handles one event of this call; deletes the call when it is over.
-  static void OnEvent(void* tag, bool ok) {
-    Tag* t = static_cast<Tag*>(tag);
+  static void OnEvent(const Tag* t, bool ok) {
     Call* call = t->call;
     switch (t->event) {
       case Event::kAccepted:
@@ -75,11 +81,6 @@ class StreamService::Call {
   }
 
  private:
-  enum class Event { kAccepted, kRead, kWritten, kFinished, kDone };
-  struct Tag {
-    Call* call;
-    Event event;
-  };
   struct Outgoing {
     uint64_t request_id = 0;
     grpc::ByteBuffer bytes;
@@ -100,7 +101,7 @@ class StreamService::Call {
 
   void StartRead() {
     reading_ = true;
-    stream_.Read(&incoming_, &read_tag_);
+    stream_.Read(&incoming_, read_tag_.tag());
   }
 
   void OnRead(bool ok) {
@@ -180,7 +181,7 @@ class StreamService::Call {
   void StartWriteIfIdle() {
     if (writing_ || outbox_.empty() || broken_) return;
     writing_ = true;
-    stream_.Write(outbox_.front().bytes, &write_tag_);
+    stream_.Write(outbox_.front().bytes, write_tag_.tag());
   }
 
   void OnWritten(bool ok) {
@@ -212,7 +213,7 @@ class StreamService::Call {
     if (!outbox_.empty() && !broken_) return;
     FreeUndelivered();
     finish_started_ = true;
-    stream_.Finish(final_status_, &finish_tag_);
+    stream_.Finish(final_status_, finish_tag_.tag());
   }
 
   void FreeUndelivered() {
@@ -278,7 +279,7 @@ void StreamService::Start() {
     q->thread = std::thread([cq] {
       void* tag = nullptr;
       bool ok = false;
-      while (cq->Next(&tag, &ok)) Call::OnEvent(tag, ok);
+      while (cq->Next(&tag, &ok)) static_cast<CqEvent*>(tag)->OnEvent(ok);
     });
   }
 }

@@ -68,6 +68,9 @@ class StreamService {
   void AddCompletionQueues(grpc::ServerBuilder* builder);
   // After the server started: accepts streams and starts the threads.
   void Start();
+  // The first completion queue, for other async services (their tags must
+  // be CqEvents); valid after AddCompletionQueues, drained once Start()ed.
+  grpc::ServerCompletionQueue* shared_queue() const { return queues_[0]->cq.get(); }
   // After grpc::Server::Shutdown() (which ends every stream): drains the
   // queues and joins the threads. Idempotent.
   void Shutdown();
@@ -75,7 +78,10 @@ class StreamService {
   class Call;  // one stream (stream_service.cc)
 
  private:
-  struct Queue;
+  struct Queue {
+    std::unique_ptr<grpc::ServerCompletionQueue> cq;
+    std::thread thread;
+  };
 
   MemoryBroker* broker_;
   const PeerTable* peers_;
