@@ -20,7 +20,7 @@ struct StreamTransport::Open {
   grpc::ClientContext ctx;  // declared first: outlives `stream`
   std::unique_ptr<grpc::ClientReaderWriterInterface<v1::StreamRequest, v1::StreamReply>>
       stream;
-  absl::Mutex write_mu;  // one Write (or the final Finish) at a time
+  std::mutex write_mu;  // one Write (or the final Finish) at a time
   // Guarded by the transport's mu_:
   bool reader_busy = false;
   bool ended = false;
@@ -36,7 +36,7 @@ struct StreamTransport::Waiter {
 StreamTransport::~StreamTransport() {
   std::shared_ptr<Open> open;
   {
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (open_ == nullptr || open_->ended) return;
     open = std::move(open_);
   }
@@ -46,7 +46,7 @@ StreamTransport::~StreamTransport() {
   v1::StreamReply ignored;
   while (open->stream->Read(&ignored)) {
   }
-  absl::MutexLock lock(&open->write_mu);
+  std::lock_guard<std::mutex> lock(open->write_mu);
   open->stream->Finish().IgnoreError();
 }
 
@@ -54,7 +54,7 @@ absl::StatusOr<v1::StreamAnswer> StreamTransport::Call(v1::StreamRequest request
   Waiter me;
   uint64_t id = 0;
   {
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (unsupported()) {
       return absl::UnimplementedError("gpumemd does not serve GpuMemory.Stream");
     }
@@ -70,18 +70,18 @@ absl::StatusOr<v1::StreamAnswer> StreamTransport::Call(v1::StreamRequest request
   {
     // A failed write needs no handling here: the stream has ended, and the
     // read below learns why.
-    absl::MutexLock lock(&me.open->write_mu);
+    std::lock_guard<std::mutex> lock(me.open->write_mu);
     me.open->stream->Write(request);
   }
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   while (!me.done) {
     if (!me.open->reader_busy) {
       me.open->reader_busy = true;
-      mu_.Unlock();
+      lock.unlock();
       ReadOne(me.open);
-      mu_.Lock();
+      lock.lock();
     } else {
-      answered_.Wait(&mu_);
+      answered_.wait(lock);
     }
   }
   if (!me.status.ok()) return me.status;
@@ -91,7 +91,7 @@ absl::StatusOr<v1::StreamAnswer> StreamTransport::Call(v1::StreamRequest request
 void StreamTransport::ReadOne(const std::shared_ptr<Open>& open) {
   v1::StreamReply reply;
   if (open->stream->Read(&reply)) {
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     open->reader_busy = false;
     // Daemon-initiated messages (other cases of the oneof) are not
     // handled yet and are skipped; an answer to no waiting call likewise.
@@ -103,12 +103,12 @@ void StreamTransport::ReadOne(const std::shared_ptr<Open>& open) {
         waiting_.erase(it);
       }
     }
-    answered_.SignalAll();
+    answered_.notify_all();
     return;
   }
   grpc::Status end;
   {
-    absl::MutexLock lock(&open->write_mu);
+    std::lock_guard<std::mutex> lock(open->write_mu);
     end = open->stream->Finish();
   }
   absl::Status failure;
@@ -121,7 +121,7 @@ void StreamTransport::ReadOne(const std::shared_ptr<Open>& open) {
         "the stream to gpumemd ended (gRPC code ", end.error_code(), ": ",
         end.error_message(), "); the request may or may not have been carried out"));
   }
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   open->reader_busy = false;
   open->ended = true;
   if (open_ == open) open_.reset();
@@ -133,7 +133,7 @@ void StreamTransport::ReadOne(const std::shared_ptr<Open>& open) {
       waiting_.erase(here);
     }
   }
-  answered_.SignalAll();
+  answered_.notify_all();
 }
 
 namespace {

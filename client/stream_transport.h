@@ -24,12 +24,13 @@
 #define GPUMEMD_CLIENT_STREAM_TRANSPORT_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 
 namespace gpumem {
@@ -62,12 +63,15 @@ class StreamTransport {
 
   v1::GpuMemory::StubInterface* const stub_;
   std::atomic<bool> unsupported_{false};
-  absl::Mutex mu_;
-  std::shared_ptr<Open> open_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<uint64_t, Waiter*> waiting_ ABSL_GUARDED_BY(mu_);
-  bool reader_busy_ ABSL_GUARDED_BY(mu_) = false;
-  absl::CondVar answered_;
+  // std::mutex rather than absl::Mutex: ThreadSanitizer sees its edges
+  // (Debian's Abseil is not instrumented, and a CondVar wait's re-lock is
+  // invisible to common/tsan_support.cc).
+  std::mutex mu_;
+  std::condition_variable answered_;  // a waiter's `done`, or a reader left
+  // Guarded by mu_:
+  std::shared_ptr<Open> open_;
+  uint64_t next_id_ = 1;
+  absl::flat_hash_map<uint64_t, Waiter*> waiting_;
 };
 
 }  // namespace gpumem

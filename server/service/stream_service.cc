@@ -106,7 +106,7 @@ class StreamService::Call {
 
   void OnRead(bool ok) {
     reading_ = false;
-    if (!ok) {  // the client half-closed, or the stream broke
+    if (!ok || broken_) {  // the client half-closed, or the stream broke
       reads_closed_ = true;
       return;
     }

@@ -47,24 +47,27 @@ v1::Session CannedSession() {
 }
 
 using FloorBase = v1::GpuMemory::WithRawMethod_Stream<v1::GpuMemory::Service>;
+using AsyncUnaryBase = v1::GpuMemory::WithAsyncMethod_Allocate<
+    v1::GpuMemory::WithAsyncMethod_Free<FloorBase>>;
 
-class FloorService final : public FloorBase {
+// What a completion-queue tag points to.
+class FloorEvent {
  public:
-  grpc::Status Allocate(grpc::ServerContext*, const v1::AllocateRequest*,
-                        v1::AllocateResponse* resp) override {
+  virtual void OnEvent(bool ok) = 0;
+
+ protected:
+  ~FloorEvent() = default;
+};
+
+// The canned answers, in the daemon's shapes.
+class FloorAnswers {
+ public:
+  void AnswerAllocate(v1::AllocateResponse* resp) const {
     *resp->add_allocations() = allocation_;
-    return grpc::Status::OK;
   }
-  grpc::Status Free(grpc::ServerContext*, const v1::FreeRequest*,
-                    v1::FreeResponse* resp) override {
-    resp->set_freed_bytes(64 << 10);
-    return grpc::Status::OK;
-  }
-  grpc::Status GetSession(grpc::ServerContext*, const v1::GetSessionRequest*,
-                          v1::Session* resp) override {
-    *resp = session_;
-    return grpc::Status::OK;
-  }
+  void AnswerFree(v1::FreeResponse* resp) const { resp->set_freed_bytes(64 << 10); }
+
+  const v1::Session& session() const { return session_; }
 
   // The StreamAnswer for `request`, as the daemon would shape it.
   v1::StreamReply Answer(const v1::StreamRequest& request) const {
@@ -90,28 +93,98 @@ class FloorService final : public FloorBase {
   const v1::Session session_ = CannedSession();
 };
 
-// One stream: read, answer, write, read again; finish when reads end.
-class PingPongCall {
+// Unary methods synchronous (gRPC's thread pool), as gpumemd serves them.
+class SyncFloor final : public FloorBase, public FloorAnswers {
  public:
-  PingPongCall(FloorService* service, grpc::ServerCompletionQueue* cq)
-      : service_(service), cq_(cq), stream_(&ctx_) {
-    service_->RequestStream(&ctx_, &stream_, cq_, cq_, this);
+  grpc::Status Allocate(grpc::ServerContext*, const v1::AllocateRequest*,
+                        v1::AllocateResponse* resp) override {
+    AnswerAllocate(resp);
+    return grpc::Status::OK;
+  }
+  grpc::Status Free(grpc::ServerContext*, const v1::FreeRequest*,
+                    v1::FreeResponse* resp) override {
+    AnswerFree(resp);
+    return grpc::Status::OK;
+  }
+  grpc::Status GetSession(grpc::ServerContext*, const v1::GetSessionRequest*,
+                          v1::Session* resp) override {
+    *resp = session();
+    return grpc::Status::OK;
+  }
+};
+
+// Allocate and Free from the completion queue (the stream's thread).
+class AsyncFloor final : public AsyncUnaryBase, public FloorAnswers {
+ public:
+  grpc::Status GetSession(grpc::ServerContext*, const v1::GetSessionRequest*,
+                          v1::Session* resp) override {
+    *resp = session();
+    return grpc::Status::OK;
+  }
+};
+
+// One async unary call of AsyncFloor: accepted -> answered -> deleted.
+template <typename Request, typename Response>
+class UnaryCall final : public FloorEvent {
+ public:
+  using Post = void (AsyncFloor::*)(grpc::ServerContext*, Request*,
+                                    grpc::ServerAsyncResponseWriter<Response>*,
+                                    grpc::CompletionQueue*, grpc::ServerCompletionQueue*,
+                                    void*);
+  using Fill = void (FloorAnswers::*)(Response*) const;
+
+  UnaryCall(AsyncFloor* service, grpc::ServerCompletionQueue* cq, Post post, Fill fill)
+      : service_(service), cq_(cq), post_(post), fill_(fill), responder_(&ctx_) {
+    (service_->*post_)(&ctx_, &request_, &responder_, cq_, cq_,
+                       static_cast<FloorEvent*>(this));
   }
 
-  void OnEvent(bool ok) {
+  void OnEvent(bool ok) override {
+    if (!ok || answered_) {
+      delete this;
+      return;
+    }
+    new UnaryCall(service_, cq_, post_, fill_);
+    Response response;
+    (service_->*fill_)(&response);
+    answered_ = true;
+    responder_.Finish(response, grpc::Status::OK, static_cast<FloorEvent*>(this));
+  }
+
+ private:
+  AsyncFloor* service_;
+  grpc::ServerCompletionQueue* cq_;
+  Post post_;
+  Fill fill_;
+  grpc::ServerContext ctx_;
+  Request request_;
+  grpc::ServerAsyncResponseWriter<Response> responder_;
+  bool answered_ = false;
+};
+
+// One stream: read, answer, write, read again; finish when reads end.
+class PingPongCall final : public FloorEvent {
+ public:
+  PingPongCall(FloorBase* service, const FloorAnswers* answers,
+               grpc::ServerCompletionQueue* cq)
+      : service_(service), answers_(answers), cq_(cq), stream_(&ctx_) {
+    service_->RequestStream(&ctx_, &stream_, cq_, cq_, static_cast<FloorEvent*>(this));
+  }
+
+  void OnEvent(bool ok) override {
     switch (state_) {
       case State::kAccepting:
         if (!ok) {
           delete this;
           return;
         }
-        new PingPongCall(service_, cq_);
+        new PingPongCall(service_, answers_, cq_);
         Read();
         return;
       case State::kReading:
         if (!ok) {
           state_ = State::kFinishing;
-          stream_.Finish(grpc::Status::OK, this);
+          stream_.Finish(grpc::Status::OK, static_cast<FloorEvent*>(this));
           return;
         }
         {
@@ -122,16 +195,16 @@ class PingPongCall {
           bool own = false;
           outgoing_.Clear();
           grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::StreamReply>(
-              service_->Answer(request), &outgoing_, &own)
+              answers_->Answer(request), &outgoing_, &own)
               .IgnoreError();
         }
         state_ = State::kWriting;
-        stream_.Write(outgoing_, this);
+        stream_.Write(outgoing_, static_cast<FloorEvent*>(this));
         return;
       case State::kWriting:
         if (!ok) {
           state_ = State::kFinishing;
-          stream_.Finish(grpc::Status::OK, this);
+          stream_.Finish(grpc::Status::OK, static_cast<FloorEvent*>(this));
           return;
         }
         Read();
@@ -146,10 +219,11 @@ class PingPongCall {
   enum class State { kAccepting, kReading, kWriting, kFinishing };
   void Read() {
     state_ = State::kReading;
-    stream_.Read(&incoming_, this);
+    stream_.Read(&incoming_, static_cast<FloorEvent*>(this));
   }
 
-  FloorService* service_;
+  FloorBase* service_;
+  const FloorAnswers* answers_;
   grpc::ServerCompletionQueue* cq_;
   grpc::ServerContext ctx_;
   grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer> stream_;
@@ -173,28 +247,41 @@ int Listen(const std::string& path) {
 
 }  // namespace
 
-int RunFloorServer(const std::string& socket_path, FloorAccept accept) {
+int RunFloorServer(const std::string& socket_path, FloorAccept accept, FloorUnary unary) {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  FloorService service;
+  SyncFloor sync_floor;
+  AsyncFloor async_floor;
   grpc::ServerBuilder builder;
   if (accept == FloorAccept::kGrpcPort) {
     unlink(socket_path.c_str());
     builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
   }
-  builder.RegisterService(&service);
+  FloorBase* service = &sync_floor;
+  const FloorAnswers* answers = &sync_floor;
+  if (unary == FloorUnary::kAsync) {
+    service = &async_floor;
+    answers = &async_floor;
+  }
+  builder.RegisterService(service);
   std::unique_ptr<grpc::ServerCompletionQueue> cq = builder.AddCompletionQueue();
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return 1;
-  new PingPongCall(&service, cq.get());
+  new PingPongCall(service, answers, cq.get());
+  if (unary == FloorUnary::kAsync) {
+    new UnaryCall<v1::AllocateRequest, v1::AllocateResponse>(
+        &async_floor, cq.get(), &AsyncFloor::RequestAllocate, &FloorAnswers::AnswerAllocate);
+    new UnaryCall<v1::FreeRequest, v1::FreeResponse>(
+        &async_floor, cq.get(), &AsyncFloor::RequestFree, &FloorAnswers::AnswerFree);
+  }
   std::thread stream_thread([&cq] {
     void* tag = nullptr;
     bool ok = false;
-    while (cq->Next(&tag, &ok)) static_cast<PingPongCall*>(tag)->OnEvent(ok);
+    while (cq->Next(&tag, &ok)) static_cast<FloorEvent*>(tag)->OnEvent(ok);
   });
 
   int listen_fd = -1;

@@ -8,7 +8,8 @@
 // what differs is only what gpumemd adds.
 //
 // Shapes, chosen per instance so their costs can be told apart in one run:
-//  - unary methods: synchronous (gRPC's thread pool), as gpumemd serves them;
+//  - unary methods: synchronous (gRPC's thread pool), as gpumemd serves them,
+//    or Allocate and Free asynchronous on the stream's completion queue;
 //  - Stream: raw and async, one completion queue drained by one thread, as
 //    gpumemd serves it (ping-pong: one answer per request read);
 //  - connections: from gRPC's own listening port ("unix:PATH"), or accepted
@@ -23,10 +24,11 @@ namespace gpumem {
 namespace bench {
 
 enum class FloorAccept { kGrpcPort, kOwnAccept };
+enum class FloorUnary { kSync, kAsync };
 
 // Serves on `socket_path` until SIGTERM/SIGINT; prints "ready" on stdout
 // once connections are accepted. Returns the exit status.
-int RunFloorServer(const std::string& socket_path, FloorAccept accept);
+int RunFloorServer(const std::string& socket_path, FloorAccept accept, FloorUnary unary);
 
 }  // namespace bench
 }  // namespace gpumem

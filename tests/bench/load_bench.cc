@@ -15,9 +15,11 @@
 //
 // Then:
 //  - anatomy (--anatomy): one client, unary and stream, against a floor
-//    whose connections come from gRPC's own listening port and one whose
-//    connections it accepts itself and hands over by fd (as gpumemd does),
-//    and the daemon: where a unary call's time goes.
+//    whose connections come from gRPC's own listening port ("floor"), one
+//    whose connections it accepts itself and hands over by fd as gpumemd
+//    does ("floor_fd"), for unary one serving Allocate and Free async from
+//    its completion queue ("floor_async"), and the daemon: where a unary
+//    call's time goes.
 //  - soak: 16 clients on the daemon's stream for --soak_seconds; the
 //    daemon's RSS at the start (clients connected and warm) and at the end.
 //  - scale (--scale_blocks > 0): a second daemon with --scale_devices
@@ -66,9 +68,11 @@ ABSL_FLAG(bool, anatomy, true, "also time one client against each server shape")
 ABSL_FLAG(uint64_t, scale_blocks, 0,
           "live blocks of the scale section (0: skip it; the issue's figure is 1000000)");
 ABSL_FLAG(int, scale_devices, 64, "simulated devices of the scale section");
+ABSL_FLAG(int, stream_threads, 1, "the daemon's --stream_threads");
 ABSL_FLAG(bool, json, false, "print JSON");
 // Internal: how this binary runs as a child of itself.
-ABSL_FLAG(std::string, role, "driver", "driver | floor | floor_fd | client | filler");
+ABSL_FLAG(std::string, role, "driver",
+          "driver | floor | floor_fd | floor_async | client | filler");
 ABSL_FLAG(std::string, target, "", "client/filler: the server's socket");
 ABSL_FLAG(std::string, transport, "stream", "client: stream | unary");
 ABSL_FLAG(std::string, out, "", "client: file for the per-pair samples");
@@ -449,7 +453,7 @@ std::string Json(const std::vector<Row>& rows, const ScaleFigures* scale) {
 }
 
 void PrintRow(const Row& r) {
-  printf("%-8s %-8s %-6s %4d %10.0f %8.1f %8.1f %9.1f %7llu %8.1f", r.section.c_str(),
+  printf("%-8s %-11s %-6s %4d %10.0f %8.1f %8.1f %9.1f %7llu %8.1f", r.section.c_str(),
          r.target.c_str(), r.transport.c_str(), r.clients, r.pairs_per_s, r.p50, r.p99,
          r.p999, static_cast<unsigned long long>(r.errors), r.cpu_us_per_pair);
   if (r.target == "daemon" && r.x_floor_pairs > 0) {
@@ -468,23 +472,28 @@ int RunDriver() {
   const bool json = absl::GetFlag(FLAGS_json);
   const double seconds = absl::GetFlag(FLAGS_seconds);
 
-  testing::DaemonProcess daemon({"--sim_devices=4x16GiB", "--slab_size=256MiB",
-                                 "--empty_slab_release_seconds=3600"});
+  testing::DaemonProcess daemon(
+      {"--sim_devices=4x16GiB", "--slab_size=256MiB", "--empty_slab_release_seconds=3600",
+       absl::StrCat("--stream_threads=", absl::GetFlag(FLAGS_stream_threads))});
   if (!daemon.Start()) {
     fprintf(stderr, "load_bench: daemon did not start:\n%s", daemon.Log().c_str());
     return 1;
   }
   const std::string floor_socket = driver.dir() + "/floor.sock";
   const std::string floor_fd_socket = driver.dir() + "/floor-fd.sock";
+  const std::string floor_async_socket = driver.dir() + "/floor-async.sock";
   testing::ChildProcess floor({driver.self(), "--role=floor", "--target=" + floor_socket});
   testing::ChildProcess floor_fd(
       {driver.self(), "--role=floor_fd", "--target=" + floor_fd_socket});
-  if (floor.ReadLine() != "ready" || floor_fd.ReadLine() != "ready") {
+  testing::ChildProcess floor_async(
+      {driver.self(), "--role=floor_async", "--target=" + floor_async_socket});
+  if (floor.ReadLine() != "ready" || floor_fd.ReadLine() != "ready" ||
+      floor_async.ReadLine() != "ready") {
     fprintf(stderr, "load_bench: floor server did not start\n");
     return 1;
   }
   if (!json) {
-    printf("%-8s %-8s %-6s %4s %10s %8s %8s %9s %7s %8s   %s\n", "section", "target",
+    printf("%-8s %-11s %-6s %4s %10s %8s %8s %9s %7s %8s   %s\n", "section", "target",
            "via", "N", "pairs/s", "p50 us", "p99 us", "p999 us", "errors", "cpu us",
            "x floor: pairs/s, p50");
   }
@@ -525,6 +534,12 @@ int RunDriver() {
                                 seconds);
         b.section = "anatomy";
         emit(b);
+        if (transport == std::string("unary")) {
+          Row c = driver.RunPhase("floor_async", floor_async_socket, floor_async.pid(),
+                                  transport, 1, seconds);
+          c.section = "anatomy";
+          emit(c);
+        }
         Row d = driver.RunPhase("daemon", daemon.socket(), daemon.pid(), transport, 1, seconds);
         d.section = "anatomy";
         emit(d);
@@ -544,10 +559,8 @@ int RunDriver() {
                          : 0.0);
     }
   }
-  floor.Kill(SIGTERM);
-  floor_fd.Kill(SIGTERM);
-  floor.Wait();
-  floor_fd.Wait();
+  for (testing::ChildProcess* f : {&floor, &floor_fd, &floor_async}) f->Kill(SIGTERM);
+  for (testing::ChildProcess* f : {&floor, &floor_fd, &floor_async}) f->Wait();
   const int stopped = daemon.Stop();
 
   ScaleFigures scale;
@@ -584,10 +597,13 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   signal(SIGPIPE, SIG_IGN);
   const std::string role = absl::GetFlag(FLAGS_role);
-  if (role == "floor" || role == "floor_fd") {
-    return gpumem::bench::RunFloorServer(absl::GetFlag(FLAGS_target),
-                                         role == "floor" ? gpumem::bench::FloorAccept::kGrpcPort
-                                                         : gpumem::bench::FloorAccept::kOwnAccept);
+  if (role == "floor" || role == "floor_fd" || role == "floor_async") {
+    using gpumem::bench::FloorAccept;
+    using gpumem::bench::FloorUnary;
+    return gpumem::bench::RunFloorServer(
+        absl::GetFlag(FLAGS_target),
+        role == "floor_fd" ? FloorAccept::kOwnAccept : FloorAccept::kGrpcPort,
+        role == "floor_async" ? FloorUnary::kAsync : FloorUnary::kSync);
   }
   if (role == "client") return gpumem::RunClient();
   if (role == "filler") return gpumem::RunFiller();

@@ -19,6 +19,7 @@ for n in (1, 2):
 for target in ("floor", "floor_fd", "daemon"):
     for via in ("stream", "unary"):
         assert ("anatomy", target, via, 1) in keys, (target, via)
+assert ("anatomy", "floor_async", "unary", 1) in keys
 assert ("soak", "daemon", "stream", 2) in keys
 for r in rows:
     assert r["errors"] == 0 and r["pairs"] > 0 and r["p50_us"] > 0, r
