@@ -7,6 +7,7 @@
 // and remove the socket, drain gRPC, release every allocation and slab,
 // exit 0. Start-up errors are one line on stderr and exit status 1.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -54,6 +55,9 @@ ABSL_FLAG(std::string, config, "", "daemon config file, protobuf text format "
 ABSL_FLAG(std::string, slab_size, "", "size of pool slabs (default 1GiB)");
 ABSL_FLAG(double, empty_slab_release_seconds, -1,
           "seconds an empty slab is kept before it goes back (default 30)");
+ABSL_FLAG(std::string, admin_group, "",
+          "Unix group whose members (besides root) see every session and "
+          "tenant in GetStats (default: root only)");
 ABSL_FLAG(double, reserve_fraction, -1,
           "fraction of each device taken as slabs at start and kept (default 0)");
 ABSL_FLAG(int, stream_threads, 1,
@@ -112,6 +116,7 @@ int Run() {
   options.pool.empty_release_after = absl::Seconds(release);
   double reserve = absl::GetFlag(FLAGS_reserve_fraction);
   options.pool.reserve_fraction = reserve < 0 ? 0 : reserve;
+  options.admin_group = Pick(absl::GetFlag(FLAGS_admin_group), config->admin_group(), "");
   if (options.pool.reserve_fraction > 1) {
     Die(absl::InvalidArgumentError("--reserve_fraction must be in [0, 1]"));
   }
@@ -145,6 +150,14 @@ int Run() {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Every client holds a connection or two: allow as many fds as the hard
+  // limit does, not the soft default of 1024.
+  struct rlimit files;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
+
   MemoryBroker broker(backend.get(), options);
   absl::Status started = broker.Start();
   if (!started.ok()) Die(started);
@@ -173,7 +186,8 @@ int Run() {
   SocketListener listener(socket_path, &broker, &peers);
   absl::Status bound = listener.Bind();
   if (!bound.ok()) Die(bound);
-  listener.Start(server.get());
+  absl::Status listening = listener.Start(server.get());
+  if (!listening.ok()) Die(listening);
 
   std::cerr << "gpumemd: serving " << backend->devices().size() << " "
             << backend->name() << " device(s) on " << socket_path << "\n";
@@ -207,7 +221,7 @@ int main(int argc, char** argv) {
       "Usage: gpumemd [--backend=sim|cuda] [--sim_devices=4x16GiB] "
       "[--sim_topology=nvlink:0-1,...] [--socket=PATH] [--config=FILE] "
       "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
-      "[--reserve_fraction=0] [--stream_threads=1]");
+      "[--reserve_fraction=0] [--admin_group=GROUP] [--stream_threads=1]");
   // --help lists the flags of this file (Abseil's default looks for a file
   // named after the program, gpumemd.cc, and found none).
   absl::FlagsUsageConfig usage;

@@ -57,26 +57,40 @@ absl::StatusOr<SessionInfo> SessionRegistry::Attach(const PeerCred& cred) {
         "its memory could not be reclaimed when it exits; run the client in "
         "the daemon's pid namespace (or a parent of it)");
   }
-  uint64_t stale = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = by_pid_.find(cred.pid);
-    if (it != by_pid_.end()) {
-      Entry& e = sessions_[it->second];
-      // The same process, even if it changed uid since: its session (and
-      // memory) stays; each allocation records the uid that made it.
-      if (!Exited(e.pidfd)) return e.info;
-      stale = it->second;  // the pid now belongs to another process
-    }
+  // The whole lookup-or-create runs under one lock, so concurrent first
+  // calls of one process (32 threads at once) make exactly one session.
+  // pidfd_open and epoll_ctl are quick, non-blocking system calls.
+  absl::MutexLock lock(&mu_);
+  auto it = by_pid_.find(cred.pid);
+  if (it != by_pid_.end()) {
+    Entry& e = sessions_[it->second];
+    // The same process, even if it changed uid since: its session (and
+    // memory) stays; each allocation records the uid that made it.
+    if (!Exited(e.pidfd)) return e.info;
+    // The pid now belongs to another process. The old session's pidfd is
+    // readable, so the watcher thread ends it (never this thread: callers
+    // may hold locks that on_end takes); the new process gets a new one.
+    by_pid_.erase(it);
   }
-  if (stale != 0) End(stale);
+  return CreateLocked(cred);
+}
+
+std::optional<SessionInfo> SessionRegistry::Find(const PeerCred& cred) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_pid_.find(cred.pid);
+  if (it == by_pid_.end()) return std::nullopt;
+  const Entry& e = sessions_.at(it->second);
+  if (Exited(e.pidfd)) return std::nullopt;
+  return e.info;
+}
+
+absl::StatusOr<SessionInfo> SessionRegistry::CreateLocked(const PeerCred& cred) {
   int pidfd = PidfdOpen(cred.pid);
   if (pidfd < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot watch caller pid ", cred.pid, ": ", strerror(errno),
         " (has the process already exited?)"));
   }
-  absl::MutexLock lock(&mu_);
   Entry e;
   e.info.id = next_id_++;
   e.info.cred = cred;
