@@ -93,8 +93,17 @@ class StreamTest : public DaemonClientTest {
     ASSERT_GT(AllocationsOf(pid), 0u);
     abuser->Kill(SIGKILL);
     abuser->Wait();
+    // The session's row and the devices' used bytes may be updated at
+    // different moments; both must come back.
+    auto all_back = [&] {
+      if (AllocationsOf(pid) != 0) return false;
+      for (uint64_t used : UsedPerDevice()) {
+        if (used != 0) return false;
+      }
+      return true;
+    };
     auto deadline = Clock::now() + std::chrono::seconds(5);
-    while (AllocationsOf(pid) != 0 && Clock::now() < deadline) {
+    while (!all_back() && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     EXPECT_EQ(AllocationsOf(pid), 0u);
