@@ -12,6 +12,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/fd_channel.h"
 #include "common/rpc_status.h"
 
 namespace gpumem {
@@ -60,6 +61,9 @@ absl::StatusOr<v1::StreamAnswer> StreamTransport::Call(v1::StreamRequest request
     }
     if (open_ == nullptr) {
       open_ = std::make_shared<Open>();
+      if (!session_token_.empty()) {
+        open_->ctx.AddMetadata(kSessionTokenHeader, session_token_);
+      }
       open_->stream = stub_->Stream(&open_->ctx);
     }
     me.open = open_;

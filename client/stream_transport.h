@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -37,8 +38,12 @@ namespace gpumem {
 
 class StreamTransport {
  public:
-  // `stub` must outlive the transport.
-  explicit StreamTransport(v1::GpuMemory::StubInterface* stub) : stub_(stub) {}
+  // `stub` must outlive the transport. A non-empty `session_token` (a
+  // process the daemon cannot see by pid: its slab channel's session, see
+  // common/fd_channel.h) is sent as metadata when the stream opens.
+  explicit StreamTransport(v1::GpuMemory::StubInterface* stub,
+                           std::string session_token = "")
+      : stub_(stub), session_token_(std::move(session_token)) {}
   // Half-closes the stream and waits for the daemon to end it.
   ~StreamTransport();
   StreamTransport(const StreamTransport&) = delete;
@@ -62,6 +67,7 @@ class StreamTransport {
   void ReadOne(const std::shared_ptr<Open>& open);
 
   v1::GpuMemory::StubInterface* const stub_;
+  const std::string session_token_;
   std::atomic<bool> unsupported_{false};
   // std::mutex rather than absl::Mutex: ThreadSanitizer sees its edges
   // (Debian's Abseil is not instrumented, and a CondVar wait's re-lock is

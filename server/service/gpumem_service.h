@@ -21,6 +21,14 @@ namespace gpumem {
 // becomes the binary error details.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+// The caller as the kernel identifies its connection (PeerTable, by
+// ctx->peer()); a caller without a visible pid proves its connection-bound
+// session with the token its slab channel was given (gRPC metadata
+// kSessionTokenHeader). Used by the unary handlers and, once per stream,
+// by StreamService.
+absl::StatusOr<PeerCred> CallerOf(grpc::ServerContext* ctx, const PeerTable& peers,
+                                  const MemoryBroker& broker);
+
 class GpuMemoryService final : public GpuMemoryWithAsyncStream {
  public:
   GpuMemoryService(MemoryBroker* broker, const PeerTable* peers)

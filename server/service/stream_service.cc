@@ -90,7 +90,7 @@ class StreamService::Call {
   void OnAccepted() {
     // The next stream on this queue gets a fresh Call.
     (new Call(owner_, cq_))->Listen();
-    absl::StatusOr<PeerCred> caller = owner_->peers_->Lookup(ctx_.peer());
+    absl::StatusOr<PeerCred> caller = CallerOf(&ctx_, *owner_->peers_, *owner_->broker_);
     if (!caller.ok()) {
       Fail(ToGrpcStatus(caller.status()));
       return;

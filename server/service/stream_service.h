@@ -13,9 +13,11 @@
 // reads and writes are asynchronous.
 //
 // What it guarantees:
-//  - Identity is the connection's: the caller is looked up once per stream in
-//    the PeerTable by ServerContext::peer() (connections come from
-//    SocketListener); a stream whose peer is unknown ends with that status.
+//  - Identity is the connection's: the caller is looked up once per stream,
+//    as the unary handlers do it (CallerOf in gpumem_service.h: the
+//    PeerTable by ServerContext::peer(), plus the session token metadata of
+//    a client in another pid namespace); a stream whose caller cannot be
+//    established ends with that status.
 //  - Bounded memory per stream: at most `max_queued_replies` answers wait to
 //    be written; past that the stream's requests are not read until the
 //    client reads its answers (a client that stops reading is throttled by
