@@ -26,8 +26,8 @@ class HealthService::WatchCall {
   };
 
  public:
-  WatchCall(HealthService* service, grpc::ServerCompletionQueue* cq)
-      : service_(service), cq_(cq), writer_(&ctx_) {
+  WatchCall(HealthService* service, EventQueue* queue)
+      : service_(service), queue_(queue), cq_(queue->cq.get()), writer_(&ctx_) {
     ctx_.AsyncNotifyWhenDone(done_tag_.tag());
     service_->RequestWatch(&ctx_, &request_, &writer_, cq_, cq_, accept_tag_.tag());
   }
@@ -40,7 +40,8 @@ class HealthService::WatchCall {
           delete this;
           return;
         }
-        new WatchCall(service_, cq_);
+        if (queue_->stopping) break;  // no new operation; ends at its done event
+        new WatchCall(service_, queue_);
         response_.set_status(service_->StatusOf(request_.service()));
         writing_ = true;
         writer_.Write(response_, write_tag_.tag());
@@ -56,12 +57,17 @@ class HealthService::WatchCall {
         return;
     }
     if (done_ && !writing_ && !finishing_) {
+      if (queue_->stopping) {  // no new operation on a stopping queue
+        delete this;
+        return;
+      }
       finishing_ = true;
       writer_.Finish(grpc::Status::OK, finish_tag_.tag());
     }
   }
 
   HealthService* service_;
+  EventQueue* queue_;
   grpc::ServerCompletionQueue* cq_;
   grpc::ServerContext ctx_;
   HealthCheckRequest request_;
@@ -98,6 +104,6 @@ grpc::Status HealthService::Check(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-void HealthService::Start(grpc::ServerCompletionQueue* cq) { new WatchCall(this, cq); }
+void HealthService::Start(EventQueue* queue) { new WatchCall(this, queue); }
 
 }  // namespace gpumem

@@ -25,6 +25,7 @@
 #include <grpcpp/server_builder.h>
 
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "server/service/cq_event.h"
 
 namespace gpumem {
 
@@ -38,10 +39,10 @@ class HealthService final
                      const grpc::health::v1::HealthCheckRequest* request,
                      grpc::health::v1::HealthCheckResponse* response) override;
 
-  // After the server started: accepts Watch calls on `cq`, a server
-  // completion queue whose thread hands each tag to CqEvent::OnEvent
-  // (cq_event.h) and which is drained after grpc::Server::Shutdown().
-  void Start(grpc::ServerCompletionQueue* cq);
+  // After the server started: accepts Watch calls on `queue`, whose thread
+  // hands each tag to CqEvent::OnEvent (cq_event.h) and which is drained
+  // after grpc::Server::Shutdown().
+  void Start(EventQueue* queue);
   // Check answers NOT_SERVING from now on (the daemon is stopping).
   void SetNotServing() { serving_.store(false, std::memory_order_relaxed); }
 

@@ -40,8 +40,8 @@ class StreamService::Call {
   };
 
  public:
-  Call(StreamService* owner, grpc::ServerCompletionQueue* cq)
-      : owner_(owner), cq_(cq), stream_(&ctx_) {}
+  Call(StreamService* owner, EventQueue* queue)
+      : owner_(owner), queue_(queue), cq_(queue->cq.get()), stream_(&ctx_) {}
 
   // Posts the request for the next stream on `cq`.
   void Listen() {
@@ -89,7 +89,7 @@ class StreamService::Call {
 
   void OnAccepted() {
     // The next stream on this queue gets a fresh Call.
-    (new Call(owner_, cq_))->Listen();
+    if (!queue_->stopping) (new Call(owner_, queue_))->Listen();
     absl::StatusOr<PeerCred> caller = CallerOf(&ctx_, *owner_->peers_, *owner_->broker_);
     if (!caller.ok()) {
       Fail(ToGrpcStatus(caller.status()));
@@ -100,6 +100,7 @@ class StreamService::Call {
   }
 
   void StartRead() {
+    if (queue_->stopping) return;
     reading_ = true;
     stream_.Read(&incoming_, read_tag_.tag());
   }
@@ -179,7 +180,7 @@ class StreamService::Call {
   }
 
   void StartWriteIfIdle() {
-    if (writing_ || outbox_.empty() || broken_) return;
+    if (writing_ || outbox_.empty() || broken_ || queue_->stopping) return;
     writing_ = true;
     stream_.Write(outbox_.front().bytes, write_tag_.tag());
   }
@@ -209,6 +210,11 @@ class StreamService::Call {
   // answers are written (or can no longer be).
   void MaybeFinish() {
     if (finish_started_ || reading_ || writing_) return;
+    if (queue_->stopping) {  // no new operation: the call just ends
+      FreeUndelivered();
+      finish_started_ = finished_ = true;
+      return;
+    }
     if (!reads_closed_ && !failed_ && !broken_) return;
     if (!outbox_.empty() && !broken_) return;
     FreeUndelivered();
@@ -229,6 +235,7 @@ class StreamService::Call {
   }
 
   StreamService* owner_;
+  EventQueue* queue_;
   grpc::ServerCompletionQueue* cq_;
   grpc::ServerContext ctx_;
   grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer> stream_;
@@ -267,15 +274,15 @@ StreamService::~StreamService() { Shutdown(); }
 void StreamService::AddCompletionQueues(grpc::ServerBuilder* builder) {
   for (int i = 0; i < options_.threads; ++i) {
     auto q = std::make_unique<Queue>();
-    q->cq = builder->AddCompletionQueue();
+    q->events.cq = builder->AddCompletionQueue();
     queues_.push_back(std::move(q));
   }
 }
 
 void StreamService::Start() {
   for (auto& q : queues_) {
-    grpc::ServerCompletionQueue* cq = q->cq.get();
-    (new Call(this, cq))->Listen();
+    grpc::ServerCompletionQueue* cq = q->events.cq.get();
+    (new Call(this, &q->events))->Listen();
     q->thread = std::thread([cq] {
       void* tag = nullptr;
       bool ok = false;
@@ -288,7 +295,13 @@ void StreamService::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   for (auto& q : queues_) {
-    if (q->cq != nullptr) q->cq->Shutdown();
+    if (q->thread.joinable()) {
+      // Due at once: the queue's thread shuts the queue down itself.
+      q->stop_alarm.Set(q->events.cq.get(), gpr_now(GPR_CLOCK_MONOTONIC),
+                        static_cast<CqEvent*>(&q->stop));
+    } else if (q->events.cq != nullptr) {
+      q->events.cq->Shutdown();
+    }
   }
   for (auto& q : queues_) {
     if (q->thread.joinable()) q->thread.join();

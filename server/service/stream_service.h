@@ -37,7 +37,10 @@
 
 #include <grpcpp/server_builder.h>
 
+#include <grpcpp/alarm.h>
+
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
+#include "server/service/cq_event.h"
 #include "server/service/memory_broker.h"
 #include "server/session/peer_credentials.h"
 
@@ -71,8 +74,9 @@ class StreamService {
   // After the server started: accepts streams and starts the threads.
   void Start();
   // The first completion queue, for other async services (their tags must
-  // be CqEvents); valid after AddCompletionQueues, drained once Start()ed.
-  grpc::ServerCompletionQueue* shared_queue() const { return queues_[0]->cq.get(); }
+  // be CqEvents, see cq_event.h); valid after AddCompletionQueues, drained
+  // once Start()ed.
+  EventQueue* shared_queue() const { return &queues_[0]->events; }
   // After grpc::Server::Shutdown() (which ends every stream): drains the
   // queues and joins the threads. Idempotent.
   void Shutdown();
@@ -80,9 +84,20 @@ class StreamService {
   class Call;  // one stream (stream_service.cc)
 
  private:
+  // Shuts its queue down from the queue's own thread.
+  struct StopEvent final : CqEvent {
+    explicit StopEvent(EventQueue* q) : queue(q) {}
+    void OnEvent(bool) override {
+      queue->stopping = true;
+      queue->cq->Shutdown();
+    }
+    EventQueue* queue;
+  };
   struct Queue {
-    std::unique_ptr<grpc::ServerCompletionQueue> cq;
+    EventQueue events;
     std::thread thread;
+    StopEvent stop{&events};
+    grpc::Alarm stop_alarm;
   };
 
   MemoryBroker* broker_;
