@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
 #include "proto/gpumem/v1/config.pb.h"
@@ -58,6 +59,9 @@ ABSL_FLAG(double, empty_slab_release_seconds, -1,
 ABSL_FLAG(std::string, admin_group, "",
           "Unix group whose members (besides root) see every session and "
           "tenant in GetStats (default: root only)");
+ABSL_FLAG(std::string, handle_kinds, "",
+          "slab handle kinds offered to clients, the first the default: memfd (sim), "
+          "cuda_vmm_fd, cuda_ipc (cuda); default: all the backend makes");
 ABSL_FLAG(double, reserve_fraction, -1,
           "fraction of each device taken as slabs at start and kept (default 0)");
 ABSL_FLAG(int, stream_threads, 1,
@@ -119,6 +123,17 @@ int Run() {
   options.admin_group = Pick(absl::GetFlag(FLAGS_admin_group), config->admin_group(), "");
   if (options.pool.reserve_fraction > 1) {
     Die(absl::InvalidArgumentError("--reserve_fraction must be in [0, 1]"));
+  }
+
+  std::vector<std::string> kind_names(config->handle_kinds().begin(),
+                                      config->handle_kinds().end());
+  if (!absl::GetFlag(FLAGS_handle_kinds).empty()) {
+    kind_names = absl::StrSplit(absl::GetFlag(FLAGS_handle_kinds), ',');
+  }
+  for (const std::string& name : kind_names) {
+    absl::StatusOr<HandleKind> kind = ParseHandleKind(name);
+    if (!kind.ok()) Die(kind.status());
+    options.handle_kinds.push_back(*kind);
   }
 
   std::unique_ptr<Backend> backend;
@@ -195,6 +210,9 @@ int Run() {
     std::cerr << "gpumemd:   device " << d.index << " " << d.uuid << " "
               << FormatBytes(d.total_bytes) << " " << d.name << "\n";
   }
+  std::cerr << "gpumemd: slab handle kinds offered:";
+  for (HandleKind k : broker.handle_kinds()) std::cerr << " " << HandleKindName(k);
+  std::cerr << "\n";
 
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
@@ -221,7 +239,8 @@ int main(int argc, char** argv) {
       "Usage: gpumemd [--backend=sim|cuda] [--sim_devices=4x16GiB] "
       "[--sim_topology=nvlink:0-1,...] [--socket=PATH] [--config=FILE] "
       "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
-      "[--reserve_fraction=0] [--admin_group=GROUP] [--stream_threads=1]");
+      "[--reserve_fraction=0] [--handle_kinds=cuda_vmm_fd,cuda_ipc] [--admin_group=GROUP] "
+      "[--stream_threads=1]");
   // --help lists the flags of this file (Abseil's default looks for a file
   // named after the program, gpumemd.cc, and found none).
   absl::FlagsUsageConfig usage;
