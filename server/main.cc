@@ -19,7 +19,6 @@
 
 #include <google/protobuf/text_format.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
@@ -41,8 +40,10 @@
 #include "server/ledger/tenant_ledger.h"
 #include "server/quota/quota_book.h"
 #include "server/service/gpumem_service.h"
+#include "server/service/health_service.h"
 #include "server/service/memory_broker.h"
 #include "server/service/socket_listener.h"
+#include "server/service/stream_service.h"
 #include "server/session/peer_credentials.h"
 #include "server/tenants/tenant_admin.h"
 #include "server/tenants/tenant_directory.h"
@@ -72,6 +73,8 @@ ABSL_FLAG(double, reserve_fraction, -1,
 ABSL_FLAG(std::string, ledger, "",
           "the ledger file (SQLite; directory created), or none to keep no ledger "
           "(default /var/lib/gpumemd/ledger.db)");
+ABSL_FLAG(int, stream_threads, 1,
+          "threads (one completion queue each) serving the Stream RPC");
 
 namespace gpumem {
 namespace {
@@ -245,12 +248,24 @@ int Run() {
       [&broker] { broker.ServeWaiters(); });
   GpuMemoryService service(&broker, &peers, &tenant_admin);
 
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
+  // Our own health service: gRPC's default one adds polling threads that
+  // double the cost of a stream round trip (health_service.h).
+  HealthService health;
+  builder.RegisterService(&health);
+  StreamServiceOptions stream_options;
+  stream_options.threads = absl::GetFlag(FLAGS_stream_threads);
+  if (stream_options.threads < 1 || stream_options.threads > 64) {
+    Die(absl::InvalidArgumentError("--stream_threads must be in [1, 64]"));
+  }
+  StreamService streams(&broker, &peers, &service, stream_options);
+  streams.AddCompletionQueues(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) Die(absl::InternalError("gRPC server failed to start"));
+  streams.Start();
+  health.Start(streams.shared_queue());
 
   SocketListener listener(socket_path, &broker, &peers);
   absl::Status bound = listener.Bind();
@@ -282,11 +297,13 @@ int Run() {
     std::cerr << "gpumemd: SIGHUP ignored (restart to reload the config)\n";
   }
   std::cerr << "gpumemd: signal " << sig << ", shutting down\n";
+  health.SetNotServing();
   listener.Stop();
   broker.StopWaiting();  // waiting Allocates answer now, not at their deadline
   // In-flight calls are sub-millisecond; idle client connections would
   // otherwise hold Shutdown until the deadline.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
+  streams.Shutdown();
   broker.Shutdown();
   ledger->Close();  // commits the DAEMON_STOP events of the release above
   std::cerr << "gpumemd: stopped; every slab released\n";
@@ -303,7 +320,7 @@ int main(int argc, char** argv) {
       "[--sim_topology=nvlink:0-1,...] [--socket=PATH] [--config=FILE] "
       "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
       "[--reserve_fraction=0] [--handle_kinds=cuda_vmm_fd,cuda_ipc] [--admin_group=GROUP] "
-      "[--ledger=/var/lib/gpumemd/ledger.db|none]");
+      "[--ledger=/var/lib/gpumemd/ledger.db|none] [--stream_threads=1]");
   // --help lists the flags of this file (Abseil's default looks for a file
   // named after the program, gpumemd.cc, and found none).
   absl::FlagsUsageConfig usage;
