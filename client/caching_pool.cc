@@ -400,6 +400,8 @@ absl::StatusOr<void*> CachingPool::AllocateSlow(uint64_t size, uint32_t cls,
   }
   if (lease == nullptr) {
     const uint64_t align = options_.lease_bytes >= (2u << 20) ? (2u << 20) : PageSize();
+    client_->SetUsageReport(UsageLocked(static_cast<int64_t>(options_.lease_bytes),
+                                        static_cast<int64_t>(bytes)));
     absl::StatusOr<Buffer> buf =
         client_->Allocate(options_.lease_bytes, arena->placement, align);
     if (!buf.ok()) {
@@ -600,6 +602,9 @@ uint64_t CachingPool::ReleaseEmptyLeasesLocked(absl::Duration min_idle) {
       }
       l->released = true;
       released += l->size;
+      if (client_ != nullptr) {
+        client_->SetUsageReport(UsageLocked(-static_cast<int64_t>(l->size), 0));
+      }
       l->buffer.Free().IgnoreError();  // a daemon that is gone reclaims it itself
       // Readers that found the lease just before see zero words (not live).
       madvise(l->shadow, l->shadow_bytes, MADV_DONTNEED);
@@ -609,6 +614,25 @@ uint64_t CachingPool::ReleaseEmptyLeasesLocked(absl::Duration min_idle) {
   }
   if (released > 0) PublishLeasesLocked();
   return released;
+}
+
+v1::UsageReport CachingPool::UsageLocked(int64_t leased_delta, int64_t in_use_delta) {
+  int64_t leased = leased_delta;
+  for (auto& arena : arenas_) {
+    for (Lease* l : arena->leases) leased += static_cast<int64_t>(l->size);
+  }
+  int64_t in_use = in_use_outside_caches_ + in_use_delta;
+  for (ThreadCache* tc : caches_) {
+    tc->Lock();
+    in_use += tc->in_use;
+    tc->Unlock();
+  }
+  leased = std::max<int64_t>(leased, 0);
+  in_use = std::clamp<int64_t>(in_use, 0, leased);
+  v1::UsageReport usage;
+  usage.set_leased_bytes(static_cast<uint64_t>(leased));
+  usage.set_in_use_bytes(static_cast<uint64_t>(in_use));
+  return usage;
 }
 
 void CachingPool::PublishLeasesLocked() {

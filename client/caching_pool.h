@@ -15,6 +15,10 @@
 //     goes back to the daemon once it has been empty for idle_release_ms, or
 //     at once on Trim(). A thread cache that sees no use for one reaper tick
 //     is emptied into the leases first.
+//   * The daemon is told the pool's leased and in-use bytes (UsageReport)
+//     with every lease taken or given back, so its GetStats shows them for
+//     this session; between those requests the figures it shows are the
+//     last reported ones.
 //   * Bad pointers are detected, never followed: Free looks a pointer up in
 //     the lease table and the lease's per-256-byte shadow table (one atomic
 //     word each, swapped on free), so a double free, an interior or foreign
@@ -158,6 +162,10 @@ class CachingPool {
   uint64_t ReleaseEmptyLeasesLocked(absl::Duration min_idle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pool's leased and in-use bytes, plus the deltas of the request about
+  // to be sent (a lease taken or given back), for the daemon (UsageReport).
+  v1::UsageReport UsageLocked(int64_t leased_delta, int64_t in_use_delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EnsureConnectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ConnectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleDaemonLostLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

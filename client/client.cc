@@ -74,6 +74,7 @@ struct Client::Impl {
   // One mapper per handle kind, made on first use.
   absl::flat_hash_map<int, std::unique_ptr<SlabMapper>> mappers ABSL_GUARDED_BY(mu);
   v1::HandleKind handle_kind ABSL_GUARDED_BY(mu) = v1::HANDLE_KIND_UNSPECIFIED;
+  std::optional<v1::UsageReport> usage ABSL_GUARDED_BY(mu);
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -89,6 +90,11 @@ const std::string& Client::socket_path() const { return impl_->socket_path; }
 void Client::SetHandleKind(v1::HandleKind kind) {
   absl::MutexLock lock(&impl_->mu);
   impl_->handle_kind = kind;
+}
+
+void Client::SetUsageReport(const v1::UsageReport& usage) {
+  absl::MutexLock lock(&impl_->mu);
+  impl_->usage = usage;
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path) {
@@ -140,6 +146,10 @@ absl::Status Client::Free(uint64_t allocation_id) {
   impl_->Prepare(&ctx);
   v1::FreeRequest req;
   req.set_id(allocation_id);
+  {
+    absl::MutexLock lock(&impl_->mu);
+    if (impl_->usage.has_value()) *req.mutable_usage() = *impl_->usage;
+  }
   absl::StatusOr<v1::FreeResponse> streamed = impl_->stream->Free(req);
   if (!impl_->stream->unsupported()) return streamed.status();
   v1::FreeResponse resp;
@@ -278,6 +288,7 @@ absl::StatusOr<Buffer> Client::Allocate(uint64_t size,
   {
     absl::MutexLock lock(&impl_->mu);
     req.set_handle_kind(impl_->handle_kind);
+    if (impl_->usage.has_value()) *req.mutable_usage() = *impl_->usage;
   }
   absl::StatusOr<v1::AllocateResponse> resp = AllocateRaw(req);
   if (!resp.ok()) return resp.status();
@@ -302,6 +313,7 @@ absl::StatusOr<std::vector<Buffer>> Client::AllocateSharded(
   {
     absl::MutexLock lock(&impl_->mu);
     req.set_handle_kind(impl_->handle_kind);
+    if (impl_->usage.has_value()) *req.mutable_usage() = *impl_->usage;
   }
   absl::StatusOr<v1::AllocateResponse> resp = AllocateRaw(req);
   if (!resp.ok()) return resp.status();

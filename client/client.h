@@ -109,6 +109,12 @@ class Client {
   // offer the kind.
   void SetHandleKind(v1::HandleKind kind);
 
+  // Usage figures (proto UsageReport) sent with every later Allocate and
+  // Free this Client makes (not AllocateRaw's, which are sent as given), so
+  // the daemon's GetStats shows them for this session. The caching pool
+  // sets them before each lease it takes or gives back.
+  void SetUsageReport(const v1::UsageReport& usage);
+
  private:
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);

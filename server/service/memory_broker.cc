@@ -210,6 +210,7 @@ void MemoryBroker::Shutdown() {
     for (const auto& [id, r] : allocations_) AppendEvent(ledger::EventKind::kDaemonStop, id, r);
     allocations_.clear();
     by_session_.clear();
+    usage_reports_.clear();
   }
   for (auto& pool : pools_) pool->ReleaseAll();  // retained slabs too
 }
@@ -257,8 +258,18 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
   }
   absl::StatusOr<HandleKind> kind = RequestedKind(request);
   if (!kind.ok()) return kind.status();
+  if (request.has_usage()) {
+    absl::Status usage_ok = CheckUsage(request.usage());
+    if (!usage_ok.ok()) return usage_ok;
+  }
   absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
   if (!session.ok()) return session.status();
+  // The client's usage report counts this request as done: keep it only
+  // when it is.
+  auto reported = [&](absl::StatusOr<v1::AllocateResponse> result) {
+    if (result.ok() && request.has_usage()) RecordUsage(session->id, request.usage());
+    return result;
+  };
   absl::StatusOr<placement::PreparedRequest> prepared =
       placement::PrepareRequest(request, device_views_, placer_options_);
   if (!prepared.ok()) return prepared.status();
@@ -271,13 +282,13 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     absl::StatusOr<v1::AllocateResponse> placed = Place(caller, *tenant, session->id, *prepared, *kind);
     if (placed.ok() || request.wait_ms() == 0 ||
         placed.status().code() != absl::StatusCode::kResourceExhausted) {
-      return placed;
+      return reported(std::move(placed));
     }
     // Nothing can serve it now: wait until a release serves it
     // (ServeWaiters, on the releasing thread) or the time is up.
     {
       absl::MutexLock lock(&wait_mu_);
-      if (stop_waiting_) return placed;
+      if (stop_waiting_) return reported(std::move(placed));
       ++waiting_;
       if (releases_.load() != releases) {  // room may have come back meanwhile
         --waiting_;
@@ -294,10 +305,10 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
                                  absl::Now() + absl::Milliseconds(request.wait_ms()));
       if (!w.done) waiters_.Remove(ticket);
       --waiting_;
-      if (w.done) return std::move(w.result);
+      if (w.done) return reported(std::move(w.result));
     }
     // Time is up: the usual answer, as things stand now.
-    return Place(caller, *tenant, session->id, *prepared, *kind);
+    return reported(Place(caller, *tenant, session->id, *prepared, *kind));
   }
 }
 
@@ -449,6 +460,10 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::Free(const PeerCred& caller,
   if (request.id() == 0) {
     return absl::InvalidArgumentError("id must be set (allocation ids start at 1)");
   }
+  if (request.has_usage()) {
+    absl::Status usage_ok = CheckUsage(request.usage());
+    if (!usage_ok.ok()) return usage_ok;
+  }
   Record r;
   {
     absl::MutexLock lock(&table_mu_);
@@ -467,9 +482,28 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::Free(const PeerCred& caller,
   }
   Return({r});
   ServeWaiters();
+  if (request.has_usage()) {
+    absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
+    if (session.ok()) RecordUsage(session->id, request.usage());
+  }
   v1::FreeResponse response;
   response.set_freed_bytes(r.block.size);
   return response;
+}
+
+absl::Status MemoryBroker::CheckUsage(const v1::UsageReport& usage) {
+  if (usage.in_use_bytes() > usage.leased_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "usage.in_use_bytes ", usage.in_use_bytes(), " exceeds usage.leased_bytes ",
+        usage.leased_bytes(), " (in-use bytes are part of the leased bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+void MemoryBroker::RecordUsage(uint64_t session_id, const v1::UsageReport& usage) {
+  if (!sessions_->IsLive(session_id)) return;  // ended meanwhile: nothing to show
+  absl::MutexLock lock(&table_mu_);
+  usage_reports_[session_id] = usage;
 }
 
 void MemoryBroker::OnSessionEnd(uint64_t session_id) {
@@ -486,6 +520,10 @@ void MemoryBroker::OnSessionEnd(uint64_t session_id) {
             TakeRecordLocked(allocations_.find(id), ledger::EventKind::kSessionEnd));
       }
     }
+  }
+  {
+    absl::MutexLock lock(&table_mu_);
+    usage_reports_.erase(session_id);
   }
   Return(records);
   // The process is gone, and with it every handle it held.
@@ -678,7 +716,16 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
     ss->set_gid(info.cred.gid);
     auto s = by_session_.find(info.id);
     ss->set_allocation_count(s == by_session_.end() ? 0 : s->second.ids.size());
-    ss->set_used_bytes(s == by_session_.end() ? 0 : s->second.bytes);
+    const uint64_t used = s == by_session_.end() ? 0 : s->second.bytes;
+    ss->set_used_bytes(used);
+    // A report is the client's word: never show more leased than it holds.
+    auto u = usage_reports_.find(info.id);
+    const uint64_t leased =
+        u == usage_reports_.end() ? 0 : std::min(u->second.leased_bytes(), used);
+    ss->set_leased_bytes(leased);
+    ss->set_in_use_bytes(u == usage_reports_.end()
+                             ? 0
+                             : std::min(u->second.in_use_bytes(), leased));
     auto r = session_retained.find(info.id);
     ss->set_retained_bytes(r == session_retained.end() ? 0 : r->second);
   }

@@ -177,6 +177,10 @@ class MemoryBroker {
 
   static absl::Status ShuttingDown();
   void OnSessionEnd(uint64_t session_id);
+  // A client's caching-pool usage report (proto UsageReport): checked before
+  // the request is served, kept as the session's latest once it is.
+  static absl::Status CheckUsage(const v1::UsageReport& usage);
+  void RecordUsage(uint64_t session_id, const v1::UsageReport& usage);
   // Places and commits one request (the body of Allocate, and of serving
   // a waiter).
   absl::StatusOr<v1::AllocateResponse> Place(const PeerCred& caller,
@@ -213,6 +217,8 @@ class MemoryBroker {
   mutable absl::Mutex table_mu_ ABSL_ACQUIRED_AFTER(gate_);
   absl::flat_hash_map<uint64_t, Record> allocations_ ABSL_GUARDED_BY(table_mu_);
   absl::flat_hash_map<uint64_t, SessionUse> by_session_ ABSL_GUARDED_BY(table_mu_);
+  // Each live session's last usage report; erased when the session ends.
+  absl::flat_hash_map<uint64_t, v1::UsageReport> usage_reports_ ABSL_GUARDED_BY(table_mu_);
 
   // Waiting admission. A release bumps releases_ and, if waiting_ > 0,
   // serves the waiters; a request about to wait re-checks releases_ after

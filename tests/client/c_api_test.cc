@@ -274,6 +274,43 @@ TEST_F(CApiTest, ManyThreadsCrossThreadFreesAndRacingDoubleFrees) {
   gpumem_close(c);
 }
 
+// The daemon's figure `key` (a JSON string) for this process's session, -1
+// when absent.
+long long SessionField(gpumem_client* c, const std::string& key) {
+  std::string j = StatsJson(c);
+  size_t at = j.find("\"sessions\":", j.find("\"daemon\":"));
+  if (at == std::string::npos) return -1;
+  const std::string pid = "\"pid\":" + std::to_string(getpid());
+  at = j.find(pid, at);
+  if (at == std::string::npos) return -1;
+  const size_t begin = j.rfind('{', at);
+  const size_t end = j.find('}', at);
+  const std::string k = "\"" + key + "\":\"";
+  const size_t f = j.find(k, begin);
+  if (f == std::string::npos || f > end) return -1;
+  return std::atoll(j.c_str() + f + k.size());
+}
+
+TEST_F(CApiTest, DaemonShowsTheSessionsLeasedAndInUseBytes) {
+  gpumem_client* c = Connect();
+  void* p = nullptr;
+  ASSERT_EQ(gpumem_malloc(c, 3000, nullptr, &p), GPUMEM_OK);
+  const std::string own = StatsJson(c);
+  const long long in_use = Field(own, "in_use_bytes");  // the library's own figure
+  ASSERT_GE(in_use, 3000) << own;
+  EXPECT_EQ(SessionField(c, "leased_bytes"), 8 << 20) << StatsJson(c);
+  EXPECT_EQ(SessionField(c, "in_use_bytes"), in_use) << StatsJson(c);
+  EXPECT_EQ(SessionField(c, "used_bytes"), 8 << 20) << StatsJson(c);
+  ASSERT_EQ(gpumem_free(c, p), GPUMEM_OK);
+  size_t freed = 0;
+  ASSERT_EQ(gpumem_trim(c, &freed), GPUMEM_OK) << gpumem_last_error_message();
+  EXPECT_EQ(freed, 8u << 20);
+  EXPECT_EQ(SessionField(c, "used_bytes"), 0) << StatsJson(c);
+  EXPECT_EQ(SessionField(c, "leased_bytes"), 0) << StatsJson(c);
+  EXPECT_EQ(SessionField(c, "in_use_bytes"), 0) << StatsJson(c);
+  gpumem_close(c);
+}
+
 TEST_F(CApiTest, EmptyLeasesGoBackAfterTheIdleTime) {
   setenv("GPUMEM_IDLE_RELEASE_MS", "200", 1);
   gpumem_client* c = Connect();

@@ -1196,5 +1196,70 @@ TEST_F(MemoryBrokerTest, ConcurrentAllocateFreeEndsWithNothingUsed) {
             absl::Seconds(1));
 }
 
+// A client's usage report (UsageReport) is kept per session and shown in
+// SessionStats, never above what the session holds; a report that
+// contradicts itself is refused before anything is allocated or freed.
+TEST_F(MemoryBrokerTest, UsageReportsAreShownPerSessionAndChecked) {
+  auto session_of = [&](const GetStatsResponse& s) -> const v1::SessionStats* {
+    for (const v1::SessionStats& ss : s.sessions()) {
+      if (ss.pid() == getpid()) return &ss;
+    }
+    return nullptr;
+  };
+  AllocateRequest lease = Request(8 * kMiB);
+  lease.mutable_usage()->set_leased_bytes(8 * kMiB);
+  lease.mutable_usage()->set_in_use_bytes(4096);
+  absl::StatusOr<AllocateResponse> a = broker_->Allocate(Self(), lease);
+  ASSERT_TRUE(a.ok()) << a.status();
+  GetStatsResponse s = broker_->Stats(Self());
+  const v1::SessionStats* ss = session_of(s);
+  ASSERT_NE(ss, nullptr);
+  EXPECT_EQ(ss->used_bytes(), 8 * kMiB);
+  EXPECT_EQ(ss->leased_bytes(), 8 * kMiB);
+  EXPECT_EQ(ss->in_use_bytes(), 4096u);
+
+  // in_use > leased: INVALID_ARGUMENT naming both, nothing allocated.
+  AllocateRequest bad = Request(kMiB);
+  bad.mutable_usage()->set_leased_bytes(10);
+  bad.mutable_usage()->set_in_use_bytes(11);
+  absl::StatusOr<AllocateResponse> refused = broker_->Allocate(Self(), bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("in_use_bytes 11"), std::string::npos);
+  v1::FreeRequest bad_free;
+  bad_free.set_id(a->allocations(0).id());
+  *bad_free.mutable_usage() = bad.usage();
+  EXPECT_EQ(broker_->Free(Self(), bad_free).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  s = broker_->Stats(Self());
+  ss = session_of(s);
+  ASSERT_NE(ss, nullptr);
+  EXPECT_EQ(ss->used_bytes(), 8 * kMiB);  // the bad Free freed nothing
+  EXPECT_EQ(ss->leased_bytes(), 8 * kMiB);
+
+  // A report claiming more than the session holds is shown capped.
+  AllocateRequest liar = Request(kMiB);
+  liar.mutable_usage()->set_leased_bytes(1000 * kMiB);
+  liar.mutable_usage()->set_in_use_bytes(999 * kMiB);
+  ASSERT_TRUE(broker_->Allocate(Self(), liar).ok());
+  s = broker_->Stats(Self());
+  ss = session_of(s);
+  ASSERT_NE(ss, nullptr);
+  EXPECT_EQ(ss->leased_bytes(), 9 * kMiB);
+  EXPECT_EQ(ss->in_use_bytes(), 9 * kMiB);
+
+  // A Free carrying a report updates it.
+  v1::FreeRequest give_back;
+  give_back.set_id(a->allocations(0).id());
+  give_back.mutable_usage()->set_leased_bytes(0);
+  give_back.mutable_usage()->set_in_use_bytes(0);
+  ASSERT_TRUE(broker_->Free(Self(), give_back).ok());
+  s = broker_->Stats(Self());
+  ss = session_of(s);
+  ASSERT_NE(ss, nullptr);
+  EXPECT_EQ(ss->used_bytes(), kMiB);
+  EXPECT_EQ(ss->leased_bytes(), 0u);
+  EXPECT_EQ(ss->in_use_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace gpumem
