@@ -222,13 +222,14 @@ absl::StatusOr<std::unique_ptr<CachingPool>> CachingPool::Create(PoolOptions opt
   if (options.idle_release_ms < 0) options.idle_release_ms = 0;
   if (options.reconnect_ms < 0) options.reconnect_ms = 0;
   std::unique_ptr<CachingPool> pool(new CachingPool(std::move(options)));
+  // Before connecting: the client's stream reader writes it.
+  pool->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (pool->wake_fd_ < 0) return absl::InternalError("eventfd failed");
   {
     absl::MutexLock lock(&pool->mu_);
     absl::Status s = pool->ConnectLocked();
     if (!s.ok()) return s;
   }
-  pool->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (pool->wake_fd_ < 0) return absl::InternalError("eventfd failed");
   CachingPool* raw = pool.get();
   pool->watcher_ = std::thread([raw] { raw->WatchLoop(); });
   return pool;
@@ -255,7 +256,6 @@ CachingPool::~CachingPool() {
     (void)!write(wake_fd_, &one, sizeof(one));
     watcher_.join();
   }
-  if (wake_fd_ >= 0) close(wake_fd_);
   absl::MutexLock reg(RegistryMu());
   absl::MutexLock lock(&mu_);
   // A daemon that went away since the watcher last looked must not receive
@@ -283,7 +283,8 @@ CachingPool::~CachingPool() {
   table_.store(nullptr);
   tables_.clear();
   client_.reset();
-  retired_clients_.clear();
+  retired_clients_.clear();  // joins their stream readers, which write wake_fd_
+  if (wake_fd_ >= 0) close(wake_fd_);
   if (watch_fd_ >= 0) close(watch_fd_);
   for (auto& [begin, size] : lost_) munmap(reinterpret_cast<void*>(begin), size);
 }
@@ -664,6 +665,14 @@ absl::Status CachingPool::ConnectLocked() {
   if (watch_fd_ >= 0) close(watch_fd_);
   watch_fd_ = *fd;
   client_ = std::move(*c);
+  // Runs on the client's stream reader: only flags the work for the watcher.
+  client_->OnReclaimRequest([this](const v1::ReclaimRequest&) {
+    reclaim_wanted_.store(true);
+    if (wake_fd_ >= 0) {
+      uint64_t one = 1;
+      (void)!write(wake_fd_, &one, sizeof(one));
+    }
+  });
   ++generation_;
   daemon_lost_.store(false);
   if (wake_fd_ >= 0) {
@@ -834,6 +843,14 @@ void CachingPool::WatchLoop() {
     if (p[0].revents != 0) {
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof(v));
+      if (reclaim_wanted_.exchange(false)) {
+        // The daemon asked for idle memory back: what Trim() does.
+        absl::MutexLock lock(&mu_);
+        if (stopping_ || client_ == nullptr || daemon_lost_.load()) continue;
+        for (ThreadCache* tc : caches_) DrainCacheLocked(tc);
+        const uint64_t freed = ReleaseEmptyLeasesLocked(absl::ZeroDuration());
+        client_->ReportReclaimed(freed).IgnoreError();  // a daemon gone reclaims all
+      }
       continue;
     }
     absl::MutexLock lock(&mu_);

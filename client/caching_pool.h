@@ -19,6 +19,10 @@
 //     with every lease taken or given back, so its GetStats shows them for
 //     this session; between those requests the figures it shows are the
 //     last reported ones.
+//   * Memory pressure: when the daemon asks for idle memory back (a
+//     StreamReply.reclaim, read by the client's stream reader thread even
+//     while the program makes no call), the watcher thread does what Trim()
+//     does and tells the daemon how many bytes it gave back.
 //   * Bad pointers are detected, never followed: Free looks a pointer up in
 //     the lease table and the lease's per-256-byte shadow table (one atomic
 //     word each, swapped on free), so a double free, an interior or foreign
@@ -186,6 +190,7 @@ class CachingPool {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   int watch_fd_ ABSL_GUARDED_BY(mu_) = -1;       // the daemon closes it when it exits
   std::atomic<bool> daemon_lost_{false};         // set by the watcher
+  std::atomic<bool> reclaim_wanted_{false};      // the daemon asked; the watcher trims
   std::vector<std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Arena*> arena_by_key_ ABSL_GUARDED_BY(mu_);
   // Every lease ever made (released ones too: a racing lookup may still read

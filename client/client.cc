@@ -92,6 +92,18 @@ void Client::SetHandleKind(v1::HandleKind kind) {
   impl_->handle_kind = kind;
 }
 
+void Client::OnReclaimRequest(
+    std::function<void(const v1::ReclaimRequest&)> on_reclaim) {
+  impl_->stream->StartPushReader(
+      [on_reclaim = std::move(on_reclaim)](const v1::StreamReply& push) {
+        if (push.has_reclaim()) on_reclaim(push.reclaim());
+      });
+}
+
+absl::Status Client::ReportReclaimed(uint64_t freed_bytes) {
+  return impl_->stream->Reclaimed(freed_bytes);
+}
+
 void Client::SetUsageReport(const v1::UsageReport& usage) {
   absl::MutexLock lock(&impl_->mu);
   impl_->usage = usage;

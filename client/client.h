@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -114,6 +115,14 @@ class Client {
   // the daemon's GetStats shows them for this session. The caching pool
   // sets them before each lease it takes or gives back.
   void SetUsageReport(const v1::UsageReport& usage);
+
+  // Memory pressure: from now on a library thread reads this client's
+  // stream whenever no call does, and `on_reclaim` is called on it each
+  // time the daemon asks for idle memory back (StreamReply.reclaim). It must
+  // return quickly and must not call this Client (hand the work to another
+  // thread, which answers with ReportReclaimed after its Frees).
+  void OnReclaimRequest(std::function<void(const v1::ReclaimRequest&)> on_reclaim);
+  absl::Status ReportReclaimed(uint64_t freed_bytes);
 
  private:
   struct Impl;

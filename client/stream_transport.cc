@@ -35,6 +35,16 @@ struct StreamTransport::Waiter {
 };
 
 StreamTransport::~StreamTransport() {
+  if (reader_.joinable()) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      stop_reader_ = true;
+      // Ends a Read the reader is blocked in; the stream is over anyway.
+      if (open_ != nullptr) open_->ctx.TryCancel();
+      answered_.notify_all();
+    }
+    reader_.join();
+  }
   std::shared_ptr<Open> open;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -65,6 +75,7 @@ absl::StatusOr<v1::StreamAnswer> StreamTransport::Call(v1::StreamRequest request
         open_->ctx.AddMetadata(kSessionTokenHeader, session_token_);
       }
       open_->stream = stub_->Stream(&open_->ctx);
+      answered_.notify_all();  // the push reader may start reading it
     }
     me.open = open_;
     id = next_id_++;
@@ -97,9 +108,12 @@ void StreamTransport::ReadOne(const std::shared_ptr<Open>& open) {
   if (open->stream->Read(&reply)) {
     std::unique_lock<std::mutex> lock(mu_);
     open->reader_busy = false;
-    // Daemon-initiated messages (other cases of the oneof) are not
-    // handled yet and are skipped; an answer to no waiting call likewise.
-    if (reply.has_answer()) {
+    // Daemon-initiated messages go to the push reader (dropped without
+    // one, or when a few already wait); an answer to no waiting call is
+    // skipped.
+    if (!reply.has_answer() && reply.kind_case() != v1::StreamReply::KIND_NOT_SET) {
+      if (push_handler_ && pushes_.size() < 4) pushes_.push_back(std::move(reply));
+    } else if (reply.has_answer()) {
       auto it = waiting_.find(reply.answer().request_id());
       if (it != waiting_.end() && it->second->open == open) {
         it->second->answer = std::move(*reply.mutable_answer());
@@ -140,6 +154,34 @@ void StreamTransport::ReadOne(const std::shared_ptr<Open>& open) {
   answered_.notify_all();
 }
 
+void StreamTransport::StartPushReader(PushHandler handler) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (push_handler_) return;
+  push_handler_ = std::move(handler);
+  reader_ = std::thread([this] { PushReaderLoop(); });
+}
+
+void StreamTransport::PushReaderLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_reader_) {
+    if (!pushes_.empty()) {
+      v1::StreamReply push = std::move(pushes_.front());
+      pushes_.pop_front();
+      lock.unlock();
+      push_handler_(push);
+      lock.lock();
+    } else if (open_ != nullptr && !open_->ended && !open_->reader_busy) {
+      std::shared_ptr<Open> open = open_;
+      open->reader_busy = true;
+      lock.unlock();
+      ReadOne(open);
+      lock.lock();
+    } else {
+      answered_.wait(lock);
+    }
+  }
+}
+
 namespace {
 
 // The request's own status, or `missing` when the answer lacks its result.
@@ -176,6 +218,14 @@ absl::StatusOr<v1::FreeResponse> StreamTransport::Free(const v1::FreeRequest& re
   absl::Status s = RequestStatus(*a, a->has_free(), "Free");
   if (!s.ok()) return s;
   return std::move(*a->mutable_free());
+}
+
+absl::Status StreamTransport::Reclaimed(uint64_t freed_bytes) {
+  v1::StreamRequest r;
+  r.mutable_reclaimed()->set_freed_bytes(freed_bytes);
+  absl::StatusOr<v1::StreamAnswer> a = Call(std::move(r));
+  if (!a.ok()) return a.status();
+  return RequestStatus(*a, /*has_result=*/true, "reclaimed");
 }
 
 absl::StatusOr<v1::Session> StreamTransport::GetSession() {

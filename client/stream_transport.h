@@ -18,6 +18,10 @@
 //  - Against a daemon without the Stream method, calls fail with
 //    UNIMPLEMENTED and unsupported() becomes true for good; the caller then
 //    uses the unary RPCs (Client does).
+//  - Daemon-initiated messages (StreamReply.reclaim) are dropped unless
+//    StartPushReader() was called: then a reader thread reads the stream
+//    whenever no caller does (so a push reaches an idle program) and gives
+//    each push to the handler, on that thread.
 //  - A request's own failure (NOT_FOUND, RESOURCE_EXHAUSTED with its
 //    PlacementRefusal, ...) comes back exactly as the unary RPC returns it.
 #ifndef GPUMEMD_CLIENT_STREAM_TRANSPORT_H_
@@ -26,9 +30,12 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -52,6 +59,14 @@ class StreamTransport {
   absl::StatusOr<v1::AllocateResponse> Allocate(const v1::AllocateRequest& request);
   absl::StatusOr<v1::FreeResponse> Free(const v1::FreeRequest& request);
   absl::StatusOr<v1::Session> GetSession();
+  // Answers a ReclaimRequest push with what was given back.
+  absl::Status Reclaimed(uint64_t freed_bytes);
+
+  // Starts the push reader (once; later calls do nothing). `handler` runs on
+  // the reader thread and must return quickly (it must not call this
+  // transport: hand the work to another thread).
+  using PushHandler = std::function<void(const v1::StreamReply&)>;
+  void StartPushReader(PushHandler handler);
 
   // True once the daemon answered the stream with UNIMPLEMENTED.
   bool unsupported() const { return unsupported_.load(std::memory_order_acquire); }
@@ -65,6 +80,7 @@ class StreamTransport {
   // Reads one reply from `open` and delivers it; on end of stream fails
   // every call waiting on it. Called by one waiter at a time, without mu_.
   void ReadOne(const std::shared_ptr<Open>& open);
+  void PushReaderLoop();
 
   v1::GpuMemory::StubInterface* const stub_;
   const std::string session_token_;
@@ -78,6 +94,12 @@ class StreamTransport {
   std::shared_ptr<Open> open_;
   uint64_t next_id_ = 1;
   absl::flat_hash_map<uint64_t, Waiter*> waiting_;
+  // The push reader: pushes read by anyone wait here for it (a few at most;
+  // more are dropped), and it stops when stop_reader_ is set.
+  PushHandler push_handler_;
+  std::deque<v1::StreamReply> pushes_;
+  bool stop_reader_ = false;
+  std::thread reader_;
 };
 
 }  // namespace gpumem

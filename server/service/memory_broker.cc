@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
+#include "common/refusal_payload.h"
 #include "server/quota/quota_carver.h"
 
 namespace gpumem {
@@ -277,9 +278,15 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
   absl::StatusOr<tenants::TenantRef> tenant = TenantOf(caller);
   if (!tenant.ok()) return tenant.status();
 
+  bool asked_reclaim = false;
   for (;;) {
     const uint64_t releases = releases_.load();
     absl::StatusOr<v1::AllocateResponse> placed = Place(caller, *tenant, session->id, *prepared, *kind);
+    if (!placed.ok() && placed.status().code() == absl::StatusCode::kResourceExhausted &&
+        !asked_reclaim) {
+      asked_reclaim = true;
+      RequestReclaim(session->id, request.size_bytes(), placed.status());
+    }
     if (placed.ok() || request.wait_ms() == 0 ||
         placed.status().code() != absl::StatusCode::kResourceExhausted) {
       return reported(std::move(placed));
@@ -489,6 +496,45 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::Free(const PeerCred& caller,
   v1::FreeResponse response;
   response.set_freed_bytes(r.block.size);
   return response;
+}
+
+void MemoryBroker::RequestReclaim(uint64_t requester_session, uint64_t bytes_wanted,
+                                  const absl::Status& refusal) {
+  if (!reclaim_sender_) return;
+  std::optional<v1::PlacementRefusal> why = RefusalFromStatus(refusal);
+  if (!why.has_value()) return;
+  v1::ReclaimRequest reclaim;
+  reclaim.set_bytes_wanted(why->size_bytes() != 0 ? why->size_bytes() : bytes_wanted);
+  absl::flat_hash_set<uint32_t> refused;
+  for (const v1::DeviceRefusal& d : why->devices()) {
+    // Only room can be given back: a device refused for quota (or excluded)
+    // gains nothing from another session's leases.
+    if (d.reason() == v1::DeviceRefusal::REASON_CAPACITY ||
+        d.reason() == v1::DeviceRefusal::REASON_FRAGMENTATION) {
+      refused.insert(d.device_index());
+      reclaim.add_devices(d.device_index());
+    }
+  }
+  if (refused.empty()) return;
+  std::vector<uint64_t> targets;
+  {
+    absl::MutexLock lock(&table_mu_);
+    for (const auto& [session, usage] : usage_reports_) {
+      if (session == requester_session || usage.leased_bytes() <= usage.in_use_bytes()) {
+        continue;
+      }
+      auto use = by_session_.find(session);
+      if (use == by_session_.end()) continue;
+      for (uint64_t id : use->second.ids) {
+        auto r = allocations_.find(id);
+        if (r != allocations_.end() && refused.contains(r->second.device)) {
+          targets.push_back(session);
+          break;
+        }
+      }
+    }
+  }
+  for (uint64_t session : targets) reclaim_sender_(session, reclaim);
 }
 
 absl::Status MemoryBroker::CheckUsage(const v1::UsageReport& usage) {

@@ -54,6 +54,7 @@
 #define GPUMEMD_SERVER_SERVICE_MEMORY_BROKER_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -115,6 +116,16 @@ class MemoryBroker {
                                                 const v1::AllocateRequest& request);
   absl::StatusOr<v1::FreeResponse> Free(const PeerCred& caller,
                                         const v1::FreeRequest& request);
+  // Memory pressure. When an Allocate is refused for capacity (placement
+  // found no room; quota refusals are the tenant's own affair), `sender` is
+  // called once for each other session whose last UsageReport shows idle
+  // leased bytes (leased > in use) and that holds memory on a refused
+  // device, on the refused caller's thread with no broker lock held. Set it
+  // before any call is served; it must not call back into the broker.
+  using ReclaimSender =
+      std::function<void(uint64_t session_id, const v1::ReclaimRequest& request)>;
+  void SetReclaimSender(ReclaimSender sender) { reclaim_sender_ = std::move(sender); }
+
   // What `caller` may see (see the class comment).
   v1::GetStatsResponse Stats(const PeerCred& caller, bool include_slabs = false) const;
   absl::StatusOr<v1::Session> GetSession(const PeerCred& caller);
@@ -181,6 +192,9 @@ class MemoryBroker {
   // the request is served, kept as the session's latest once it is.
   static absl::Status CheckUsage(const v1::UsageReport& usage);
   void RecordUsage(uint64_t session_id, const v1::UsageReport& usage);
+  // Sends reclaims for a refused request (see SetReclaimSender).
+  void RequestReclaim(uint64_t requester_session, uint64_t bytes_wanted,
+                      const absl::Status& refusal);
   // Places and commits one request (the body of Allocate, and of serving
   // a waiter).
   absl::StatusOr<v1::AllocateResponse> Place(const PeerCred& caller,
@@ -213,6 +227,7 @@ class MemoryBroker {
   mutable absl::Mutex gate_;
   bool shut_down_ ABSL_GUARDED_BY(gate_) = false;
 
+  ReclaimSender reclaim_sender_;  // set before serving, then read only
   std::atomic<uint64_t> next_id_{1};
   mutable absl::Mutex table_mu_ ABSL_ACQUIRED_AFTER(gate_);
   absl::flat_hash_map<uint64_t, Record> allocations_ ABSL_GUARDED_BY(table_mu_);

@@ -14,6 +14,7 @@
 #include "server/service/stream_service.h"
 
 #include <deque>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -30,7 +31,7 @@ namespace gpumem {
 
 class StreamService::Call {
   // A tag handed to gRPC: which call, which event. Passed as CqEvent*.
-  enum class Event { kAccepted, kRead, kWritten, kFinished, kDone };
+  enum class Event { kAccepted, kRead, kWritten, kFinished, kDone, kPush };
   struct Tag final : CqEvent {
     Tag(Call* c, Event e) : call(c), event(e) {}
     void OnEvent(bool ok) override { Call::OnEvent(this, ok); }
@@ -73,15 +74,38 @@ class StreamService::Call {
         call->done_ = true;
         if (call->ctx_.IsCancelled()) call->broken_ = true;
         break;
+      case Event::kPush:
+        call->OnPush(ok);
+        break;
     }
     call->MaybeFinish();
     if (call->finished_ && call->done_ && !call->reading_ && !call->writing_) {
+      // No push can be started once unregistered; one already started
+      // brings its event later, and the call is deleted then.
+      call->Unregister();
+      {
+        std::lock_guard<std::mutex> lock(call->push_mu_);
+        if (call->push_pending_) return;
+      }
       delete call;
     }
   }
 
+  // From any thread, under the owner's registry lock (so the call is alive
+  // and registered): queues `reply` for this stream and wakes its queue
+  // thread with an alarm; only that thread touches the stream. At most one
+  // push waits at a time (a second is dropped: one reclaim says it all).
+  void Push(v1::StreamReply reply) {
+    std::lock_guard<std::mutex> lock(push_mu_);
+    if (push_pending_) return;
+    push_pending_ = true;
+    pushed_ = std::move(reply);
+    push_alarm_.Set(cq_, gpr_now(GPR_CLOCK_MONOTONIC), push_tag_.tag());
+  }
+
  private:
   struct Outgoing {
+    bool push = false;  // daemon-initiated: no request id in flight
     uint64_t request_id = 0;
     grpc::ByteBuffer bytes;
     std::vector<uint64_t> allocation_ids;  // freed if never delivered
@@ -96,7 +120,50 @@ class StreamService::Call {
       return;
     }
     caller_ = *caller;
+    absl::StatusOr<v1::Session> session = owner_->broker_->GetSession(caller_);
+    if (session.ok()) {
+      session_id_ = session->session_id();
+      absl::MutexLock lock(&owner_->registry_mu_);
+      if (!owner_->registry_closed_) {
+        owner_->registry_.emplace(session_id_, this);
+        registered_ = true;
+      }
+    }
     StartRead();
+  }
+
+  void Unregister() {
+    if (!registered_) return;
+    absl::MutexLock lock(&owner_->registry_mu_);
+    auto range = owner_->registry_.equal_range(session_id_);
+    for (auto it = range.first; it != range.second; ++it) {
+      if (it->second == this) {
+        owner_->registry_.erase(it);
+        break;
+      }
+    }
+    registered_ = false;
+  }
+
+  // The queue thread's half of Push: the reply joins the outbox.
+  void OnPush(bool ok) {
+    v1::StreamReply reply;
+    {
+      std::lock_guard<std::mutex> lock(push_mu_);
+      push_pending_ = false;
+      reply = std::move(pushed_);
+    }
+    if (!ok || broken_ || failed_ || reads_closed_ || finish_started_ ||
+        queue_->stopping) {
+      return;
+    }
+    Outgoing out;
+    out.push = true;
+    bool own_buffer = false;
+    grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::StreamReply>(
+        reply, &out.bytes, &own_buffer);
+    outbox_.push_back(std::move(out));
+    StartWriteIfIdle();
   }
 
   void StartRead() {
@@ -176,6 +243,9 @@ class StreamService::Call {
         if (r.ok()) *answer->mutable_session() = std::move(*r);
         break;
       }
+      case v1::StreamRequest::kReclaimed:
+        // The give-back itself came as Frees; nothing to do but answer.
+        break;
       case v1::StreamRequest::REQUEST_NOT_SET:
         status = absl::InvalidArgumentError(absl::StrCat(
             "StreamRequest ", request.request_id(),
@@ -201,7 +271,7 @@ class StreamService::Call {
       broken_ = true;
       return;
     }
-    in_flight_.erase(outbox_.front().request_id);
+    if (!outbox_.front().push) in_flight_.erase(outbox_.front().request_id);
     outbox_.pop_front();
     StartWriteIfIdle();
     if (!reading_ && !reads_closed_ && !failed_ && !broken_ &&
@@ -254,6 +324,13 @@ class StreamService::Call {
   Tag write_tag_{this, Event::kWritten};
   Tag finish_tag_{this, Event::kFinished};
   Tag done_tag_{this, Event::kDone};
+  Tag push_tag_{this, Event::kPush};
+  grpc::Alarm push_alarm_;
+  std::mutex push_mu_;
+  bool push_pending_ = false;  // guarded by push_mu_
+  v1::StreamReply pushed_;     // guarded by push_mu_
+  uint64_t session_id_ = 0;
+  bool registered_ = false;    // queue thread only
 
   PeerCred caller_;
   grpc::ByteBuffer incoming_;
@@ -277,6 +354,14 @@ StreamService::StreamService(MemoryBroker* broker, const PeerTable* peers,
     : broker_(broker), peers_(peers), service_(service), options_(options) {
   if (options_.threads < 1) options_.threads = 1;
   if (options_.max_queued_replies < 1) options_.max_queued_replies = 1;
+  broker_->SetReclaimSender([this](uint64_t session, const v1::ReclaimRequest& r) {
+    v1::StreamReply reply;
+    *reply.mutable_reclaim() = r;
+    absl::MutexLock lock(&registry_mu_);
+    if (registry_closed_) return;
+    auto range = registry_.equal_range(session);
+    for (auto it = range.first; it != range.second; ++it) it->second->Push(reply);
+  });
 }
 
 StreamService::~StreamService() { Shutdown(); }
@@ -304,6 +389,13 @@ void StreamService::Start() {
 void StreamService::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  {
+    // No alarm is set on a queue from now on (gRPC aborts on an operation
+    // started on a queue that is shut down).
+    absl::MutexLock lock(&registry_mu_);
+    registry_closed_ = true;
+  }
+  broker_->SetReclaimSender(nullptr);
   for (auto& q : queues_) {
     if (q->thread.joinable()) {
       // Due at once: the queue's thread shuts the queue down itself.

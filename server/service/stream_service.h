@@ -27,18 +27,26 @@
 //    INVALID_ARGUMENT naming it, after the answers already queued are written.
 //  - An Allocate whose answer was not written when the stream ended (client
 //    gone, stream cancelled) is freed: the client never learned its id.
+//  - Memory pressure: the broker's reclaims (MemoryBroker::SetReclaimSender)
+//    are pushed as StreamReply.reclaim on every live stream of the session;
+//    the pushing thread only queues it and sets a grpc::Alarm on the
+//    stream's queue, whose thread writes it. At most one push waits per
+//    stream. A client answers with a StreamRequest.reclaimed (answered like
+//    any request).
 //  - Threads: `threads`, whatever the number of streams.
 #ifndef GPUMEMD_SERVER_SERVICE_STREAM_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_STREAM_SERVICE_H_
 
 #include <memory>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <grpcpp/server_builder.h>
 
 #include <grpcpp/alarm.h>
 
+#include "absl/synchronization/mutex.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "server/service/cq_event.h"
 #include "server/service/memory_broker.h"
@@ -106,6 +114,11 @@ class StreamService {
   StreamServiceOptions options_;
   std::vector<std::unique_ptr<Queue>> queues_;
   bool shut_down_ = false;
+  // Live streams by session, for pushes. A Call registers once accepted and
+  // unregisters before it is deleted.
+  absl::Mutex registry_mu_;
+  std::unordered_multimap<uint64_t, Call*> registry_ ABSL_GUARDED_BY(registry_mu_);
+  bool registry_closed_ ABSL_GUARDED_BY(registry_mu_) = false;
 };
 
 }  // namespace gpumem

@@ -1261,5 +1261,56 @@ TEST_F(MemoryBrokerTest, UsageReportsAreShownPerSessionAndChecked) {
   EXPECT_EQ(ss->in_use_bytes(), 0u);
 }
 
+
+// A capacity refusal asks each other session with idle leased bytes on the
+// refused device, and nobody else: not the requester, not a session whose
+// report shows no idle bytes, not one without a report, and nobody at all
+// for a quota-free request that simply cannot fit anywhere else.
+TEST_F(MemoryBrokerTest, CapacityRefusalAsksSessionsWithIdleLeases) {
+  std::vector<std::pair<uint64_t, v1::ReclaimRequest>> asked;
+  broker_->SetReclaimSender([&](uint64_t session, const v1::ReclaimRequest& r) {
+    asked.emplace_back(session, r);
+  });
+  auto session_of = [&](const PeerCred& c) {
+    absl::StatusOr<v1::Session> s = broker_->GetSession(c);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? s->session_id() : 0;
+  };
+  // Self: idle leases on device 0. child A: a lease fully in use on device 0.
+  AllocateRequest idle = Request(8 * kMiB, {"0"});
+  idle.mutable_usage()->set_leased_bytes(8 * kMiB);
+  idle.mutable_usage()->set_in_use_bytes(kMiB);
+  ASSERT_TRUE(broker_->Allocate(Self(), idle).ok());
+  AllocateRequest busy = Request(8 * kMiB, {"0"});
+  busy.mutable_usage()->set_leased_bytes(8 * kMiB);
+  busy.mutable_usage()->set_in_use_bytes(8 * kMiB);
+  ASSERT_TRUE(broker_->Allocate(child_a_.Cred(), busy).ok());
+  // A request that fits is nobody's business.
+  ASSERT_TRUE(Alloc(child_b_.Cred(), kMiB, {"1"}).ok());
+  EXPECT_TRUE(asked.empty());
+
+  // child B asks device 0 for more than is left there: Self is asked.
+  absl::StatusOr<AllocateResponse> refused =
+      Alloc(child_b_.Cred(), kDevice - 8 * kMiB, {"0"});
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0].first, session_of(Self()));
+  EXPECT_EQ(asked[0].second.bytes_wanted(), kDevice - 8 * kMiB);
+  ASSERT_EQ(asked[0].second.devices_size(), 1);
+  EXPECT_EQ(asked[0].second.devices(0), 0u);
+
+  // Refused on device 1 only, where Self holds nothing: nobody is asked.
+  asked.clear();
+  refused = Alloc(child_b_.Cred(), kDevice, {"1"});
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(asked.empty());
+
+  // Self's own refusal does not ask Self.
+  refused = Alloc(Self(), kDevice - 8 * kMiB, {"0"});
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(asked.empty());
+  broker_->SetReclaimSender(nullptr);
+}
+
 }  // namespace
 }  // namespace gpumem
