@@ -153,10 +153,13 @@ class StreamService::Call {
       push_pending_ = false;
       reply = std::move(pushed_);
     }
+    // One push at most in the outbox: a client that does not read gets
+    // no more than that, however many refusals name it.
     if (!ok || broken_ || failed_ || reads_closed_ || finish_started_ ||
-        queue_->stopping) {
+        queue_->stopping || push_queued_) {
       return;
     }
+    push_queued_ = true;
     Outgoing out;
     out.push = true;
     bool own_buffer = false;
@@ -271,7 +274,11 @@ class StreamService::Call {
       broken_ = true;
       return;
     }
-    if (!outbox_.front().push) in_flight_.erase(outbox_.front().request_id);
+    if (outbox_.front().push) {
+      push_queued_ = false;
+    } else {
+      in_flight_.erase(outbox_.front().request_id);
+    }
     outbox_.pop_front();
     StartWriteIfIdle();
     if (!reading_ && !reads_closed_ && !failed_ && !broken_ &&
@@ -331,6 +338,7 @@ class StreamService::Call {
   v1::StreamReply pushed_;     // guarded by push_mu_
   uint64_t session_id_ = 0;
   bool registered_ = false;    // queue thread only
+  bool push_queued_ = false;   // a push is in outbox_ (queue thread only)
 
   PeerCred caller_;
   grpc::ByteBuffer incoming_;
@@ -364,7 +372,11 @@ StreamService::StreamService(MemoryBroker* broker, const PeerTable* peers,
   });
 }
 
-StreamService::~StreamService() { Shutdown(); }
+StreamService::~StreamService() {
+  Shutdown();
+  // After the queue threads are gone (they call the broker, which reads it).
+  broker_->SetReclaimSender(nullptr);
+}
 
 void StreamService::AddCompletionQueues(grpc::ServerBuilder* builder) {
   for (int i = 0; i < options_.threads; ++i) {
@@ -395,7 +407,6 @@ void StreamService::Shutdown() {
     absl::MutexLock lock(&registry_mu_);
     registry_closed_ = true;
   }
-  broker_->SetReclaimSender(nullptr);
   for (auto& q : queues_) {
     if (q->thread.joinable()) {
       // Due at once: the queue's thread shuts the queue down itself.
