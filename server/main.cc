@@ -3,9 +3,19 @@
 // Reads flags and the optional textproto config (flags win), makes the
 // backend, the broker and the gRPC server (no listening port of its own:
 // connections arrive through SocketListener, which knows who the caller
-// is), and then waits for SIGTERM/SIGINT. Shutdown order: stop accepting
-// and remove the socket, drain gRPC, release every allocation and slab,
-// exit 0. Start-up errors are one line on stderr and exit status 1.
+// is, on a socket it binds or one systemd passed with LISTEN_FDS), tells
+// systemd it is ready (sd_notify; nothing without NOTIFY_SOCKET), and then
+// waits for signals:
+//  - SIGHUP: reload the config file. The whole file is parsed and validated
+//    first; a bad one is logged with file:line:column and reason and the
+//    config in force stays; a good one goes through ApplyReloadableConfig
+//    (server/config/reloadable.h) and affects new requests only.
+//  - SIGTERM/SIGINT: drain, then stop. Allocate answers UNAVAILABLE, other
+//    calls keep working, and the daemon waits up to --drain_seconds for live
+//    allocations to be freed (a second SIGTERM/SIGINT cuts the wait short).
+//    Then: stop accepting (and remove the socket unless systemd owns it),
+//    finish in-flight gRPC calls, release every allocation and slab, exit 0.
+// Start-up errors are one line on stderr and exit status 1.
 #include <signal.h>
 
 #include <cstdlib>
@@ -15,7 +25,6 @@
 #include <sstream>
 #include <string>
 
-#include <google/protobuf/text_format.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server.h>
@@ -30,14 +39,23 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
+#include "absl/strings/str_join.h"
 #include "proto/gpumem/v1/config.pb.h"
 #include "server/backend/cuda_backend.h"
 #include "server/backend/sim_backend.h"
 #include "server/backend/sim_topology.h"
+#include "server/config/daemon_config.h"
+#include "server/config/reloadable.h"
+#include "server/metrics/call_metrics.h"
+#include "server/metrics/metered_service.h"
+#include "server/metrics/metrics_endpoint.h"
+#include "server/metrics/stats_collector.h"
 #include "server/service/gpumem_service.h"
 #include "server/service/memory_broker.h"
 #include "server/service/socket_listener.h"
 #include "server/session/peer_credentials.h"
+#include "server/systemd/listen_fds.h"
+#include "server/systemd/notifier.h"
 
 // Empty string / negative number = not given (then the config file, then
 // the built-in default, decides).
@@ -55,6 +73,12 @@ ABSL_FLAG(double, empty_slab_release_seconds, -1,
           "seconds an empty slab is kept before it goes back (default 30)");
 ABSL_FLAG(double, reserve_fraction, -1,
           "fraction of each device taken as slabs at start and kept (default 0)");
+ABSL_FLAG(double, drain_seconds, 0,
+          "on SIGTERM, wait up to this long for live allocations to be freed "
+          "(new allocations are refused meanwhile) before releasing everything");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus metrics over HTTP on HOST:PORT, e.g. 127.0.0.1:9464 "
+          "(default: off)");
 
 namespace gpumem {
 namespace {
@@ -64,21 +88,6 @@ namespace {
   std::exit(1);
 }
 
-absl::StatusOr<v1::DaemonConfig> LoadConfig(const std::string& path) {
-  v1::DaemonConfig config;
-  if (path.empty()) return config;
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &config)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config ", path, " is not a valid gpumem.v1.DaemonConfig textproto "
-        "(the parser's complaint is above)"));
-  }
-  return config;
-}
-
 std::string Pick(const std::string& flag, const std::string& config,
                  const char* fallback) {
   if (!flag.empty()) return flag;
@@ -86,9 +95,41 @@ std::string Pick(const std::string& flag, const std::string& config,
   return fallback;
 }
 
+// Waits up to `limit` for live allocations to be freed (by their sessions,
+// or by their processes ending), keeping systemd's STATUS= current; a second
+// SIGTERM/SIGINT ends the wait at once.
+void Drain(MemoryBroker* broker, SystemdNotifier* notifier, const sigset_t* signals,
+           absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (broker->live_allocations() > 0) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      std::cerr << "gpumemd: drain time over; releasing " << broker->live_allocations()
+                << " live allocation(s)\n";
+      return;
+    }
+    if (broker->WaitUntilNoAllocations(std::min(left, absl::Milliseconds(200)))) break;
+    struct timespec now = {0, 0};
+    if (sigtimedwait(signals, nullptr, &now) > 0) {
+      std::cerr << "gpumemd: second signal; releasing " << broker->live_allocations()
+                << " live allocation(s) now\n";
+      return;
+    }
+    notifier->Status(absl::StrCat("draining: ", broker->live_allocations(),
+                                  " allocation(s) live, ",
+                                  absl::ToInt64Seconds(deadline - absl::Now()), " s left"));
+  }
+  if (limit > absl::ZeroDuration()) std::cerr << "gpumemd: drained: no live allocations\n";
+}
+
 int Run() {
-  absl::StatusOr<v1::DaemonConfig> config = LoadConfig(absl::GetFlag(FLAGS_config));
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  absl::StatusOr<v1::DaemonConfig> config = LoadDaemonConfig(config_path);
   if (!config.ok()) Die(config.status());
+  const double drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  if (!(drain_seconds >= 0)) {
+    Die(absl::InvalidArgumentError("--drain_seconds must be >= 0"));
+  }
 
   const std::string backend_name =
       Pick(absl::GetFlag(FLAGS_backend), config->backend(), "sim");
@@ -101,12 +142,10 @@ int Run() {
   if (!slab.ok()) Die(slab.status());
   if (*slab == 0) Die(absl::InvalidArgumentError("--slab_size must be > 0"));
   options.pool.slab_size = *slab;
-  double release = absl::GetFlag(FLAGS_empty_slab_release_seconds);
-  if (release < 0) {
-    release = config->pool().empty_slab_release_seconds() > 0
-                  ? config->pool().empty_slab_release_seconds() : 30;
-  }
-  options.pool.empty_release_after = absl::Seconds(release);
+  // empty_slab_release_seconds is reloadable: ApplyReloadableConfig sets it.
+  ReloadableFlags reloadable_flags;
+  reloadable_flags.empty_slab_release_seconds =
+      absl::GetFlag(FLAGS_empty_slab_release_seconds);
   double reserve = absl::GetFlag(FLAGS_reserve_fraction);
   options.pool.reserve_fraction = reserve < 0 ? 0 : reserve;
   if (options.pool.reserve_fraction > 1) {
@@ -145,38 +184,113 @@ int Run() {
   MemoryBroker broker(backend.get(), options);
   absl::Status started = broker.Start();
   if (!started.ok()) Die(started);
+  for (const std::string& line : ApplyReloadableConfig(*config, reloadable_flags, &broker)) {
+    std::cerr << "gpumemd: " << line << "\n";
+  }
   PeerTable peers;
-  GpuMemoryService service(&broker, &peers);
+
+  // Metrics are opt-in: without --metrics_listen the plain service is
+  // registered and nothing is counted.
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  std::unique_ptr<CallMetrics> call_metrics;
+  std::unique_ptr<GpuMemoryService> service;
+  std::unique_ptr<MetricsEndpoint> metrics;
+  if (!metrics_listen.empty()) {
+    call_metrics = std::make_unique<CallMetrics>();
+    service = std::make_unique<MeteredGpuMemoryService>(&broker, &peers,
+                                                         call_metrics.get());
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint = MetricsEndpoint::Start(
+        metrics_listen, {call_metrics->registry(),
+                         std::make_shared<StatsCollector>(&broker)});
+    if (!endpoint.ok()) Die(endpoint.status());
+    metrics = std::move(*endpoint);
+  } else {
+    service = std::make_unique<GpuMemoryService>(&broker, &peers);
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.RegisterService(&service);
+  builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) Die(absl::InternalError("gRPC server failed to start"));
 
+  absl::StatusOr<std::optional<int>> activation = TakeActivationSocket();
+  if (!activation.ok()) Die(activation.status());
   SocketListener listener(socket_path, &broker, &peers);
-  absl::Status bound = listener.Bind();
+  absl::Status bound = activation->has_value() ? listener.Adopt(**activation)
+                                               : listener.Bind();
   if (!bound.ok()) Die(bound);
   listener.Start(server.get());
 
-  std::cerr << "gpumemd: serving " << backend->devices().size() << " "
-            << backend->name() << " device(s) on " << socket_path << "\n";
+  const std::string serving = absl::StrCat(
+      "serving ", backend->devices().size(), " ", backend->name(), " device(s) on ",
+      listener.path(), activation->has_value() ? " (socket from systemd)" : "");
+  std::cerr << "gpumemd: " << serving << "\n";
   for (const DeviceInfo& d : backend->devices()) {
     std::cerr << "gpumemd:   device " << d.index << " " << d.uuid << " "
               << FormatBytes(d.total_bytes) << " " << d.name << "\n";
   }
+  if (metrics != nullptr) {
+    std::cerr << "gpumemd: metrics on http://" << metrics_listen.substr(
+                     0, metrics_listen.rfind(':'))
+              << ":" << metrics->port() << "/metrics\n";
+  }
 
+  SystemdNotifier notifier;
+  notifier.Ready(serving);
+  // The watchdog pings only while the broker's lock can be taken: a daemon
+  // whose core is stuck stops pinging and systemd restarts it.
+  notifier.StartWatchdog([&broker] {
+    broker.live_allocations();
+    return true;
+  });
+  if (SystemdNotifier::WatchdogInterval() > absl::ZeroDuration()) {
+    std::cerr << "gpumemd: systemd watchdog every "
+              << SystemdNotifier::WatchdogInterval() / 2 << "\n";
+  }
+
+  v1::DaemonConfig running = *config;
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
-    std::cerr << "gpumemd: SIGHUP ignored (restart to reload the config)\n";
+    if (config_path.empty()) {
+      std::cerr << "gpumemd: SIGHUP: no --config file, nothing to reload\n";
+      continue;
+    }
+    notifier.Reloading(absl::StrCat("reloading ", config_path));
+    absl::StatusOr<v1::DaemonConfig> next = LoadDaemonConfig(config_path);
+    if (!next.ok()) {
+      std::cerr << "gpumemd: reload refused, the config in force is unchanged: "
+                << next.status().message() << "\n";
+      notifier.Ready(absl::StrCat(serving, "; last reload refused: ",
+                                  next.status().message()));
+      continue;
+    }
+    std::vector<std::string> restart_only = RestartOnlyChanges(running, *next);
+    if (!restart_only.empty()) {
+      std::cerr << "gpumemd: reload: " << absl::StrJoin(restart_only, ", ")
+                << " changed; these take effect at the next start\n";
+    }
+    std::vector<std::string> applied =
+        ApplyReloadableConfig(*next, reloadable_flags, &broker);
+    running = *next;
+    std::cerr << "gpumemd: reloaded " << config_path << ": "
+              << absl::StrJoin(applied, "; ") << "\n";
+    notifier.Ready(absl::StrCat(serving, "; config reloaded"));
   }
-  std::cerr << "gpumemd: signal " << sig << ", shutting down\n";
+
+  std::cerr << "gpumemd: signal " << sig << ", stopping\n";
+  broker.BeginDrain();
+  notifier.Stopping(absl::StrCat("draining: ", broker.live_allocations(),
+                                 " allocation(s) live"));
+  Drain(&broker, &notifier, &signals, absl::Seconds(drain_seconds));
   listener.Stop();
   // In-flight calls are sub-millisecond; idle client connections would
   // otherwise hold Shutdown until the deadline.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
+  metrics.reset();  // no scrape may reach the broker after this
   broker.Shutdown();
+  notifier.StopWatchdog();
   std::cerr << "gpumemd: stopped; every slab released\n";
   return 0;
 }
@@ -190,7 +304,7 @@ int main(int argc, char** argv) {
       "Usage: gpumemd [--backend=sim|cuda] [--sim_devices=4x16GiB] "
       "[--sim_topology=nvlink:0-1,...] [--socket=PATH] [--config=FILE] "
       "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
-      "[--reserve_fraction=0]");
+      "[--reserve_fraction=0] [--drain_seconds=0] [--metrics_listen=HOST:PORT]");
   // --help lists the flags of this file (Abseil's default looks for a file
   // named after the program, gpumemd.cc, and found none).
   absl::FlagsUsageConfig usage;

@@ -111,6 +111,8 @@ class SlabPool {
 
   // Gives back slabs empty since before now - empty_release_after.
   int ReleaseIdleSlabs(absl::Time now);
+  // Changes empty_release_after from now on (config reload).
+  void set_empty_release_after(absl::Duration d) { options_.empty_release_after = d; }
 
   // Bytes in live blocks (O(1); Stats() walks every slab).
   uint64_t used_bytes() const { return used_bytes_; }

@@ -5,7 +5,8 @@
 // the "fd:N" peer string of connections the SocketListener accepted),
 // calls the broker, and maps absl statuses to gRPC statuses one to one.
 // A placement refusal travels as binary error details: a google.rpc.Status
-// whose details hold a gpumem.v1.PlacementRefusal.
+// whose details hold a gpumem.v1.PlacementRefusal. server/metrics/
+// metered_service.h derives from it to count and time calls.
 #ifndef GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
 
@@ -19,7 +20,7 @@ namespace gpumem {
 // becomes the binary error details.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-class GpuMemoryService final : public v1::GpuMemory::Service {
+class GpuMemoryService : public v1::GpuMemory::Service {
  public:
   GpuMemoryService(MemoryBroker* broker, const PeerTable* peers)
       : broker_(broker), peers_(peers) {}

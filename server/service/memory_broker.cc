@@ -66,6 +66,36 @@ absl::Status MemoryBroker::ShuttingDown() {
 
 bool MemoryBroker::IsShutDown() const { return shut_down_.load(); }
 
+namespace {
+
+absl::Status Stopping() {
+  return absl::UnavailableError(
+      "gpumemd is stopping: it takes no new allocations; retry once it is back");
+}
+
+}  // namespace
+
+void MemoryBroker::BeginDrain() { draining_.store(true); }
+
+bool MemoryBroker::WaitUntilNoAllocations(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return allocations_.empty();
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
+}
+
+size_t MemoryBroker::live_allocations() const {
+  absl::MutexLock lock(&mu_);
+  return allocations_.size();
+}
+
+void MemoryBroker::SetEmptySlabRelease(absl::Duration after) {
+  absl::MutexLock lock(&mu_);
+  options_.pool.empty_release_after = after;
+  for (auto& pool : pools_) pool->set_empty_release_after(after);
+}
+
 MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
     : backend_(backend), options_(options) {
   for (const DeviceInfo& d : backend_->devices()) {
@@ -154,6 +184,7 @@ placement::DeviceSnapshot MemoryBroker::SnapshotLocked() const {
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     const PeerCred& caller, const v1::AllocateRequest& request) {
   if (IsShutDown()) return ShuttingDown();
+  if (draining_.load()) return Stopping();
   if (request.shard_count() == 0 && request.shard_sizes_size() == 0 &&
       request.size_bytes() > largest_device_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -169,6 +200,7 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
 
   absl::MutexLock lock(&mu_);
   if (shut_down_) return ShuttingDown();
+  if (draining_.load()) return Stopping();
   // Until tenants are configured (the ledger's issue), each uid is its own
   // tenant: its blocks never share a slab with another uid's, and a slab is
   // scrubbed before it passes from one uid to another.

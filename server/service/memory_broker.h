@@ -19,6 +19,9 @@
 //  - Free is allowed to the owning session, any process of the same uid, and
 //    root; otherwise PERMISSION_DENIED.
 //  - After Shutdown every call is FAILED_PRECONDITION and no slab is held.
+//  - After BeginDrain (SIGTERM) Allocate is UNAVAILABLE "gpumemd is
+//    stopping"; Free, GetStats, GetSession and slab handles still work, so
+//    sessions can finish and let go.
 //
 // Thread-safety: all methods may be called from any thread; one mutex
 // serializes pool changes (the allocator work under it is O(1) per slab).
@@ -63,6 +66,14 @@ class MemoryBroker {
   absl::Status Start();
   // Releases every allocation and slab; later calls fail. Idempotent.
   void Shutdown();
+  // Refuses new allocations from now on (UNAVAILABLE); everything else keeps
+  // working. Calls already past their check finish. Idempotent.
+  void BeginDrain();
+  // Waits until no allocation is live or `timeout` passes; true if none is.
+  bool WaitUntilNoAllocations(absl::Duration timeout);
+  size_t live_allocations() const;
+  // Config reload: how long an empty slab is kept before it goes back.
+  void SetEmptySlabRelease(absl::Duration after);
 
   absl::StatusOr<v1::AllocateResponse> Allocate(const PeerCred& caller,
                                                 const v1::AllocateRequest& request);
@@ -104,6 +115,9 @@ class MemoryBroker {
   // Set once, under mu_ (Shutdown); read without the lock by the checks at
   // the top of Allocate/GetSession, and under it everywhere else.
   std::atomic<bool> shut_down_{false};
+  // Set by BeginDrain; read without the lock at the top of Allocate and
+  // again under it.
+  std::atomic<bool> draining_{false};
   std::vector<std::unique_ptr<SlabPool>> pools_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Record> allocations_ ABSL_GUARDED_BY(mu_);

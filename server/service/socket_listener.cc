@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstring>
 #include <iostream>
 
@@ -117,13 +118,42 @@ absl::Status SocketListener::Bind() {
   return absl::OkStatus();
 }
 
+absl::Status SocketListener::Adopt(int fd) {
+  struct sockaddr_un addr;
+  socklen_t len = sizeof(addr);
+  memset(&addr, 0, sizeof(addr));
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return Errno("getsockname on the inherited socket");
+  }
+  if (addr.sun_family != AF_UNIX) {
+    return absl::FailedPreconditionError("the inherited socket is not a Unix socket");
+  }
+  const size_t path_len = len > offsetof(sockaddr_un, sun_path)
+                              ? len - offsetof(sockaddr_un, sun_path) : 0;
+  path_ = std::string(addr.sun_path, strnlen(addr.sun_path, path_len));
+  listen_fd_ = fd;
+  owns_path_ = false;
+  return absl::OkStatus();
+}
+
 void SocketListener::Start(grpc::Server* server) {
   server_ = server;
+  if (pipe2(wake_, O_CLOEXEC) != 0) wake_[0] = wake_[1] = -1;
   accept_thread_ = std::thread([this] { AcceptLoop(); });
 }
 
 void SocketListener::AcceptLoop() {
   for (;;) {
+    // Stop() wakes this poll through the pipe rather than by shutting the
+    // listening socket down: an adopted socket is shared with systemd, which
+    // keeps listening on it after the daemon exits.
+    struct pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    if (poll(p, wake_[0] >= 0 ? 2 : 1, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents != 0) return;  // Stop()
+    if ((p[0].revents & POLLIN) == 0) return;  // the socket failed
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -215,11 +245,20 @@ void SocketListener::Stop() {
     for (int fd : channel_fds_) shutdown(fd, SHUT_RDWR);
   }
   if (listen_fd_ >= 0) {
-    shutdown(listen_fd_, SHUT_RDWR);
+    if (wake_[1] >= 0) {
+      char byte = 1;
+      (void)!write(wake_[1], &byte, 1);
+    } else {
+      shutdown(listen_fd_, SHUT_RDWR);  // no pipe (pipe2 failed): wake accept()
+    }
     if (accept_thread_.joinable()) accept_thread_.join();
+    for (int& w : wake_) {
+      if (w >= 0) close(w);
+      w = -1;
+    }
     close(listen_fd_);
     listen_fd_ = -1;
-    unlink(path_.c_str());
+    if (owns_path_) unlink(path_.c_str());
   }
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(

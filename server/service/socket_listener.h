@@ -16,6 +16,7 @@
 // appears only once the socket is listening (it is bound under a temporary
 // name and renamed), so its existence means a connect will succeed. Stop()
 // closes the socket, removes the file and waits for channel threads.
+// Adopt() takes a socket that someone else (systemd) bound instead.
 #ifndef GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 #define GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 
@@ -41,6 +42,11 @@ class SocketListener {
 
   // Binds and listens; creates the socket's directory if missing.
   absl::Status Bind();
+  // Instead of Bind(): serves on `fd`, a Unix stream socket that is already
+  // bound and listening (systemd socket activation). The listener owns the
+  // fd from now on; Stop() closes it but leaves the socket file, which
+  // belongs to whoever bound it. path() becomes the socket's bound path.
+  absl::Status Adopt(int fd);
   // Starts accepting; gRPC connections go to `server`.
   void Start(grpc::Server* server);
   void Stop();
@@ -57,6 +63,8 @@ class SocketListener {
   PeerTable* peers_;
   grpc::Server* server_ = nullptr;
   int listen_fd_ = -1;
+  bool owns_path_ = true;  // false for an adopted socket
+  int wake_[2] = {-1, -1};  // Stop() writes here to end AcceptLoop
   std::thread accept_thread_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,0 +1,41 @@
+// See reloadable.h. Each reloadable setting: resolve flag > file > default,
+// apply, describe.
+#include "server/config/reloadable.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+namespace gpumem {
+
+std::vector<std::string> ApplyReloadableConfig(const v1::DaemonConfig& config,
+                                               const ReloadableFlags& flags,
+                                               MemoryBroker* broker) {
+  std::vector<std::string> applied;
+
+  double release = flags.empty_slab_release_seconds;
+  std::string from = "flag";
+  if (release < 0) {
+    release = config.pool().empty_slab_release_seconds() > 0
+                  ? config.pool().empty_slab_release_seconds() : 30;
+    from = config.pool().empty_slab_release_seconds() > 0 ? "config" : "default";
+  }
+  broker->SetEmptySlabRelease(absl::Seconds(release));
+  applied.push_back(absl::StrCat("pool.empty_slab_release_seconds = ", release,
+                                 " (", from, ")"));
+  return applied;
+}
+
+std::vector<std::string> RestartOnlyChanges(const v1::DaemonConfig& running,
+                                            const v1::DaemonConfig& next) {
+  std::vector<std::string> changed;
+  if (running.backend() != next.backend()) changed.push_back("backend");
+  if (running.socket() != next.socket()) changed.push_back("socket");
+  if (running.sim_devices() != next.sim_devices()) changed.push_back("sim_devices");
+  if (running.sim_topology() != next.sim_topology()) changed.push_back("sim_topology");
+  if (running.pool().slab_size() != next.pool().slab_size()) {
+    changed.push_back("pool.slab_size");
+  }
+  return changed;
+}
+
+}  // namespace gpumem

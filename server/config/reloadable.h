@@ -1,0 +1,44 @@
+// The settings a running daemon takes from a new config on SIGHUP, applied
+// through one function, and the list of settings that wait for a restart.
+//
+// Guarantees:
+//  - ApplyReloadableConfig is the only place config reaches running parts:
+//    the daemon calls it at start and on every SIGHUP with a config that
+//    LoadDaemonConfig accepted, so start and reload cannot disagree.
+//  - It changes only what affects new requests and future maintenance;
+//    no session, allocation or slab is dropped or moved.
+//  - A setting also given as a command-line flag keeps the flag's value
+//    (flags win over the file, at start and on reload).
+//
+// Reloadable today: pool.empty_slab_release_seconds. Restart-only: backend,
+// socket, sim_devices, sim_topology, pool.slab_size (devices, the listening
+// socket and slab geometry are fixed for the daemon's life).
+#ifndef GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
+#define GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
+
+#include <string>
+#include <vector>
+
+#include "proto/gpumem/v1/config.pb.h"
+#include "server/service/memory_broker.h"
+
+namespace gpumem {
+
+// Reloadable settings given on the command line (they win over the file).
+struct ReloadableFlags {
+  double empty_slab_release_seconds = -1;  // < 0: not given
+};
+
+// One human-readable line per setting applied, e.g.
+// "pool.empty_slab_release_seconds = 5".
+std::vector<std::string> ApplyReloadableConfig(const v1::DaemonConfig& config,
+                                               const ReloadableFlags& flags,
+                                               MemoryBroker* broker);
+
+// Names of restart-only fields whose value differs between the two configs.
+std::vector<std::string> RestartOnlyChanges(const v1::DaemonConfig& running,
+                                            const v1::DaemonConfig& next);
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
