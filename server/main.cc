@@ -279,8 +279,11 @@ int Run() {
     notifier.Ready(absl::StrCat(serving, "; config reloaded"));
   }
 
-  std::cerr << "gpumemd: signal " << sig << ", stopping\n";
   broker.BeginDrain();
+  // Health checks (gpumemd_probe, Kubernetes readiness) see NOT_SERVING from
+  // now on, so nothing new is sent here while the daemon drains.
+  server->GetHealthCheckService()->SetServingStatus(false);
+  std::cerr << "gpumemd: signal " << sig << ": stopping; new allocations are refused\n";
   notifier.Stopping(absl::StrCat("draining: ", broker.live_allocations(),
                                  " allocation(s) live"));
   Drain(&broker, &notifier, &signals, absl::Seconds(drain_seconds));

@@ -6,25 +6,42 @@
   the drain time (60 s here; the test allows 30);
 - with an allocation that is never freed the daemon waits --drain_seconds
   (2 s here), then releases it and exits 0;
-- a second SIGTERM ends the wait at once.
+- a second SIGTERM ends the wait at once;
+- gpumemd_probe (the health check) says SERVING before and NOT_SERVING
+  while the daemon drains.
 """
 import os
 import signal
+import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon_harness import Daemon, fail, wait_for  # noqa: E402
 
-gpumemd, ctl = sys.argv[1], sys.argv[2]
+gpumemd, ctl, probe = sys.argv[1], sys.argv[2], sys.argv[3]
+
+
+def probe_says(d):
+    r = subprocess.run([probe, "--socket=" + d.sock], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    return r.returncode, r.stdout + r.stderr
+
 
 # 1. Drained by a Free.
 d = Daemon(gpumemd, ctl, ["--sim_devices=2x1GiB", "--drain_seconds=60"])
 d.wait_serving()
 holder, held = d.hold("4MiB", "--gpus=0")
 held_id = held["allocations"][0]["id"]
+rc, out = probe_says(d)
+if rc != 0 or "SERVING" not in out:
+    fail("probe before the drain: %d %s" % (rc, out), d)
 d.signal(signal.SIGTERM)
-wait_for(lambda: "stopping" in d.log(), "the daemon to begin draining", daemon=d)
+wait_for(lambda: "new allocations are refused" in d.log(), "the daemon to begin draining",
+         daemon=d)
+rc, out = probe_says(d)
+if rc != 1 or "NOT_SERVING" not in out:
+    fail("probe while draining: %d %s" % (rc, out), d)
 r = d.ctl("alloc", "1MiB", check=False)
 if r.returncode != 1 or "UNAVAILABLE" not in r.stderr or "gpumemd is stopping" not in r.stderr:
     fail("Allocate while draining: rc %d, %s" % (r.returncode, r.stderr), d)
@@ -65,7 +82,8 @@ d = Daemon(gpumemd, ctl, ["--sim_devices=2x1GiB", "--drain_seconds=120"])
 d.wait_serving()
 holder, _ = d.hold("4MiB")
 d.signal(signal.SIGTERM)
-wait_for(lambda: "stopping" in d.log(), "the daemon to begin draining", daemon=d)
+wait_for(lambda: "new allocations are refused" in d.log(), "the daemon to begin draining",
+         daemon=d)
 d.signal(signal.SIGTERM)
 rc = d.wait_exit(60)
 if rc != 0 or "second signal" not in d.log():
