@@ -98,8 +98,12 @@ std::string Pick(const std::string& flag, const std::string& config,
 // Waits up to `limit` for live allocations to be freed (by their sessions,
 // or by their processes ending), keeping systemd's STATUS= current; a second
 // SIGTERM/SIGINT ends the wait at once.
-void Drain(MemoryBroker* broker, SystemdNotifier* notifier, const sigset_t* signals,
-           absl::Duration limit) {
+void Drain(MemoryBroker* broker, SystemdNotifier* notifier, absl::Duration limit) {
+  // SIGHUP stays pending (a reload while stopping means nothing).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
   const absl::Time deadline = absl::Now() + limit;
   while (broker->live_allocations() > 0) {
     const absl::Duration left = deadline - absl::Now();
@@ -110,7 +114,7 @@ void Drain(MemoryBroker* broker, SystemdNotifier* notifier, const sigset_t* sign
     }
     if (broker->WaitUntilNoAllocations(std::min(left, absl::Milliseconds(200)))) break;
     struct timespec now = {0, 0};
-    if (sigtimedwait(signals, nullptr, &now) > 0) {
+    if (sigtimedwait(&stop_signals, nullptr, &now) > 0) {
       std::cerr << "gpumemd: second signal; releasing " << broker->live_allocations()
                 << " live allocation(s) now\n";
       return;
@@ -286,7 +290,7 @@ int Run() {
   std::cerr << "gpumemd: signal " << sig << ": stopping; new allocations are refused\n";
   notifier.Stopping(absl::StrCat("draining: ", broker.live_allocations(),
                                  " allocation(s) live"));
-  Drain(&broker, &notifier, &signals, absl::Seconds(drain_seconds));
+  Drain(&broker, &notifier, absl::Seconds(drain_seconds));
   listener.Stop();
   // In-flight calls are sub-millisecond; idle client connections would
   // otherwise hold Shutdown until the deadline.

@@ -6,7 +6,8 @@
   the drain time (60 s here; the test allows 30);
 - with an allocation that is never freed the daemon waits --drain_seconds
   (2 s here), then releases it and exits 0;
-- a second SIGTERM ends the wait at once;
+- SIGHUP while draining does not end it; a second SIGTERM ends the wait at
+  once;
 - gpumemd_probe (the health check) says SERVING before and NOT_SERVING
   while the daemon drains.
 """
@@ -77,13 +78,18 @@ print("drain time 2 s: exited after %.2f s" % waited)
 holder.kill()
 holder.wait()
 
-# 3. A second SIGTERM cuts a 120 s drain short.
+# 3. SIGHUP while draining changes nothing; a second SIGTERM cuts a 120 s
+# drain short.
 d = Daemon(gpumemd, ctl, ["--sim_devices=2x1GiB", "--drain_seconds=120"])
 d.wait_serving()
 holder, _ = d.hold("4MiB")
 d.signal(signal.SIGTERM)
 wait_for(lambda: "new allocations are refused" in d.log(), "the daemon to begin draining",
          daemon=d)
+d.signal(signal.SIGHUP)
+time.sleep(1)
+if d.proc.poll() is not None:
+    fail("SIGHUP ended the drain", d)
 d.signal(signal.SIGTERM)
 rc = d.wait_exit(60)
 if rc != 0 or "second signal" not in d.log():
