@@ -170,6 +170,12 @@ void Client::UnmapBlock(const v1::Allocation& a) {
   if (--it->second.refs == 0) {
     munmap(it->second.base, it->second.size);
     impl_->slabs.erase(it);
+    // Tell the daemon, so a released slab is not kept retained for us.
+    if (impl_->channel_fd >= 0 &&
+        CloseSlabFd(impl_->channel_fd, a.slab_id()).code() == absl::StatusCode::kUnavailable) {
+      close(impl_->channel_fd);
+      impl_->channel_fd = -1;
+    }
   }
 }
 

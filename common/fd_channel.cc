@@ -35,29 +35,51 @@ absl::StatusOr<int> ConnectFdChannel(const std::string& socket_path) {
   return fd;
 }
 
-absl::StatusOr<SlabFd> RequestSlabFd(int channel, uint64_t slab_id) {
+namespace {
+
+// One request and its response; *fd gets an attached fd (else -1).
+absl::Status Call(int channel, SlabOp op, uint64_t slab_id, SlabResponse* resp,
+                  int* fd) {
   SlabRequest req;
   memcpy(req.magic, kFdChannelMagic, 4);
   req.version = kFdChannelVersion;
+  req.op = static_cast<uint16_t>(op);
   req.slab_id = slab_id;
   absl::Status s = WriteAll(channel, &req, sizeof(req));
   if (!s.ok()) return s;
+  s = RecvWithFd(channel, resp, sizeof(*resp), fd);
+  if (!s.ok()) return s;
+  if (resp->code == 0) return absl::OkStatus();
+  if (*fd >= 0) {
+    close(*fd);
+    *fd = -1;
+  }
+  if (resp->message_len > kFdChannelMaxMessage) {
+    return absl::InternalError("slab channel: oversized error message");
+  }
+  std::string message(resp->message_len, '\0');
+  s = ReadAll(channel, message.data(), message.size());
+  if (!s.ok()) return s;
+  return absl::Status(static_cast<absl::StatusCode>(resp->code), message);
+}
+
+}  // namespace
+
+absl::StatusOr<SlabFd> RequestSlabFd(int channel, uint64_t slab_id) {
   SlabResponse resp;
   int fd = -1;
-  s = RecvWithFd(channel, &resp, sizeof(resp), &fd);
+  absl::Status s = Call(channel, SlabOp::kOpenSlab, slab_id, &resp, &fd);
   if (!s.ok()) return s;
-  if (resp.code != 0) {
-    if (fd >= 0) close(fd);
-    if (resp.message_len > kFdChannelMaxMessage) {
-      return absl::InternalError("slab channel: oversized error message");
-    }
-    std::string message(resp.message_len, '\0');
-    s = ReadAll(channel, message.data(), message.size());
-    if (!s.ok()) return s;
-    return absl::Status(static_cast<absl::StatusCode>(resp.code), message);
-  }
   if (fd < 0) return absl::InternalError("slab channel: reply without an fd");
   return SlabFd{fd, resp.slab_size};
+}
+
+absl::Status CloseSlabFd(int channel, uint64_t slab_id) {
+  SlabResponse resp;
+  int fd = -1;
+  absl::Status s = Call(channel, SlabOp::kCloseSlab, slab_id, &resp, &fd);
+  if (fd >= 0) close(fd);
+  return s;
 }
 
 }  // namespace gpumem

@@ -8,8 +8,15 @@
 //
 // Wire format (host byte order, both ends are on one machine):
 //   request  := SlabRequest                          (16 bytes)
-//   response := SlabResponse [message bytes]         (fd attached on success)
+//   response := SlabResponse [message bytes]         (fd attached to a
+//                                                     successful kOpenSlab)
 // One connection carries any number of request/response pairs in turn.
+// Operations:
+//   kOpenSlab   a new fd for the slab's handle; the daemon records that the
+//               caller's session holds the slab from then on.
+//   kCloseSlab  the caller unmapped the slab and holds no handle to it any
+//               more, so a released slab need not stay retained for it.
+// A connection that sends anything else is closed.
 #ifndef GPUMEMD_COMMON_FD_CHANNEL_H_
 #define GPUMEMD_COMMON_FD_CHANNEL_H_
 
@@ -21,12 +28,15 @@
 namespace gpumem {
 
 inline constexpr char kFdChannelMagic[4] = {'G', 'M', 'S', 'L'};
-inline constexpr uint32_t kFdChannelVersion = 1;
+inline constexpr uint16_t kFdChannelVersion = 2;
 inline constexpr uint32_t kFdChannelMaxMessage = 1024;
+
+enum class SlabOp : uint16_t { kOpenSlab = 1, kCloseSlab = 2 };
 
 struct SlabRequest {
   char magic[4];      // kFdChannelMagic
-  uint32_t version;   // kFdChannelVersion
+  uint16_t version;   // kFdChannelVersion
+  uint16_t op;        // SlabOp
   uint64_t slab_id;
 };
 static_assert(sizeof(SlabRequest) == 16, "wire layout");
@@ -49,6 +59,9 @@ absl::StatusOr<int> ConnectFdChannel(const std::string& socket_path);
 // Client side: asks for `slab_id` on a connected channel. On success the
 // caller owns the returned fd.
 absl::StatusOr<SlabFd> RequestSlabFd(int channel, uint64_t slab_id);
+
+// Client side: tells the daemon this process closed `slab_id`.
+absl::Status CloseSlabFd(int channel, uint64_t slab_id);
 
 }  // namespace gpumem
 

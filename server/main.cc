@@ -17,6 +17,7 @@
 //    finish in-flight gRPC calls, release every allocation and slab, exit 0.
 // Start-up errors are one line on stderr and exit status 1.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -71,6 +72,9 @@ ABSL_FLAG(std::string, config, "", "daemon config file, protobuf text format "
 ABSL_FLAG(std::string, slab_size, "", "size of pool slabs (default 1GiB)");
 ABSL_FLAG(double, empty_slab_release_seconds, -1,
           "seconds an empty slab is kept before it goes back (default 30)");
+ABSL_FLAG(std::string, admin_group, "",
+          "Unix group whose members (besides root) see every session and "
+          "tenant in GetStats (default: root only)");
 ABSL_FLAG(double, reserve_fraction, -1,
           "fraction of each device taken as slabs at start and kept (default 0)");
 ABSL_FLAG(double, drain_seconds, 0,
@@ -146,12 +150,15 @@ int Run() {
   if (!slab.ok()) Die(slab.status());
   if (*slab == 0) Die(absl::InvalidArgumentError("--slab_size must be > 0"));
   options.pool.slab_size = *slab;
-  // empty_slab_release_seconds is reloadable: ApplyReloadableConfig sets it.
+  // empty_slab_release_seconds and admin_group are reloadable:
+  // ApplyReloadableConfig sets them (the broker's Start checks the group).
   ReloadableFlags reloadable_flags;
   reloadable_flags.empty_slab_release_seconds =
       absl::GetFlag(FLAGS_empty_slab_release_seconds);
+  reloadable_flags.admin_group = absl::GetFlag(FLAGS_admin_group);
   double reserve = absl::GetFlag(FLAGS_reserve_fraction);
   options.pool.reserve_fraction = reserve < 0 ? 0 : reserve;
+  options.admin_group = Pick(absl::GetFlag(FLAGS_admin_group), config->admin_group(), "");
   if (options.pool.reserve_fraction > 1) {
     Die(absl::InvalidArgumentError("--reserve_fraction must be in [0, 1]"));
   }
@@ -185,12 +192,21 @@ int Run() {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Every client holds a connection or two: allow as many fds as the hard
+  // limit does, not the soft default of 1024.
+  struct rlimit files;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
+
   MemoryBroker broker(backend.get(), options);
   absl::Status started = broker.Start();
   if (!started.ok()) Die(started);
-  for (const std::string& line : ApplyReloadableConfig(*config, reloadable_flags, &broker)) {
-    std::cerr << "gpumemd: " << line << "\n";
-  }
+  absl::StatusOr<std::vector<std::string>> applied_at_start =
+      ApplyReloadableConfig(*config, reloadable_flags, &broker);
+  if (!applied_at_start.ok()) Die(applied_at_start.status());
+  for (const std::string& line : *applied_at_start) std::cerr << "gpumemd: " << line << "\n";
   PeerTable peers;
 
   // Metrics are opt-in: without --metrics_listen the plain service is
@@ -225,7 +241,8 @@ int Run() {
   absl::Status bound = activation->has_value() ? listener.Adopt(**activation)
                                                : listener.Bind();
   if (!bound.ok()) Die(bound);
-  listener.Start(server.get());
+  absl::Status listening = listener.Start(server.get());
+  if (!listening.ok()) Die(listening);
 
   const std::string serving = absl::StrCat(
       "serving ", backend->devices().size(), " ", backend->name(), " device(s) on ",
@@ -275,11 +292,18 @@ int Run() {
       std::cerr << "gpumemd: reload: " << absl::StrJoin(restart_only, ", ")
                 << " changed; these take effect at the next start\n";
     }
-    std::vector<std::string> applied =
+    absl::StatusOr<std::vector<std::string>> applied =
         ApplyReloadableConfig(*next, reloadable_flags, &broker);
+    if (!applied.ok()) {
+      std::cerr << "gpumemd: reload refused, the config in force is unchanged: "
+                << applied.status().message() << "\n";
+      notifier.Ready(absl::StrCat(serving, "; last reload refused: ",
+                                  applied.status().message()));
+      continue;
+    }
     running = *next;
     std::cerr << "gpumemd: reloaded " << config_path << ": "
-              << absl::StrJoin(applied, "; ") << "\n";
+              << absl::StrJoin(*applied, "; ") << "\n";
     notifier.Ready(absl::StrCat(serving, "; config reloaded"));
   }
 
@@ -311,7 +335,8 @@ int main(int argc, char** argv) {
       "Usage: gpumemd [--backend=sim|cuda] [--sim_devices=4x16GiB] "
       "[--sim_topology=nvlink:0-1,...] [--socket=PATH] [--config=FILE] "
       "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
-      "[--reserve_fraction=0] [--drain_seconds=0] [--metrics_listen=HOST:PORT]");
+      "[--reserve_fraction=0] [--admin_group=GROUP] [--drain_seconds=0] "
+      "[--metrics_listen=HOST:PORT]");
   // --help lists the flags of this file (Abseil's default looks for a file
   // named after the program, gpumemd.cc, and found none).
   absl::FlagsUsageConfig usage;

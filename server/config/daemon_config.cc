@@ -2,9 +2,12 @@
 // and is reported at the line of the field that holds it.
 #include "server/config/daemon_config.h"
 
+#include <grp.h>
+
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
@@ -92,6 +95,17 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(const std::string& name,
         ParseSimTopology(config.sim_topology(), device_count);
     if (!links.ok()) {
       return Bad(at("sim_topology"), "sim_topology", links.status().message());
+    }
+  }
+  if (!config.admin_group().empty()) {
+    struct group grp;
+    struct group* found = nullptr;
+    std::vector<char> buf(16384);
+    getgrnam_r(config.admin_group().c_str(), &grp, buf.data(), buf.size(), &found);
+    if (found == nullptr) {
+      return Bad(at("admin_group"), "admin_group",
+                 absl::StrCat("group \"", config.admin_group(),
+                              "\" does not exist on this machine"));
     }
   }
   if (config.has_pool()) {

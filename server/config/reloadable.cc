@@ -1,5 +1,5 @@
 // See reloadable.h. Each reloadable setting: resolve flag > file > default,
-// apply, describe.
+// apply, describe. The fallible one goes first.
 #include "server/config/reloadable.h"
 
 #include "absl/strings/str_cat.h"
@@ -7,10 +7,17 @@
 
 namespace gpumem {
 
-std::vector<std::string> ApplyReloadableConfig(const v1::DaemonConfig& config,
-                                               const ReloadableFlags& flags,
-                                               MemoryBroker* broker) {
+absl::StatusOr<std::vector<std::string>> ApplyReloadableConfig(
+    const v1::DaemonConfig& config, const ReloadableFlags& flags, MemoryBroker* broker) {
   std::vector<std::string> applied;
+
+  const bool admin_from_flag = !flags.admin_group.empty();
+  const std::string& admin = admin_from_flag ? flags.admin_group : config.admin_group();
+  absl::Status admin_set = broker->SetAdminGroup(admin);
+  if (!admin_set.ok()) return admin_set;
+  applied.push_back(absl::StrCat(
+      "admin_group = \"", admin, "\" (",
+      admin_from_flag ? "flag" : (admin.empty() ? "default: root only" : "config"), ")"));
 
   double release = flags.empty_slab_release_seconds;
   std::string from = "flag";

@@ -7,18 +7,23 @@
 //    LoadDaemonConfig accepted, so start and reload cannot disagree.
 //  - It changes only what affects new requests and future maintenance;
 //    no session, allocation or slab is dropped or moved.
+//  - All or nothing: the one setting that can still fail at apply time (the
+//    admin group, if it vanished from the system since validation) is
+//    applied first, and on failure nothing else is changed.
 //  - A setting also given as a command-line flag keeps the flag's value
 //    (flags win over the file, at start and on reload).
 //
-// Reloadable today: pool.empty_slab_release_seconds. Restart-only: backend,
-// socket, sim_devices, sim_topology, pool.slab_size (devices, the listening
-// socket and slab geometry are fixed for the daemon's life).
+// Reloadable today: admin_group, pool.empty_slab_release_seconds.
+// Restart-only: backend, socket, sim_devices, sim_topology, pool.slab_size
+// (devices, the listening socket and slab geometry are fixed for the
+// daemon's life).
 #ifndef GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
 #define GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
 
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "proto/gpumem/v1/config.pb.h"
 #include "server/service/memory_broker.h"
 
@@ -27,13 +32,13 @@ namespace gpumem {
 // Reloadable settings given on the command line (they win over the file).
 struct ReloadableFlags {
   double empty_slab_release_seconds = -1;  // < 0: not given
+  std::string admin_group;                 // empty: not given
 };
 
 // One human-readable line per setting applied, e.g.
-// "pool.empty_slab_release_seconds = 5".
-std::vector<std::string> ApplyReloadableConfig(const v1::DaemonConfig& config,
-                                               const ReloadableFlags& flags,
-                                               MemoryBroker* broker);
+// "pool.empty_slab_release_seconds = 5 (config)".
+absl::StatusOr<std::vector<std::string>> ApplyReloadableConfig(
+    const v1::DaemonConfig& config, const ReloadableFlags& flags, MemoryBroker* broker);
 
 // Names of restart-only fields whose value differs between the two configs.
 std::vector<std::string> RestartOnlyChanges(const v1::DaemonConfig& running,

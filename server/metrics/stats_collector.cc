@@ -3,7 +3,6 @@
 #include "server/metrics/stats_collector.h"
 
 #include <functional>
-#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -46,8 +45,11 @@ std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& 
        [](const v1::DeviceStats& d) { return double(d.used_bytes()); }},
       {"gpumemd_device_pooled_bytes", "Bytes held as pool slabs",
        [](const v1::DeviceStats& d) { return double(d.pooled_bytes()); }},
-      {"gpumemd_device_free_bytes", "Bytes not in live allocations",
+      {"gpumemd_device_free_bytes", "Bytes neither in live allocations nor retained",
        [](const v1::DeviceStats& d) { return double(d.free_bytes()); }},
+      {"gpumemd_device_retained_bytes",
+       "Bytes of released slabs a live session may still hold",
+       [](const v1::DeviceStats& d) { return double(d.retained_bytes()); }},
       {"gpumemd_device_largest_free_block_bytes", "Largest block Allocate could serve now",
        [](const v1::DeviceStats& d) { return double(d.largest_free_block_bytes()); }},
       {"gpumemd_device_fragmentation", "1 - largest free range / free pooled bytes",
@@ -67,27 +69,33 @@ std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& 
     out.push_back(std::move(f));
   }
 
-  struct TenantLoad {
-    uint64_t bytes = 0;
-    uint64_t allocations = 0;
-  };
-  std::map<uint32_t, TenantLoad> tenants;
-  for (const v1::SessionStats& s : stats.sessions()) {
-    TenantLoad& t = tenants[s.uid()];
-    t.bytes += s.used_bytes();
-    t.allocations += s.allocation_count();
-  }
   MetricFamily used = Gauge("gpumemd_tenant_used_bytes",
-                            "Bytes in live allocations of the tenant's sessions");
-  MetricFamily count = Gauge("gpumemd_tenant_allocations",
-                             "Live allocations of the tenant's sessions");
-  for (const auto& [uid, load] : tenants) {
-    const std::string tenant = absl::StrCat("uid:", uid);
-    AddSample(&used, {{"tenant", tenant}}, double(load.bytes));
-    AddSample(&count, {{"tenant", tenant}}, double(load.allocations));
+                            "Bytes in the tenant's live allocations");
+  MetricFamily retained = Gauge("gpumemd_tenant_retained_bytes",
+                                "Bytes of the tenant's retained slabs");
+  MetricFamily count = Gauge("gpumemd_tenant_allocations", "The tenant's live allocations");
+  MetricFamily dev_used = Gauge("gpumemd_tenant_device_used_bytes",
+                                "Bytes in the tenant's live allocations on a device");
+  MetricFamily dev_retained = Gauge("gpumemd_tenant_device_retained_bytes",
+                                    "Bytes of the tenant's retained slabs on a device");
+  MetricFamily dev_slabs = Gauge("gpumemd_tenant_device_slabs",
+                                 "Slabs the tenant owns on a device (not retained)");
+  for (const v1::TenantStats& t : stats.tenants()) {
+    const std::string tenant = absl::StrCat("uid:", t.tenant());
+    AddSample(&used, {{"tenant", tenant}}, double(t.used_bytes()));
+    AddSample(&retained, {{"tenant", tenant}}, double(t.retained_bytes()));
+    AddSample(&count, {{"tenant", tenant}}, double(t.allocation_count()));
+    for (const v1::TenantDeviceStats& d : t.devices()) {
+      std::vector<ClientMetric::Label> labels = {
+          {"tenant", tenant}, {"device", absl::StrCat(d.device_index())}};
+      AddSample(&dev_used, labels, double(d.used_bytes()));
+      AddSample(&dev_retained, labels, double(d.retained_bytes()));
+      AddSample(&dev_slabs, labels, double(d.slab_count()));
+    }
   }
-  out.push_back(std::move(used));
-  out.push_back(std::move(count));
+  for (MetricFamily* f : {&used, &retained, &count, &dev_used, &dev_retained, &dev_slabs}) {
+    out.push_back(std::move(*f));
+  }
   MetricFamily sessions = Gauge("gpumemd_sessions", "Live client sessions");
   AddSample(&sessions, {}, double(stats.sessions_size()));
   out.push_back(std::move(sessions));
@@ -95,7 +103,10 @@ std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& 
 }
 
 std::vector<MetricFamily> StatsCollector::Collect() const {
-  return FromStats(broker_->Stats());
+  // As root: the endpoint shows every tenant (see metrics_endpoint.h on
+  // who may reach it).
+  const PeerCred root{/*pid=*/0, /*uid=*/0, /*gid=*/0};
+  return FromStats(broker_->Stats(root));
 }
 
 }  // namespace gpumem

@@ -7,10 +7,14 @@
 //   gpumemd_device_pooled_bytes, gpumemd_device_free_bytes,
 //   gpumemd_device_largest_free_block_bytes, gpumemd_device_fragmentation,
 //   gpumemd_device_slabs, gpumemd_device_allocations
+//   gpumemd_device_retained_bytes
 // per tenant (label tenant="uid:<n>": until configured tenants exist each
-// uid is its own tenant), summed over its sessions:
-//   gpumemd_tenant_used_bytes, gpumemd_tenant_allocations
-// and gpumemd_sessions (live sessions).
+// uid is its own tenant), GetStats' tenant rows:
+//   gpumemd_tenant_used_bytes, gpumemd_tenant_retained_bytes,
+//   gpumemd_tenant_allocations, and per device (labels tenant, device)
+//   gpumemd_tenant_device_used_bytes, gpumemd_tenant_device_retained_bytes,
+//   gpumemd_tenant_device_slabs
+// and gpumemd_sessions (live sessions). Scrapes see what root sees.
 // Thread-safety: Collect() may run on any thread; it only calls Stats().
 #ifndef GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_
 #define GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_

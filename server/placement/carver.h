@@ -11,12 +11,14 @@
 //    `alignment` (a power of two), on `device` and returns it, or carves
 //    nothing.
 //  - A refusal ("this device cannot hold it") is RESOURCE_EXHAUSTED with
-//    *refusal filled in: the reason, and the device's free and largest-free
-//    figures at that moment, for the caller's error message. Placement then
-//    moves on to the next device.
-//  - Any other error (the device or the pool failed) is returned as is;
-//    placement stops, releases what it carved for the request and returns
-//    that error.
+//    *refusal filled in and refusal->refused set: the reason, and the
+//    device's free and largest-free figures at that moment, for the caller's
+//    error message. Placement then moves on to the next device.
+//  - Any other error (the device or the pool failed) is returned as is,
+//    with refusal->refused left false; placement stops, releases what it
+//    carved for the request and returns that error. That includes a real
+//    out-of-memory from the driver (RESOURCE_EXHAUSTED, but not a refusal:
+//    it is never reported as capacity or fragmentation).
 //  - Release(block) returns a block TryCarve gave, exactly once, restoring
 //    the device to what it would be had the block never been carved.
 //  - A carver is called from one thread per request; if requests run
@@ -49,6 +51,8 @@ struct CarveRefusal {
     kFragmentation,  // enough free bytes in total, no range holds the block
     kQuota,          // the tenant may not use more here
   };
+  // Set by TryCarve when it refuses; a failure without it is an error.
+  bool refused = false;
   Reason reason = Reason::kCapacity;
   uint64_t free_bytes = 0;
   uint64_t largest_free_bytes = 0;

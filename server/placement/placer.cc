@@ -95,7 +95,7 @@ PlacementResult Placer::Place(const PreparedRequest& request,
         holder[device] = shard;
         break;
       }
-      if (!absl::IsResourceExhausted(block.status())) {
+      if (!refusal.refused || !absl::IsResourceExhausted(block.status())) {
         release_all();
         return Fail(block.status());
       }

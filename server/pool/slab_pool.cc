@@ -1,7 +1,9 @@
-// Carving order: the tenant's existing shared slabs, oldest first (older
-// slabs fill up, younger ones drain and get released); then an empty slab
-// of another tenant, scrubbed; then a new slab; then, if capacity sits in
-// empty slabs, release them and try a new slab once more.
+// Carving order: the tenant's own shared slabs, oldest first (older slabs
+// fill up, younger ones drain and get released); then a reserved slab nobody
+// has been given yet; then a new slab, created outside the lock with its
+// capacity promised meanwhile; then, if capacity sits in empty unheld slabs,
+// release them and try a new slab once more. Slabs that are released while a
+// live session holds their handle stay in `slabs_`, marked retained.
 #include "server/pool/slab_pool.h"
 
 #include <algorithm>
@@ -29,7 +31,7 @@ SlabPool::SlabPool(Backend* backend, uint32_t device, PoolOptions options)
   options_.slab_size = std::max(RoundUp(options_.slab_size), options_.granularity);
 }
 
-SlabPool::~SlabPool() = default;
+SlabPool::~SlabPool() { ReleaseAll(); }
 
 uint64_t SlabPool::RoundUp(uint64_t v) const {
   const uint64_t g = options_.granularity;
@@ -37,9 +39,11 @@ uint64_t SlabPool::RoundUp(uint64_t v) const {
   return (v + g - 1) / g * g;
 }
 
-uint64_t SlabPool::Unpooled() const {
-  const uint64_t in_slabs = backend_->SlabBytes(device_);
-  return in_slabs >= total_bytes_ ? 0 : total_bytes_ - in_slabs;
+uint64_t SlabPool::UnpooledLocked() const {
+  // Backend bytes include retained slabs and slabs whose release is still
+  // running outside the lock: both are really held.
+  const uint64_t held = backend_->SlabBytes(device_) + creating_bytes_;
+  return held >= total_bytes_ ? 0 : total_bytes_ - held;
 }
 
 absl::Status SlabPool::Reserve() {
@@ -48,101 +52,229 @@ absl::Status SlabPool::Reserve() {
       std::min(1.0, options_.reserve_fraction) * static_cast<double>(total_bytes_));
   uint64_t reserved = 0;
   while (reserved < target) {
-    uint64_t bytes = std::min(options_.slab_size, Unpooled());
-    bytes -= bytes % options_.granularity;
+    uint64_t bytes;
+    {
+      absl::MutexLock lock(&mu_);
+      bytes = RoundDown(std::min(options_.slab_size, UnpooledLocked()));
+    }
     if (bytes == 0) break;
-    uint64_t id;
-    absl::StatusOr<SlabEntry*> e = NewSlab(bytes, 0, false, &id);
-    if (!e.ok()) return e.status();
-    (*e)->reserved = true;
+    absl::StatusOr<std::unique_ptr<Slab>> slab = backend_->CreateSlab(device_, bytes);
+    if (!slab.ok()) {
+      return absl::Status(slab.status().code(),
+                          absl::StrCat("device ", device_, ": reserving a ",
+                                       FormatBytes(bytes), " slab: ",
+                                       slab.status().message()));
+    }
+    absl::MutexLock lock(&mu_);
+    const uint64_t id = next_slab_id.fetch_add(1);
+    SlabEntry& e = slabs_[id];
+    e.slab = std::move(*slab);
+    e.allocator = std::make_unique<OffsetAllocator>(bytes);
+    e.reserved = true;
+    e.empty_since = absl::Now();
+    pooled_bytes_ += bytes;
     reserved += bytes;
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<SlabPool::SlabEntry*> SlabPool::NewSlab(uint64_t bytes,
-                                                       uint32_t tenant,
-                                                       bool dedicated,
-                                                       uint64_t* id) {
+bool SlabPool::TakeLocked(uint64_t id, SlabEntry& e, uint64_t size,
+                          uint64_t alignment, bool new_slab, PoolBlock* out) {
+  OffsetAllocator::Block b;
+  if (!e.allocator->Allocate(size, alignment, &b)) return false;
+  e.empty_since = absl::InfiniteFuture();  // not empty any more
+  used_bytes_ += size;
+  ++live_blocks_;
+  TenantPoolStats& t = tenants_[e.tenant];
+  t.used_bytes += size;
+  ++t.live_blocks;
+  *out = PoolBlock{id, e.slab->size(), b.offset, size, b.handle, e.tenant, new_slab};
+  return true;
+}
+
+CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant) {
+  CarveResult r;
+  if (size == 0) {
+    r.error = absl::InvalidArgumentError("size must be > 0");
+    return r;
+  }
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    r.error = absl::InvalidArgumentError(
+        absl::StrCat("alignment ", alignment, " is not a power of two"));
+    return r;
+  }
+  if (tenant == kNoTenant) {
+    r.error = absl::InvalidArgumentError("no tenant");
+    return r;
+  }
+  const bool dedicated = size > options_.slab_size;
+  const uint64_t need = RoundUp(size);
+  uint64_t bytes = 0;
+  {
+    Graveyard dead;  // destroyed after the lock is dropped
+    absl::MutexLock lock(&mu_);
+    if (!dedicated) {
+      for (auto& [id, e] : slabs_) {
+        if (e.dedicated || e.retained || e.tenant != tenant) continue;
+        if (TakeLocked(id, e, size, alignment, false, &r.block)) {
+          r.kind = CarveResult::Kind::kBlock;
+          return r;
+        }
+      }
+      // A reserved slab nobody has carved from: claimed for good.
+      for (auto& [id, e] : slabs_) {
+        if (e.tenant != kNoTenant || e.allocator->capacity() < size) continue;
+        e.tenant = tenant;
+        ++tenants_[tenant].slab_count;
+        if (TakeLocked(id, e, size, alignment, false, &r.block)) {
+          r.kind = CarveResult::Kind::kBlock;
+          return r;
+        }
+      }
+    }
+    // A new slab: dedicated (exactly big enough) or a standard one, cut
+    // down to what is left of the device. Its offset 0 meets any alignment.
+    auto fits = [&] {
+      bytes = dedicated ? need : RoundDown(std::min(options_.slab_size, UnpooledLocked()));
+      return bytes >= need && bytes <= UnpooledLocked();
+    };
+    if (!fits()) {
+      // Capacity sits in empty slabs: release them (retained if held).
+      for (auto it = slabs_.begin(); it != slabs_.end();) {
+        auto next = std::next(it);
+        if (!it->second.retained && it->second.allocator->live_blocks() == 0) {
+          ReleaseSlabLocked(it, &dead);
+        }
+        it = next;
+      }
+      if (!dead.empty()) {
+        mu_.Unlock();
+        dead.clear();  // the backend takes the memory back
+        mu_.Lock();
+      }
+      if (!fits()) {
+        r.kind = CarveResult::Kind::kRefused;
+        r.refusal = RefuseLocked(size, alignment, tenant);
+        return r;
+      }
+    }
+    creating_bytes_ += bytes;
+  }
+  // Backend work outside the lock: the capacity is promised meanwhile.
   absl::StatusOr<std::unique_ptr<Slab>> slab = backend_->CreateSlab(device_, bytes);
-  if (!slab.ok()) return slab.status();
-  *id = next_slab_id.fetch_add(1);
-  SlabEntry& e = slabs_[*id];
+  absl::MutexLock lock(&mu_);
+  creating_bytes_ -= bytes;
+  if (!slab.ok()) {
+    r.error = absl::Status(
+        slab.status().code(),
+        absl::StrCat("device ", device_, ": creating a ", FormatBytes(bytes),
+                     " slab failed: ", slab.status().message()));
+    return r;
+  }
+  const uint64_t id = next_slab_id.fetch_add(1);
+  SlabEntry& e = slabs_[id];
   e.slab = std::move(*slab);
   e.allocator = std::make_unique<OffsetAllocator>(bytes);
   e.tenant = tenant;
   e.dedicated = dedicated;
   e.empty_since = absl::Now();
-  return &e;
+  pooled_bytes_ += bytes;
+  ++tenants_[tenant].slab_count;
+  if (!TakeLocked(id, e, size, alignment, true, &r.block)) {
+    // Cannot happen for a fresh slab of at least `need` bytes.
+    r.error = absl::InternalError(absl::StrCat(
+        "device ", device_, ": a new ", FormatBytes(bytes), " slab could not hold ",
+        FormatBytes(size)));
+    Graveyard dead;
+    ReleaseSlabLocked(slabs_.find(id), &dead);
+    mu_.Unlock();
+    dead.clear();
+    mu_.Lock();
+    return r;
+  }
+  r.kind = CarveResult::Kind::kBlock;
+  return r;
 }
 
-absl::StatusOr<PoolBlock> SlabPool::Carve(uint64_t size, uint64_t alignment,
-                                          uint32_t tenant) {
-  if (size == 0) return absl::InvalidArgumentError("size must be > 0");
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("alignment ", alignment, " is not a power of two"));
-  }
-  OffsetAllocator::Block b;
-  auto take = [&](uint64_t id, SlabEntry& e, bool new_slab) {
-    e.empty_since = absl::InfiniteFuture();  // not empty any more
-    used_bytes_ += size;
-    ++live_blocks_;
-    return PoolBlock{id, e.slab->size(), b.offset, size, b.handle, new_slab};
-  };
-  const bool dedicated = size > options_.slab_size;
-  if (!dedicated) {
-    for (auto& [id, e] : slabs_) {
-      if (e.dedicated || e.tenant != tenant) continue;
-      if (e.allocator->Allocate(size, alignment, &b)) return take(id, e, false);
-    }
-    // An empty slab of another tenant: scrub it and hand it over.
-    for (auto& [id, e] : slabs_) {
-      if (e.dedicated || e.tenant == tenant || e.allocator->live_blocks() != 0) {
-        continue;
-      }
-      if (e.allocator->capacity() < size) continue;
-      absl::Status s = e.slab->Scrub(0, e.slab->size());
-      if (!s.ok()) continue;
-      e.tenant = tenant;
-      if (e.allocator->Allocate(size, alignment, &b)) return take(id, e, false);
+uint64_t SlabPool::ReleasableLocked() const {
+  uint64_t bytes = 0;
+  for (const auto& [id, e] : slabs_) {
+    if (!e.retained && e.holders.empty() && e.allocator->live_blocks() == 0) {
+      bytes += e.slab->size();
     }
   }
-  // A new slab: dedicated (exactly big enough) or a standard one, cut down
-  // to what is left of the device. A new slab's offset 0 meets any
-  // alignment, so the block itself is all it needs to hold.
-  const uint64_t need = RoundUp(size);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    uint64_t bytes = dedicated ? need : std::min(options_.slab_size, Unpooled());
-    bytes -= dedicated ? 0 : bytes % options_.granularity;
-    if (bytes >= need && bytes <= Unpooled()) {
-      uint64_t id;
-      absl::StatusOr<SlabEntry*> e = NewSlab(bytes, tenant, dedicated, &id);
-      if (e.ok()) {
-        if ((*e)->allocator->Allocate(size, alignment, &b)) return take(id, **e, true);
-        slabs_.erase(id);  // cannot happen for a fresh slab; keep nothing empty
-      }
-    }
-    if (attempt == 0) ReleaseEmptySlabs(/*including_reserved=*/true);
-  }
-  return Refuse(size, alignment);
+  return bytes;
 }
 
-absl::Status SlabPool::Refuse(uint64_t size, uint64_t alignment) const {
-  const uint64_t free = free_bytes();
-  if (free < size) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "device ", device_, ": capacity: ", FormatBytes(free), " free, ",
-        FormatBytes(size), " asked"));
+PoolRefusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
+                                   uint32_t tenant) const {
+  // What this tenant could reach: free space in its own slabs, plus a new
+  // slab of unpooled capacity and empty slabs nobody holds.
+  uint64_t own_free = 0, own_largest = 0;
+  for (const auto& [id, e] : slabs_) {
+    if (e.retained || e.tenant != tenant || e.allocator->live_blocks() == 0) continue;
+    own_free += e.allocator->free_bytes();
+    own_largest = std::max(own_largest, e.allocator->largest_free());
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "device ", device_, ": fragmentation: ", FormatBytes(free),
-      " free but the largest range is ", FormatBytes(largest_carvable()), ", ",
-      FormatBytes(size), " asked",
-      alignment > 1 ? absl::StrCat(" at alignment ", alignment) : ""));
+  const uint64_t fresh = RoundDown(UnpooledLocked() + ReleasableLocked());
+  PoolRefusal p;
+  p.free_bytes = own_free + fresh;
+  p.largest_free_bytes = std::max(own_largest, fresh);
+  if (p.free_bytes < size) {
+    p.reason = PoolRefusal::Reason::kCapacity;
+    p.message = absl::StrCat("device ", device_, ": capacity: ",
+                             FormatBytes(p.free_bytes), " free, ", FormatBytes(size),
+                             " asked",
+                             retained_bytes_ > 0
+                                 ? absl::StrCat(" (", FormatBytes(retained_bytes_),
+                                                " retained by live sessions)")
+                                 : "");
+  } else {
+    p.reason = PoolRefusal::Reason::kFragmentation;
+    p.message = absl::StrCat(
+        "device ", device_, ": fragmentation: ", FormatBytes(p.free_bytes),
+        " free but the largest range is ", FormatBytes(p.largest_free_bytes), ", ",
+        FormatBytes(size), " asked",
+        alignment > 1 ? absl::StrCat(" at alignment ", alignment) : "");
+  }
+  return p;
+}
+
+void SlabPool::ReleaseSlabLocked(std::map<uint64_t, SlabEntry>::iterator it,
+                                 Graveyard* dead) {
+  SlabEntry& e = it->second;
+  const uint64_t size = e.slab->size();
+  if (!e.retained) {
+    pooled_bytes_ -= size;
+    if (e.tenant != kNoTenant) {
+      auto t = tenants_.find(e.tenant);
+      if (t != tenants_.end()) --t->second.slab_count;
+    }
+  }
+  if (!e.holders.empty()) {
+    if (!e.retained) {
+      e.retained = true;
+      retained_bytes_ += size;
+      tenants_[e.tenant].retained_bytes += size;
+    }
+    return;
+  }
+  if (e.retained) {
+    retained_bytes_ -= size;
+    tenants_[e.tenant].retained_bytes -= size;
+  }
+  auto t = tenants_.find(e.tenant);
+  if (t != tenants_.end() && t->second.slab_count == 0 &&
+      t->second.retained_bytes == 0 && t->second.live_blocks == 0) {
+    tenants_.erase(t);
+  }
+  dead->push_back(std::move(e.slab));
+  slabs_.erase(it);
 }
 
 void SlabPool::Release(const PoolBlock& block) {
+  Graveyard dead;
+  absl::MutexLock lock(&mu_);
   auto it = slabs_.find(block.slab_id);
   if (it == slabs_.end()) return;
   SlabEntry& e = it->second;
@@ -150,95 +282,185 @@ void SlabPool::Release(const PoolBlock& block) {
   e.allocator->Free(b);
   used_bytes_ -= block.size;
   --live_blocks_;
+  TenantPoolStats& t = tenants_[e.tenant];
+  t.used_bytes -= block.size;
+  --t.live_blocks;
   if (e.allocator->live_blocks() == 0) {
     if (e.dedicated) {
-      slabs_.erase(it);
+      ReleaseSlabLocked(it, &dead);
     } else {
       e.empty_since = absl::Now();
     }
+  }
+  if (!dead.empty()) {
+    mu_.Unlock();
+    dead.clear();
+    mu_.Lock();
   }
 }
 
 void SlabPool::Uncarve(const PoolBlock& block) {
   Release(block);
   if (!block.new_slab) return;
+  Graveyard dead;
+  absl::MutexLock lock(&mu_);
   auto it = slabs_.find(block.slab_id);
-  if (it != slabs_.end() && it->second.allocator->live_blocks() == 0) {
-    slabs_.erase(it);
+  if (it != slabs_.end() && !it->second.retained &&
+      it->second.allocator->live_blocks() == 0) {
+    ReleaseSlabLocked(it, &dead);
+  }
+  if (!dead.empty()) {
+    mu_.Unlock();
+    dead.clear();
+    mu_.Lock();
   }
 }
 
-absl::StatusOr<const SlabPool::SlabEntry*> SlabPool::FindSlab(
-    uint64_t slab_id) const {
+SlabPool::SlabEntry* SlabPool::FindLocked(uint64_t slab_id) {
   auto it = slabs_.find(slab_id);
-  if (it == slabs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
-  }
-  return &it->second;
+  return it == slabs_.end() ? nullptr : &it->second;
 }
 
-absl::StatusOr<int> SlabPool::ExportSlabFd(uint64_t slab_id) const {
-  absl::StatusOr<const SlabEntry*> e = FindSlab(slab_id);
-  if (!e.ok()) return e.status();
-  return (*e)->slab->ExportFd();
+bool SlabPool::HasSlab(uint64_t slab_id) const {
+  absl::MutexLock lock(&mu_);
+  return slabs_.count(slab_id) != 0;
 }
 
-absl::StatusOr<uint32_t> SlabPool::SlabTenant(uint64_t slab_id) const {
-  absl::StatusOr<const SlabEntry*> e = FindSlab(slab_id);
-  if (!e.ok()) return e.status();
-  return (*e)->tenant;
-}
-
-absl::StatusOr<uint64_t> SlabPool::SlabSize(uint64_t slab_id) const {
-  absl::StatusOr<const SlabEntry*> e = FindSlab(slab_id);
-  if (!e.ok()) return e.status();
-  return (*e)->slab->size();
-}
-
-void SlabPool::ReleaseEmptySlabs(bool including_reserved) {
-  for (auto it = slabs_.begin(); it != slabs_.end();) {
-    const SlabEntry& e = it->second;
-    if (e.allocator->live_blocks() == 0 && (including_reserved || !e.reserved)) {
-      it = slabs_.erase(it);
-    } else {
-      ++it;
+absl::StatusOr<SlabPool::Export> SlabPool::ExportSlab(uint64_t slab_id, uint32_t tenant,
+                                         uint64_t session) {
+  std::shared_ptr<Slab> slab;
+  bool newly_held = false;
+  {
+    absl::MutexLock lock(&mu_);
+    SlabEntry* e = FindLocked(slab_id);
+    if (e == nullptr || e->retained) {
+      return absl::NotFoundError(absl::StrCat("no slab ", slab_id, " on device ", device_));
     }
+    if (e->tenant != tenant) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "slab ", slab_id, " belongs to another tenant"));
+    }
+    // Recorded before the export: from here on the session may hold it.
+    newly_held = e->holders.insert(session).second;
+    exports_[session].insert(slab_id);
+    slab = e->slab;
+  }
+  absl::StatusOr<int> fd = slab->ExportFd();
+  const uint64_t size = slab->size();
+  slab.reset();
+  if (fd.ok()) return Export{*fd, size};
+  if (newly_held) {
+    Graveyard dead;
+    absl::MutexLock lock(&mu_);
+    DropHolderLocked(slab_id, session, &dead);
+    if (!dead.empty()) {
+      mu_.Unlock();
+      dead.clear();
+      mu_.Lock();
+    }
+  }
+  return absl::Status(fd.status().code(),
+                      absl::StrCat("device ", device_, ": exporting slab ", slab_id,
+                                   " failed: ", fd.status().message()));
+}
+
+void SlabPool::DropHolderLocked(uint64_t slab_id, uint64_t session,
+                                Graveyard* dead) {
+  auto ex = exports_.find(session);
+  if (ex != exports_.end()) {
+    ex->second.erase(slab_id);
+    if (ex->second.empty()) exports_.erase(ex);
+  }
+  auto it = slabs_.find(slab_id);
+  if (it == slabs_.end()) return;
+  it->second.holders.erase(session);
+  if (it->second.retained && it->second.holders.empty()) {
+    ReleaseSlabLocked(it, dead);
+  }
+}
+
+absl::Status SlabPool::CloseExport(uint64_t slab_id, uint64_t session) {
+  Graveyard dead;
+  absl::MutexLock lock(&mu_);
+  auto ex = exports_.find(session);
+  if (ex == exports_.end() || !ex->second.contains(slab_id)) {
+    return absl::NotFoundError(absl::StrCat(
+        "slab ", slab_id, " was not given to this session"));
+  }
+  DropHolderLocked(slab_id, session, &dead);
+  if (!dead.empty()) {
+    mu_.Unlock();
+    dead.clear();
+    mu_.Lock();
+  }
+  return absl::OkStatus();
+}
+
+void SlabPool::ForgetSession(uint64_t session) {
+  Graveyard dead;
+  absl::MutexLock lock(&mu_);
+  auto ex = exports_.find(session);
+  if (ex == exports_.end()) return;
+  const std::vector<uint64_t> ids(ex->second.begin(), ex->second.end());
+  for (uint64_t id : ids) DropHolderLocked(id, session, &dead);
+  if (!dead.empty()) {
+    mu_.Unlock();
+    dead.clear();
+    mu_.Lock();
   }
 }
 
 int SlabPool::ReleaseIdleSlabs(absl::Time now) {
+  Graveyard dead;
   int released = 0;
+  absl::MutexLock lock(&mu_);
   for (auto it = slabs_.begin(); it != slabs_.end();) {
+    auto next = std::next(it);
     const SlabEntry& e = it->second;
-    if (!e.reserved && e.allocator->live_blocks() == 0 &&
+    if (!e.reserved && !e.retained && e.allocator->live_blocks() == 0 &&
         now - e.empty_since >= options_.empty_release_after) {
-      it = slabs_.erase(it);
+      ReleaseSlabLocked(it, &dead);
       ++released;
-    } else {
-      ++it;
     }
+    it = next;
+  }
+  if (!dead.empty()) {
+    mu_.Unlock();
+    dead.clear();
+    mu_.Lock();
   }
   return released;
 }
 
-uint64_t SlabPool::free_bytes() const {
-  uint64_t free = Unpooled();
-  for (const auto& [id, e] : slabs_) free += e.allocator->free_bytes();
-  return free;
+void SlabPool::ReleaseAll() {
+  std::map<uint64_t, SlabEntry> all;
+  {
+    absl::MutexLock lock(&mu_);
+    all.swap(slabs_);
+    exports_.clear();
+    tenants_.clear();
+    used_bytes_ = live_blocks_ = pooled_bytes_ = retained_bytes_ = 0;
+  }
+  // `all` goes out of scope here: every slab back to the device.
+}
+
+uint64_t SlabPool::used_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return used_bytes_;
+}
+
+uint64_t SlabPool::LargestCarvableLocked() const {
+  uint64_t largest = 0;
+  for (const auto& [id, e] : slabs_) {
+    if (e.retained || e.allocator->live_blocks() == 0) continue;
+    largest = std::max(largest, e.allocator->largest_free());
+  }
+  return std::max(largest, RoundDown(UnpooledLocked() + ReleasableLocked()));
 }
 
 uint64_t SlabPool::largest_carvable() const {
-  // A new slab can be as large as the unpooled capacity plus empty slabs.
-  uint64_t fresh = Unpooled();
-  uint64_t largest = 0;
-  for (const auto& [id, e] : slabs_) {
-    if (e.allocator->live_blocks() == 0) {
-      fresh += e.slab->size();
-    } else {
-      largest = std::max(largest, e.allocator->largest_free());
-    }
-  }
-  return std::max(largest, fresh - fresh % options_.granularity);
+  absl::MutexLock lock(&mu_);
+  return LargestCarvableLocked();
 }
 
 double Fragmentation(uint64_t largest_free, uint64_t free_bytes) {
@@ -248,59 +470,135 @@ double Fragmentation(uint64_t largest_free, uint64_t free_bytes) {
 
 PoolStats SlabPool::Stats() const {
   PoolStats s;
+  absl::MutexLock lock(&mu_);
   s.total_bytes = total_bytes_;
   s.used_bytes = used_bytes_;
   s.live_blocks = live_blocks_;
-  s.unpooled_bytes = Unpooled();
+  s.pooled_bytes = pooled_bytes_;
+  s.retained_bytes = retained_bytes_;
   for (const auto& [id, e] : slabs_) {
-    s.pooled_bytes += e.slab->size();
+    if (e.retained) {
+      ++s.retained_slab_count;
+      continue;
+    }
     s.pooled_free_bytes += e.allocator->free_bytes();
     s.largest_pooled_free = std::max(s.largest_pooled_free, e.allocator->largest_free());
     ++s.slab_count;
   }
+  s.largest_carvable = LargestCarvableLocked();
   s.fragmentation = Fragmentation(s.largest_pooled_free, s.pooled_free_bytes);
   return s;
 }
 
 std::vector<SlabStats> SlabPool::Slabs() const {
   std::vector<SlabStats> out;
+  absl::MutexLock lock(&mu_);
   for (const auto& [id, e] : slabs_) {
     SlabStats s;
     s.slab_id = id;
     s.tenant = e.tenant;
     s.size = e.slab->size();
     s.used_bytes = e.allocator->used_bytes();
-    s.free_bytes = e.allocator->free_bytes();
-    s.largest_free = e.allocator->largest_free();
+    s.free_bytes = e.retained ? 0 : e.allocator->free_bytes();
+    s.largest_free = e.retained ? 0 : e.allocator->largest_free();
     s.fragmentation = Fragmentation(s.largest_free, s.free_bytes);
     s.live_blocks = e.allocator->live_blocks();
+    s.holders = static_cast<uint32_t>(e.holders.size());
     s.dedicated = e.dedicated;
     s.reserved = e.reserved;
+    s.retained = e.retained;
     out.push_back(s);
   }
   return out;
 }
 
+absl::flat_hash_map<uint32_t, TenantPoolStats> SlabPool::TenantStats() const {
+  absl::MutexLock lock(&mu_);
+  return tenants_;
+}
+
+absl::flat_hash_map<uint64_t, uint64_t> SlabPool::SessionRetained() const {
+  absl::flat_hash_map<uint64_t, uint64_t> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [session, ids] : exports_) {
+    for (uint64_t id : ids) {
+      auto it = slabs_.find(id);
+      if (it != slabs_.end() && it->second.retained) {
+        out[session] += it->second.slab->size();
+      }
+    }
+  }
+  return out;
+}
+
 absl::Status SlabPool::Validate() const {
-  uint64_t used = 0, live = 0, pooled = 0;
+  absl::MutexLock lock(&mu_);
+  uint64_t used = 0, live = 0, pooled = 0, retained = 0, all = 0;
+  absl::flat_hash_map<uint32_t, TenantPoolStats> tenants;
   for (const auto& [id, e] : slabs_) {
     absl::Status s = e.allocator->Validate();
     if (!s.ok()) return s;
     if (e.allocator->capacity() != e.slab->size()) {
       return absl::InternalError(absl::StrCat("slab ", id, ": allocator size mismatch"));
     }
-    if (e.dedicated && e.allocator->live_blocks() == 0) {
+    if (e.dedicated && !e.retained && e.allocator->live_blocks() == 0) {
       return absl::InternalError(absl::StrCat("slab ", id, ": empty dedicated slab kept"));
+    }
+    if (e.retained && (e.holders.empty() || e.allocator->live_blocks() != 0)) {
+      return absl::InternalError(absl::StrCat(
+          "slab ", id, ": retained with ", e.holders.size(), " holders and ",
+          e.allocator->live_blocks(), " live blocks"));
+    }
+    if (e.tenant == kNoTenant && (!e.reserved || e.allocator->live_blocks() != 0 ||
+                                  !e.holders.empty())) {
+      return absl::InternalError(absl::StrCat("slab ", id, ": unowned but in use"));
+    }
+    for (uint64_t session : e.holders) {
+      auto ex = exports_.find(session);
+      if (ex == exports_.end() || !ex->second.contains(id)) {
+        return absl::InternalError(absl::StrCat(
+            "slab ", id, ": holder ", session, " missing from the export books"));
+      }
     }
     used += e.allocator->used_bytes();
     live += e.allocator->live_blocks();
-    pooled += e.slab->size();
+    (e.retained ? retained : pooled) += e.slab->size();
+    all += e.slab->size();
+    if (e.tenant != kNoTenant) {
+      TenantPoolStats& t = tenants[e.tenant];
+      t.used_bytes += e.allocator->used_bytes();
+      t.live_blocks += e.allocator->live_blocks();
+      if (e.retained) {
+        t.retained_bytes += e.slab->size();
+      } else {
+        ++t.slab_count;
+      }
+    }
   }
-  if (used != used_bytes_ || live != live_blocks_) {
+  for (const auto& [session, ids] : exports_) {
+    for (uint64_t id : ids) {
+      auto it = slabs_.find(id);
+      if (it == slabs_.end() || !it->second.holders.contains(session)) {
+        return absl::InternalError(absl::StrCat(
+            "session ", session, ": export of slab ", id, " not on the slab"));
+      }
+    }
+  }
+  if (used != used_bytes_ || live != live_blocks_ || pooled != pooled_bytes_ ||
+      retained != retained_bytes_) {
     return absl::InternalError("pool totals disagree with its slabs");
   }
-  if (pooled != backend_->SlabBytes(device_) || pooled > total_bytes_) {
-    return absl::InternalError("pooled bytes disagree with the backend");
+  for (const auto& [tenant, t] : tenants) {
+    auto it = tenants_.find(tenant);
+    if (it == tenants_.end() || it->second.used_bytes != t.used_bytes ||
+        it->second.live_blocks != t.live_blocks ||
+        it->second.retained_bytes != t.retained_bytes ||
+        it->second.slab_count != t.slab_count) {
+      return absl::InternalError(absl::StrCat("tenant ", tenant, ": figures disagree"));
+    }
+  }
+  if (creating_bytes_ == 0 && (all != backend_->SlabBytes(device_) || all > total_bytes_)) {
+    return absl::InternalError("slab bytes disagree with the backend");
   }
   return absl::OkStatus();
 }

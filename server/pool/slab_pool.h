@@ -1,22 +1,39 @@
-// SlabPool: the memory of one device, as slabs carved into blocks.
+// SlabPool: the memory of one device, as slabs carved into blocks, and the
+// record of who was given each slab's handle.
 //
 // The pool asks its backend for slabs (large device allocations that clients
 // import whole) and carves blocks out of them with one OffsetAllocator per
 // slab. The rules it keeps:
-//  - A slab belongs to one tenant at a time. A block is only ever carved from
-//    a slab its tenant owns; an empty slab may pass to another tenant, and is
-//    scrubbed (zeroed) before it does.
+//  - A slab belongs to one tenant for its whole life. Blocks are carved only
+//    from slabs their tenant owns; an empty slab is reused by the same tenant
+//    or released, never handed to another one. (Anything given to a client,
+//    an fd or a CUDA import, may be kept by it forever, so a slab that passed
+//    to another tenant could be read through an old handle; scrubbing cannot
+//    prevent that, never reusing can.) The only exception is a reserved slab
+//    that was never given to anyone: it is claimed by the first tenant that
+//    carves from it and is that tenant's from then on.
+//  - Export tracking: the pool records which sessions were given each slab's
+//    handle. A slab released while such a session is still alive is not
+//    free: it becomes *retained* (its backend slab is kept, its bytes count
+//    as retained, neither carvable nor offered to placement) until every
+//    such session has ended (ForgetSession) or said it closed the slab
+//    (CloseExport). Then it goes back to the device.
 //  - A block larger than the slab size gets a dedicated slab of its own
-//    (rounded up to the backend's granularity), released as soon as the
-//    block is.
-//  - A slab that has been empty for `empty_release_after` is given back to
-//    the device by ReleaseIdleSlabs, unless it is part of the reservation
-//    made at start. When a new slab cannot be made because capacity sits in
-//    empty slabs, those are released at once instead.
-//  - Live slab bytes never exceed the device's capacity (the backend refuses).
+//    (rounded up to the backend's granularity), released with the block.
+//  - A slab empty for `empty_release_after` is released by ReleaseIdleSlabs,
+//    unless it is part of the start-time reservation. When a new slab cannot
+//    be made because capacity sits in empty slabs (of any tenant), those are
+//    released at once instead.
+//  - Live slab bytes never exceed the device's capacity (the backend
+//    refuses), and capacity promised to a slab being created counts as used.
+//  - Carve answers with a block, a refusal (capacity or fragmentation, with
+//    the figures), or the backend's error with the device and operation in
+//    its message; a failed Carve leaves the pool as it was.
 //
-// Not thread-safe: the caller serializes all calls (the daemon holds one lock
-// around its pools; see server/service/memory_broker.h).
+// Thread-safety: every method may be called from any thread. One mutex per
+// pool guards its bookkeeping; backend work (creating, exporting, releasing
+// slabs) runs outside it, so a slow slab creation on one device holds up
+// neither other devices nor carves from this device's existing slabs.
 #ifndef GPUMEMD_SERVER_POOL_SLAB_POOL_H_
 #define GPUMEMD_SERVER_POOL_SLAB_POOL_H_
 
@@ -25,12 +42,18 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/backend/backend.h"
 #include "server/pool/offset_allocator.h"
 
 namespace gpumem {
+
+// The tenant of a reserved slab nobody has carved from yet.
+inline constexpr uint32_t kNoTenant = UINT32_MAX;
 
 struct PoolOptions {
   uint64_t slab_size = uint64_t{1} << 30;
@@ -49,7 +72,27 @@ struct PoolBlock {
   uint64_t offset = 0;
   uint64_t size = 0;
   uint32_t handle = 0;
+  uint32_t tenant = 0;
   bool new_slab = false;
+};
+
+// Why the pool could not carve a block for a tenant, with the figures the
+// tenant could reach at that moment.
+struct PoolRefusal {
+  enum class Reason { kCapacity, kFragmentation };
+  Reason reason = Reason::kCapacity;
+  uint64_t free_bytes = 0;          // the tenant's reachable free bytes
+  uint64_t largest_free_bytes = 0;  // the largest block it could get
+  std::string message;              // the same in words, naming the device
+};
+
+// What Carve did: exactly one of block (ok), refusal (refused), error.
+struct CarveResult {
+  enum class Kind { kBlock, kRefused, kError };
+  Kind kind = Kind::kError;
+  PoolBlock block;
+  PoolRefusal refusal;
+  absl::Status error;
 };
 
 // 1 - largest free range / free bytes (0 when nothing is free).
@@ -64,27 +107,39 @@ struct SlabStats {
   uint64_t largest_free = 0;
   double fragmentation = 0.0;  // Fragmentation(largest_free, free_bytes)
   uint64_t live_blocks = 0;
+  uint32_t holders = 0;  // live sessions that were given its handle
   bool dedicated = false;
   bool reserved = false;
+  bool retained = false;  // released, but a holder may still map it
 };
 
 struct PoolStats {
   uint64_t total_bytes = 0;      // device capacity
-  uint64_t pooled_bytes = 0;     // bytes in slabs
+  uint64_t pooled_bytes = 0;     // bytes in carvable slabs
   uint64_t used_bytes = 0;       // bytes in live blocks, as asked
+  uint64_t retained_bytes = 0;   // released slabs a live session may hold
   uint64_t pooled_free_bytes = 0;
   uint64_t largest_pooled_free = 0;
-  uint64_t unpooled_bytes = 0;   // capacity not yet taken as slabs
+  uint64_t largest_carvable = 0;  // see SlabPool::largest_carvable()
   uint64_t live_blocks = 0;
-  uint32_t slab_count = 0;
+  uint32_t slab_count = 0;        // carvable slabs (retained not counted)
+  uint32_t retained_slab_count = 0;
   // 1 - largest_pooled_free / pooled_free_bytes (0 when nothing is free).
   double fragmentation = 0.0;
+};
+
+// One tenant's figures on this device.
+struct TenantPoolStats {
+  uint64_t used_bytes = 0;
+  uint64_t retained_bytes = 0;
+  uint64_t live_blocks = 0;
+  uint32_t slab_count = 0;
 };
 
 class SlabPool {
  public:
   SlabPool(Backend* backend, uint32_t device, PoolOptions options);
-  ~SlabPool();
+  ~SlabPool();  // releases every slab, retained ones too
   SlabPool(const SlabPool&) = delete;
   SlabPool& operator=(const SlabPool&) = delete;
 
@@ -92,67 +147,101 @@ class SlabPool {
   absl::Status Reserve();
 
   // A block of `size` bytes at `alignment` (power of two) for `tenant`.
-  // RESOURCE_EXHAUSTED when the device cannot hold it; the message says
-  // whether capacity or fragmentation refused it.
-  absl::StatusOr<PoolBlock> Carve(uint64_t size, uint64_t alignment,
-                                  uint32_t tenant);
+  CarveResult Carve(uint64_t size, uint64_t alignment, uint32_t tenant);
   void Release(const PoolBlock& block);
   // Undoes a Carve that its caller abandons (a sharded request that failed
   // elsewhere): like Release, and a slab the carve created goes back to the
   // device at once, so the pool's slabs are as before the Carve.
   void Uncarve(const PoolBlock& block);
 
-  // A new fd for a slab's handle; NOT_FOUND if the slab is gone.
-  absl::StatusOr<int> ExportSlabFd(uint64_t slab_id) const;
-  // The tenant owning a slab, or NOT_FOUND.
-  absl::StatusOr<uint32_t> SlabTenant(uint64_t slab_id) const;
-  // A slab's size in bytes (what an importer maps), or NOT_FOUND.
-  absl::StatusOr<uint64_t> SlabSize(uint64_t slab_id) const;
+  // A new fd for a slab's handle, recorded as given to `session`. NOT_FOUND
+  // if the pool has no such carvable slab, PERMISSION_DENIED if `tenant`
+  // does not own it, the backend's error (naming device and slab) otherwise.
+  struct Export {
+    int fd = -1;        // the caller owns and closes it
+    uint64_t size = 0;  // the slab's size, what an importer maps
+  };
+  absl::StatusOr<Export> ExportSlab(uint64_t slab_id, uint32_t tenant,
+                                    uint64_t session);
+  // `session` says it closed the slab (or never will use it again). NOT_FOUND
+  // when the pool has no record of giving it that slab.
+  absl::Status CloseExport(uint64_t slab_id, uint64_t session);
+  // `session` ended: it holds no handle any more.
+  void ForgetSession(uint64_t session);
+  // Whether the pool has the slab (carvable or retained).
+  bool HasSlab(uint64_t slab_id) const;
 
   // Gives back slabs empty since before now - empty_release_after.
   int ReleaseIdleSlabs(absl::Time now);
   // Changes empty_release_after from now on (config reload).
-  void set_empty_release_after(absl::Duration d) { options_.empty_release_after = d; }
-
-  // Bytes in live blocks (O(1); Stats() walks every slab).
-  uint64_t used_bytes() const { return used_bytes_; }
-  // Free bytes a request could get at best: unpooled capacity plus pooled free.
-  uint64_t free_bytes() const;
-  // The largest block Carve could serve now (pooled range or a new slab).
-  uint64_t largest_carvable() const;
+  void SetEmptyReleaseAfter(absl::Duration after) {
+    absl::MutexLock lock(&mu_);
+    options_.empty_release_after = after;  // read only under mu_
+  }
+  // Gives back every slab now (daemon shutdown), retained ones too.
+  void ReleaseAll();
 
   uint32_t device() const { return device_; }
+  // Bytes in live blocks.
+  uint64_t used_bytes() const;
+  // The largest block Carve could serve now for some tenant (a pooled range
+  // or a new slab made of unpooled capacity and empty, unheld slabs).
+  uint64_t largest_carvable() const;
   PoolStats Stats() const;
   std::vector<SlabStats> Slabs() const;
-  // Checks each slab's allocator and the pool's totals.
+  absl::flat_hash_map<uint32_t, TenantPoolStats> TenantStats() const;
+  // Retained bytes each session may still hold (sessions with none absent).
+  absl::flat_hash_map<uint64_t, uint64_t> SessionRetained() const;
+  // Checks each slab's allocator, the pool's counters and the export books.
   absl::Status Validate() const;
 
  private:
   struct SlabEntry {
-    std::unique_ptr<Slab> slab;
+    std::shared_ptr<Slab> slab;
     std::unique_ptr<OffsetAllocator> allocator;
-    uint32_t tenant = 0;
+    uint32_t tenant = kNoTenant;
     bool dedicated = false;
     bool reserved = false;
+    bool retained = false;  // released: not carvable, kept for its holders
     absl::Time empty_since = absl::InfinitePast();
+    absl::flat_hash_set<uint64_t> holders;  // sessions given its handle
   };
+  using Graveyard = std::vector<std::shared_ptr<Slab>>;
 
-  // The slab with this id, or NOT_FOUND.
-  absl::StatusOr<const SlabEntry*> FindSlab(uint64_t slab_id) const;
-  absl::StatusOr<SlabEntry*> NewSlab(uint64_t bytes, uint32_t tenant,
-                                     bool dedicated, uint64_t* id);
-  absl::Status Refuse(uint64_t size, uint64_t alignment) const;
-  void ReleaseEmptySlabs(bool including_reserved);
+  SlabEntry* FindLocked(uint64_t slab_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a block out of `e` if it fits; counts it.
+  bool TakeLocked(uint64_t id, SlabEntry& e, uint64_t size, uint64_t alignment,
+                  bool new_slab, PoolBlock* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases an empty slab: retained if it has holders, else to `dead`.
+  void ReleaseSlabLocked(std::map<uint64_t, SlabEntry>::iterator it,
+                         Graveyard* dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropHolderLocked(uint64_t slab_id, uint64_t session, Graveyard* dead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Empty, unheld slabs of other tenants and of `tenant` (all releasable).
+  uint64_t ReleasableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PoolRefusal RefuseLocked(uint64_t size, uint64_t alignment, uint32_t tenant) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t LargestCarvableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t RoundUp(uint64_t v) const;
-  uint64_t Unpooled() const;
+  uint64_t RoundDown(uint64_t v) const { return v - v % options_.granularity; }
+  uint64_t UnpooledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  Backend* backend_;
-  uint32_t device_;
+  Backend* const backend_;
+  const uint32_t device_;
   PoolOptions options_;
-  uint64_t total_bytes_;
-  std::map<uint64_t, SlabEntry> slabs_;  // by slab id, oldest first
-  uint64_t used_bytes_ = 0;
-  uint64_t live_blocks_ = 0;
+  const uint64_t total_bytes_;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, SlabEntry> slabs_ ABSL_GUARDED_BY(mu_);  // oldest first
+  // Capacity promised to slabs being created outside the lock.
+  uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t live_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pooled_bytes_ ABSL_GUARDED_BY(mu_) = 0;    // carvable slabs
+  uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // retained slabs
+  absl::flat_hash_map<uint32_t, TenantPoolStats> tenants_ ABSL_GUARDED_BY(mu_);
+  // session -> slabs whose handle it was given (carvable or retained).
+  absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> exports_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpumem

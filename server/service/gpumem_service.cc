@@ -45,10 +45,12 @@ grpc::Status GpuMemoryService::Free(grpc::ServerContext* ctx,
   return Reply(broker_->Free(*caller, *req), resp);
 }
 
-grpc::Status GpuMemoryService::GetStats(grpc::ServerContext*,
+grpc::Status GpuMemoryService::GetStats(grpc::ServerContext* ctx,
                                         const v1::GetStatsRequest* req,
                                         v1::GetStatsResponse* resp) {
-  *resp = broker_->Stats(req->include_slabs());
+  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  *resp = broker_->Stats(*caller, req->include_slabs());
   return grpc::Status::OK;
 }
 

@@ -1,9 +1,13 @@
-// Allocate runs placement under the broker's lock with a carver that carves
-// from the pools directly, so the placement decision and the carving see
-// the same state. Blocks carved for a request stay "pending" inside the
-// carver until placement returns; only then do they become allocations.
+// Allocate runs placement with a carver that carves from the pools directly;
+// each pool locks itself, and placement re-checks what a snapshot promised by
+// carving, so the snapshot may be slightly stale without double-promising
+// anything. Blocks carved for a request stay "pending" inside the carver
+// until placement returns; only then do they become allocations, under the
+// table lock, and only if the caller's session is still alive.
 #include "server/service/memory_broker.h"
 
+#include <grp.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,32 +24,33 @@ class MemoryBroker::PoolCarver : public placement::DeviceCarver {
 
   absl::StatusOr<placement::CarvedBlock> TryCarve(
       uint32_t device, uint64_t size, uint64_t alignment,
-      placement::CarveRefusal* refusal) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(broker_->mu_) {
-    SlabPool& pool = *broker_->pools_[device];
-    absl::StatusOr<PoolBlock> b = pool.Carve(size, alignment, tenant_);
-    if (!b.ok()) {
-      if (b.status().code() == absl::StatusCode::kResourceExhausted) {
-        refusal->free_bytes = pool.free_bytes();
-        refusal->largest_free_bytes = pool.largest_carvable();
-        refusal->reason = refusal->free_bytes < size
+      placement::CarveRefusal* refusal) override {
+    CarveResult r = broker_->pools_[device]->Carve(size, alignment, tenant_);
+    switch (r.kind) {
+      case CarveResult::Kind::kError:
+        return r.error;
+      case CarveResult::Kind::kRefused:
+        refusal->refused = true;
+        refusal->free_bytes = r.refusal.free_bytes;
+        refusal->largest_free_bytes = r.refusal.largest_free_bytes;
+        refusal->reason = r.refusal.reason == PoolRefusal::Reason::kCapacity
                               ? placement::CarveRefusal::Reason::kCapacity
                               : placement::CarveRefusal::Reason::kFragmentation;
-      }
-      return b.status();
+        return absl::ResourceExhaustedError(r.refusal.message);
+      case CarveResult::Kind::kBlock:
+        break;
     }
     placement::CarvedBlock c;
     c.device = device;
     c.size_bytes = size;
-    c.id = broker_->next_id_++;
-    c.slab_id = b->slab_id;
-    c.offset = b->offset;
-    pending_[c.id] = *b;
+    c.id = broker_->next_id_.fetch_add(1);
+    c.slab_id = r.block.slab_id;
+    c.offset = r.block.offset;
+    pending_[c.id] = r.block;
     return c;
   }
 
-  void Release(const placement::CarvedBlock& block) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(broker_->mu_) {
+  void Release(const placement::CarvedBlock& block) override {
     auto it = pending_.find(block.id);
     if (it == pending_.end()) return;
     broker_->pools_[block.device]->Uncarve(it->second);
@@ -64,40 +69,8 @@ absl::Status MemoryBroker::ShuttingDown() {
   return absl::FailedPreconditionError("gpumemd is shutting down");
 }
 
-bool MemoryBroker::IsShutDown() const { return shut_down_.load(); }
-
-namespace {
-
-absl::Status Stopping() {
-  return absl::UnavailableError(
-      "gpumemd is stopping: it takes no new allocations; retry once it is back");
-}
-
-}  // namespace
-
-void MemoryBroker::BeginDrain() { draining_.store(true); }
-
-bool MemoryBroker::WaitUntilNoAllocations(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return allocations_.empty();
-  };
-  return mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
-}
-
-size_t MemoryBroker::live_allocations() const {
-  absl::MutexLock lock(&mu_);
-  return allocations_.size();
-}
-
-void MemoryBroker::SetEmptySlabRelease(absl::Duration after) {
-  absl::MutexLock lock(&mu_);
-  options_.pool.empty_release_after = after;
-  for (auto& pool : pools_) pool->set_empty_release_after(after);
-}
-
 MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
-    : backend_(backend), options_(options) {
+    : backend_(backend), options_(std::move(options)) {
   for (const DeviceInfo& d : backend_->devices()) {
     pools_.push_back(std::make_unique<SlabPool>(backend_, d.index, options_.pool));
     largest_device_bytes_ = std::max(largest_device_bytes_, d.total_bytes);
@@ -127,16 +100,75 @@ MemoryBroker::~MemoryBroker() {
   sessions_.reset();  // joins the watcher before the maps go
 }
 
+absl::Status MemoryBroker::SetAdminGroup(const std::string& group) {
+  if (group.empty()) {
+    admin_gid_.store(-1);
+    return absl::OkStatus();
+  }
+  struct group grp;
+  struct group* found = nullptr;
+  std::vector<char> buf(16384);
+  getgrnam_r(group.c_str(), &grp, buf.data(), buf.size(), &found);
+  if (found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "admin group \"", group, "\" does not exist on this machine"));
+  }
+  admin_gid_.store(found->gr_gid);
+  return absl::OkStatus();
+}
+
+void MemoryBroker::BeginDrain() { draining_.store(true); }
+
+bool MemoryBroker::WaitUntilNoAllocations(absl::Duration timeout) {
+  absl::MutexLock lock(&table_mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_) {
+    return allocations_.empty();
+  };
+  return table_mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
+}
+
+size_t MemoryBroker::live_allocations() const {
+  absl::MutexLock lock(&table_mu_);
+  return allocations_.size();
+}
+
+void MemoryBroker::SetEmptySlabRelease(absl::Duration after) {
+  for (auto& pool : pools_) pool->SetEmptyReleaseAfter(after);
+}
+
 absl::Status MemoryBroker::Start() {
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& pool : pools_) {
-      absl::Status s = pool->Reserve();
-      if (!s.ok()) return s;
-    }
+  absl::Status admin = SetAdminGroup(options_.admin_group);
+  if (!admin.ok()) return admin;
+  for (auto& pool : pools_) {
+    absl::Status s = pool->Reserve();
+    if (!s.ok()) return s;
   }
   maintenance_ = std::thread([this] { Maintain(); });
   return absl::OkStatus();
+}
+
+bool MemoryBroker::IsAdmin(const PeerCred& caller) const {
+  if (caller.uid == 0) return true;
+  const int64_t admin_gid = admin_gid_.load();
+  if (admin_gid < 0) return false;
+  if (caller.gid == static_cast<gid_t>(admin_gid)) return true;
+  // Supplementary groups, as the system's group database says for the uid.
+  struct passwd pw;
+  struct passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwuid_r(caller.uid, &pw, buf.data(), buf.size(), &found) != 0 ||
+      found == nullptr) {
+    return false;
+  }
+  int n = 64;
+  std::vector<gid_t> groups(n);
+  if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &n) < 0) {
+    groups.resize(n);
+    if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &n) < 0) return false;
+  }
+  groups.resize(n);
+  return std::find(groups.begin(), groups.end(), static_cast<gid_t>(admin_gid)) !=
+         groups.end();
 }
 
 void MemoryBroker::Maintain() {
@@ -145,8 +177,8 @@ void MemoryBroker::Maintain() {
     stop_mu_.AwaitWithTimeout(absl::Condition(&stopping_),
                               options_.maintenance_interval);
     if (stopping_) break;
-    absl::MutexLock lock(&mu_);
-    for (auto& pool : pools_) pool->ReleaseIdleSlabs(absl::Now());
+    const absl::Time now = absl::Now();
+    for (auto& pool : pools_) pool->ReleaseIdleSlabs(now);
   }
 }
 
@@ -156,23 +188,27 @@ void MemoryBroker::Shutdown() {
     stopping_ = true;
   }
   if (maintenance_.joinable()) maintenance_.join();
-  absl::MutexLock lock(&mu_);
+  absl::WriterMutexLock gate(&gate_);
   if (shut_down_) return;
   shut_down_ = true;
-  std::vector<uint64_t> ids;
-  for (const auto& [id, r] : allocations_) ids.push_back(id);
-  for (uint64_t id : ids) ReleaseLocked(id);
-  pools_.clear();  // every slab goes back to the backend
+  {
+    absl::MutexLock lock(&table_mu_);
+    allocations_.clear();
+    by_session_.clear();
+  }
+  for (auto& pool : pools_) pool->ReleaseAll();  // retained slabs too
 }
 
-placement::DeviceSnapshot MemoryBroker::SnapshotLocked() const {
+placement::DeviceSnapshot MemoryBroker::Snapshot() const {
   placement::DeviceSnapshot snap;
   snap.devices = device_views_;
   for (placement::DeviceView& v : snap.devices) {
-    const SlabPool& pool = *pools_[v.index];
-    v.used_bytes = pool.used_bytes();
-    v.free_bytes = v.total_bytes - v.used_bytes;
-    v.largest_free_bytes = pool.largest_carvable();
+    const PoolStats s = pools_[v.index]->Stats();
+    v.used_bytes = s.used_bytes;
+    // Retained bytes are held by some process: not free, not offered.
+    const uint64_t held = s.used_bytes + s.retained_bytes;
+    v.free_bytes = held >= v.total_bytes ? 0 : v.total_bytes - held;
+    v.largest_free_bytes = s.largest_carvable;
   }
   const Backend* backend = backend_;
   snap.peer = [backend](uint32_t a, uint32_t b) {
@@ -183,8 +219,12 @@ placement::DeviceSnapshot MemoryBroker::SnapshotLocked() const {
 
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     const PeerCred& caller, const v1::AllocateRequest& request) {
-  if (IsShutDown()) return ShuttingDown();
-  if (draining_.load()) return Stopping();
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return ShuttingDown();
+  if (draining_.load()) {
+    return absl::UnavailableError(
+        "gpumemd is stopping: it takes no new allocations; retry once it is back");
+  }
   if (request.shard_count() == 0 && request.shard_sizes_size() == 0 &&
       request.size_bytes() > largest_device_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -193,108 +233,113 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
   }
   absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
   if (!session.ok()) return session.status();
-  // Argument checks need no pool state: done before taking the lock.
   absl::StatusOr<placement::PreparedRequest> prepared =
       placement::PrepareRequest(request, device_views_, placer_options_);
   if (!prepared.ok()) return prepared.status();
 
-  absl::MutexLock lock(&mu_);
-  if (shut_down_) return ShuttingDown();
-  if (draining_.load()) return Stopping();
-  // Until tenants are configured (the ledger's issue), each uid is its own
-  // tenant: its blocks never share a slab with another uid's, and a slab is
-  // scrubbed before it passes from one uid to another.
-  PoolCarver carver(this, /*tenant=*/caller.uid);
+  PoolCarver carver(this, TenantOf(caller));
   placement::Placer placer(&carver, placer_options_);
-  placement::PlacementResult result = placer.Place(*prepared, SnapshotLocked());
+  placement::PlacementResult result = placer.Place(*prepared, Snapshot());
   if (!result.ok()) return result.status;
-  if (!sessions_->IsLive(session->id)) {
-    // The caller died while we placed: nobody would ever free these.
-    for (const placement::CarvedBlock& b : result.blocks) carver.Release(b);
-    return absl::FailedPreconditionError("the calling process has exited");
-  }
+
   v1::AllocateResponse response;
-  for (const placement::CarvedBlock& b : result.blocks) {
-    Record r;
-    r.session = session->id;
-    r.uid = caller.uid;
-    r.device = b.device;
-    r.block = carver.pool_block(b.id);
-    allocations_[b.id] = r;
-    by_session_[session->id].insert(b.id);
-    ++slab_users_[r.block.slab_id][caller.uid];
-    slab_device_[r.block.slab_id] = b.device;
+  {
+    absl::MutexLock lock(&table_mu_);
+    // Checked under the table lock: a session that ends after this point
+    // finds these records in OnSessionEnd (see session_registry.h).
+    if (sessions_->IsLive(session->id)) {
+      SessionUse& use = by_session_[session->id];
+      for (const placement::CarvedBlock& b : result.blocks) {
+        Record r;
+        r.session = session->id;
+        r.uid = caller.uid;
+        r.device = b.device;
+        r.block = carver.pool_block(b.id);
+        allocations_[b.id] = r;
+        use.ids.insert(b.id);
+        use.bytes += r.block.size;
 
-    const DeviceInfo& d = backend_->devices()[b.device];
-    v1::Allocation* a = response.add_allocations();
-    a->set_id(b.id);
-    a->set_device_index(b.device);
-    a->set_device_uuid(d.uuid);
-    a->set_slab_id(r.block.slab_id);
-    a->set_slab_size_bytes(r.block.slab_size);
-    a->set_offset(r.block.offset);
-    a->set_size_bytes(r.block.size);
-    a->set_handle_kind(v1::HANDLE_KIND_POSIX_FD);
-  }
-  return response;
-}
-
-void MemoryBroker::ReleaseLocked(uint64_t id) {
-  auto it = allocations_.find(id);
-  if (it == allocations_.end()) return;
-  const Record& r = it->second;
-  if (!shut_down_ || !pools_.empty()) pools_[r.device]->Release(r.block);
-  auto users = slab_users_.find(r.block.slab_id);
-  if (users != slab_users_.end()) {
-    auto u = users->second.find(r.uid);
-    if (u != users->second.end() && --u->second == 0) users->second.erase(u);
-    if (users->second.empty()) {
-      slab_users_.erase(users);
-      slab_device_.erase(r.block.slab_id);
+        const DeviceInfo& d = backend_->devices()[b.device];
+        v1::Allocation* a = response.add_allocations();
+        a->set_id(b.id);
+        a->set_device_index(b.device);
+        a->set_device_uuid(d.uuid);
+        a->set_slab_id(r.block.slab_id);
+        a->set_slab_size_bytes(r.block.slab_size);
+        a->set_offset(r.block.offset);
+        a->set_size_bytes(r.block.size);
+        a->set_handle_kind(v1::HANDLE_KIND_POSIX_FD);
+      }
+      return response;
     }
   }
+  // The caller died while we placed: nobody would ever free these.
+  for (const placement::CarvedBlock& b : result.blocks) carver.Release(b);
+  return absl::FailedPreconditionError("the calling process has exited");
+}
+
+MemoryBroker::Record MemoryBroker::TakeRecordLocked(
+    absl::flat_hash_map<uint64_t, Record>::iterator it) {
+  Record r = it->second;
   auto s = by_session_.find(r.session);
   if (s != by_session_.end()) {
-    s->second.erase(id);
-    if (s->second.empty()) by_session_.erase(s);
+    s->second.ids.erase(it->first);
+    s->second.bytes -= r.block.size;
+    if (s->second.ids.empty()) by_session_.erase(s);
   }
   allocations_.erase(it);
+  return r;
 }
 
 absl::StatusOr<v1::FreeResponse> MemoryBroker::Free(const PeerCred& caller,
                                                     const v1::FreeRequest& request) {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock gate(&gate_);
   if (shut_down_) return ShuttingDown();
   if (request.id() == 0) {
     return absl::InvalidArgumentError("id must be set (allocation ids start at 1)");
   }
-  auto it = allocations_.find(request.id());
-  if (it == allocations_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "no live allocation ", request.id(),
-        " (never allocated, already freed, or its process exited)"));
+  Record r;
+  {
+    absl::MutexLock lock(&table_mu_);
+    auto it = allocations_.find(request.id());
+    if (it == allocations_.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no live allocation ", request.id(),
+          " (never allocated, already freed, or its process exited)"));
+    }
+    if (caller.uid != 0 && caller.uid != it->second.uid) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "allocation ", request.id(), " belongs to uid ", it->second.uid,
+          "; uid ", caller.uid, " may not free it"));
+    }
+    r = TakeRecordLocked(it);
   }
-  if (caller.uid != 0 && caller.uid != it->second.uid) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "allocation ", request.id(), " belongs to uid ", it->second.uid,
-        "; uid ", caller.uid, " may not free it"));
-  }
+  pools_[r.device]->Release(r.block);
   v1::FreeResponse response;
-  response.set_freed_bytes(it->second.block.size);
-  ReleaseLocked(request.id());
+  response.set_freed_bytes(r.block.size);
   return response;
 }
 
 void MemoryBroker::OnSessionEnd(uint64_t session_id) {
-  absl::MutexLock lock(&mu_);
-  auto s = by_session_.find(session_id);
-  if (s == by_session_.end()) return;
-  std::vector<uint64_t> ids(s->second.begin(), s->second.end());
-  for (uint64_t id : ids) ReleaseLocked(id);
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return;
+  std::vector<Record> records;
+  {
+    absl::MutexLock lock(&table_mu_);
+    auto s = by_session_.find(session_id);
+    if (s != by_session_.end()) {
+      const std::vector<uint64_t> ids(s->second.ids.begin(), s->second.ids.end());
+      for (uint64_t id : ids) records.push_back(TakeRecordLocked(allocations_.find(id)));
+    }
+  }
+  for (const Record& r : records) pools_[r.device]->Release(r.block);
+  // The process is gone, and with it every handle it held.
+  for (auto& pool : pools_) pool->ForgetSession(session_id);
 }
 
 absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {
-  if (IsShutDown()) return ShuttingDown();
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return ShuttingDown();
   absl::StatusOr<SessionInfo> s = sessions_->Attach(caller);
   if (!s.ok()) return s.status();
   v1::Session out;
@@ -307,49 +352,61 @@ absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {
 
 absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller,
                                                 uint64_t slab_id) {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock gate(&gate_);
   if (shut_down_) return ShuttingDown();
-  auto users = slab_users_.find(slab_id);
-  if (users == slab_users_.end()) {
-    return absl::NotFoundError(absl::StrCat("no slab ", slab_id, " with live blocks"));
+  absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
+  if (!session.ok()) return session.status();
+  for (auto& pool : pools_) {
+    absl::StatusOr<SlabPool::Export> e =
+        pool->ExportSlab(slab_id, TenantOf(caller), session->id);
+    if (e.ok()) return SlabFd{e->fd, e->size};
+    if (e.status().code() != absl::StatusCode::kNotFound) return e.status();
   }
-  if (!users->second.contains(caller.uid)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "slab ", slab_id, " holds no block of uid ", caller.uid));
-  }
-  const SlabPool& pool = *pools_[slab_device_.at(slab_id)];
-  absl::StatusOr<uint64_t> size = pool.SlabSize(slab_id);
-  if (!size.ok()) return size.status();
-  absl::StatusOr<int> fd = pool.ExportSlabFd(slab_id);
-  if (!fd.ok()) return fd.status();
-  return SlabFd{*fd, *size};
+  return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
 }
 
-v1::GetStatsResponse MemoryBroker::Stats(bool include_slabs) const {
-  // Pool figures are copied under the lock; the response is built after.
-  struct DeviceLoad {
-    PoolStats stats;
-    uint64_t largest = 0;
-    std::vector<SlabStats> slabs;
-  };
+absl::Status MemoryBroker::CloseSlab(const PeerCred& caller, uint64_t slab_id) {
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return ShuttingDown();
+  absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
+  if (!session.ok()) return session.status();
+  for (auto& pool : pools_) {
+    if (!pool->HasSlab(slab_id)) continue;
+    return pool->CloseExport(slab_id, session->id);
+  }
+  return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
+}
+
+v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
+                                         bool include_slabs) const {
   const std::vector<DeviceInfo>& devices = backend_->devices();
-  std::vector<DeviceLoad> loads(devices.size());
+  const bool admin = IsAdmin(caller);
+  const uint32_t own_tenant = TenantOf(caller);
   v1::GetStatsResponse out;
   out.set_backend(backend_->name());
-  {
-    absl::MutexLock lock(&mu_);
-    for (const DeviceInfo& d : devices) {
-      DeviceLoad& load = loads[d.index];
-      load.largest = d.total_bytes;  // after Shutdown: no pools, all free
-      if (pools_.empty()) continue;
-      load.stats = pools_[d.index]->Stats();
-      load.largest = pools_[d.index]->largest_carvable();
-      if (include_slabs) load.slabs = pools_[d.index]->Slabs();
-    }
-    AddSessionStatsLocked(&out);
-  }
+  absl::ReaderMutexLock gate(&gate_);
+  // tenant -> device -> figures; session -> retained bytes.
+  absl::flat_hash_map<uint32_t, std::vector<TenantPoolStats>> tenants;
+  absl::flat_hash_map<uint64_t, uint64_t> session_retained;
   for (const DeviceInfo& d : devices) {
-    const DeviceLoad& load = loads[d.index];
+    PoolStats stats;
+    stats.total_bytes = d.total_bytes;
+    stats.largest_carvable = d.total_bytes;  // after Shutdown: all free
+    std::vector<SlabStats> slabs;
+    if (!shut_down_) {
+      const SlabPool& pool = *pools_[d.index];
+      stats = pool.Stats();
+      if (include_slabs) slabs = pool.Slabs();
+      for (const auto& [tenant, t] : pool.TenantStats()) {
+        if (!admin && tenant != own_tenant) continue;
+        auto& row = tenants[tenant];
+        row.resize(devices.size());
+        row[d.index] = t;
+      }
+      for (const auto& [session, bytes] : pool.SessionRetained()) {
+        session_retained[session] += bytes;
+      }
+    }
     v1::DeviceStats* ds = out.add_devices();
     ds->set_index(d.index);
     ds->set_uuid(d.uuid);
@@ -357,15 +414,18 @@ v1::GetStatsResponse MemoryBroker::Stats(bool include_slabs) const {
     ds->set_pci_bus_id(d.pci_bus_id);
     ds->set_numa_node(d.numa_node);
     ds->set_total_bytes(d.total_bytes);
-    ds->set_pooled_bytes(load.stats.pooled_bytes);
-    ds->set_used_bytes(load.stats.used_bytes);
-    ds->set_free_bytes(d.total_bytes - load.stats.used_bytes);
-    ds->set_largest_free_block_bytes(load.largest);
-    ds->set_fragmentation(load.stats.fragmentation);
-    ds->set_slab_count(load.stats.slab_count);
-    ds->set_allocation_count(load.stats.live_blocks);
+    ds->set_pooled_bytes(stats.pooled_bytes);
+    ds->set_used_bytes(stats.used_bytes);
+    ds->set_retained_bytes(stats.retained_bytes);
+    const uint64_t held = stats.used_bytes + stats.retained_bytes;
+    ds->set_free_bytes(held >= d.total_bytes ? 0 : d.total_bytes - held);
+    ds->set_largest_free_block_bytes(stats.largest_carvable);
+    ds->set_fragmentation(stats.fragmentation);
+    ds->set_slab_count(stats.slab_count);
+    ds->set_allocation_count(stats.live_blocks);
     for (v1::PeerLink link : peer_rows_[d.index]) ds->add_peers(link);
-    for (const SlabStats& slab : load.slabs) {
+    for (const SlabStats& slab : slabs) {
+      // Slab figures are device figures, but whose slab it is is not.
       v1::SlabStats* out_slab = ds->add_slabs();
       out_slab->set_slab_id(slab.slab_id);
       out_slab->set_size_bytes(slab.size);
@@ -376,28 +436,53 @@ v1::GetStatsResponse MemoryBroker::Stats(bool include_slabs) const {
       out_slab->set_live_blocks(slab.live_blocks);
       out_slab->set_dedicated(slab.dedicated);
       out_slab->set_reserved(slab.reserved);
-      out_slab->set_tenant(slab.tenant);
+      out_slab->set_retained(slab.retained);
+      if (admin || slab.tenant == own_tenant) {
+        out_slab->set_tenant(slab.tenant);
+        out_slab->set_holders(slab.holders);
+      }
     }
   }
-  return out;
-}
-
-void MemoryBroker::AddSessionStatsLocked(v1::GetStatsResponse* out) const {
+  for (const auto& [tenant, rows] : tenants) {
+    v1::TenantStats* ts = out.add_tenants();
+    ts->set_tenant(tenant);
+    uint64_t used = 0, retained = 0, blocks = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const TenantPoolStats& t = rows[i];
+      if (t.used_bytes == 0 && t.retained_bytes == 0 && t.slab_count == 0) continue;
+      v1::TenantDeviceStats* td = ts->add_devices();
+      td->set_device_index(static_cast<uint32_t>(i));
+      td->set_used_bytes(t.used_bytes);
+      td->set_retained_bytes(t.retained_bytes);
+      td->set_slab_count(t.slab_count);
+      used += t.used_bytes;
+      retained += t.retained_bytes;
+      blocks += t.live_blocks;
+    }
+    ts->set_used_bytes(used);
+    ts->set_retained_bytes(retained);
+    ts->set_allocation_count(blocks);
+  }
+  std::sort(out.mutable_tenants()->begin(), out.mutable_tenants()->end(),
+            [](const v1::TenantStats& a, const v1::TenantStats& b) {
+              return a.tenant() < b.tenant();
+            });
+  if (shut_down_) return out;
+  absl::MutexLock lock(&table_mu_);
   for (const SessionInfo& info : sessions_->List()) {
-    v1::SessionStats* ss = out->add_sessions();
+    if (!admin && info.cred.uid != caller.uid) continue;
+    v1::SessionStats* ss = out.add_sessions();
     ss->set_session_id(info.id);
     ss->set_pid(info.cred.pid);
     ss->set_uid(info.cred.uid);
     ss->set_gid(info.cred.gid);
-    uint64_t count = 0, bytes = 0;
     auto s = by_session_.find(info.id);
-    if (s != by_session_.end()) {
-      count = s->second.size();
-      for (uint64_t id : s->second) bytes += allocations_.at(id).block.size;
-    }
-    ss->set_allocation_count(count);
-    ss->set_used_bytes(bytes);
+    ss->set_allocation_count(s == by_session_.end() ? 0 : s->second.ids.size());
+    ss->set_used_bytes(s == by_session_.end() ? 0 : s->second.bytes);
+    auto r = session_retained.find(info.id);
+    ss->set_retained_bytes(r == session_retained.end() ? 0 : r->second);
   }
+  return out;
 }
 
 }  // namespace gpumem

@@ -10,26 +10,37 @@
 //  - Every allocation belongs to exactly one session (the caller's process)
 //    and is returned to its pool when that session ends, by Free, or at
 //    Shutdown; its bytes are counted in exactly one pool meanwhile.
-//  - Each uid is a tenant of its own (configured tenants come with the
-//    ledger): a slab holds blocks of one uid at a time, is scrubbed before it
-//    passes to another, and its handle is only given to a caller whose uid
-//    holds a live block in it.
+//  - Slabs belong to one tenant for life (each uid is a tenant of its own
+//    until tenants are configured): a slab's handle is only given to
+//    sessions of its tenant, and the sessions given it are recorded, so a
+//    slab released while one of them lives stays counted as retained (see
+//    server/pool/slab_pool.h) until they end or close it.
 //  - An Allocate that fails leaves the pools as they were: blocks carved for
-//    it are released and slabs created for it go back to the device.
+//    it are released and slabs created for it go back to the device. A
+//    backend failure reaches the caller with the backend's code, naming the
+//    device and the operation; it is never reported as a refusal.
 //  - Free is allowed to the owning session, any process of the same uid, and
 //    root; otherwise PERMISSION_DENIED.
-//  - After Shutdown every call is FAILED_PRECONDITION and no slab is held.
+//  - Stats shows device figures to everyone, and sessions and tenants only
+//    of the caller's own uid unless the caller is an administrator (root, or
+//    a member of BrokerOptions::admin_group).
 //  - After BeginDrain (SIGTERM) Allocate is UNAVAILABLE "gpumemd is
 //    stopping"; Free, GetStats, GetSession and slab handles still work, so
 //    sessions can finish and let go.
+//  - Shutdown waits for calls in flight, releases every allocation and slab
+//    (retained ones too), and from then on every call answers
+//    FAILED_PRECONDITION "gpumemd is shutting down".
 //
-// Thread-safety: all methods may be called from any thread; one mutex
-// serializes pool changes (the allocator work under it is O(1) per slab).
+// Thread-safety: every method may be called from any thread. Locks are
+// held for in-memory bookkeeping only: each device's pool has its own lock
+// (so allocations on different devices do not wait for each other) and
+// backend work runs outside it; the allocation table has one short lock.
 #ifndef GPUMEMD_SERVER_SERVICE_MEMORY_BROKER_H_
 #define GPUMEMD_SERVER_SERVICE_MEMORY_BROKER_H_
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -52,6 +63,9 @@ struct BrokerOptions {
   uint64_t default_alignment = 256;
   // How often idle slabs are looked for.
   absl::Duration maintenance_interval = absl::Seconds(1);
+  // Members of this group (besides root) see every session and tenant in
+  // Stats. Empty: root only. Resolved at Start; an unknown group fails it.
+  std::string admin_group;
 };
 
 class MemoryBroker {
@@ -62,7 +76,8 @@ class MemoryBroker {
   MemoryBroker(const MemoryBroker&) = delete;
   MemoryBroker& operator=(const MemoryBroker&) = delete;
 
-  // Makes pool reservations and starts the maintenance thread.
+  // Resolves the admin group, makes pool reservations and starts the
+  // maintenance thread.
   absl::Status Start();
   // Releases every allocation and slab; later calls fail. Idempotent.
   void Shutdown();
@@ -72,19 +87,31 @@ class MemoryBroker {
   // Waits until no allocation is live or `timeout` passes; true if none is.
   bool WaitUntilNoAllocations(absl::Duration timeout);
   size_t live_allocations() const;
-  // Config reload: how long an empty slab is kept before it goes back.
+
+  // Config reload. How long an empty slab is kept before it goes back:
   void SetEmptySlabRelease(absl::Duration after);
+  // The admin group ("" for root only). INVALID_ARGUMENT if the group does
+  // not exist; the group in force stays then.
+  absl::Status SetAdminGroup(const std::string& group);
 
   absl::StatusOr<v1::AllocateResponse> Allocate(const PeerCred& caller,
                                                 const v1::AllocateRequest& request);
   absl::StatusOr<v1::FreeResponse> Free(const PeerCred& caller,
                                         const v1::FreeRequest& request);
-  v1::GetStatsResponse Stats(bool include_slabs = false) const;
+  // What `caller` may see (see the class comment).
+  v1::GetStatsResponse Stats(const PeerCred& caller, bool include_slabs = false) const;
   absl::StatusOr<v1::Session> GetSession(const PeerCred& caller);
-  // A new fd for a slab's handle, for the slab-handle channel.
+  // A new fd for a slab's handle, for the slab-handle channel; the caller's
+  // session is recorded as holding the slab.
   absl::StatusOr<SlabFd> ExportSlab(const PeerCred& caller, uint64_t slab_id);
+  // The caller's process closed (unmapped) a slab it was given.
+  absl::Status CloseSlab(const PeerCred& caller, uint64_t slab_id);
 
+  // Root, or a member of the admin group.
+  bool IsAdmin(const PeerCred& caller) const;
   const Backend& backend() const { return *backend_; }
+  // The tenant a caller's allocations are charged to.
+  static uint32_t TenantOf(const PeerCred& caller) { return caller.uid; }
 
  private:
   struct Record {
@@ -93,40 +120,44 @@ class MemoryBroker {
     uint32_t device = 0;
     PoolBlock block;
   };
+  struct SessionUse {
+    absl::flat_hash_set<uint64_t> ids;
+    uint64_t bytes = 0;
+  };
   class PoolCarver;
 
   static absl::Status ShuttingDown();
-  bool IsShutDown() const;
   void OnSessionEnd(uint64_t session_id);
-  void ReleaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  placement::DeviceSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddSessionStatsLocked(v1::GetStatsResponse* out) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a record under table_mu_; the caller releases its block after.
+  Record TakeRecordLocked(absl::flat_hash_map<uint64_t, Record>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_);
+  placement::DeviceSnapshot Snapshot() const;
   void Maintain();
 
   Backend* backend_;
   BrokerOptions options_;
-  // Fixed at construction (devices never change), read without mu_:
+  // The admin group's gid, -1 for none: set by Start and SetAdminGroup,
+  // read without locks by IsAdmin.
+  std::atomic<int64_t> admin_gid_{-1};
+  // Set by BeginDrain; read without locks at the top of Allocate.
+  std::atomic<bool> draining_{false};
+  // Fixed at construction (devices never change), read without locks:
   uint64_t largest_device_bytes_ = 0;
   std::vector<placement::DeviceView> device_views_;  // index, UUID, total
   placement::PlacerOptions placer_options_;
   std::vector<std::vector<v1::PeerLink>> peer_rows_;  // [from][to], GetStats
-  mutable absl::Mutex mu_;
-  // Set once, under mu_ (Shutdown); read without the lock by the checks at
-  // the top of Allocate/GetSession, and under it everywhere else.
-  std::atomic<bool> shut_down_{false};
-  // Set by BeginDrain; read without the lock at the top of Allocate and
-  // again under it.
-  std::atomic<bool> draining_{false};
-  std::vector<std::unique_ptr<SlabPool>> pools_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<uint64_t, Record> allocations_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> by_session_
-      ABSL_GUARDED_BY(mu_);
-  // slab id -> uid -> live blocks of that uid in the slab.
-  absl::flat_hash_map<uint64_t, absl::flat_hash_map<uid_t, uint64_t>> slab_users_
-      ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, uint32_t> slab_device_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<SlabPool>> pools_;      // one per device, own locks
+
+  // Every call holds this shared for its duration; Shutdown takes it
+  // exclusively, so it waits for calls in flight and none starts after.
+  mutable absl::Mutex gate_;
+  bool shut_down_ ABSL_GUARDED_BY(gate_) = false;
+
+  std::atomic<uint64_t> next_id_{1};
+  mutable absl::Mutex table_mu_ ABSL_ACQUIRED_AFTER(gate_);
+  absl::flat_hash_map<uint64_t, Record> allocations_ ABSL_GUARDED_BY(table_mu_);
+  absl::flat_hash_map<uint64_t, SessionUse> by_session_ ABSL_GUARDED_BY(table_mu_);
+
   std::unique_ptr<SessionRegistry> sessions_;
   absl::Mutex stop_mu_;
   bool stopping_ ABSL_GUARDED_BY(stop_mu_) = false;

@@ -4,12 +4,14 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <cstddef>
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 
@@ -22,8 +24,6 @@
 
 namespace gpumem {
 namespace {
-
-constexpr int kPeekTimeoutMs = 5000;
 
 absl::Status Errno(absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
@@ -136,133 +136,232 @@ absl::Status SocketListener::Adopt(int fd) {
   return absl::OkStatus();
 }
 
-void SocketListener::Start(grpc::Server* server) {
+absl::Status SocketListener::Start(grpc::Server* server) {
   server_ = server;
-  if (pipe2(wake_, O_CLOEXEC) != 0) wake_[0] = wake_[1] = -1;
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  int flags = fcntl(listen_fd_, F_GETFL);
+  fcntl(listen_fd_, F_SETFL, flags | O_NONBLOCK);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (epoll_fd_ < 0 || wake_fd_ < 0) return Errno("epoll/eventfd");
+  struct epoll_event ev = {};
+  ev.events = EPOLLIN;
+  ev.data.fd = listen_fd_;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0) return Errno("epoll_ctl");
+  ev.data.fd = wake_fd_;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) return Errno("epoll_ctl");
+  loop_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
 }
 
-void SocketListener::AcceptLoop() {
+void SocketListener::Loop() {
+  struct epoll_event events[256];
   for (;;) {
-    // Stop() wakes this poll through the pipe rather than by shutting the
-    // listening socket down: an adopted socket is shared with systemd, which
-    // keeps listening on it after the daemon exits.
-    struct pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    if (poll(p, wake_[0] >= 0 ? 2 : 1, -1) < 0) {
+    int timeout_ms = -1;
+    if (!pending_.empty()) {
+      const absl::Duration left = pending_.front().deadline - absl::Now();
+      timeout_ms = static_cast<int>(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(left) + 1));
+    }
+    int n = epoll_wait(epoll_fd_, events, 256, timeout_ms);
+    if (n < 0) {
       if (errno == EINTR) continue;
+      std::cerr << "gpumemd: epoll_wait: " << strerror(errno) << "\n";
       return;
     }
-    if (p[1].revents != 0) return;  // Stop()
-    if ((p[0].revents & POLLIN) == 0) return;  // the socket failed
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == wake_fd_) return;  // Stop()
+      if (fd == listen_fd_) {
+        AcceptAll();
+      } else {
+        OnReadable(fd);
+      }
+    }
+    ExpirePending();
+  }
+}
+
+void SocketListener::AcceptAll() {
+  for (;;) {
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE) {
+        // Out of fds: the oldest silent connection makes room.
         std::cerr << "gpumemd: accept: " << strerror(errno) << "\n";
-        usleep(100 * 1000);
-        continue;
+        if (!pending_.empty()) {
+          const Pending p = pending_.front();
+          pending_.pop_front();
+          auto it = conns_.find(p.fd);
+          if (it != conns_.end() && !it->second.channel &&
+              it->second.generation == p.generation) {
+            CloseConn(p.fd);
+          }
+          continue;
+        }
       }
-      return;  // the socket was shut down by Stop()
+      return;  // EAGAIN: all accepted (or nothing to make room with)
     }
-    absl::MutexLock lock(&mu_);
-    if (stopping_) {
+    absl::StatusOr<PeerCred> cred = ReadPeerCred(fd);
+    if (!cred.ok()) {
       close(fd);
-      return;
+      continue;
     }
-    ++active_;
-    std::thread([this, fd] {
-      Dispatch(fd);
-      absl::MutexLock lock(&mu_);
-      --active_;
-    }).detach();
+    // Edge-triggered: a pending connection is peeked at, not read, so
+    // level-triggered readiness would report the same bytes forever.
+    struct epoll_event ev = {};
+    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      close(fd);
+      continue;
+    }
+    Conn& c = conns_[fd];
+    c = Conn();
+    c.cred = *cred;
+    c.generation = next_generation_++;
+    pending_.push_back({absl::Now() + kFirstBytesTimeout, fd, c.generation});
   }
 }
 
-void SocketListener::Dispatch(int fd) {
-  absl::StatusOr<PeerCred> cred = ReadPeerCred(fd);
-  struct pollfd p = {fd, POLLIN, 0};
-  char head[4] = {0, 0, 0, 0};
-  ssize_t n = -1;
-  if (cred.ok() && poll(&p, 1, kPeekTimeoutMs) > 0) {
-    n = recv(fd, head, sizeof(head), MSG_PEEK | MSG_WAITALL);
+void SocketListener::ExpirePending() {
+  const absl::Time now = absl::Now();
+  while (!pending_.empty() && pending_.front().deadline <= now) {
+    const Pending p = pending_.front();
+    pending_.pop_front();
+    auto it = conns_.find(p.fd);
+    if (it != conns_.end() && !it->second.channel &&
+        it->second.generation == p.generation) {
+      CloseConn(p.fd);  // said nothing in time
+    }
+  }
+}
+
+void SocketListener::CloseConn(int fd) {
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  conns_.erase(fd);
+  close(fd);
+}
+
+void SocketListener::OnReadable(int fd) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  Conn& conn = it->second;
+  if (conn.channel) {
+    ServeRequests(fd, conn);
+    return;
+  }
+  char head[4];
+  ssize_t n = recv(fd, head, sizeof(head), MSG_PEEK);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (n > 0 && n < 4) {
+    // A partial preface: wait for more bytes (edge-triggered, so the
+    // unconsumed peek does not wake us again; the deadline still applies).
+    if (memcmp(head, "PRI ", n) != 0 && memcmp(head, kFdChannelMagic, n) != 0) {
+      CloseConn(fd);
+    }
+    return;
   }
   if (n == 4 && memcmp(head, "PRI ", 4) == 0) {
-    peers_->Set(fd, *cred);
-    int flags = fcntl(fd, F_GETFL);
-    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    const PeerCred cred = conn.cred;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    conns_.erase(it);
+    peers_->Set(fd, cred);
     grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns fd now
     return;
   }
   if (n == 4 && memcmp(head, kFdChannelMagic, 4) == 0) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) {
-        close(fd);
-        return;
-      }
-      channel_fds_.insert(fd);
-    }
-    ServeChannel(fd, *cred);
-    absl::MutexLock lock(&mu_);
-    channel_fds_.erase(fd);
-    close(fd);
+    conn.channel = true;  // no deadline from now on: it is a lifeline
+    ServeRequests(fd, conn);
     return;
   }
-  close(fd);
+  CloseConn(fd);  // EOF, error, or not one of our protocols
 }
 
-void SocketListener::ServeChannel(int fd, const PeerCred& cred) {
+void SocketListener::ServeRequests(int fd, Conn& conn) {
+  char buf[4096];
   for (;;) {
-    SlabRequest req;
-    if (!ReadAll(fd, &req, sizeof(req)).ok()) return;
-    if (memcmp(req.magic, kFdChannelMagic, 4) != 0 ||
-        req.version != kFdChannelVersion) {
-      return;  // not our protocol: drop the connection
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    if (n <= 0) {
+      CloseConn(fd);
+      return;
     }
-    absl::StatusOr<SlabFd> slab = broker_->ExportSlab(cred, req.slab_id);
-    SlabResponse resp = {};
-    if (slab.ok()) {
-      resp.slab_size = slab->size;
-      absl::Status s = SendWithFd(fd, &resp, sizeof(resp), slab->fd);
-      close(slab->fd);
-      if (!s.ok()) return;
-      continue;
+    conn.in.append(buf, static_cast<size_t>(n));
+    size_t used = 0;
+    while (conn.in.size() - used >= sizeof(SlabRequest)) {
+      SlabRequest req;
+      memcpy(&req, conn.in.data() + used, sizeof(req));
+      used += sizeof(req);
+      if (!Answer(fd, conn, req)) {
+        CloseConn(fd);
+        return;
+      }
     }
-    std::string msg(slab.status().message().substr(0, kFdChannelMaxMessage));
-    resp.code = static_cast<uint32_t>(slab.status().code());
-    resp.message_len = static_cast<uint32_t>(msg.size());
-    std::string out(reinterpret_cast<const char*>(&resp), sizeof(resp));
-    out += msg;
-    if (!WriteAll(fd, out.data(), out.size()).ok()) return;
+    conn.in.erase(0, used);
   }
+}
+
+bool SocketListener::Answer(int fd, const Conn& conn, const SlabRequest& req) {
+  if (memcmp(req.magic, kFdChannelMagic, 4) != 0 || req.version != kFdChannelVersion) {
+    return false;  // not our protocol (or another version of it)
+  }
+  SlabResponse resp = {};
+  absl::Status status;
+  int fd_out = -1;
+  switch (static_cast<SlabOp>(req.op)) {
+    case SlabOp::kOpenSlab: {
+      absl::StatusOr<SlabFd> slab = broker_->ExportSlab(conn.cred, req.slab_id);
+      if (slab.ok()) {
+        resp.slab_size = slab->size;
+        fd_out = slab->fd;
+      }
+      status = slab.status();
+      break;
+    }
+    case SlabOp::kCloseSlab:
+      status = broker_->CloseSlab(conn.cred, req.slab_id);
+      break;
+    default:
+      return false;
+  }
+  std::string out;
+  if (!status.ok()) {
+    std::string msg(status.message().substr(0, kFdChannelMaxMessage));
+    resp.code = static_cast<uint32_t>(status.code());
+    resp.message_len = static_cast<uint32_t>(msg.size());
+    out.assign(reinterpret_cast<const char*>(&resp), sizeof(resp));
+    out += msg;
+  } else {
+    out.assign(reinterpret_cast<const char*>(&resp), sizeof(resp));
+  }
+  // Non-blocking: a peer that stopped reading its answers loses the
+  // connection rather than stalling the loop (SendWithFd reports EAGAIN).
+  absl::Status sent = SendWithFd(fd, out.data(), out.size(), fd_out);
+  if (fd_out >= 0) close(fd_out);
+  return sent.ok();
 }
 
 void SocketListener::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return;
-    stopping_ = true;
-    for (int fd : channel_fds_) shutdown(fd, SHUT_RDWR);
+  if (stopped_) return;
+  stopped_ = true;
+  if (loop_.joinable()) {
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+    loop_.join();
   }
+  for (auto& [fd, conn] : conns_) close(fd);
+  conns_.clear();
+  pending_.clear();
   if (listen_fd_ >= 0) {
-    if (wake_[1] >= 0) {
-      char byte = 1;
-      (void)!write(wake_[1], &byte, 1);
-    } else {
-      shutdown(listen_fd_, SHUT_RDWR);  // no pipe (pipe2 failed): wake accept()
-    }
-    if (accept_thread_.joinable()) accept_thread_.join();
-    for (int& w : wake_) {
-      if (w >= 0) close(w);
-      w = -1;
-    }
     close(listen_fd_);
     listen_fd_ = -1;
-    if (owns_path_) unlink(path_.c_str());
+    if (owns_path_) unlink(path_.c_str());  // an adopted socket stays systemd's
   }
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](int* active) { return *active == 0; }, &active_));
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+  epoll_fd_ = wake_fd_ = -1;
 }
 
 }  // namespace gpumem

@@ -1,31 +1,44 @@
-// SocketListener: the daemon's one Unix socket, serving two protocols.
+// SocketListener: the daemon's one Unix socket, serving two protocols from
+// one thread.
 //
 // The daemon binds and accepts on its socket itself (gRPC's own listener
-// would hide who connected). For each accepted connection it reads the
-// caller's pid/uid/gid with SO_PEERCRED and peeks at the first bytes:
-//  - "PRI " (the HTTP/2 preface): a gRPC client. The credentials go into
-//    the PeerTable under the fd number and the fd is handed to the gRPC
-//    server (grpc::AddInsecureChannelFromFd), which owns it from then on.
-//  - kFdChannelMagic: the slab-handle channel (common/fd_channel.h). A
-//    thread serves the connection's SlabRequests until it closes.
-//  - anything else, or nothing within 5 s: closed.
+// would hide who connected). One thread runs an epoll loop over the
+// listening socket and every connection that is not gRPC's:
+//  - A new connection's pid/uid/gid is read with SO_PEERCRED at accept, and
+//    the loop waits (in epoll, costing no thread) for its first four bytes:
+//    "PRI " (the HTTP/2 preface) makes it a gRPC connection: the
+//    credentials go into the PeerTable under the fd number and the fd is
+//    handed to the gRPC server (grpc::AddInsecureChannelFromFd), which owns
+//    it from then on. kFdChannelMagic makes it a slab-handle channel
+//    (common/fd_channel.h), served by this loop for as long as it is open.
+//    Anything else is closed, and so is a connection that has not said its
+//    first four bytes within kFirstBytesTimeout.
+//  - Slab channel requests are answered in the loop: open (an fd over
+//    SCM_RIGHTS, recorded as held by the caller's session) and close. A
+//    channel whose peer does not read its answers (the socket buffer is
+//    full) or sends a malformed request is closed.
+// So the thread count does not grow with clients: 2,000 idle connections
+// cost 2,000 fds and no thread.
 //
 // The socket file is created mode 0666 (anyone may connect; what they may
 // do is decided per caller from kernel credentials), a stale socket file is
 // replaced, and a live one (another daemon answering) is an error. The file
 // appears only once the socket is listening (it is bound under a temporary
 // name and renamed), so its existence means a connect will succeed. Stop()
-// closes the socket, removes the file and waits for channel threads.
-// Adopt() takes a socket that someone else (systemd) bound instead.
+// closes the socket, removes the file and ends the loop, closing channels.
+// Adopt() takes a socket that someone else (systemd) bound instead; its
+// file is left alone at Stop().
 #ifndef GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 #define GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 
+#include <cstdint>
+#include <deque>
 #include <string>
 #include <thread>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/service/memory_broker.h"
 #include "server/session/peer_credentials.h"
 
@@ -37,6 +50,9 @@ namespace gpumem {
 
 class SocketListener {
  public:
+  // How long a new connection may stay silent before it is closed.
+  static constexpr absl::Duration kFirstBytesTimeout = absl::Seconds(5);
+
   SocketListener(std::string path, MemoryBroker* broker, PeerTable* peers);
   ~SocketListener();
 
@@ -47,16 +63,28 @@ class SocketListener {
   // fd from now on; Stop() closes it but leaves the socket file, which
   // belongs to whoever bound it. path() becomes the socket's bound path.
   absl::Status Adopt(int fd);
-  // Starts accepting; gRPC connections go to `server`.
-  void Start(grpc::Server* server);
+  // Starts the loop; gRPC connections go to `server`.
+  absl::Status Start(grpc::Server* server);
   void Stop();
 
   const std::string& path() const { return path_; }
 
  private:
-  void AcceptLoop();
-  void Dispatch(int fd);
-  void ServeChannel(int fd, const PeerCred& cred);
+  struct Conn {
+    PeerCred cred;
+    bool channel = false;       // past the first bytes: a slab channel
+    uint64_t generation = 0;    // tells a reused fd number from the old one
+    std::string in;             // bytes of a partly read request
+  };
+
+  void Loop();
+  void AcceptAll();
+  void OnReadable(int fd);
+  void ServeRequests(int fd, Conn& conn);
+  // Answers one request; false when the connection must be closed.
+  bool Answer(int fd, const Conn& conn, const SlabRequest& req);
+  void CloseConn(int fd);
+  void ExpirePending();
 
   std::string path_;
   MemoryBroker* broker_;
@@ -64,12 +92,20 @@ class SocketListener {
   grpc::Server* server_ = nullptr;
   int listen_fd_ = -1;
   bool owns_path_ = true;  // false for an adopted socket
-  int wake_[2] = {-1, -1};  // Stop() writes here to end AcceptLoop
-  std::thread accept_thread_;
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int active_ ABSL_GUARDED_BY(mu_) = 0;  // dispatch/channel threads running
-  absl::flat_hash_set<int> channel_fds_ ABSL_GUARDED_BY(mu_);
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::thread loop_;
+  bool stopped_ = false;
+  // Loop thread only:
+  absl::flat_hash_map<int, Conn> conns_;
+  // New connections in accept order: (deadline, fd, generation).
+  struct Pending {
+    absl::Time deadline;
+    int fd;
+    uint64_t generation;
+  };
+  std::deque<Pending> pending_;
+  uint64_t next_generation_ = 1;
 };
 
 }  // namespace gpumem

@@ -57,7 +57,11 @@ absl::StatusOr<SessionInfo> SessionRegistry::Attach(const PeerCred& cred) {
         "its memory could not be reclaimed when it exits; run the client in "
         "the daemon's pid namespace (or a parent of it)");
   }
+  // The whole lookup-or-create runs under one lock, so concurrent first
+  // calls of one process (32 threads at once) make exactly one session.
+  // pidfd_open and epoll_ctl are quick, non-blocking system calls.
   uint64_t stale = 0;
+  absl::StatusOr<SessionInfo> out;
   {
     absl::MutexLock lock(&mu_);
     auto it = by_pid_.find(cred.pid);
@@ -66,17 +70,24 @@ absl::StatusOr<SessionInfo> SessionRegistry::Attach(const PeerCred& cred) {
       // The same process, even if it changed uid since: its session (and
       // memory) stays; each allocation records the uid that made it.
       if (!Exited(e.pidfd)) return e.info;
-      stale = it->second;  // the pid now belongs to another process
+      // The pid now belongs to another process: the old session ends
+      // (below, outside the lock) and the new process gets a new one.
+      stale = it->second;
+      by_pid_.erase(it);
     }
+    out = CreateLocked(cred);
   }
   if (stale != 0) End(stale);
+  return out;
+}
+
+absl::StatusOr<SessionInfo> SessionRegistry::CreateLocked(const PeerCred& cred) {
   int pidfd = PidfdOpen(cred.pid);
   if (pidfd < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot watch caller pid ", cred.pid, ": ", strerror(errno),
         " (has the process already exited?)"));
   }
-  absl::MutexLock lock(&mu_);
   Entry e;
   e.info.id = next_id_++;
   e.info.cred = cred;

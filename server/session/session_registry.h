@@ -11,7 +11,9 @@
 // for a session either sees the session ended or is cleaned up by on_end.
 //
 // A pid that is reused by a new process is detected at Attach (the old
-// pidfd is already readable) and gets a new session.
+// pidfd is already readable) and gets a new session. Attach is atomic:
+// however many threads of one process call it at once, the process gets
+// exactly one session.
 #ifndef GPUMEMD_SERVER_SESSION_SESSION_REGISTRY_H_
 #define GPUMEMD_SERVER_SESSION_SESSION_REGISTRY_H_
 
@@ -54,6 +56,8 @@ class SessionRegistry {
     SessionInfo info;
     int pidfd = -1;
   };
+  absl::StatusOr<SessionInfo> CreateLocked(const PeerCred& cred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Watch();
   void End(uint64_t session_id);  // removes and calls on_end
 

@@ -11,16 +11,31 @@
 //       "read ok" if the byte at O is B, else "read mismatch", or
 //       "error CODE" if the daemon refused.
 //   --free=ID   prints "status CODE" of Free(ID).
+//   --keep --size=BYTES [--devices=D]
+//       allocates one block with the raw RPC, maps its slab itself, fills
+//       the block with 0xAA, frees it but keeps the mapping (as a hostile
+//       or careless process may), prints "kept SLAB SLAB_SIZE"; then on each
+//       SIGUSR1 scans the whole mapping and prints "clean" if every byte is
+//       0xAA (its old block) or 0 (never written), else "foreign".
+//   --session_race=N
+//       N threads call GetSession at once; prints "sessions K" (distinct ids).
+//   --stats     prints "sessions N uids U1,U2,... tenants T1,T2,..." as
+//               GetStats shows them to this process.
 // Every line is flushed at once so the parent can follow along.
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
+#include <set>
+#include <thread>
 #include <cstring>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "common/fd_channel.h"
@@ -34,9 +49,93 @@ ABSL_FLAG(uint64_t, read_slab, 0, "slab to map and read");
 ABSL_FLAG(uint64_t, offset, 0, "offset to read");
 ABSL_FLAG(int, expect, 0, "expected byte");
 ABSL_FLAG(uint64_t, free, 0, "allocation to free");
+ABSL_FLAG(bool, keep, false, "free a block but keep its slab mapped");
+ABSL_FLAG(int, session_race, 0, "threads calling GetSession at once");
+ABSL_FLAG(bool, stats, false, "print what GetStats shows this caller");
 
 namespace gpumem {
 namespace {
+
+volatile sig_atomic_t check_requested = 0;
+
+int Keep(Client& client, const std::string& socket) {
+  v1::AllocateRequest req;
+  req.set_size_bytes(absl::GetFlag(FLAGS_size));
+  if (!absl::GetFlag(FLAGS_devices).empty()) {
+    req.mutable_placement()->add_devices(absl::GetFlag(FLAGS_devices));
+  }
+  absl::StatusOr<v1::AllocateResponse> r = client.AllocateRaw(req);
+  if (!r.ok()) {
+    printf("error %d\n", static_cast<int>(r.status().code()));
+    return 1;
+  }
+  const v1::Allocation& a = r->allocations(0);
+  absl::StatusOr<int> ch = ConnectFdChannel(socket);
+  if (!ch.ok()) return 1;
+  absl::StatusOr<SlabFd> slab = RequestSlabFd(*ch, a.slab_id());
+  if (!slab.ok()) {
+    printf("error %d\n", static_cast<int>(slab.status().code()));
+    return 1;
+  }
+  auto* base = static_cast<unsigned char*>(
+      mmap(nullptr, slab->size, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0));
+  if (base == MAP_FAILED) return 1;
+  memset(base + a.offset(), 0xAA, a.size_bytes());
+  if (!client.Free(a.id()).ok()) return 1;
+  signal(SIGUSR1, [](int) { check_requested = 1; });
+  printf("kept %lu %lu\n", static_cast<unsigned long>(a.slab_id()),
+         static_cast<unsigned long>(slab->size));
+  fflush(stdout);
+  for (;;) {
+    pause();
+    if (!check_requested) continue;
+    check_requested = 0;
+    bool clean = true;
+    for (uint64_t i = 0; i < slab->size; ++i) {
+      if (base[i] != 0 && base[i] != 0xAA) {
+        clean = false;
+        break;
+      }
+    }
+    printf(clean ? "clean\n" : "foreign\n");
+    fflush(stdout);
+  }
+}
+
+int SessionRace(Client& client, int n) {
+  std::vector<std::thread> threads;
+  std::atomic<int> ready{0};
+  std::vector<uint64_t> ids(n, 0);
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      ready.fetch_add(1);
+      while (ready.load() < n) {
+      }
+      absl::StatusOr<v1::Session> s = client.GetSession();
+      ids[i] = s.ok() ? s->session_id() : 0;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::set<uint64_t> distinct(ids.begin(), ids.end());
+  printf("sessions %zu%s\n", distinct.size(), distinct.count(0) ? " with errors" : "");
+  return 0;
+}
+
+int Stats(Client& client) {
+  if (!client.GetSession().ok()) return 1;  // so it has a session to see
+  absl::StatusOr<v1::GetStatsResponse> s = client.GetStats(/*include_slabs=*/true);
+  if (!s.ok()) {
+    printf("error %d\n", static_cast<int>(s.status().code()));
+    return 1;
+  }
+  std::set<uint32_t> uids, tenants;
+  for (const v1::SessionStats& ss : s->sessions()) uids.insert(ss.uid());
+  for (const v1::TenantStats& t : s->tenants()) tenants.insert(t.tenant());
+  printf("sessions %d uids %s tenants %s devices %d\n", s->sessions_size(),
+         absl::StrJoin(uids, ",").c_str(), absl::StrJoin(tenants, ",").c_str(),
+         s->devices_size());
+  return 0;
+}
 
 int Main() {
   const std::string socket = absl::GetFlag(FLAGS_socket);
@@ -65,6 +164,11 @@ int Main() {
     printf("error %d\n", static_cast<int>(client.status().code()));
     return 1;
   }
+  if (absl::GetFlag(FLAGS_keep)) return Keep(**client, socket);
+  if (absl::GetFlag(FLAGS_session_race) > 0) {
+    return SessionRace(**client, absl::GetFlag(FLAGS_session_race));
+  }
+  if (absl::GetFlag(FLAGS_stats)) return Stats(**client);
   if (absl::GetFlag(FLAGS_free) != 0) {
     absl::Status s = (*client)->Free(absl::GetFlag(FLAGS_free));
     printf("status %d\n", static_cast<int>(s.code()));

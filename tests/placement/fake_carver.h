@@ -111,6 +111,7 @@ class FakeCarver : public DeviceCarver {
     refusal->free_bytes = free;
     refusal->largest_free_bytes = d.largest_free();
     if (size > d.quota - d.charged) {
+      refusal->refused = true;
       refusal->reason = CarveRefusal::Reason::kQuota;
       refusal->detail =
           absl::StrFormat("quota leaves %d bytes", d.quota - d.charged);
@@ -137,6 +138,7 @@ class FakeCarver : public DeviceCarver {
     }
     if (!found) found = fits(start, d.total, &at);
     if (!found) {
+      refusal->refused = true;
       refusal->reason = free >= size ? CarveRefusal::Reason::kFragmentation
                                      : CarveRefusal::Reason::kCapacity;
       return absl::ResourceExhaustedError("does not fit");

@@ -368,7 +368,7 @@ class RequestFuzzTest : public ::testing::Test {
   }
 
   void CheckStats(int iter) {
-    v1::GetStatsResponse s = broker_->Stats();
+    v1::GetStatsResponse s = broker_->Stats(PeerCred{getpid(), 0, 0});
     std::map<uint32_t, uint64_t> used, count;
     for (const auto& [id, b] : live_) {
       used[b.device] += b.size;
@@ -378,9 +378,9 @@ class RequestFuzzTest : public ::testing::Test {
     for (const auto& d : s.devices()) {
       EXPECT_EQ(d.used_bytes(), used[d.index()]) << "iteration " << iter;
       EXPECT_EQ(d.allocation_count(), count[d.index()]) << "iteration " << iter;
-      EXPECT_LE(d.pooled_bytes(), d.total_bytes());
+      EXPECT_LE(d.pooled_bytes() + d.retained_bytes(), d.total_bytes());
       EXPECT_LE(d.used_bytes(), d.pooled_bytes());
-      EXPECT_EQ(d.free_bytes(), d.total_bytes() - d.used_bytes());
+      EXPECT_EQ(d.free_bytes(), d.total_bytes() - d.used_bytes() - d.retained_bytes());
       EXPECT_GE(d.fragmentation(), 0.0);
       EXPECT_LE(d.fragmentation(), 1.0);
       EXPECT_LE(backend_.SlabBytes(d.index()), d.total_bytes());
@@ -450,13 +450,17 @@ TEST_F(RequestFuzzTest, RandomRequestsKeepTheBrokerConsistent) {
         EXPECT_EQ(fstat(fd->fd, &st), 0);
         EXPECT_EQ(static_cast<uint64_t>(st.st_size), it->second.slab_size);
         close(fd->fd);
+        // Like the client library: closed, so the slab need not be retained.
+        EXPECT_TRUE(broker_->CloseSlab(self, it->second.slab_id).ok());
         absl::StatusOr<SlabFd> denied = broker_->ExportSlab(foreign, it->second.slab_id);
         EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
         if (denied.ok()) close(denied->fd);
       } else {
-        absl::StatusOr<SlabFd> fd = broker_->ExportSlab(self, fz.Next() % 100000);
+        const uint64_t slab = fz.Next() % 100000;
+        absl::StatusOr<SlabFd> fd = broker_->ExportSlab(self, slab);
         if (fd.ok()) {
           close(fd->fd);
+          EXPECT_TRUE(broker_->CloseSlab(self, slab).ok());
         } else {
           EXPECT_TRUE(Allowed(fd.status().code())) << fd.status();
         }
@@ -469,7 +473,7 @@ TEST_F(RequestFuzzTest, RandomRequestsKeepTheBrokerConsistent) {
 
   // Free everything; nothing may stay used.
   while (!live_.empty()) CheckFree(live_.begin()->first, self, false);
-  v1::GetStatsResponse s = broker_->Stats();
+  v1::GetStatsResponse s = broker_->Stats(PeerCred{getpid(), 0, 0});
   for (const auto& d : s.devices()) {
     EXPECT_EQ(d.used_bytes(), 0u) << "device " << d.index();
     EXPECT_EQ(d.allocation_count(), 0u) << "device " << d.index();

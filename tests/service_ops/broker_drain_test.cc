@@ -54,8 +54,8 @@ TEST_F(BrokerDrainTest, DrainingRefusesAllocateOnlyAndWaitsForTheLastFree) {
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(refused.status().message().find("gpumemd is stopping"), std::string::npos);
   EXPECT_TRUE(broker_->GetSession(me_).ok());
-  EXPECT_EQ(broker_->Stats().devices(0).allocation_count() +
-                broker_->Stats().devices(1).allocation_count(), 1u);
+  EXPECT_EQ(broker_->Stats(me_).devices(0).allocation_count() +
+                broker_->Stats(me_).devices(1).allocation_count(), 1u);
 
   // The last Free, from another thread, ends a wait that is already on.
   const uint64_t id = a->allocations(0).id();
@@ -81,14 +81,14 @@ TEST_F(BrokerDrainTest, ReloadedEmptySlabReleaseReachesThePools) {
   ASSERT_TRUE(broker_->Free(me_, f).ok());
   const uint32_t device = a->allocations(0).device_index();
   absl::SleepFor(absl::Milliseconds(200));  // 10 maintenance passes
-  EXPECT_EQ(broker_->Stats().devices(device).slab_count(), 1u);
+  EXPECT_EQ(broker_->Stats(me_).devices(device).slab_count(), 1u);
 
   broker_->SetEmptySlabRelease(absl::ZeroDuration());
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (broker_->Stats().devices(device).slab_count() != 0 && absl::Now() < deadline) {
+  while (broker_->Stats(me_).devices(device).slab_count() != 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_EQ(broker_->Stats().devices(device).slab_count(), 0u);
+  EXPECT_EQ(broker_->Stats(me_).devices(device).slab_count(), 0u);
 }
 
 }  // namespace

@@ -25,7 +25,8 @@ TEST(DaemonConfig, EmptyAndFullConfigsAreAccepted) {
   absl::StatusOr<v1::DaemonConfig> c = ParseDaemonConfig(
       "f", "backend: \"sim\"\nsocket: \"/run/gpumemd/gpumemd.sock\"\n"
            "sim_devices: \"4x16GiB\"\nsim_topology: \"nvlink:0-1,2-3\"\n"
-           "pool { slab_size: \"1GiB\" empty_slab_release_seconds: 30 }\n");
+           "pool { slab_size: \"1GiB\" empty_slab_release_seconds: 30 }\n"
+           "admin_group: \"root\"\n");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->pool().empty_slab_release_seconds(), 30);
 }
@@ -50,6 +51,8 @@ TEST(DaemonConfig, BadValuesNameTheirLineAndField) {
                  "f.textproto:1:8: pool.empty_slab_release_seconds", ">= 0");
   ExpectRejected(std::string("socket: \"/") + std::string(120, 'a') + "\"\n",
                  "f.textproto:1:1: socket", "107 bytes");
+  ExpectRejected("\nadmin_group: \"no-such-group-gpumemd\"\n", "f.textproto:2:1: admin_group",
+                 "does not exist");
 }
 
 TEST(DaemonConfig, UnreadableFileIsNotFound) {

@@ -3,8 +3,8 @@
 
 With allocations held on two devices by two processes, a refusal for
 capacity and one for a bad argument, and one Free, the scrape shows:
-per-device gauges equal to GetStats' figures, the tenant gauge equal to the
-sum of its sessions, gpumemd_allocations_total per device, refusals by
+per-device gauges equal to GetStats' figures, tenant gauges (totals and per
+device) equal to GetStats' tenant rows, gpumemd_allocations_total per device, refusals by
 reason, gpumemd_frees_total, and the latency histogram counting every
 Allocate. Without the flag no HTTP port is opened. A port in use is a
 start-up error.
@@ -48,7 +48,7 @@ for attempt in range(10):
     before = d.stats()
     metrics = parse_metrics(scrape(url))
     stats = d.stats()
-    if before["devices"] == stats["devices"] and before["sessions"] == stats["sessions"]:
+    if before == stats:
         break
 else:
     fail("GetStats never held still around a scrape", d)
@@ -67,6 +67,7 @@ for dev in stats["devices"]:
                         ("used_bytes", "gpumemd_device_used_bytes"),
                         ("pooled_bytes", "gpumemd_device_pooled_bytes"),
                         ("free_bytes", "gpumemd_device_free_bytes"),
+                        ("retained_bytes", "gpumemd_device_retained_bytes"),
                         ("largest_free_block_bytes", "gpumemd_device_largest_free_block_bytes"),
                         ("slab_count", "gpumemd_device_slabs"),
                         ("allocation_count", "gpumemd_device_allocations")]:
@@ -78,11 +79,26 @@ for dev in stats["devices"]:
         fail("fragmentation of device %s" % dev["index"], d)
 
 uid = os.getuid()
-session_bytes = sum(int(s["used_bytes"]) for s in stats["sessions"] if s["uid"] == uid)
-if metric("gpumemd_tenant_used_bytes", tenant="uid:%d" % uid) != session_bytes:
-    fail("tenant used bytes vs the sum of its sessions (%d)" % session_bytes, d)
-if session_bytes != (3 << 20) + (5 << 20):
-    fail("held bytes: %d" % session_bytes, d)
+mine = [t for t in stats["tenants"] if t["tenant"] == uid]
+if len(mine) != 1:
+    fail("GetStats has no tenant row for uid %d: %s" % (uid, stats["tenants"]), d)
+for t in stats["tenants"]:
+    tenant = "uid:%d" % t["tenant"]
+    for field, name in [("used_bytes", "gpumemd_tenant_used_bytes"),
+                        ("retained_bytes", "gpumemd_tenant_retained_bytes"),
+                        ("allocation_count", "gpumemd_tenant_allocations")]:
+        if metric(name, tenant=tenant) != float(t[field]):
+            fail("%s %s: scrape %s, GetStats %s" % (name, tenant, metric(name, tenant=tenant),
+                                                    t[field]), d)
+    for dev in t["devices"]:
+        labels = {"tenant": tenant, "device": str(dev["device_index"])}
+        for field, name in [("used_bytes", "gpumemd_tenant_device_used_bytes"),
+                            ("retained_bytes", "gpumemd_tenant_device_retained_bytes"),
+                            ("slab_count", "gpumemd_tenant_device_slabs")]:
+            if metric(name, **labels) != float(dev[field]):
+                fail("%s %s: scrape vs GetStats" % (name, labels), d)
+if int(mine[0]["used_bytes"]) != (3 << 20) + (5 << 20):
+    fail("held bytes: %s" % mine[0]["used_bytes"], d)
 if metric("gpumemd_sessions") != len(stats["sessions"]):
     fail("sessions gauge", d)
 

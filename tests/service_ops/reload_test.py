@@ -9,9 +9,15 @@
   emptied slab going back to the device, while a held allocation survives
   the reload untouched.
 - A restart-only field that changed is reported as waiting for a restart.
+- admin_group is reloadable: a group that does not exist is refused with
+  its line; when run as root, a caller of uid/gid nobody/nogroup sees only
+  its own sessions until admin_group "nogroup" is reloaded, then everyone's.
 """
+import grp
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -79,6 +85,43 @@ wait_for(lambda: d.stats()["devices"][1]["slab_count"] == 0,
 s = d.stats()
 if s["devices"][0]["allocation_count"] != "1" or len(s["devices"]) != 2:
     fail("the good reload dropped an allocation or changed devices: %s" % s, d)
+# 4. admin_group: an unknown group is refused with its line.
+write('backend: "sim"\n\nadmin_group: "no-such-group-gpumemd"\n')
+reload_and_wait("reload refused", 3)
+if config + ":3:1: admin_group" not in d.log():
+    fail("an unknown admin group must be refused with its line", d)
+
+# ... and a real one applies to the next GetStats. Needs root (to run a
+# client as nobody) and no sandbox; otherwise this part is skipped.
+if os.getuid() == 0 and grp.getgrgid(65534).gr_name:
+    group = grp.getgrgid(65534).gr_name
+    os.chmod(d.workdir, 0o755)  # nobody must reach the socket
+    ctl_copy = os.path.join(d.workdir, "gpumemctl")
+    shutil.copy(ctl, ctl_copy)
+    os.chmod(ctl_copy, 0o755)
+
+    def sessions_seen_by_nobody():
+        r = subprocess.run([ctl_copy, "--socket=" + d.sock, "stats", "--json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           user=65534, group=65534, extra_groups=[], timeout=60)
+        if r.returncode != 0:
+            fail("gpumemctl as nobody: %s" % r.stderr, d)
+        import json
+        return {s["uid"] for s in json.loads(r.stdout)["sessions"]}
+
+    if 0 in sessions_seen_by_nobody():
+        fail("nobody sees root's sessions before admin_group is set", d)
+    write('backend: "sim"\nsim_devices: "3x1GiB"\npool { empty_slab_release_seconds: 1 }\n'
+          'admin_group: "%s"\n' % group)
+    reload_and_wait("gpumemd: reloaded", 2)
+    if 'admin_group = "%s" (config)' % group not in d.log():
+        fail("the reload did not apply admin_group", d)
+    if 0 not in sessions_seen_by_nobody():
+        fail("after admin_group \"%s\" was reloaded, nobody must see root's sessions" % group, d)
+    print("admin_group reloaded: nobody (gid %d) sees every session" % 65534)
+else:
+    print("SKIP admin_group visibility part: needs root")
+
 if d.ctl("free", held_id).stdout.strip() != "freed %s" % held_id:
     fail("the allocation held across reloads could not be freed", d)
 holder.send_signal(signal.SIGINT)

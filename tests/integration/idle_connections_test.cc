@@ -1,0 +1,164 @@
+// Connections cost no thread while they say nothing: a real gpumemd with
+// 2,000 connections that never send a byte keeps its thread count, answers
+// GetStats quickly, serves a real client, and closes a silent connection
+// after about 5 s. Also: a connection that sends garbage is closed at once,
+// and a slab channel whose peer never reads its answers does not stall the
+// daemon.
+#include <dirent.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+#include "common/fd_channel.h"
+#include "gtest/gtest.h"
+#include "tests/integration/daemon_client_test.h"
+
+namespace gpumem {
+namespace {
+
+using testing::DaemonClientTest;
+
+int Threads(pid_t pid) {
+  DIR* d = opendir(("/proc/" + std::to_string(pid) + "/task").c_str());
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+int Connect(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.data(), path.size());
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the peer closed `fd` within `ms` (read returns 0 or an error).
+bool ClosedWithin(int fd, int ms) {
+  struct pollfd p = {fd, POLLIN, 0};
+  if (poll(&p, 1, ms) <= 0) return false;
+  char c;
+  return read(fd, &c, 1) <= 0;
+}
+
+class IdleConnectionsTest : public DaemonClientTest {
+ protected:
+  IdleConnectionsTest() : DaemonClientTest({"--sim_devices=2x1GiB"}) {}
+};
+
+TEST_F(IdleConnectionsTest, TwoThousandSilentConnectionsCostNoThreads) {
+  struct rlimit files;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &files), 0);
+  if (files.rlim_max < 2200) GTEST_SKIP() << "fd hard limit too low";
+  files.rlim_cur = files.rlim_max;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &files), 0);
+
+  // Warm: gRPC's own pollers exist (its sync server may add one or two
+  // threads as calls come and go, whatever the number of connections).
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(client_->GetStats().ok());
+  const int before = Threads(daemon_->pid());
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(client_->GetStats().ok());
+  const double empty_ms = std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - t0).count();
+
+  std::vector<int> idle;
+  for (int i = 0; i < 2000; ++i) {
+    int fd = Connect(daemon_->socket());
+    ASSERT_GE(fd, 0) << "connection " << i;
+    idle.push_back(fd);
+  }
+  // Let the daemon accept them all.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int during = Threads(daemon_->pid());
+  t0 = std::chrono::steady_clock::now();
+  auto stats = client_->GetStats();
+  const double idle_ms = std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  std::cerr << "daemon threads: " << before << " with 0 idle connections, " << during
+            << " with 2000; GetStats " << empty_ms << " ms / " << idle_ms << " ms\n";
+  EXPECT_LE(during, before + 2);  // a thread each would be +2000
+  EXPECT_LT(idle_ms, 100.0);
+
+  // A new client is served while they wait.
+  auto other = Client::Connect(daemon_->socket());
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto b = (*other)->Allocate(1 << 20);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->Free().ok());
+
+  // Silent for 5 s: closed (all of them, within a few more seconds).
+  EXPECT_FALSE(ClosedWithin(idle[0], 3000));
+  int closed = 0;
+  for (int fd : idle) {
+    if (ClosedWithin(fd, 6000)) ++closed;
+  }
+  EXPECT_EQ(closed, 2000);
+  for (int fd : idle) close(fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_LE(Threads(daemon_->pid()), before + 2);
+}
+
+TEST_F(IdleConnectionsTest, GarbageIsClosedAtOnceAndTheDaemonKeepsServing) {
+  for (const char* garbage : {"GET / HTTP/1.1\r\n\r\n", "\x00\x01\x02\x03", "GMSLxxxxxxxxxxxxxxxx"}) {
+    int fd = Connect(daemon_->socket());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(write(fd, garbage, 20), 20);
+    EXPECT_TRUE(ClosedWithin(fd, 2000)) << garbage;
+    close(fd);
+  }
+  // Half a preface, then silence: closed by the deadline, not before.
+  int fd = Connect(daemon_->socket());
+  ASSERT_EQ(write(fd, "PR", 2), 2);
+  EXPECT_FALSE(ClosedWithin(fd, 2000));
+  EXPECT_TRUE(ClosedWithin(fd, 6000));
+  close(fd);
+  EXPECT_TRUE(client_->GetStats().ok());
+}
+
+TEST_F(IdleConnectionsTest, AChannelThatNeverReadsItsAnswersDoesNotStallOthers) {
+  auto b = client_->Allocate(1 << 20);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const uint64_t slab = b->allocation().slab_id();
+  int fd = Connect(daemon_->socket());
+  ASSERT_GE(fd, 0);
+  // Thousands of requests, no reads: each answer carries an fd, so the
+  // socket's buffer fills and the daemon must drop the connection.
+  SlabRequest req;
+  memcpy(req.magic, kFdChannelMagic, 4);
+  req.version = kFdChannelVersion;
+  req.op = static_cast<uint16_t>(SlabOp::kOpenSlab);
+  req.slab_id = slab;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20000; ++i) {
+    if (send(fd, &req, sizeof(req), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(req)) break;
+  }
+  auto stats = client_->GetStats();
+  const double ms = std::chrono::duration<double, std::milli>(
+                        std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(stats.ok());
+  EXPECT_LT(ms, 5000.0);
+  close(fd);
+  EXPECT_TRUE(b->Free().ok());
+  EXPECT_TRUE(client_->GetStats().ok());
+}
+
+}  // namespace
+}  // namespace gpumem
