@@ -59,19 +59,23 @@ void SystemdNotifier::StartWatchdog(std::function<bool()> alive) {
   // Half the deadline, as sd_watchdog_enabled(3) recommends.
   const absl::Duration period = interval / 2;
   watchdog_ = std::thread([this, period, alive = std::move(alive)] {
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
-      if (alive()) Send("WATCHDOG=1");
-      mu_.AwaitWithTimeout(absl::Condition(&stop_), period);
+      lock.unlock();
+      const bool ok = alive();
+      if (ok) Send("WATCHDOG=1");
+      lock.lock();
+      wake_.wait_for(lock, absl::ToChronoMicroseconds(period), [this] { return stop_; });
     }
   });
 }
 
 void SystemdNotifier::StopWatchdog() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
+  wake_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
 }
 

@@ -17,12 +17,13 @@
 #ifndef GPUMEMD_SERVER_SYSTEMD_NOTIFIER_H_
 #define GPUMEMD_SERVER_SYSTEMD_NOTIFIER_H_
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace gpumem {
@@ -49,8 +50,9 @@ class SystemdNotifier {
  private:
   void Send(const std::string& message);
 
-  absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;  // guarded by mu_
   std::thread watchdog_;
 };
 
