@@ -127,6 +127,7 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant) 
         e.tenant = tenant;
         ++tenants_[tenant].slab_count;
         if (TakeLocked(id, e, size, alignment, false, &r.block)) {
+          r.block.claimed_slab = true;
           r.kind = CarveResult::Kind::kBlock;
           return r;
         }
@@ -138,13 +139,12 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant) 
       bytes = dedicated ? need : RoundDown(std::min(options_.slab_size, UnpooledLocked()));
       return bytes >= need && bytes <= UnpooledLocked();
     };
-    if (!fits()) {
-      // Capacity sits in empty slabs: release them (retained if held).
+    if (!fits() && RoundDown(UnpooledLocked() + ReleasableLocked()) >= need) {
+      // Capacity sits in empty slabs nobody holds: release them. (A held
+      // empty slab would only become retained and free nothing.)
       for (auto it = slabs_.begin(); it != slabs_.end();) {
         auto next = std::next(it);
-        if (!it->second.retained && it->second.allocator->live_blocks() == 0) {
-          ReleaseSlabLocked(it, &dead);
-        }
+        if (Releasable(it->second)) ReleaseSlabLocked(it, &dead);
         it = next;
       }
       if (!dead.empty()) {
@@ -152,11 +152,11 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant) 
         dead.clear();  // the backend takes the memory back
         mu_.Lock();
       }
-      if (!fits()) {
-        r.kind = CarveResult::Kind::kRefused;
-        r.refusal = RefuseLocked(size, alignment, tenant);
-        return r;
-      }
+    }
+    if (!fits()) {
+      r.kind = CarveResult::Kind::kRefused;
+      r.refusal = RefuseLocked(size, alignment, tenant);
+      return r;
     }
     creating_bytes_ += bytes;
   }
@@ -196,12 +196,14 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant) 
   return r;
 }
 
+bool SlabPool::Releasable(const SlabEntry& e) {
+  return !e.retained && e.holders.empty() && e.allocator->live_blocks() == 0;
+}
+
 uint64_t SlabPool::ReleasableLocked() const {
   uint64_t bytes = 0;
   for (const auto& [id, e] : slabs_) {
-    if (!e.retained && e.holders.empty() && e.allocator->live_blocks() == 0) {
-      bytes += e.slab->size();
-    }
+    if (Releasable(e)) bytes += e.slab->size();
   }
   return bytes;
 }
@@ -212,7 +214,7 @@ PoolRefusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
   // slab of unpooled capacity and empty slabs nobody holds.
   uint64_t own_free = 0, own_largest = 0;
   for (const auto& [id, e] : slabs_) {
-    if (e.retained || e.tenant != tenant || e.allocator->live_blocks() == 0) continue;
+    if (e.retained || e.tenant != tenant || Releasable(e)) continue;
     own_free += e.allocator->free_bytes();
     own_largest = std::max(own_largest, e.allocator->largest_free());
   }
@@ -301,6 +303,18 @@ void SlabPool::Release(const PoolBlock& block) {
 
 void SlabPool::Uncarve(const PoolBlock& block) {
   Release(block);
+  if (block.claimed_slab) {
+    // A reserved slab the carve claimed goes back to nobody, unless it
+    // was used or given out meanwhile.
+    absl::MutexLock lock(&mu_);
+    auto it = slabs_.find(block.slab_id);
+    if (it != slabs_.end() && Releasable(it->second) && it->second.reserved) {
+      auto t = tenants_.find(it->second.tenant);
+      if (t != tenants_.end()) --t->second.slab_count;
+      it->second.tenant = kNoTenant;
+    }
+    return;
+  }
   if (!block.new_slab) return;
   Graveyard dead;
   absl::MutexLock lock(&mu_);
@@ -336,7 +350,7 @@ absl::StatusOr<SlabPool::Export> SlabPool::ExportSlab(uint64_t slab_id, uint32_t
     if (e == nullptr || e->retained) {
       return absl::NotFoundError(absl::StrCat("no slab ", slab_id, " on device ", device_));
     }
-    if (e->tenant != tenant) {
+    if (e->tenant != tenant || tenant == kNoTenant) {
       return absl::PermissionDeniedError(absl::StrCat(
           "slab ", slab_id, " belongs to another tenant"));
     }
@@ -452,7 +466,7 @@ uint64_t SlabPool::used_bytes() const {
 uint64_t SlabPool::LargestCarvableLocked() const {
   uint64_t largest = 0;
   for (const auto& [id, e] : slabs_) {
-    if (e.retained || e.allocator->live_blocks() == 0) continue;
+    if (e.retained || Releasable(e)) continue;  // releasable: counted below
     largest = std::max(largest, e.allocator->largest_free());
   }
   return std::max(largest, RoundDown(UnpooledLocked() + ReleasableLocked()));

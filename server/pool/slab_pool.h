@@ -65,7 +65,8 @@ struct PoolOptions {
 };
 
 // A carved block. `handle` is the allocator's, for O(1) release;
-// `new_slab` says the carve created the slab (Uncarve then removes it).
+// `new_slab` says the carve created the slab (Uncarve then removes it),
+// `claimed_slab` that it claimed a reserved one (Uncarve gives it back).
 struct PoolBlock {
   uint64_t slab_id = 0;
   uint64_t slab_size = 0;
@@ -74,6 +75,7 @@ struct PoolBlock {
   uint32_t handle = 0;
   uint32_t tenant = 0;
   bool new_slab = false;
+  bool claimed_slab = false;  // the carve claimed a reserved slab
 };
 
 // Why the pool could not carve a block for a tenant, with the figures the
@@ -217,7 +219,9 @@ class SlabPool {
                          Graveyard* dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropHolderLocked(uint64_t slab_id, uint64_t session, Graveyard* dead)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Empty, unheld slabs of other tenants and of `tenant` (all releasable).
+  // Empty, not retained and held by nobody: may go back to the device.
+  static bool Releasable(const SlabEntry& e);
+  // Bytes of releasable slabs (of any tenant).
   uint64_t ReleasableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PoolRefusal RefuseLocked(uint64_t size, uint64_t alignment, uint32_t tenant) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -364,8 +364,17 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller,
   for (auto& pool : pools_) {
     absl::StatusOr<SlabPool::Export> e =
         pool->ExportSlab(slab_id, TenantOf(caller), session->id);
-    if (e.ok()) return SlabFd{e->fd, e->size};
-    if (e.status().code() != absl::StatusCode::kNotFound) return e.status();
+    if (e.status().code() == absl::StatusCode::kNotFound) continue;
+    if (!e.ok()) return e.status();
+    // The holder is recorded. If the session ended before that, its
+    // OnSessionEnd may already have forgotten it: forget it here instead,
+    // or the slab would stay retained for a session that no longer exists.
+    if (!sessions_->IsLive(session->id)) {
+      close(e->fd);
+      pool->ForgetSession(session->id);
+      return absl::FailedPreconditionError("the calling process has exited");
+    }
+    return SlabFd{e->fd, e->size};
   }
   return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
 }
@@ -373,8 +382,12 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller,
 absl::Status MemoryBroker::CloseSlab(const PeerCred& caller, uint64_t slab_id) {
   absl::ReaderMutexLock gate(&gate_);
   if (shut_down_) return ShuttingDown();
-  absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
-  if (!session.ok()) return session.status();
+  if (caller.pid <= 0) return sessions_->Attach(caller).status();  // the reason
+  std::optional<SessionInfo> session = sessions_->Find(caller);
+  if (!session.has_value()) {
+    return absl::NotFoundError(absl::StrCat(
+        "slab ", slab_id, " was not given to this process (it has no session)"));
+  }
   for (auto& pool : pools_) {
     if (!pool->HasSlab(slab_id)) continue;
     return pool->CloseExport(slab_id, session->id);

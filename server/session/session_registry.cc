@@ -60,25 +60,28 @@ absl::StatusOr<SessionInfo> SessionRegistry::Attach(const PeerCred& cred) {
   // The whole lookup-or-create runs under one lock, so concurrent first
   // calls of one process (32 threads at once) make exactly one session.
   // pidfd_open and epoll_ctl are quick, non-blocking system calls.
-  uint64_t stale = 0;
-  absl::StatusOr<SessionInfo> out;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = by_pid_.find(cred.pid);
-    if (it != by_pid_.end()) {
-      Entry& e = sessions_[it->second];
-      // The same process, even if it changed uid since: its session (and
-      // memory) stays; each allocation records the uid that made it.
-      if (!Exited(e.pidfd)) return e.info;
-      // The pid now belongs to another process: the old session ends
-      // (below, outside the lock) and the new process gets a new one.
-      stale = it->second;
-      by_pid_.erase(it);
-    }
-    out = CreateLocked(cred);
+  absl::MutexLock lock(&mu_);
+  auto it = by_pid_.find(cred.pid);
+  if (it != by_pid_.end()) {
+    Entry& e = sessions_[it->second];
+    // The same process, even if it changed uid since: its session (and
+    // memory) stays; each allocation records the uid that made it.
+    if (!Exited(e.pidfd)) return e.info;
+    // The pid now belongs to another process. The old session's pidfd is
+    // readable, so the watcher thread ends it (never this thread: callers
+    // may hold locks that on_end takes); the new process gets a new one.
+    by_pid_.erase(it);
   }
-  if (stale != 0) End(stale);
-  return out;
+  return CreateLocked(cred);
+}
+
+std::optional<SessionInfo> SessionRegistry::Find(const PeerCred& cred) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_pid_.find(cred.pid);
+  if (it == by_pid_.end()) return std::nullopt;
+  const Entry& e = sessions_.at(it->second);
+  if (Exited(e.pidfd)) return std::nullopt;
+  return e.info;
 }
 
 absl::StatusOr<SessionInfo> SessionRegistry::CreateLocked(const PeerCred& cred) {

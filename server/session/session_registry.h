@@ -13,12 +13,14 @@
 // A pid that is reused by a new process is detected at Attach (the old
 // pidfd is already readable) and gets a new session. Attach is atomic:
 // however many threads of one process call it at once, the process gets
-// exactly one session.
+// exactly one session. on_end is only ever called on the watcher thread,
+// so callers of Attach may hold locks that on_end takes.
 #ifndef GPUMEMD_SERVER_SESSION_SESSION_REGISTRY_H_
 #define GPUMEMD_SERVER_SESSION_SESSION_REGISTRY_H_
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -48,6 +50,8 @@ class SessionRegistry {
   // The live session of the caller's process, created if needed.
   // PERMISSION_DENIED when the kernel gave no pid (another pid namespace).
   absl::StatusOr<SessionInfo> Attach(const PeerCred& cred);
+  // The live session of the caller's process, if it has one (never creates).
+  std::optional<SessionInfo> Find(const PeerCred& cred) const;
   bool IsLive(uint64_t session_id) const;
   std::vector<SessionInfo> List() const;
 

@@ -34,6 +34,9 @@ using testing::RunfilePath;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uid_t kUidA = 65534;  // nobody (primary group nogroup)
 constexpr uid_t kUidB = 65533;
+// How long to wait for a client's line: generous, for sanitizer builds on a
+// loaded 2-core machine (a line that never comes fails the test either way).
+constexpr int kLineMs = 60000;
 
 class IsolationTest : public DaemonClientTest {
  protected:
@@ -98,7 +101,7 @@ uint64_t KeptSlab(const std::string& line, uint64_t* size) {
 TEST_F(IsolationTest, AKeptMappingNeverShowsAnotherUsersBytes) {
   ChildProcess a(Client({"--keep", "--size=1048576", "--devices=0"}), kUidA);
   uint64_t slab_size = 0;
-  const uint64_t kept = KeptSlab(a.ReadLine(), &slab_size);
+  const uint64_t kept = KeptSlab(a.ReadLine(kLineMs), &slab_size);
   ASSERT_NE(kept, 0u);
   EXPECT_EQ(slab_size, 16 * kMiB);
 
@@ -109,24 +112,24 @@ TEST_F(IsolationTest, AKeptMappingNeverShowsAnotherUsersBytes) {
                  kUidB);
   std::vector<uint64_t> b_slabs;
   for (int i = 0; i < 3; ++i) {
-    std::vector<std::string> f = absl::StrSplit(b.ReadLine(), ' ');
+    std::vector<std::string> f = absl::StrSplit(b.ReadLine(kLineMs), ' ');
     ASSERT_EQ(f.size(), 6u);
     ASSERT_EQ(f[0], "alloc");
     uint64_t slab = 0;
     ASSERT_TRUE(absl::SimpleAtoi(f[3], &slab));
     b_slabs.push_back(slab);
   }
-  ASSERT_EQ(b.ReadLine(), "ready");
+  ASSERT_EQ(b.ReadLine(kLineMs), "ready");
   for (uint64_t s : b_slabs) EXPECT_NE(s, kept) << "B was given A's slab";
 
   a.Kill(SIGUSR1);
-  EXPECT_EQ(a.ReadLine(), "clean");
+  EXPECT_EQ(a.ReadLine(kLineMs), "clean");
 
   // A fourth slab for B would need A's memory, which A still holds.
   ChildProcess b2(Client({"--size=" + std::to_string(15 * kMiB), "--count=1",
                           "--devices=0", "--then=hold"}),
                   kUidB);
-  std::string line = b2.ReadLine();
+  std::string line = b2.ReadLine(kLineMs);
   EXPECT_EQ(line.rfind("error 8 ", 0), 0u) << line;  // RESOURCE_EXHAUSTED
 
   // B may not open A's slab either: PERMISSION_DENIED while it is A's
@@ -134,16 +137,16 @@ TEST_F(IsolationTest, AKeptMappingNeverShowsAnotherUsersBytes) {
   ChildProcess peek(Client({"--read_slab=" + std::to_string(kept), "--offset=0",
                             "--expect=170"}),
                     kUidB);
-  const std::string denied = peek.ReadLine();
+  const std::string denied = peek.ReadLine(kLineMs);
   EXPECT_TRUE(denied == "error 7" || denied == "error 5") << denied;
   a.Kill(SIGUSR1);
-  EXPECT_EQ(a.ReadLine(), "clean");
+  EXPECT_EQ(a.ReadLine(kLineMs), "clean");
 }
 
 TEST_F(IsolationTest, HeldSlabIsRetainedNotOfferedAndReturnsWhenTheHolderDies) {
   ChildProcess a(Client({"--keep", "--size=1048576", "--devices=0"}), kUidA);
   uint64_t slab_size = 0;
-  ASSERT_NE(KeptSlab(a.ReadLine(), &slab_size), 0u);
+  ASSERT_NE(KeptSlab(a.ReadLine(kLineMs), &slab_size), 0u);
 
   // A freed everything; its empty slab is released after 0.2 s (checked
   // each second) but A still holds it: retained, not free.
@@ -189,9 +192,9 @@ TEST_F(IsolationTest, AClientThatUnmapsLeavesNothingRetained) {
   // The library unmaps on Free and tells the daemon it closed the slab.
   ChildProcess c(Client({"--size=1048576", "--count=2", "--devices=0", "--then=free"}),
                  kUidA);
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(c.ReadLine().rfind("alloc ", 0), 0u);
-  EXPECT_EQ(c.ReadLine(), "ready");
-  EXPECT_EQ(c.ReadLine(), "freed");
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(c.ReadLine(kLineMs).rfind("alloc ", 0), 0u);
+  EXPECT_EQ(c.ReadLine(kLineMs), "ready");
+  EXPECT_EQ(c.ReadLine(kLineMs), "freed");
   // Wait past the idle release while the process is still alive? It has
   // exited after freeing; either way nothing may stay retained.
   EXPECT_EQ(c.Wait(), 0);
@@ -208,21 +211,21 @@ TEST_F(IsolationTest, UnprivilegedCallersSeeDevicesAndOnlyTheirOwnSessions) {
   auto mine = client_->Allocate(kMiB, on0);
   ASSERT_TRUE(mine.ok()) << mine.status();
   ChildProcess holder(Client({"--size=1048576", "--count=1", "--then=hold"}), kUidA);
-  ASSERT_EQ(holder.ReadLine().rfind("alloc ", 0), 0u);
-  ASSERT_EQ(holder.ReadLine(), "ready");
+  ASSERT_EQ(holder.ReadLine(kLineMs).rfind("alloc ", 0), 0u);
+  ASSERT_EQ(holder.ReadLine(kLineMs), "ready");
 
   // uid B is no admin: devices, and only its own session and tenant.
   ChildProcess b(Client({"--stats"}), kUidB);
-  EXPECT_EQ(b.ReadLine(), "sessions 1 uids 65533 tenants  devices 1");
+  EXPECT_EQ(b.ReadLine(kLineMs), "sessions 1 uids 65533 tenants  devices 1");
   // uid A's primary group is the admin group: everything.
   ChildProcess a(Client({"--stats"}), kUidA);
-  EXPECT_EQ(a.ReadLine(), "sessions 3 uids 0,65534 tenants 0,65534 devices 1");
+  EXPECT_EQ(a.ReadLine(kLineMs), "sessions 3 uids 0,65534 tenants 0,65534 devices 1");
 }
 
 TEST_F(IsolationTest, ThirtyTwoThreadsOfOneProcessMakeOneSession) {
   for (int round = 0; round < 5; ++round) {
     ChildProcess c(Client({"--session_race=32"}), kUidA);
-    EXPECT_EQ(c.ReadLine(), "sessions 1");
+    EXPECT_EQ(c.ReadLine(kLineMs), "sessions 1");
     EXPECT_EQ(c.Wait(), 0);
   }
 }

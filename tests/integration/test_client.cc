@@ -36,6 +36,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "common/fd_channel.h"
@@ -104,17 +105,16 @@ int Keep(Client& client, const std::string& socket) {
 
 int SessionRace(Client& client, int n) {
   std::vector<std::thread> threads;
-  std::atomic<int> ready{0};
+  absl::Notification go;  // all threads exist before any calls
   std::vector<uint64_t> ids(n, 0);
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
-      ready.fetch_add(1);
-      while (ready.load() < n) {
-      }
+      go.WaitForNotification();
       absl::StatusOr<v1::Session> s = client.GetSession();
       ids[i] = s.ok() ? s->session_id() : 0;
     });
   }
+  go.Notify();
   for (std::thread& t : threads) t.join();
   std::set<uint64_t> distinct(ids.begin(), ids.end());
   printf("sessions %zu%s\n", distinct.size(), distinct.count(0) ? " with errors" : "");

@@ -96,6 +96,10 @@ class SleepingChild {
 };
 
 PeerCred Self() { return PeerCred{getpid(), getuid(), getgid()}; }
+// Stats callers: root sees every session and tenant; an unprivileged uid
+// (nobody, no admin group configured) sees only its own and device figures.
+PeerCred Root() { return PeerCred{getpid(), 0, 0}; }
+PeerCred Nobody() { return PeerCred{getpid(), 65534, 65534}; }
 
 AllocateRequest Request(uint64_t size, std::vector<std::string> devices = {}) {
   AllocateRequest r;
@@ -129,7 +133,21 @@ const v1::SessionStats* SessionOf(const GetStatsResponse& s, pid_t pid) {
   return nullptr;
 }
 
-// Devices and sessions in a canonical text form, for before/after compares.
+const v1::TenantStats* TenantIn(const GetStatsResponse& s, uint32_t tenant) {
+  for (const auto& t : s.tenants()) {
+    if (t.tenant() == tenant) return &t;
+  }
+  return nullptr;
+}
+
+uint64_t TotalRetained(const GetStatsResponse& s) {
+  uint64_t retained = 0;
+  for (const auto& d : s.devices()) retained += d.retained_bytes();
+  return retained;
+}
+
+// Devices, sessions and tenants in a canonical text form, for before/after
+// compares (tenants come sorted by id).
 std::string Canonical(const GetStatsResponse& s) {
   std::string out;
   for (const auto& d : s.devices()) out += d.DebugString();
@@ -137,7 +155,20 @@ std::string Canonical(const GetStatsResponse& s) {
   for (const auto& ss : s.sessions()) sessions.push_back(ss.DebugString());
   std::sort(sessions.begin(), sessions.end());
   for (const std::string& ss : sessions) out += ss;
+  for (const auto& t : s.tenants()) out += t.DebugString();
   return out;
+}
+
+// A DeviceStats without its slab list, and one slab's figures without who
+// owns and holds it: what every caller may see.
+v1::DeviceStats DeviceFigures(v1::DeviceStats d) {
+  d.clear_slabs();
+  return d;
+}
+v1::SlabStats SlabFigures(v1::SlabStats s) {
+  s.clear_tenant();
+  s.clear_holders();
+  return s;
 }
 
 class MemoryBrokerTest : public ::testing::Test {
@@ -196,7 +227,7 @@ TEST_F(MemoryBrokerTest, AllocateReturnsABlockDescribedInStats) {
   EXPECT_LE(a.offset() + a.size_bytes(), a.slab_size_bytes());
   EXPECT_EQ(a.handle_kind(), v1::HANDLE_KIND_POSIX_FD);
 
-  GetStatsResponse s = broker_->Stats();
+  GetStatsResponse s = broker_->Stats(Root());
   EXPECT_EQ(s.backend(), "sim");
   ASSERT_EQ(s.devices_size(), kDevices);
   for (int d = 0; d < kDevices; ++d) {
@@ -205,7 +236,8 @@ TEST_F(MemoryBrokerTest, AllocateReturnsABlockDescribedInStats) {
     EXPECT_EQ(ds.total_bytes(), kDevice);
     const bool here = static_cast<uint32_t>(d) == a.device_index();
     EXPECT_EQ(ds.used_bytes(), here ? 3 * kMiB + 5 : 0);
-    EXPECT_EQ(ds.free_bytes(), kDevice - ds.used_bytes());
+    EXPECT_EQ(ds.retained_bytes(), 0u);
+    EXPECT_EQ(ds.free_bytes(), kDevice - ds.used_bytes() - ds.retained_bytes());
     EXPECT_EQ(ds.pooled_bytes(), here ? kSlab : 0);
     EXPECT_EQ(ds.slab_count(), here ? 1u : 0u);
     EXPECT_EQ(ds.allocation_count(), here ? 1u : 0u);
@@ -216,6 +248,25 @@ TEST_F(MemoryBrokerTest, AllocateReturnsABlockDescribedInStats) {
   EXPECT_EQ(me->gid(), getgid());
   EXPECT_EQ(me->allocation_count(), 1u);
   EXPECT_EQ(me->used_bytes(), 3 * kMiB + 5);
+  EXPECT_EQ(me->retained_bytes(), 0u);
+  ASSERT_EQ(s.tenants_size(), 1);
+  const v1::TenantStats& t = s.tenants(0);
+  EXPECT_EQ(t.tenant(), getuid());
+  EXPECT_EQ(t.used_bytes(), 3 * kMiB + 5);
+  EXPECT_EQ(t.retained_bytes(), 0u);
+  EXPECT_EQ(t.allocation_count(), 1u);
+  ASSERT_EQ(t.devices_size(), 1);
+  EXPECT_EQ(t.devices(0).device_index(), a.device_index());
+  EXPECT_EQ(t.devices(0).used_bytes(), 3 * kMiB + 5);
+  EXPECT_EQ(t.devices(0).slab_count(), 1u);
+  // With include_slabs: the one slab, its tenant and no holder yet.
+  GetStatsResponse with_slabs = broker_->Stats(Root(), /*include_slabs=*/true);
+  const v1::DeviceStats& here = with_slabs.devices(a.device_index());
+  ASSERT_EQ(here.slabs_size(), 1);
+  EXPECT_EQ(here.slabs(0).slab_id(), a.slab_id());
+  EXPECT_EQ(here.slabs(0).tenant(), getuid());
+  EXPECT_EQ(here.slabs(0).holders(), 0u);
+  EXPECT_FALSE(here.slabs(0).retained());
 
   absl::StatusOr<v1::Session> session = broker_->GetSession(Self());
   ASSERT_TRUE(session.ok()) << session.status();
@@ -225,7 +276,7 @@ TEST_F(MemoryBrokerTest, AllocateReturnsABlockDescribedInStats) {
   absl::StatusOr<v1::FreeResponse> f = broker_->Free(Self(), FreeOf(a.id()));
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->freed_bytes(), 3 * kMiB + 5);
-  EXPECT_EQ(TotalUsed(broker_->Stats()), 0u);
+  EXPECT_EQ(TotalUsed(broker_->Stats(Root())), 0u);
 }
 
 TEST_F(MemoryBrokerTest, PlacementNamesDevicesByIndexAndUuid) {
@@ -250,7 +301,7 @@ TEST_F(MemoryBrokerTest, PlacementNamesDevicesByIndexAndUuid) {
 
 TEST_F(MemoryBrokerTest, InvalidRequestsChangeNothing) {
   ASSERT_TRUE(broker_->GetSession(Self()).ok());
-  const std::string before = Canonical(broker_->Stats());
+  const std::string before = Canonical(broker_->Stats(Root()));
   std::vector<AllocateRequest> bad;
   bad.push_back(Request(0));
   bad.push_back(Request(kMiB, {"4"}));
@@ -273,7 +324,7 @@ TEST_F(MemoryBrokerTest, InvalidRequestsChangeNothing) {
     EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument)
         << req.ShortDebugString() << ": " << res.status();
   }
-  EXPECT_EQ(Canonical(broker_->Stats()), before);
+  EXPECT_EQ(Canonical(broker_->Stats(Root())), before);
 }
 
 // ---------------------------------------------------------------------------
@@ -289,12 +340,12 @@ TEST_F(MemoryBrokerTest, FreeRules) {
   absl::StatusOr<v1::FreeResponse> f =
       broker_->Free(PeerCred{getpid(), other, other}, FreeOf(my_id));
   EXPECT_EQ(f.status().code(), absl::StatusCode::kPermissionDenied) << f.status();
-  EXPECT_EQ(TotalUsed(broker_->Stats()), kMiB);
+  EXPECT_EQ(TotalUsed(broker_->Stats(Root())), kMiB);
 
   // The same uid from another process: allowed.
   f = broker_->Free(child_a_.Cred(), FreeOf(my_id));
   EXPECT_TRUE(f.ok()) << f.status();
-  EXPECT_EQ(TotalUsed(broker_->Stats()), 0u);
+  EXPECT_EQ(TotalUsed(broker_->Stats(Root())), 0u);
 
   // Double free, id 0, unknown id.
   f = broker_->Free(Self(), FreeOf(my_id));
@@ -325,8 +376,8 @@ TEST_F(MemoryBrokerTest, UidRulesForForeignAllocations) {
   f = broker_->Free(PeerCred{getpid(), 0, 0}, FreeOf(a->allocations(0).id()));
   EXPECT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->freed_bytes(), 2 * kMiB);
-  EXPECT_EQ(TotalUsed(broker_->Stats()), 0u);
-  EXPECT_EQ(TotalAllocations(broker_->Stats()), 0u);
+  EXPECT_EQ(TotalUsed(broker_->Stats(Root())), 0u);
+  EXPECT_EQ(TotalAllocations(broker_->Stats(Root())), 0u);
 }
 
 // ---------------------------------------------------------------------------
@@ -349,7 +400,7 @@ TEST_F(MemoryBrokerTest, KilledProcessLosesItsMemoryWithinASecond) {
   absl::StatusOr<AllocateResponse> mine = Alloc(Self(), 5 * kMiB);
   ASSERT_TRUE(mine.ok()) << mine.status();
 
-  GetStatsResponse s = broker_->Stats();
+  GetStatsResponse s = broker_->Stats(Root());
   const v1::SessionStats* cs = SessionOf(s, child_a_.pid());
   ASSERT_NE(cs, nullptr);
   EXPECT_EQ(cs->allocation_count(), 6u);
@@ -358,11 +409,11 @@ TEST_F(MemoryBrokerTest, KilledProcessLosesItsMemoryWithinASecond) {
 
   child_a_.Kill();  // a zombie until reaped; its pidfd reports the exit
   const absl::Duration took = WaitFor([&] {
-    GetStatsResponse now = broker_->Stats();
+    GetStatsResponse now = broker_->Stats(Root());
     return TotalUsed(now) == 5 * kMiB && SessionOf(now, child_a_.pid()) == nullptr;
   });
   EXPECT_LE(took, absl::Seconds(1)) << "session not reclaimed within 1 s";
-  s = broker_->Stats();
+  s = broker_->Stats(Root());
   EXPECT_EQ(TotalUsed(s), 5 * kMiB);
   EXPECT_EQ(TotalAllocations(s), 1u);
   EXPECT_EQ(SessionOf(s, child_a_.pid()), nullptr);
@@ -382,13 +433,13 @@ TEST_F(MemoryBrokerTest, CallerThatHasExitedGetsNoMemory) {
   absl::StatusOr<AllocateResponse> r = Alloc(gone, kMiB);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   // Whatever happened, nothing stays allocated for it.
-  EXPECT_LE(WaitFor([&] { return TotalUsed(broker_->Stats()) == 0; }),
+  EXPECT_LE(WaitFor([&] { return TotalUsed(broker_->Stats(Root())) == 0; }),
             absl::Seconds(1));
-  EXPECT_EQ(SessionOf(broker_->Stats(), gone.pid), nullptr);
+  EXPECT_EQ(SessionOf(broker_->Stats(Root()), gone.pid), nullptr);
 }
 
 TEST_F(MemoryBrokerTest, CallerWithoutPidIsDenied) {
-  const std::string before = Canonical(broker_->Stats());
+  const std::string before = Canonical(broker_->Stats(Root()));
   const PeerCred nopid{0, getuid(), getgid()};
   absl::StatusOr<AllocateResponse> r = Alloc(nopid, kMiB);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
@@ -397,7 +448,10 @@ TEST_F(MemoryBrokerTest, CallerWithoutPidIsDenied) {
   const PeerCred negative{-5, getuid(), getgid()};
   EXPECT_EQ(Alloc(negative, kMiB).status().code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(Canonical(broker_->Stats()), before);
+  EXPECT_EQ(broker_->ExportSlab(nopid, 1).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(broker_->CloseSlab(nopid, 1).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Canonical(broker_->Stats(Root())), before);
 }
 
 // ---------------------------------------------------------------------------
@@ -443,10 +497,27 @@ TEST_F(MemoryBrokerTest, ExportSlabGivesAMappableSharedSlab) {
   EXPECT_EQ(broker_->ExportSlab(Self(), a.slab_id() + 100000).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(broker_->ExportSlab(Self(), 0).status().code(), absl::StatusCode::kNotFound);
-  // Once the block is freed the caller holds nothing in the slab.
+  // Two exports, one session: one holder.
+  GetStatsResponse s = broker_->Stats(Root(), /*include_slabs=*/true);
+  ASSERT_EQ(s.devices(a.device_index()).slabs_size(), 1);
+  EXPECT_EQ(s.devices(a.device_index()).slabs(0).holders(), 1u);
+
+  // Once the block is freed the empty slab is still the caller's tenant's
+  // (a slab never changes tenant), so its handle may still be given to it,
+  // and still not to another uid.
   ASSERT_TRUE(broker_->Free(Self(), FreeOf(a.id())).ok());
-  EXPECT_EQ(broker_->ExportSlab(Self(), a.slab_id()).status().code(),
-            absl::StatusCode::kNotFound);
+  absl::StatusOr<SlabFd> again = broker_->ExportSlab(Self(), a.slab_id());
+  ASSERT_TRUE(again.ok()) << again.status();
+  close(again->fd);
+  EXPECT_EQ(broker_->ExportSlab(child_a_.Cred(other, other), a.slab_id()).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // The caller says it closed the slab: once, then there is nothing to close.
+  EXPECT_TRUE(broker_->CloseSlab(Self(), a.slab_id()).ok());
+  EXPECT_EQ(broker_->CloseSlab(Self(), a.slab_id()).code(), absl::StatusCode::kNotFound);
+  s = broker_->Stats(Root(), /*include_slabs=*/true);
+  ASSERT_EQ(s.devices(a.device_index()).slabs_size(), 1);
+  EXPECT_EQ(s.devices(a.device_index()).slabs(0).holders(), 0u);
+  EXPECT_EQ(s.devices(a.device_index()).slabs(0).tenant(), getuid());
 }
 
 TEST_F(MemoryBrokerTest, ExportSlabOfADedicatedSlab) {
@@ -454,12 +525,40 @@ TEST_F(MemoryBrokerTest, ExportSlabOfADedicatedSlab) {
   ASSERT_TRUE(r.ok()) << r.status();
   const v1::Allocation& a = r->allocations(0);
   EXPECT_EQ(a.slab_size_bytes(), 40 * kMiB + 4096);
+  const uint64_t slab_size = 40 * kMiB + 4096;
   absl::StatusOr<SlabFd> fd = broker_->ExportSlab(Self(), a.slab_id());
   ASSERT_TRUE(fd.ok()) << fd.status();
-  EXPECT_EQ(fd->size, 40 * kMiB + 4096);
+  EXPECT_EQ(fd->size, slab_size);
   close(fd->fd);
   ASSERT_TRUE(broker_->Free(Self(), FreeOf(a.id())).ok());
-  EXPECT_EQ(backend_.SlabBytes(a.device_index()), 0u);  // dedicated: released
+  // A dedicated slab is released with its block, but this process was
+  // given its handle and has not closed it: retained, counted, not free.
+  const uint32_t d = a.device_index();
+  EXPECT_EQ(backend_.SlabBytes(d), slab_size);
+  GetStatsResponse s = broker_->Stats(Root(), /*include_slabs=*/true);
+  EXPECT_EQ(s.devices(d).used_bytes(), 0u);
+  EXPECT_EQ(s.devices(d).retained_bytes(), slab_size);
+  EXPECT_EQ(s.devices(d).free_bytes(), kDevice - slab_size);
+  EXPECT_EQ(s.devices(d).pooled_bytes(), 0u);
+  EXPECT_EQ(s.devices(d).slab_count(), 0u);
+  ASSERT_EQ(s.devices(d).slabs_size(), 1);
+  EXPECT_TRUE(s.devices(d).slabs(0).retained());
+  EXPECT_TRUE(s.devices(d).slabs(0).dedicated());
+  EXPECT_EQ(s.devices(d).slabs(0).holders(), 1u);
+  const v1::SessionStats* me = SessionOf(s, getpid());
+  ASSERT_NE(me, nullptr);
+  EXPECT_EQ(me->retained_bytes(), slab_size);
+  EXPECT_EQ(me->used_bytes(), 0u);
+  EXPECT_EQ(broker_->ExportSlab(Self(), a.slab_id()).status().code(),
+            absl::StatusCode::kNotFound);
+
+  ASSERT_TRUE(broker_->CloseSlab(Self(), a.slab_id()).ok());
+  EXPECT_EQ(backend_.SlabBytes(d), 0u);  // now released
+  s = broker_->Stats(Root());
+  EXPECT_EQ(s.devices(d).retained_bytes(), 0u);
+  EXPECT_EQ(s.devices(d).free_bytes(), kDevice);
+  EXPECT_EQ(SessionOf(s, getpid())->retained_bytes(), 0u);
+  EXPECT_EQ(s.tenants_size(), 0);
 }
 
 // Isolation between users (DESIGN.md "Tenants, quotas, isolation"): a slab's
@@ -479,36 +578,262 @@ TEST_F(MemoryBrokerTest, DifferentUidsNeverShareASlab) {
   if (fd.ok()) close(fd->fd);
 }
 
-// A slab passing from one uid to another is zeroed first.
-TEST_F(MemoryBrokerTest, MemoryPassedToAnotherUidIsZeroed) {
+// A slab never passes from one uid to another (it would be readable through
+// any fd or mapping the first uid kept): when device 0 is full of uid A's
+// empty slabs, uid B gets a new slab, and nothing B writes is visible
+// through A's old mapping, nor anything of A's through B's.
+TEST_F(MemoryBrokerTest, MemoryOfOneUidIsNeverHandedToAnother) {
   const PeerCred a_cred = child_a_.Cred(kUidA, kUidA);
   const PeerCred b_cred = child_b_.Cred(kUidB, kUidB);
-  absl::StatusOr<AllocateResponse> a = Alloc(a_cred, kSlab, {"0"});  // whole slab
-  ASSERT_TRUE(a.ok()) << a.status();
-  const v1::Allocation& blk = a->allocations(0);
-  absl::StatusOr<SlabFd> fd = broker_->ExportSlab(a_cred, blk.slab_id());
-  ASSERT_TRUE(fd.ok()) << fd.status();
-  void* m = mmap(nullptr, fd->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd->fd, 0);
-  ASSERT_NE(m, MAP_FAILED);
-  memset(m, 0xEE, fd->size);  // uid A's secret
-  munmap(m, fd->size);
-  close(fd->fd);
-  ASSERT_TRUE(broker_->Free(a_cred, FreeOf(blk.id())).ok());
+  std::vector<v1::Allocation> a_blocks;
+  std::set<uint64_t> a_slabs;
+  for (int i = 0; i < static_cast<int>(kDevice / kSlab); ++i) {  // device 0 full
+    absl::StatusOr<AllocateResponse> a = Alloc(a_cred, kSlab, {"0"});
+    ASSERT_TRUE(a.ok()) << i << ": " << a.status();
+    a_blocks.push_back(a->allocations(0));
+    a_slabs.insert(a->allocations(0).slab_id());
+  }
+  ASSERT_EQ(backend_.SlabBytes(0), kDevice);
+  // uid A maps two of its slabs and writes its secret; it says it closed
+  // the first (but keeps the mapping) and keeps holding the second.
+  std::vector<void*> maps;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<SlabFd> fd = broker_->ExportSlab(a_cred, a_blocks[i].slab_id());
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    void* m = mmap(nullptr, fd->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd->fd, 0);
+    close(fd->fd);
+    ASSERT_NE(m, MAP_FAILED);
+    memset(m, 0xEE, kSlab);
+    maps.push_back(m);
+  }
+  ASSERT_TRUE(broker_->CloseSlab(a_cred, a_blocks[0].slab_id()).ok());
+  for (const v1::Allocation& blk : a_blocks) {
+    ASSERT_TRUE(broker_->Free(a_cred, FreeOf(blk.id())).ok());
+  }
 
-  absl::StatusOr<AllocateResponse> b = Alloc(b_cred, kMiB, {"0"});
+  absl::StatusOr<AllocateResponse> b = Alloc(b_cred, kSlab, {"0"});
   ASSERT_TRUE(b.ok()) << b.status();
   const v1::Allocation& bb = b->allocations(0);
+  EXPECT_EQ(a_slabs.count(bb.slab_id()), 0u)
+      << "uid " << kUidB << " was given a slab of uid " << kUidA;
+  EXPECT_LE(backend_.SlabBytes(0), kDevice);
+  // The slab uid A still holds stays A's (empty, held, not released: that
+  // would free nothing), never B's; the others went back for B's slab.
+  GetStatsResponse s = broker_->Stats(Root(), /*include_slabs=*/true);
+  EXPECT_EQ(s.devices(0).retained_bytes(), 0u);
+  EXPECT_EQ(s.devices(0).used_bytes(), kSlab);
+  bool held_kept = false;
+  for (const v1::SlabStats& slab : s.devices(0).slabs()) {
+    if (slab.slab_id() == a_blocks[1].slab_id()) held_kept = slab.holders() == 1;
+  }
+  EXPECT_TRUE(held_kept);
+  for (const v1::SlabStats& slab : s.devices(0).slabs()) {
+    const bool of_a = a_slabs.count(slab.slab_id()) != 0;
+    EXPECT_EQ(slab.tenant(), of_a ? kUidA : kUidB) << "slab " << slab.slab_id();
+    if (of_a) EXPECT_EQ(slab.live_blocks(), 0u);
+  }
+  EXPECT_EQ(SessionOf(s, child_a_.pid())->retained_bytes(), 0u);
+
   absl::StatusOr<SlabFd> bfd = broker_->ExportSlab(b_cred, bb.slab_id());
   ASSERT_TRUE(bfd.ok()) << bfd.status();
-  void* bm = mmap(nullptr, bfd->size, PROT_READ, MAP_SHARED, bfd->fd, 0);
+  void* bm = mmap(nullptr, bfd->size, PROT_READ | PROT_WRITE, MAP_SHARED, bfd->fd, 0);
+  close(bfd->fd);
   ASSERT_NE(bm, MAP_FAILED);
-  const unsigned char* p = static_cast<const unsigned char*>(bm) + bb.offset();
+  unsigned char* p = static_cast<unsigned char*>(bm);
   uint64_t nonzero = 0;
-  for (uint64_t i = 0; i < bb.size_bytes(); ++i) nonzero += p[i] != 0;
+  for (uint64_t i = 0; i < bfd->size; ++i) nonzero += p[i] != 0;
   EXPECT_EQ(nonzero, 0u) << "uid " << kUidB << " reads uid " << kUidA
                          << "'s bytes (slab " << bb.slab_id() << ")";
+  memset(bm, 0x11, bfd->size);  // uid B's secret
+  for (void* m : maps) {
+    const unsigned char* old = static_cast<const unsigned char*>(m);
+    uint64_t of_b = 0, of_a = 0;
+    for (uint64_t i = 0; i < kSlab; ++i) {
+      of_b += old[i] == 0x11;
+      of_a += old[i] == 0xEE;
+    }
+    EXPECT_EQ(of_b, 0u) << "uid " << kUidA << "'s old mapping shows uid " << kUidB
+                        << "'s bytes";
+    EXPECT_EQ(of_a, kSlab);
+    munmap(m, kSlab);
+  }
   munmap(bm, bfd->size);
-  close(bfd->fd);
+  // uid B may not take uid A's slabs, empty or retained.
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NE(broker_->ExportSlab(b_cred, a_blocks[i].slab_id()).status().code(),
+              absl::StatusCode::kOk);
+  }
+  ASSERT_TRUE(broker_->CloseSlab(a_cred, a_blocks[1].slab_id()).ok());
+  EXPECT_EQ(TotalRetained(broker_->Stats(Root())), 0u);
+}
+
+// A slab released (here: idle) while this process holds its handle stays
+// retained, shown in every figure, until the process closes it.
+TEST_F(MemoryBrokerTest, RetainedSlabIsShownUntilTheHolderClosesIt) {
+  broker_.reset();
+  StartBroker(/*release_after=*/absl::ZeroDuration(),
+              /*maintenance=*/absl::Milliseconds(2));
+  absl::StatusOr<AllocateResponse> r = Alloc(Self(), kMiB, {"0"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const uint64_t slab = r->allocations(0).slab_id();
+  absl::StatusOr<SlabFd> fd = broker_->ExportSlab(Self(), slab);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  close(fd->fd);
+  ASSERT_TRUE(broker_->Free(Self(), FreeOf(r->allocations(0).id())).ok());
+  EXPECT_LE(WaitFor([&] {
+              return broker_->Stats(Root()).devices(0).retained_bytes() == kSlab;
+            }),
+            absl::Seconds(1))
+      << "the idle slab was not released (as retained)";
+
+  GetStatsResponse s = broker_->Stats(Root(), /*include_slabs=*/true);
+  const v1::DeviceStats& d = s.devices(0);
+  EXPECT_EQ(d.used_bytes(), 0u);
+  EXPECT_EQ(d.retained_bytes(), kSlab);
+  EXPECT_EQ(d.free_bytes(), kDevice - kSlab);
+  EXPECT_EQ(d.pooled_bytes(), 0u);
+  EXPECT_EQ(d.slab_count(), 0u);
+  EXPECT_EQ(d.largest_free_block_bytes(), kDevice - kSlab);
+  ASSERT_EQ(d.slabs_size(), 1);
+  EXPECT_EQ(d.slabs(0).slab_id(), slab);
+  EXPECT_TRUE(d.slabs(0).retained());
+  EXPECT_EQ(d.slabs(0).holders(), 1u);
+  EXPECT_EQ(d.slabs(0).tenant(), getuid());
+  const v1::SessionStats* me = SessionOf(s, getpid());
+  ASSERT_NE(me, nullptr);
+  EXPECT_EQ(me->retained_bytes(), kSlab);
+  EXPECT_EQ(me->used_bytes(), 0u);
+  const v1::TenantStats* t = TenantIn(s, getuid());
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->used_bytes(), 0u);
+  EXPECT_EQ(t->retained_bytes(), kSlab);
+  EXPECT_EQ(t->allocation_count(), 0u);
+  ASSERT_EQ(t->devices_size(), 1);
+  EXPECT_EQ(t->devices(0).device_index(), 0u);
+  EXPECT_EQ(t->devices(0).retained_bytes(), kSlab);
+  EXPECT_EQ(t->devices(0).slab_count(), 0u);
+  EXPECT_EQ(backend_.SlabBytes(0), kSlab);
+  // Retained: not given out again.
+  EXPECT_EQ(broker_->ExportSlab(Self(), slab).status().code(), absl::StatusCode::kNotFound);
+
+  ASSERT_TRUE(broker_->CloseSlab(Self(), slab).ok());
+  EXPECT_EQ(backend_.SlabBytes(0), 0u);
+  s = broker_->Stats(Root());
+  EXPECT_EQ(s.devices(0).retained_bytes(), 0u);
+  EXPECT_EQ(s.devices(0).free_bytes(), kDevice);
+  EXPECT_EQ(SessionOf(s, getpid())->retained_bytes(), 0u);
+  EXPECT_EQ(TenantIn(s, getuid()), nullptr);
+  EXPECT_EQ(broker_->CloseSlab(Self(), slab).code(), absl::StatusCode::kNotFound);
+}
+
+// A process that dies holding a released slab's handle lets go of it.
+TEST_F(MemoryBrokerTest, RetainedSlabIsReturnedWhenTheHolderExits) {
+  const PeerCred a = child_a_.Cred(kUidA, kUidA);
+  absl::StatusOr<AllocateResponse> r = Alloc(a, 40 * kMiB + 1, {"1"});  // dedicated
+  ASSERT_TRUE(r.ok()) << r.status();
+  const uint64_t slab_size = r->allocations(0).slab_size_bytes();
+  absl::StatusOr<SlabFd> fd = broker_->ExportSlab(a, r->allocations(0).slab_id());
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  close(fd->fd);
+  ASSERT_TRUE(broker_->Free(a, FreeOf(r->allocations(0).id())).ok());
+  GetStatsResponse s = broker_->Stats(Root());
+  EXPECT_EQ(s.devices(1).retained_bytes(), slab_size);
+  EXPECT_EQ(s.devices(1).free_bytes(), kDevice - slab_size);
+  ASSERT_NE(SessionOf(s, child_a_.pid()), nullptr);
+  EXPECT_EQ(SessionOf(s, child_a_.pid())->retained_bytes(), slab_size);
+  ASSERT_NE(TenantIn(s, kUidA), nullptr);
+  EXPECT_EQ(TenantIn(s, kUidA)->retained_bytes(), slab_size);
+  EXPECT_EQ(backend_.SlabBytes(1), slab_size);
+
+  child_a_.Kill();
+  EXPECT_LE(WaitFor([&] { return backend_.SlabBytes(1) == 0; }), absl::Seconds(1))
+      << "retained slab not returned after its holder exited";
+  s = broker_->Stats(Root());
+  EXPECT_EQ(s.devices(1).retained_bytes(), 0u);
+  EXPECT_EQ(s.devices(1).free_bytes(), kDevice);
+  EXPECT_EQ(TenantIn(s, kUidA), nullptr);
+  child_a_.Reap();
+}
+
+TEST_F(MemoryBrokerTest, CloseSlabOfASlabNeverGivenIsNotFound) {
+  absl::StatusOr<AllocateResponse> r = Alloc(Self(), kMiB, {"0"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const uint64_t slab = r->allocations(0).slab_id();
+  EXPECT_EQ(broker_->CloseSlab(Self(), slab).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(broker_->CloseSlab(Self(), 987654321).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(broker_->CloseSlab(Self(), 0).code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<SlabFd> fd = broker_->ExportSlab(Self(), slab);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  close(fd->fd);
+  // Given to this process, not to another one of the same uid.
+  EXPECT_EQ(broker_->CloseSlab(child_a_.Cred(), slab).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(broker_->CloseSlab(PeerCred{0, getuid(), getgid()}, slab).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(broker_->CloseSlab(Self(), slab).ok());
+}
+
+// Stats: device figures for everyone; sessions, tenants and slab owners only
+// for the caller's own uid, unless it is root.
+TEST_F(MemoryBrokerTest, StatsShowAnotherUidOnlyDeviceFigures) {
+  const PeerCred a = child_a_.Cred(kUidA, kUidA);
+  const PeerCred b = child_b_.Cred(kUidB, kUidB);
+  ASSERT_TRUE(Alloc(a, 3 * kMiB, {"0"}).ok());
+  absl::StatusOr<AllocateResponse> rb = Alloc(b, 5 * kMiB, {"1"});
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  absl::StatusOr<SlabFd> fd = broker_->ExportSlab(b, rb->allocations(0).slab_id());
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  close(fd->fd);
+  ASSERT_TRUE(broker_->GetSession(Self()).ok());
+
+  const GetStatsResponse all = broker_->Stats(Root(), /*include_slabs=*/true);
+  EXPECT_EQ(all.sessions_size(), 3);
+  ASSERT_EQ(all.tenants_size(), 2);
+  EXPECT_EQ(all.tenants(0).tenant(), kUidA);  // sorted by id
+  EXPECT_EQ(all.tenants(1).tenant(), kUidB);
+  EXPECT_EQ(all.tenants(1).used_bytes(), 5 * kMiB);
+  ASSERT_EQ(all.devices(1).slabs_size(), 1);
+  EXPECT_EQ(all.devices(1).slabs(0).tenant(), kUidB);
+  EXPECT_EQ(all.devices(1).slabs(0).holders(), 1u);
+
+  // uid 65534 (nobody, no admin group): every device figure, nobody's
+  // sessions or tenants, and no slab's owner or holders.
+  const GetStatsResponse n = broker_->Stats(Nobody(), /*include_slabs=*/true);
+  EXPECT_EQ(n.backend(), "sim");
+  EXPECT_EQ(n.sessions_size(), 0);
+  EXPECT_EQ(n.tenants_size(), 0);
+  ASSERT_EQ(n.devices_size(), kDevices);
+  for (int d = 0; d < kDevices; ++d) {
+    EXPECT_EQ(DeviceFigures(n.devices(d)).DebugString(),
+              DeviceFigures(all.devices(d)).DebugString())
+        << "device " << d;
+    ASSERT_EQ(n.devices(d).slabs_size(), all.devices(d).slabs_size());
+    for (int i = 0; i < n.devices(d).slabs_size(); ++i) {
+      const v1::SlabStats& slab = n.devices(d).slabs(i);
+      EXPECT_EQ(slab.tenant(), 0u) << "slab owner shown to another uid";
+      EXPECT_EQ(slab.holders(), 0u) << "slab holders shown to another uid";
+      EXPECT_EQ(SlabFigures(slab).DebugString(),
+                SlabFigures(all.devices(d).slabs(i)).DebugString());
+    }
+  }
+  EXPECT_EQ(TotalUsed(n), 8 * kMiB);
+  EXPECT_EQ(TotalAllocations(n), 2u);
+
+  // uid B: its own session and tenant, its own slab's owner and holders.
+  const GetStatsResponse own = broker_->Stats(PeerCred{getpid(), kUidB, kUidB}, true);
+  ASSERT_EQ(own.sessions_size(), 1);
+  EXPECT_EQ(own.sessions(0).pid(), child_b_.pid());
+  EXPECT_EQ(own.sessions(0).used_bytes(), 5 * kMiB);
+  ASSERT_EQ(own.tenants_size(), 1);
+  EXPECT_EQ(own.tenants(0).tenant(), kUidB);
+  EXPECT_EQ(own.tenants(0).used_bytes(), 5 * kMiB);
+  EXPECT_EQ(own.devices(1).slabs(0).tenant(), kUidB);
+  EXPECT_EQ(own.devices(1).slabs(0).holders(), 1u);
+  ASSERT_EQ(own.devices(0).slabs_size(), 1);
+  EXPECT_EQ(own.devices(0).slabs(0).tenant(), 0u);  // uid A's: not shown
+  EXPECT_EQ(TotalUsed(own), 8 * kMiB);
+
+  // Asking for stats opens no session.
+  EXPECT_EQ(broker_->Stats(Root()).sessions_size(), 3);
 }
 
 // ---------------------------------------------------------------------------
@@ -524,10 +849,21 @@ TEST_F(MemoryBrokerTest, ShutdownReleasesEverySlabAndRefusesCalls) {
     slab = r->allocations(0).slab_id();
   }
   ASSERT_TRUE(Alloc(child_a_.Cred(), kMiB).ok());
+  // A retained slab (dedicated, freed while this process holds its handle)
+  // goes back at shutdown too.
+  absl::StatusOr<AllocateResponse> held = Alloc(Self(), 40 * kMiB);
+  ASSERT_TRUE(held.ok()) << held.status();
+  absl::StatusOr<SlabFd> fd = broker_->ExportSlab(Self(), held->allocations(0).slab_id());
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  close(fd->fd);
+  ASSERT_TRUE(broker_->Free(Self(), FreeOf(held->allocations(0).id())).ok());
+  ASSERT_EQ(TotalRetained(broker_->Stats(Root())), 40 * kMiB);
   broker_->Shutdown();
   for (int d = 0; d < kDevices; ++d) {
     EXPECT_EQ(backend_.SlabBytes(d), 0u) << "device " << d;
   }
+  EXPECT_EQ(broker_->CloseSlab(Self(), held->allocations(0).slab_id()).code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Alloc(Self(), kMiB).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(broker_->Free(Self(), FreeOf(ids[0])).status().code(),
             absl::StatusCode::kFailedPrecondition);
@@ -535,12 +871,15 @@ TEST_F(MemoryBrokerTest, ShutdownReleasesEverySlabAndRefusesCalls) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(broker_->ExportSlab(Self(), slab).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  GetStatsResponse s = broker_->Stats();
+  GetStatsResponse s = broker_->Stats(Root());
   EXPECT_EQ(TotalUsed(s), 0u);
   for (const auto& d : s.devices()) {
     EXPECT_EQ(d.pooled_bytes(), 0u);
     EXPECT_EQ(d.slab_count(), 0u);
+    EXPECT_EQ(d.retained_bytes(), 0u);
+    EXPECT_EQ(d.free_bytes(), d.total_bytes());
   }
+  EXPECT_EQ(s.tenants_size(), 0);
   broker_->Shutdown();  // idempotent
   for (int d = 0; d < kDevices; ++d) EXPECT_EQ(backend_.SlabBytes(d), 0u);
 }
@@ -557,7 +896,7 @@ TEST_F(MemoryBrokerTest, EveryCallAfterShutdownIsFailedPrecondition) {
             absl::StatusCode::kFailedPrecondition)
       << "Allocate without pid after Shutdown";
   // No new sessions are opened by a shut-down broker.
-  EXPECT_EQ(broker_->Stats().sessions_size(), 0);
+  EXPECT_EQ(broker_->Stats(Root()).sessions_size(), 0);
 }
 
 TEST_F(MemoryBrokerTest, ShutdownWithReservationReturnsIt) {
@@ -604,8 +943,8 @@ TEST_F(MemoryBrokerTest, ShardedAllocationLandsOnDistinctDevices) {
     devices.insert(res->allocations(i).device_index());
   }
   EXPECT_EQ(devices.size(), 3u);
-  EXPECT_EQ(TotalUsed(broker_->Stats()), 4 * kMiB + 3 + 44 * kMiB);
-  EXPECT_EQ(TotalAllocations(broker_->Stats()), 7u);
+  EXPECT_EQ(TotalUsed(broker_->Stats(Root())), 4 * kMiB + 3 + 44 * kMiB);
+  EXPECT_EQ(TotalAllocations(broker_->Stats(Root())), 7u);
 }
 
 TEST_F(MemoryBrokerTest, FailingShardedRequestLeavesStatsIdentical) {
@@ -614,17 +953,17 @@ TEST_F(MemoryBrokerTest, FailingShardedRequestLeavesStatsIdentical) {
   ASSERT_TRUE(full.ok()) << full.status();
   {
     SCOPED_TRACE("largest shard refused first: nothing carved");
-    const std::string before = Canonical(broker_->Stats());
+    const std::string before = Canonical(broker_->Stats(Root()));
     AllocateRequest r;
     r.add_shard_sizes(kMiB);
     r.add_shard_sizes(kDevice + 1);  // fits on no device
     absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), r);
     ASSERT_EQ(res.status().code(), absl::StatusCode::kResourceExhausted) << res.status();
-    EXPECT_EQ(Canonical(broker_->Stats()), before);
+    EXPECT_EQ(Canonical(broker_->Stats(Root())), before);
   }
   {
     SCOPED_TRACE("three shards carved on new slabs, the fourth refused");
-    const std::string before = Canonical(broker_->Stats());
+    const std::string before = Canonical(broker_->Stats(Root()));
     AllocateRequest r = Request(4 * kMiB);
     r.set_shard_count(4);
     absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), r);
@@ -640,7 +979,7 @@ TEST_F(MemoryBrokerTest, FailingShardedRequestLeavesStatsIdentical) {
     }
     EXPECT_EQ(refusal->devices(3).device_index(), 3u);
     EXPECT_EQ(refusal->devices(3).reason(), DeviceRefusal::REASON_CAPACITY);
-    EXPECT_EQ(Canonical(broker_->Stats()), before);
+    EXPECT_EQ(Canonical(broker_->Stats(Root())), before);
   }
 }
 
@@ -679,7 +1018,7 @@ TEST_F(MemoryBrokerTest, FragmentationRefusalThroughTheBroker) {
     if (i % 2) drop.push_back(r->allocations(0).id());
   }
   for (uint64_t id : drop) ASSERT_TRUE(broker_->Free(Self(), FreeOf(id)).ok());
-  GetStatsResponse s = broker_->Stats();
+  GetStatsResponse s = broker_->Stats(Root());
   EXPECT_EQ(s.devices(0).free_bytes(), 128 * kMiB);
   EXPECT_EQ(s.devices(0).largest_free_block_bytes(), 8 * kMiB);
   EXPECT_DOUBLE_EQ(s.devices(0).fragmentation(), 1.0 - 8.0 / 128.0);
@@ -696,6 +1035,30 @@ TEST_F(MemoryBrokerTest, FragmentationRefusalThroughTheBroker) {
   absl::StatusOr<AllocateResponse> ok = broker_->Allocate(Self(), fb);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_NE(ok->allocations(0).device_index(), 0u);
+}
+
+// Calls from a process that exited while its session was live: the session
+// registry ends the stale session inside Attach (on the calling thread), and
+// the broker must cope with that while it serves the call: every call
+// answers, and the process's memory and session are gone soon after.
+TEST_F(MemoryBrokerTest, CallsFromAnExitedProcessEndItsSessionCleanly) {
+  const PeerCred gone = child_a_.Cred();
+  ASSERT_TRUE(Alloc(gone, kMiB).ok());
+  child_a_.Kill();  // a zombie until reaped: its pid is not reused meanwhile
+  siginfo_t info;
+  ASSERT_EQ(waitid(P_PID, static_cast<id_t>(child_a_.pid()), &info, WEXITED | WNOWAIT), 0);
+  for (int i = 0; i < 50; ++i) {
+    absl::StatusOr<AllocateResponse> r = Alloc(gone, kMiB);
+    EXPECT_TRUE(r.ok() || absl::IsFailedPrecondition(r.status())) << r.status();
+    absl::StatusOr<v1::Session> s = broker_->GetSession(gone);
+    EXPECT_TRUE(s.ok() || absl::IsFailedPrecondition(s.status())) << s.status();
+  }
+  EXPECT_LE(WaitFor([&] {
+              GetStatsResponse s = broker_->Stats(Root());
+              return TotalUsed(s) == 0 && SessionOf(s, child_a_.pid()) == nullptr;
+            }),
+            absl::Seconds(1));
+  child_a_.Reap();
 }
 
 // ---------------------------------------------------------------------------
@@ -715,6 +1078,7 @@ TEST_F(MemoryBrokerTest, ConcurrentAllocateFreeEndsWithNothingUsed) {
     const PeerCred cred = t == 3 ? child_b_.Cred() : Self();
     std::mt19937_64 rng(1000 + t);
     std::vector<v1::Allocation> live;
+    std::vector<uint64_t> held;  // slabs whose handle we kept
     for (int op = 0; op < kOps; ++op) {
       const int dice = rng() % 100;
       if (dice < 55 || live.empty()) {
@@ -748,17 +1112,36 @@ TEST_F(MemoryBrokerTest, ConcurrentAllocateFreeEndsWithNothingUsed) {
         live[k] = live.back();
         live.pop_back();
       } else if (dice < 98) {
-        absl::StatusOr<SlabFd> fd = broker_->ExportSlab(cred, live[rng() % live.size()].slab_id());
+        // Thread 3 fetches handles only while child B lives: a handle given
+        // to a process as it dies is not what this test is about.
+        if (t == 3 && op > kOps / 2) continue;
+        const uint64_t slab = live[rng() % live.size()].slab_id();
+        absl::StatusOr<SlabFd> fd = broker_->ExportSlab(cred, slab);
         if (fd.ok()) {
           close(fd->fd);
+          // Mostly closed at once; otherwise held until the end.
+          if (rng() % 4 != 0) {
+            // Threads 0..2 are one process, one session: another of them
+            // may have closed the slab for it already.
+            absl::Status c = broker_->CloseSlab(cred, slab);
+            if (!c.ok() && !(t != 3 && absl::IsNotFound(c))) {
+              ADD_FAILURE() << "thread " << t << ": " << c;
+              bad.fetch_add(1);
+            }
+          } else {
+            held.push_back(slab);
+          }
         } else if (t != 3) {
           ADD_FAILURE() << "thread " << t << ": " << fd.status();
           bad.fetch_add(1);
         }
       } else {
-        GetStatsResponse s = broker_->Stats();
+        GetStatsResponse s = broker_->Stats(t % 2 == 0 ? Root() : Nobody(), rng() % 2 == 0);
         for (const auto& d : s.devices()) {
-          if (d.used_bytes() > d.total_bytes() || d.pooled_bytes() > d.total_bytes()) {
+          if (d.used_bytes() > d.total_bytes() || d.pooled_bytes() > d.total_bytes() ||
+              d.used_bytes() + d.retained_bytes() > d.total_bytes() ||
+              d.free_bytes() + d.used_bytes() + d.retained_bytes() != d.total_bytes()) {
+            ADD_FAILURE() << "thread " << t << ": " << d.ShortDebugString();
             bad.fetch_add(1);
           }
         }
@@ -773,6 +1156,15 @@ TEST_F(MemoryBrokerTest, ConcurrentAllocateFreeEndsWithNothingUsed) {
           bad.fetch_add(1);
         }
       }
+      // Threads 0..2 share one process (one session): the first CloseSlab
+      // of a slab lets it go, later ones find nothing to close.
+      for (uint64_t slab : held) {
+        absl::Status s = broker_->CloseSlab(cred, slab);
+        if (!s.ok() && !absl::IsNotFound(s)) {
+          ADD_FAILURE() << "thread " << t << ": " << s;
+          bad.fetch_add(1);
+        }
+      }
     }
   };
   std::vector<std::thread> threads;
@@ -781,18 +1173,20 @@ TEST_F(MemoryBrokerTest, ConcurrentAllocateFreeEndsWithNothingUsed) {
   EXPECT_EQ(bad.load(), 0);
   EXPECT_GT(allocated.load(), 1000);
   EXPECT_LE(WaitFor([&] {
-              GetStatsResponse s = broker_->Stats();
+              GetStatsResponse s = broker_->Stats(Root());
               return TotalUsed(s) == 0 && SessionOf(s, child_b_.pid()) == nullptr;
             }),
             absl::Seconds(1));
-  GetStatsResponse s = broker_->Stats();
+  GetStatsResponse s = broker_->Stats(Root());
   EXPECT_EQ(TotalUsed(s), 0u);
   EXPECT_EQ(TotalAllocations(s), 0u);
   for (const auto& ss : s.sessions()) {
     EXPECT_EQ(ss.allocation_count(), 0u);
     EXPECT_EQ(ss.used_bytes(), 0u);
+    EXPECT_EQ(ss.retained_bytes(), 0u);
   }
-  // Idle slabs go back to the devices (release_after is 0).
+  // Idle slabs go back to the devices (release_after is 0), retained ones
+  // too: every handle was closed or its process ended.
   EXPECT_LE(WaitFor([&] {
               for (int d = 0; d < kDevices; ++d) {
                 if (backend_.SlabBytes(d) != 0) return false;
