@@ -130,6 +130,26 @@ void Drain(MemoryBroker* broker, SystemdNotifier* notifier, absl::Duration limit
   if (limit > absl::ZeroDuration()) std::cerr << "gpumemd: drained: no live allocations\n";
 }
 
+// SIGHUP: the whole file is loaded and checked, then its reloadable settings
+// applied; `running` becomes the new config only if both succeed.
+absl::Status Reload(const std::string& path, const ReloadableFlags& flags,
+                    MemoryBroker* broker, v1::DaemonConfig* running) {
+  absl::StatusOr<v1::DaemonConfig> next = LoadDaemonConfig(path);
+  if (!next.ok()) return next.status();
+  std::vector<std::string> restart_only = RestartOnlyChanges(*running, *next);
+  absl::StatusOr<std::vector<std::string>> applied =
+      ApplyReloadableConfig(*next, flags, broker);
+  if (!applied.ok()) return applied.status();
+  if (!restart_only.empty()) {
+    std::cerr << "gpumemd: reload: " << absl::StrJoin(restart_only, ", ")
+              << " changed; these take effect at the next start\n";
+  }
+  *running = *std::move(next);
+  std::cerr << "gpumemd: reloaded " << path << ": " << absl::StrJoin(*applied, "; ")
+            << "\n";
+  return absl::OkStatus();
+}
+
 int Run() {
   const std::string config_path = absl::GetFlag(FLAGS_config);
   absl::StatusOr<v1::DaemonConfig> config = LoadDaemonConfig(config_path);
@@ -279,32 +299,14 @@ int Run() {
       continue;
     }
     notifier.Reloading(absl::StrCat("reloading ", config_path));
-    absl::StatusOr<v1::DaemonConfig> next = LoadDaemonConfig(config_path);
-    if (!next.ok()) {
+    absl::Status reloaded = Reload(config_path, reloadable_flags, &broker, &running);
+    if (!reloaded.ok()) {
       std::cerr << "gpumemd: reload refused, the config in force is unchanged: "
-                << next.status().message() << "\n";
-      notifier.Ready(absl::StrCat(serving, "; last reload refused: ",
-                                  next.status().message()));
-      continue;
+                << reloaded.message() << "\n";
     }
-    std::vector<std::string> restart_only = RestartOnlyChanges(running, *next);
-    if (!restart_only.empty()) {
-      std::cerr << "gpumemd: reload: " << absl::StrJoin(restart_only, ", ")
-                << " changed; these take effect at the next start\n";
-    }
-    absl::StatusOr<std::vector<std::string>> applied =
-        ApplyReloadableConfig(*next, reloadable_flags, &broker);
-    if (!applied.ok()) {
-      std::cerr << "gpumemd: reload refused, the config in force is unchanged: "
-                << applied.status().message() << "\n";
-      notifier.Ready(absl::StrCat(serving, "; last reload refused: ",
-                                  applied.status().message()));
-      continue;
-    }
-    running = *next;
-    std::cerr << "gpumemd: reloaded " << config_path << ": "
-              << absl::StrJoin(*applied, "; ") << "\n";
-    notifier.Ready(absl::StrCat(serving, "; config reloaded"));
+    notifier.Ready(absl::StrCat(serving, reloaded.ok() ? "; config reloaded"
+                                                       : "; last reload refused: ",
+                                reloaded.message()));
   }
 
   broker.BeginDrain();
