@@ -58,6 +58,13 @@ std::string DefaultSocketPath() {
 struct Client::Impl {
   std::string socket_path;
   std::unique_ptr<v1::GpuMemory::Stub> stub;
+  // Set when the daemon cannot see this process's pid (another pid
+  // namespace): the session bound to our slab channel, sent with each call.
+  std::string session_token;
+
+  void Prepare(grpc::ClientContext* ctx) const {
+    if (!session_token.empty()) ctx->AddMetadata(kSessionTokenHeader, session_token);
+  }
   absl::Mutex mu;
   int channel_fd ABSL_GUARDED_BY(mu) = -1;
   absl::flat_hash_map<uint64_t, MappedSlab> slabs ABSL_GUARDED_BY(mu);
@@ -77,10 +84,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path)
   if (socket_path.empty()) socket_path = DefaultSocketPath();
   auto impl = std::make_unique<Impl>();
   impl->socket_path = socket_path;
-  // Fail fast with a clear message when nobody is listening.
-  absl::StatusOr<int> probe = ConnectFdChannel(socket_path);
-  if (!probe.ok()) return probe.status();
-  close(*probe);
+  // The slab channel first: it fails fast with a clear message when nobody
+  // is listening, and its hello tells whether this process needs a
+  // connection-bound session (then the channel is its lifeline).
+  absl::StatusOr<int> channel_fd = ConnectFdChannel(socket_path);
+  if (!channel_fd.ok()) return channel_fd.status();
+  absl::StatusOr<std::string> token = HelloFdChannel(*channel_fd);
+  if (!token.ok()) {
+    close(*channel_fd);
+    return token.status();
+  }
+  impl->session_token = *token;
+  impl->channel_fd = *channel_fd;
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   auto channel = grpc::CreateCustomChannel(
@@ -92,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path)
 absl::StatusOr<v1::AllocateResponse> Client::AllocateRaw(
     const v1::AllocateRequest& request) {
   grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
   v1::AllocateResponse response;
   absl::Status s = FromGrpc(impl_->stub->Allocate(&ctx, request, &response));
   if (!s.ok()) return s;
@@ -100,6 +116,7 @@ absl::StatusOr<v1::AllocateResponse> Client::AllocateRaw(
 
 absl::Status Client::Free(uint64_t allocation_id) {
   grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
   v1::FreeRequest req;
   req.set_id(allocation_id);
   v1::FreeResponse resp;
@@ -108,6 +125,7 @@ absl::Status Client::Free(uint64_t allocation_id) {
 
 absl::StatusOr<v1::GetStatsResponse> Client::GetStats(bool include_slabs) {
   grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
   v1::GetStatsRequest req;
   req.set_include_slabs(include_slabs);
   v1::GetStatsResponse resp;
@@ -118,6 +136,7 @@ absl::StatusOr<v1::GetStatsResponse> Client::GetStats(bool include_slabs) {
 
 absl::StatusOr<v1::Session> Client::GetSession() {
   grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
   v1::Session resp;
   absl::Status s =
       FromGrpc(impl_->stub->GetSession(&ctx, v1::GetSessionRequest(), &resp));

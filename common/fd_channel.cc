@@ -65,6 +65,21 @@ absl::Status Call(int channel, SlabOp op, uint64_t slab_id, SlabResponse* resp,
 
 }  // namespace
 
+absl::StatusOr<std::string> HelloFdChannel(int channel) {
+  SlabResponse resp;
+  int fd = -1;
+  absl::Status s = Call(channel, SlabOp::kHello, 0, &resp, &fd);
+  if (fd >= 0) close(fd);
+  if (!s.ok()) return s;
+  if (resp.message_len > kFdChannelMaxMessage) {
+    return absl::InternalError("slab channel: oversized token");
+  }
+  std::string token(resp.message_len, '\0');
+  s = ReadAll(channel, token.data(), token.size());
+  if (!s.ok()) return s;
+  return token;
+}
+
 absl::StatusOr<SlabFd> RequestSlabFd(int channel, uint64_t slab_id) {
   SlabResponse resp;
   int fd = -1;

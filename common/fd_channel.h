@@ -16,6 +16,12 @@
 //               caller's session holds the slab from then on.
 //   kCloseSlab  the caller unmapped the slab and holds no handle to it any
 //               more, so a released slab need not stay retained for it.
+//   kHello      sent first by the client library. For a caller whose pid
+//               the daemon cannot see (another pid namespace), the daemon
+//               binds a session to this connection (its memory is freed
+//               when the connection closes) and answers with the session's
+//               token as the message bytes; the client sends it as gRPC
+//               metadata kSessionTokenHeader. Others get no token.
 // A connection that sends anything else is closed.
 #ifndef GPUMEMD_COMMON_FD_CHANNEL_H_
 #define GPUMEMD_COMMON_FD_CHANNEL_H_
@@ -31,7 +37,10 @@ inline constexpr char kFdChannelMagic[4] = {'G', 'M', 'S', 'L'};
 inline constexpr uint16_t kFdChannelVersion = 2;
 inline constexpr uint32_t kFdChannelMaxMessage = 1024;
 
-enum class SlabOp : uint16_t { kOpenSlab = 1, kCloseSlab = 2 };
+enum class SlabOp : uint16_t { kOpenSlab = 1, kCloseSlab = 2, kHello = 3 };
+
+// gRPC metadata key carrying a connection-bound session's token.
+inline constexpr char kSessionTokenHeader[] = "gpumem-session-token";
 
 struct SlabRequest {
   char magic[4];      // kFdChannelMagic
@@ -43,7 +52,8 @@ static_assert(sizeof(SlabRequest) == 16, "wire layout");
 
 struct SlabResponse {
   uint32_t code;          // absl::StatusCode; 0 = OK and an fd is attached
-  uint32_t message_len;   // bytes of error text that follow (<= kFdChannelMaxMessage)
+  uint32_t message_len;   // bytes that follow (<= kFdChannelMaxMessage): error
+                          // text, or kHello's token
   uint64_t slab_size;     // bytes to map, on success
 };
 static_assert(sizeof(SlabResponse) == 16, "wire layout");
@@ -62,6 +72,9 @@ absl::StatusOr<SlabFd> RequestSlabFd(int channel, uint64_t slab_id);
 
 // Client side: tells the daemon this process closed `slab_id`.
 absl::Status CloseSlabFd(int channel, uint64_t slab_id);
+
+// Client side: the hello; the session token, empty when none is needed.
+absl::StatusOr<std::string> HelloFdChannel(int channel);
 
 }  // namespace gpumem
 

@@ -1,5 +1,6 @@
 #include "server/service/gpumem_service.h"
 
+#include "common/fd_channel.h"
 #include "common/refusal_payload.h"
 
 namespace gpumem {
@@ -20,6 +21,22 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 namespace {
 
+// The caller as the kernel identifies its connection; a caller without a
+// visible pid proves its connection-bound session with the token its slab
+// channel was given.
+absl::StatusOr<PeerCred> CallerOf(grpc::ServerContext* ctx, const PeerTable& peers,
+                                  const MemoryBroker& broker) {
+  absl::StatusOr<PeerCred> caller = peers.Lookup(ctx->peer());
+  if (!caller.ok() || caller->pid > 0) return caller;
+  auto token = ctx->client_metadata().find(kSessionTokenHeader);
+  if (token == ctx->client_metadata().end()) return caller;  // Attach says why
+  absl::StatusOr<uint64_t> session = broker.ResolveSessionToken(
+      absl::string_view(token->second.data(), token->second.size()), *caller);
+  if (!session.ok()) return session.status();
+  caller->bound_session = *session;
+  return caller;
+}
+
 template <typename T>
 grpc::Status Reply(absl::StatusOr<T> result, T* out) {
   if (!result.ok()) return ToGrpcStatus(result.status());
@@ -32,7 +49,7 @@ grpc::Status Reply(absl::StatusOr<T> result, T* out) {
 grpc::Status GpuMemoryService::Allocate(grpc::ServerContext* ctx,
                                         const v1::AllocateRequest* req,
                                         v1::AllocateResponse* resp) {
-  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
+  absl::StatusOr<PeerCred> caller = CallerOf(ctx, *peers_, *broker_);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   return Reply(broker_->Allocate(*caller, *req), resp);
 }
@@ -40,7 +57,7 @@ grpc::Status GpuMemoryService::Allocate(grpc::ServerContext* ctx,
 grpc::Status GpuMemoryService::Free(grpc::ServerContext* ctx,
                                     const v1::FreeRequest* req,
                                     v1::FreeResponse* resp) {
-  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
+  absl::StatusOr<PeerCred> caller = CallerOf(ctx, *peers_, *broker_);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   return Reply(broker_->Free(*caller, *req), resp);
 }
@@ -48,7 +65,7 @@ grpc::Status GpuMemoryService::Free(grpc::ServerContext* ctx,
 grpc::Status GpuMemoryService::GetStats(grpc::ServerContext* ctx,
                                         const v1::GetStatsRequest* req,
                                         v1::GetStatsResponse* resp) {
-  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
+  absl::StatusOr<PeerCred> caller = CallerOf(ctx, *peers_, *broker_);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   *resp = broker_->Stats(*caller, req->include_slabs());
   return grpc::Status::OK;
@@ -57,7 +74,7 @@ grpc::Status GpuMemoryService::GetStats(grpc::ServerContext* ctx,
 grpc::Status GpuMemoryService::GetSession(grpc::ServerContext* ctx,
                                           const v1::GetSessionRequest*,
                                           v1::Session* resp) {
-  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
+  absl::StatusOr<PeerCred> caller = CallerOf(ctx, *peers_, *broker_);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   return Reply(broker_->GetSession(*caller), resp);
 }

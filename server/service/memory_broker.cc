@@ -382,7 +382,9 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller,
 absl::Status MemoryBroker::CloseSlab(const PeerCred& caller, uint64_t slab_id) {
   absl::ReaderMutexLock gate(&gate_);
   if (shut_down_) return ShuttingDown();
-  if (caller.pid <= 0) return sessions_->Attach(caller).status();  // the reason
+  if (caller.pid <= 0 && caller.bound_session == 0) {
+    return sessions_->Attach(caller).status();  // PERMISSION_DENIED, saying why
+  }
   std::optional<SessionInfo> session = sessions_->Find(caller);
   if (!session.has_value()) {
     return absl::NotFoundError(absl::StrCat(
@@ -393,6 +395,21 @@ absl::Status MemoryBroker::CloseSlab(const PeerCred& caller, uint64_t slab_id) {
     return pool->CloseExport(slab_id, session->id);
   }
   return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
+}
+
+absl::StatusOr<SessionInfo> MemoryBroker::BindConnection(const PeerCred& caller) {
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return ShuttingDown();
+  return sessions_->BindConnection(caller);
+}
+
+void MemoryBroker::EndConnection(uint64_t session_id) {
+  sessions_->EndConnection(session_id);  // calls OnSessionEnd
+}
+
+absl::StatusOr<uint64_t> MemoryBroker::ResolveSessionToken(absl::string_view token,
+                                                           const PeerCred& caller) const {
+  return sessions_->ResolveToken(token, caller.uid);
 }
 
 v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,

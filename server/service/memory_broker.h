@@ -107,6 +107,14 @@ class MemoryBroker {
   // The caller's process closed (unmapped) a slab it was given.
   absl::Status CloseSlab(const PeerCred& caller, uint64_t slab_id);
 
+  // Sessions of callers in another pid namespace, bound to a connection
+  // (see SessionRegistry::BindConnection): made when the caller's slab
+  // channel says hello, ended when it closes, found by token for gRPC.
+  absl::StatusOr<SessionInfo> BindConnection(const PeerCred& caller);
+  void EndConnection(uint64_t session_id);
+  absl::StatusOr<uint64_t> ResolveSessionToken(absl::string_view token,
+                                               const PeerCred& caller) const;
+
   // Root, or a member of the admin group.
   bool IsAdmin(const PeerCred& caller) const;
   const Backend& backend() const { return *backend_; }

@@ -239,8 +239,12 @@ void SocketListener::ExpirePending() {
 
 void SocketListener::CloseConn(int fd) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-  conns_.erase(fd);
+  auto it = conns_.find(fd);
+  const uint64_t bound = it == conns_.end() ? 0 : it->second.cred.bound_session;
+  if (it != conns_.end()) conns_.erase(it);
   close(fd);
+  // A connection-bound session lives exactly as long as its connection.
+  if (bound != 0) broker_->EndConnection(bound);
 }
 
 void SocketListener::OnReadable(int fd) {
@@ -303,7 +307,7 @@ void SocketListener::ServeRequests(int fd, Conn& conn) {
   }
 }
 
-bool SocketListener::Answer(int fd, const Conn& conn, const SlabRequest& req) {
+bool SocketListener::Answer(int fd, Conn& conn, const SlabRequest& req) {
   if (memcmp(req.magic, kFdChannelMagic, 4) != 0 || req.version != kFdChannelVersion) {
     return false;  // not our protocol (or another version of it)
   }
@@ -323,11 +327,25 @@ bool SocketListener::Answer(int fd, const Conn& conn, const SlabRequest& req) {
     case SlabOp::kCloseSlab:
       status = broker_->CloseSlab(conn.cred, req.slab_id);
       break;
+    case SlabOp::kHello:
+      if (conn.cred.pid <= 0 && conn.cred.bound_session == 0) {
+        absl::StatusOr<SessionInfo> s = broker_->BindConnection(conn.cred);
+        status = s.status();
+        if (s.ok()) {
+          conn.cred.bound_session = s->id;
+          conn.token = s->token;
+        }
+      }
+      break;
     default:
       return false;
   }
   std::string out;
-  if (!status.ok()) {
+  if (status.ok() && static_cast<SlabOp>(req.op) == SlabOp::kHello) {
+    resp.message_len = static_cast<uint32_t>(conn.token.size());
+    out.assign(reinterpret_cast<const char*>(&resp), sizeof(resp));
+    out += conn.token;
+  } else if (!status.ok()) {
     std::string msg(status.message().substr(0, kFdChannelMaxMessage));
     resp.code = static_cast<uint32_t>(status.code());
     resp.message_len = static_cast<uint32_t>(msg.size());
@@ -351,7 +369,10 @@ void SocketListener::Stop() {
     (void)!write(wake_fd_, &one, sizeof(one));
     loop_.join();
   }
-  for (auto& [fd, conn] : conns_) close(fd);
+  for (auto& [fd, conn] : conns_) {
+    close(fd);
+    if (conn.cred.bound_session != 0) broker_->EndConnection(conn.cred.bound_session);
+  }
   conns_.clear();
   pending_.clear();
   if (listen_fd_ >= 0) {

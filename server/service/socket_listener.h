@@ -14,7 +14,9 @@
 //    Anything else is closed, and so is a connection that has not said its
 //    first four bytes within kFirstBytesTimeout.
 //  - Slab channel requests are answered in the loop: open (an fd over
-//    SCM_RIGHTS, recorded as held by the caller's session) and close. A
+//    SCM_RIGHTS, recorded as held by the caller's session), close, and
+//    hello, which gives a caller in another pid namespace a session bound
+//    to this connection (ended when it closes) and its token. A
 //    channel whose peer does not read its answers (the socket buffer is
 //    full) or sends a malformed request is closed.
 // So the thread count does not grow with clients: 2,000 idle connections
@@ -75,6 +77,7 @@ class SocketListener {
     bool channel = false;       // past the first bytes: a slab channel
     uint64_t generation = 0;    // tells a reused fd number from the old one
     std::string in;             // bytes of a partly read request
+    std::string token;          // of the session bound to it (kHello)
   };
 
   void Loop();
@@ -82,7 +85,7 @@ class SocketListener {
   void OnReadable(int fd);
   void ServeRequests(int fd, Conn& conn);
   // Answers one request; false when the connection must be closed.
-  bool Answer(int fd, const Conn& conn, const SlabRequest& req);
+  bool Answer(int fd, Conn& conn, const SlabRequest& req);
   void CloseConn(int fd);
   void ExpirePending();
 

@@ -24,6 +24,11 @@ struct PeerCred {
   pid_t pid = 0;  // 0 when the peer is in a pid namespace we cannot see
   uid_t uid = 0;
   gid_t gid = 0;
+  // Only for a caller without a visible pid: the connection-bound session
+  // it proved it belongs to (by a token the daemon gave its slab channel;
+  // see SessionRegistry::BindConnection). Set by the transport, never
+  // taken from a request.
+  uint64_t bound_session = 0;
 };
 
 absl::StatusOr<PeerCred> ReadPeerCred(int fd);

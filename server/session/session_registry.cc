@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -45,17 +46,28 @@ SessionRegistry::~SessionRegistry() {
   (void)!write(wake_fd_, &one, sizeof(one));
   watcher_.join();
   absl::MutexLock lock(&mu_);
-  for (auto& [id, e] : sessions_) close(e.pidfd);
+  for (auto& [id, e] : sessions_) {
+    if (e.pidfd >= 0) close(e.pidfd);
+  }
   close(wake_fd_);
   close(epoll_fd_);
 }
 
 absl::StatusOr<SessionInfo> SessionRegistry::Attach(const PeerCred& cred) {
   if (cred.pid <= 0) {
+    if (cred.bound_session != 0) {
+      absl::MutexLock lock(&mu_);
+      auto it = sessions_.find(cred.bound_session);
+      if (it != sessions_.end() && it->second.info.cred.uid == cred.uid) {
+        return it->second.info;
+      }
+    }
     return absl::PermissionDeniedError(
-        "the caller's pid is not visible from the daemon's pid namespace, so "
-        "its memory could not be reclaimed when it exits; run the client in "
-        "the daemon's pid namespace (or a parent of it)");
+        "the caller's pid is not visible from the daemon's pid namespace (a "
+        "container?), so its memory is reclaimed when its slab channel "
+        "closes: open the slab channel first and send its session token "
+        "with each call (metadata gpumem-session-token; the gpumem client "
+        "library does this), or run the client in the daemon's pid namespace");
   }
   // The whole lookup-or-create runs under one lock, so concurrent first
   // calls of one process (32 threads at once) make exactly one session.
@@ -77,11 +89,46 @@ absl::StatusOr<SessionInfo> SessionRegistry::Attach(const PeerCred& cred) {
 
 std::optional<SessionInfo> SessionRegistry::Find(const PeerCred& cred) const {
   absl::MutexLock lock(&mu_);
+  if (cred.pid <= 0) {
+    auto it = sessions_.find(cred.bound_session);
+    if (it == sessions_.end() || it->second.info.cred.uid != cred.uid) return std::nullopt;
+    return it->second.info;
+  }
   auto it = by_pid_.find(cred.pid);
   if (it == by_pid_.end()) return std::nullopt;
   const Entry& e = sessions_.at(it->second);
   if (Exited(e.pidfd)) return std::nullopt;
   return e.info;
+}
+
+absl::StatusOr<SessionInfo> SessionRegistry::BindConnection(const PeerCred& cred) {
+  unsigned char bytes[16];
+  if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
+    return absl::InternalError(absl::StrCat("getrandom: ", strerror(errno)));
+  }
+  std::string token;
+  for (unsigned char b : bytes) absl::StrAppend(&token, absl::Hex(b, absl::kZeroPad2));
+  absl::MutexLock lock(&mu_);
+  Entry e;
+  e.info.id = next_id_++;
+  e.info.cred = cred;
+  e.info.cred.bound_session = e.info.id;
+  e.info.started = absl::Now();
+  e.info.token = token;
+  by_token_[token] = e.info.id;
+  sessions_[e.info.id] = e;
+  return e.info;
+}
+
+absl::StatusOr<uint64_t> SessionRegistry::ResolveToken(absl::string_view token,
+                                                       uid_t uid) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_token_.find(std::string(token));
+  if (it == by_token_.end() || sessions_.at(it->second).info.cred.uid != uid) {
+    return absl::PermissionDeniedError(
+        "unknown or ended session token (its slab channel closed?); reconnect");
+  }
+  return it->second;
 }
 
 absl::StatusOr<SessionInfo> SessionRegistry::CreateLocked(const PeerCred& cred) {
@@ -125,8 +172,11 @@ void SessionRegistry::End(uint64_t session_id) {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
     if (it == sessions_.end()) return;  // ended by another thread
-    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.pidfd, nullptr);
-    close(it->second.pidfd);
+    if (it->second.pidfd >= 0) {
+      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.pidfd, nullptr);
+      close(it->second.pidfd);
+    }
+    if (!it->second.info.token.empty()) by_token_.erase(it->second.info.token);
     auto p = by_pid_.find(it->second.info.cred.pid);
     if (p != by_pid_.end() && p->second == session_id) by_pid_.erase(p);
     sessions_.erase(it);

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -36,6 +37,8 @@ struct SessionInfo {
   uint64_t id = 0;
   PeerCred cred;
   absl::Time started;
+  // Connection-bound sessions only: the secret that proves membership.
+  std::string token;
 };
 
 class SessionRegistry {
@@ -47,9 +50,21 @@ class SessionRegistry {
   SessionRegistry(const SessionRegistry&) = delete;
   SessionRegistry& operator=(const SessionRegistry&) = delete;
 
-  // The live session of the caller's process, created if needed.
-  // PERMISSION_DENIED when the kernel gave no pid (another pid namespace).
+  // The live session of the caller's process, created if needed. A caller
+  // without a visible pid gets its connection-bound session
+  // (cred.bound_session), or PERMISSION_DENIED saying how to get one.
   absl::StatusOr<SessionInfo> Attach(const PeerCred& cred);
+
+  // A caller in another pid namespace (SO_PEERCRED gives pid 0): a session
+  // bound to the connection it keeps open instead of to a process. It ends
+  // when the transport calls EndConnection (the connection closed). The
+  // returned token (128 random bits, hex) is what the caller presents on
+  // its other connections (gRPC metadata) to act in this session.
+  absl::StatusOr<SessionInfo> BindConnection(const PeerCred& cred);
+  void EndConnection(uint64_t session_id) { End(session_id); }
+  // The connection-bound session a token names, if it is live and of `uid`;
+  // PERMISSION_DENIED otherwise.
+  absl::StatusOr<uint64_t> ResolveToken(absl::string_view token, uid_t uid) const;
   // The live session of the caller's process, if it has one (never creates).
   std::optional<SessionInfo> Find(const PeerCred& cred) const;
   bool IsLive(uint64_t session_id) const;
@@ -72,6 +87,7 @@ class SessionRegistry {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Entry> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<pid_t, uint64_t> by_pid_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> by_token_ ABSL_GUARDED_BY(mu_);
   std::thread watcher_;
 };
 

@@ -117,10 +117,13 @@ TEST_F(IdleConnectionsTest, TwoThousandSilentConnectionsCostNoThreads) {
 }
 
 TEST_F(IdleConnectionsTest, GarbageIsClosedAtOnceAndTheDaemonKeepsServing) {
-  for (const char* garbage : {"GET / HTTP/1.1\r\n\r\n", "\x00\x01\x02\x03", "GMSLxxxxxxxxxxxxxxxx"}) {
+  const std::string garbages[] = {"GET / HTTP/1.1\r\n\r\n", std::string("\0\1\2\3", 4),
+                                  "GMSLxxxxxxxxxxxxxxxx"};
+  for (const std::string& garbage : garbages) {
     int fd = Connect(daemon_->socket());
     ASSERT_GE(fd, 0);
-    ASSERT_EQ(write(fd, garbage, 20), 20);
+    ASSERT_EQ(write(fd, garbage.data(), garbage.size()),
+              static_cast<ssize_t>(garbage.size()));
     EXPECT_TRUE(ClosedWithin(fd, 2000)) << garbage;
     close(fd);
   }
