@@ -54,12 +54,14 @@ absl::Status Bad(const std::string& where, absl::string_view field,
 
 }  // namespace
 
-absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(const std::string& name,
-                                                   const std::string& text) {
+absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(
+    const std::string& name, const std::string& text,
+    TextFormat::ParseInfoTree* locations) {
   v1::DaemonConfig config;
   TextFormat::Parser parser;
   FirstError errors;
-  TextFormat::ParseInfoTree tree;
+  TextFormat::ParseInfoTree own_tree;
+  TextFormat::ParseInfoTree& tree = locations != nullptr ? *locations : own_tree;
   parser.RecordErrorsTo(&errors);
   parser.WriteLocationsTo(&tree);
   if (!parser.ParseFromString(text, &config)) {
@@ -130,13 +132,14 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(const std::string& name,
   return config;
 }
 
-absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const std::string& path) {
+absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const std::string& path,
+                                                  TextFormat::ParseInfoTree* locations) {
   if (path.empty()) return v1::DaemonConfig();
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read config ", path));
   std::stringstream text;
   text << in.rdbuf();
-  return ParseDaemonConfig(path, text.str());
+  return ParseDaemonConfig(path, text.str(), locations);
 }
 
 }  // namespace gpumem

@@ -13,16 +13,23 @@
 
 #include <string>
 
+#include <google/protobuf/text_format.h>
+
 #include "absl/status/statusor.h"
 #include "proto/gpumem/v1/config.pb.h"
 
 namespace gpumem {
 
-absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const std::string& path);
+// `locations` (may be null) receives where each field was written, for
+// checks made later by other parts (their errors can name the line too).
+absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(
+    const std::string& path,
+    google::protobuf::TextFormat::ParseInfoTree* locations = nullptr);
 
 // The same checks on text already read (`name` is used in messages).
-absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(const std::string& name,
-                                                   const std::string& text);
+absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(
+    const std::string& name, const std::string& text,
+    google::protobuf::TextFormat::ParseInfoTree* locations = nullptr);
 
 }  // namespace gpumem
 
