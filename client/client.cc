@@ -2,7 +2,6 @@
 // daemon's answer reaches the caller with its code and message unchanged.
 #include "client/client.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -14,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/slab_mapper.h"
 #include "common/fd_channel.h"
 #include "common/refusal_payload.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
@@ -38,8 +38,8 @@ absl::Status FromGrpc(const grpc::Status& s) {
 }
 
 struct MappedSlab {
-  char* base = nullptr;
-  uint64_t size = 0;
+  // Shared so copies run outside the client's lock.
+  std::shared_ptr<OpenedSlab> slab;
   uint64_t refs = 0;
 };
 
@@ -68,17 +68,25 @@ struct Client::Impl {
   absl::Mutex mu;
   int channel_fd ABSL_GUARDED_BY(mu) = -1;
   absl::flat_hash_map<uint64_t, MappedSlab> slabs ABSL_GUARDED_BY(mu);
+  // One mapper per handle kind, made on first use.
+  absl::flat_hash_map<int, std::unique_ptr<SlabMapper>> mappers ABSL_GUARDED_BY(mu);
+  v1::HandleKind handle_kind ABSL_GUARDED_BY(mu) = v1::HANDLE_KIND_UNSPECIFIED;
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
   absl::MutexLock lock(&impl_->mu);
-  for (auto& [id, m] : impl_->slabs) munmap(m.base, m.size);
+  impl_->slabs.clear();  // closes every opened slab
   if (impl_->channel_fd >= 0) close(impl_->channel_fd);
 }
 
 const std::string& Client::socket_path() const { return impl_->socket_path; }
+
+void Client::SetHandleKind(v1::HandleKind kind) {
+  absl::MutexLock lock(&impl_->mu);
+  impl_->handle_kind = kind;
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path) {
   if (socket_path.empty()) socket_path = DefaultSocketPath();
@@ -98,6 +106,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path)
   impl->channel_fd = *channel_fd;
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  // A channel of its own: a Client made after a daemon restart must not
+  // share the old Client's (dead) connection from gRPC's global pool.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto channel = grpc::CreateCustomChannel(
       "unix:" + socket_path, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::GpuMemory::NewStub(channel);
@@ -145,41 +156,40 @@ absl::StatusOr<v1::Session> Client::GetSession() {
 }
 
 absl::StatusOr<void*> Client::MapBlock(const v1::Allocation& a) {
-  if (a.handle_kind() != v1::HANDLE_KIND_POSIX_FD) {
-    return absl::UnimplementedError("this client maps POSIX fd handles only");
-  }
   absl::MutexLock lock(&impl_->mu);
   auto it = impl_->slabs.find(a.slab_id());
   if (it == impl_->slabs.end()) {
-    if (impl_->channel_fd < 0) {
-      absl::StatusOr<int> fd = ConnectFdChannel(impl_->socket_path);
-      if (!fd.ok()) return fd.status();
-      impl_->channel_fd = *fd;
+    auto m = impl_->mappers.find(a.handle_kind());
+    if (m == impl_->mappers.end()) {
+      absl::StatusOr<std::unique_ptr<SlabMapper>> made = NewSlabMapper(a.handle_kind());
+      if (!made.ok()) return made.status();
+      m = impl_->mappers.emplace(a.handle_kind(), *std::move(made)).first;
     }
-    absl::StatusOr<SlabFd> slab = RequestSlabFd(impl_->channel_fd, a.slab_id());
-    if (!slab.ok()) {
-      if (slab.status().code() == absl::StatusCode::kUnavailable) {
-        close(impl_->channel_fd);
-        impl_->channel_fd = -1;
+    Impl* impl = impl_.get();
+    // Called by fd kinds only, under impl->mu (held by this function).
+    auto fetch_fd = [impl, &a]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::StatusOr<SlabFd> {
+      if (impl->channel_fd < 0) {
+        absl::StatusOr<int> fd = ConnectFdChannel(impl->socket_path);
+        if (!fd.ok()) return fd.status();
+        impl->channel_fd = *fd;
       }
-      return slab.status();
-    }
-    void* base = mmap(nullptr, slab->size, PROT_READ | PROT_WRITE, MAP_SHARED,
-                      slab->fd, 0);
-    close(slab->fd);
-    if (base == MAP_FAILED) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("mmap of slab ", a.slab_id(), " failed"));
-    }
-    it = impl_->slabs.emplace(a.slab_id(),
-                              MappedSlab{static_cast<char*>(base), slab->size, 0})
-             .first;
+      absl::StatusOr<SlabFd> slab = RequestSlabFd(impl->channel_fd, a.slab_id());
+      if (!slab.ok() && slab.status().code() == absl::StatusCode::kUnavailable) {
+        close(impl->channel_fd);
+        impl->channel_fd = -1;
+      }
+      return slab;
+    };
+    absl::StatusOr<std::unique_ptr<OpenedSlab>> opened = m->second->Open(a, fetch_fd);
+    if (!opened.ok()) return opened.status();
+    it = impl_->slabs.emplace(a.slab_id(), MappedSlab{*std::move(opened), 0}).first;
   }
-  if (a.offset() > it->second.size || a.size_bytes() > it->second.size - a.offset()) {
+  const uint64_t size = it->second.slab->size();
+  if (a.offset() > size || a.size_bytes() > size - a.offset()) {
     return absl::InternalError("block lies outside its slab");
   }
   ++it->second.refs;
-  return it->second.base + a.offset();
+  return it->second.slab->base() + a.offset();
 }
 
 void Client::UnmapBlock(const v1::Allocation& a) {
@@ -187,8 +197,13 @@ void Client::UnmapBlock(const v1::Allocation& a) {
   auto it = impl_->slabs.find(a.slab_id());
   if (it == impl_->slabs.end()) return;
   if (--it->second.refs == 0) {
-    munmap(it->second.base, it->second.size);
-    impl_->slabs.erase(it);
+    impl_->slabs.erase(it);  // closes the slab
+    // Legacy IPC handles came with the allocation, not over the channel:
+    // open it now to say the slab is closed.
+    if (impl_->channel_fd < 0 && a.handle_kind() == v1::HANDLE_KIND_CUDA_IPC) {
+      absl::StatusOr<int> fd = ConnectFdChannel(impl_->socket_path);
+      if (fd.ok()) impl_->channel_fd = *fd;
+    }
     // Tell the daemon, so a released slab is not kept retained for us.
     if (impl_->channel_fd >= 0 &&
         CloseSlabFd(impl_->channel_fd, a.slab_id()).code() == absl::StatusCode::kUnavailable) {
@@ -198,6 +213,23 @@ void Client::UnmapBlock(const v1::Allocation& a) {
   }
 }
 
+absl::Status Client::CopyBlock(const v1::Allocation& a, uint64_t offset, const void* src,
+                               void* dst, uint64_t n) {
+  if (offset > a.size_bytes() || n > a.size_bytes() - offset) {
+    return absl::OutOfRangeError(absl::StrCat("[", offset, ", +", n, ") is outside the ",
+                                              a.size_bytes(), "-byte buffer"));
+  }
+  std::shared_ptr<OpenedSlab> slab;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    auto it = impl_->slabs.find(a.slab_id());
+    if (it == impl_->slabs.end()) return absl::FailedPreconditionError("buffer is not mapped");
+    slab = it->second.slab;
+  }
+  return src != nullptr ? slab->Write(a.offset() + offset, src, n)
+                        : slab->Read(a.offset() + offset, dst, n);
+}
+
 absl::StatusOr<Buffer> Client::Allocate(uint64_t size,
                                         const v1::PlacementRequest& placement,
                                         uint64_t alignment) {
@@ -205,6 +237,10 @@ absl::StatusOr<Buffer> Client::Allocate(uint64_t size,
   req.set_size_bytes(size);
   *req.mutable_placement() = placement;
   req.set_alignment(alignment);
+  {
+    absl::MutexLock lock(&impl_->mu);
+    req.set_handle_kind(impl_->handle_kind);
+  }
   absl::StatusOr<v1::AllocateResponse> resp = AllocateRaw(req);
   if (!resp.ok()) return resp.status();
   if (resp->allocations_size() != 1) {
@@ -225,6 +261,10 @@ absl::StatusOr<std::vector<Buffer>> Client::AllocateSharded(
   req.set_size_bytes(total_size);
   req.set_shard_count(shards);
   *req.mutable_placement() = placement;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    req.set_handle_kind(impl_->handle_kind);
+  }
   absl::StatusOr<v1::AllocateResponse> resp = AllocateRaw(req);
   if (!resp.ok()) return resp.status();
   std::vector<Buffer> out;
@@ -266,6 +306,18 @@ void Buffer::Reset() {
   Free().IgnoreError();
 }
 
+absl::Status Buffer::Write(uint64_t offset, const void* src, uint64_t n) const {
+  if (client_ == nullptr) return absl::FailedPreconditionError("empty Buffer");
+  if (src == nullptr) return absl::InvalidArgumentError("null source");
+  return client_->CopyBlock(info_, offset, src, nullptr, n);
+}
+
+absl::Status Buffer::Read(uint64_t offset, void* dst, uint64_t n) const {
+  if (client_ == nullptr) return absl::FailedPreconditionError("empty Buffer");
+  if (dst == nullptr) return absl::InvalidArgumentError("null destination");
+  return client_->CopyBlock(info_, offset, nullptr, dst, n);
+}
+
 absl::Status Buffer::Free() {
   if (client_ == nullptr) return absl::FailedPreconditionError("empty Buffer");
   Client* c = client_;
@@ -273,6 +325,13 @@ absl::Status Buffer::Free() {
   c->UnmapBlock(info_);
   data_ = nullptr;
   return c->Free(info_.id());
+}
+
+void Buffer::Abandon() {
+  if (client_ == nullptr) return;
+  client_->UnmapBlock(info_);
+  client_ = nullptr;
+  data_ = nullptr;
 }
 
 }  // namespace gpumem

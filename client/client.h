@@ -3,15 +3,17 @@
 // Connect() opens one gRPC channel and one slab-handle channel to the
 // daemon's socket. Allocate() asks for memory and returns a Buffer whose
 // data() is a pointer the process can use at once: the first block in a slab
-// makes the client fetch the slab's fd and map it; later blocks in the same
-// slab reuse that mapping (slabs are refcounted and unmapped when the last
-// Buffer in them goes away).
+// makes the client open the slab the way its handle kind says
+// (client/slab_mapper.h: mmap of a memfd, CUDA VMM import of an fd, or a
+// legacy CUDA IPC handle); later blocks in the same slab reuse it (slabs are
+// refcounted and closed when the last Buffer in them goes away).
 //
 // A Buffer frees its block when destroyed (RAII). If the process dies
 // instead, the daemon frees everything the process held within a second.
 // With the sim backend data() is host memory shared with the daemon and any
-// other importer; with the cuda backend the mapping step will be a CUDA
-// import (a later issue), and data() is null until then.
+// other importer; with the cuda backend data() is a device pointer on the
+// allocation's device (found by UUID, so CUDA_VISIBLE_DEVICES may renumber).
+// Buffer::Write/Read copy from/to host memory on either backend.
 //
 // Thread-safe: one Client may be used from many threads.
 #ifndef GPUMEMD_CLIENT_CLIENT_H_
@@ -48,8 +50,18 @@ class Buffer {
   const v1::Allocation& allocation() const { return info_; }
   bool valid() const { return client_ != nullptr; }
 
+  // Copies host memory into [offset, offset + n) of the buffer, or out of
+  // it: memcpy on sim, cuMemcpyHtoD/DtoH on cuda. OUT_OF_RANGE past size().
+  absl::Status Write(uint64_t offset, const void* src, uint64_t n) const;
+  absl::Status Read(uint64_t offset, void* dst, uint64_t n) const;
+
   // Frees now and reports the daemon's answer; the Buffer becomes empty.
   absl::Status Free();
+
+  // Unmaps the block and forgets it without telling the daemon; the Buffer
+  // becomes empty. For a daemon that has gone away: a restarted daemon may
+  // have given this id to another block, so freeing it there would be wrong.
+  void Abandon();
 
  private:
   friend class Client;
@@ -86,11 +98,19 @@ class Client {
 
   const std::string& socket_path() const;
 
+  // The handle kind later Allocate calls ask for (default UNSPECIFIED: the
+  // daemon's default). E.g. HANDLE_KIND_CUDA_IPC for code that needs
+  // cudaIpcMemHandle_t; the daemon answers FAILED_PRECONDITION if it does not
+  // offer the kind.
+  void SetHandleKind(v1::HandleKind kind);
+
  private:
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   absl::StatusOr<void*> MapBlock(const v1::Allocation& a);
   void UnmapBlock(const v1::Allocation& a);
+  absl::Status CopyBlock(const v1::Allocation& a, uint64_t offset, const void* src,
+                         void* dst, uint64_t n);
   friend class Buffer;
 
   std::unique_ptr<Impl> impl_;

@@ -1,11 +1,13 @@
 // gpumem_demo: a short client run against a live daemon.
 //
 // Allocates one buffer on device 0 and one on device 1, writes a pattern
-// into each through the mapped pointer, reads it back, prints the daemon's
+// into each (Buffer::Write: memcpy on sim, cuMemcpyHtoD on cuda), reads it
+// back, prints the daemon's
 // view (GetStats) while the buffers are live, frees them and prints the
 // view again. Exit status 0 only if every step checked out.
 #include <cstring>
 #include <iostream>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -60,15 +62,27 @@ int Run() {
                                  b->allocation().offset());
     buffers.push_back(std::move(*b));
   }
+  // Through Buffer::Write/Read: memcpy on sim, cuMemcpyHtoD/DtoH on cuda
+  // (where data() is a device pointer).
   for (size_t i = 0; i < buffers.size(); ++i) {
-    unsigned char* p = static_cast<unsigned char*>(buffers[i].data());
-    for (uint64_t j = 0; j < buffers[i].size(); j += 4096) p[j] = static_cast<unsigned char>(i * 31 + j / 4096);
+    std::vector<unsigned char> host(buffers[i].size());
+    for (uint64_t j = 0; j < host.size(); j += 4096) host[j] = static_cast<unsigned char>(i * 31 + j / 4096);
+    absl::Status s = buffers[i].Write(0, host.data(), host.size());
+    if (!s.ok()) {
+      std::cerr << "demo: write buffer " << i << ": " << s << "\n";
+      return 1;
+    }
   }
   uint64_t checked = 0;
   for (size_t i = 0; i < buffers.size(); ++i) {
-    const unsigned char* p = static_cast<const unsigned char*>(buffers[i].data());
-    for (uint64_t j = 0; j < buffers[i].size(); j += 4096, ++checked) {
-      if (p[j] != static_cast<unsigned char>(i * 31 + j / 4096)) {
+    std::vector<unsigned char> host(buffers[i].size());
+    absl::Status s = buffers[i].Read(0, host.data(), host.size());
+    if (!s.ok()) {
+      std::cerr << "demo: read buffer " << i << ": " << s << "\n";
+      return 1;
+    }
+    for (uint64_t j = 0; j < host.size(); j += 4096, ++checked) {
+      if (host[j] != static_cast<unsigned char>(i * 31 + j / 4096)) {
         std::cerr << "demo: read back the wrong byte at buffer " << i << " offset " << j << "\n";
         return 1;
       }

@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
 #include "absl/strings/str_join.h"
@@ -75,6 +76,9 @@ ABSL_FLAG(double, empty_slab_release_seconds, -1,
 ABSL_FLAG(std::string, admin_group, "",
           "Unix group whose members (besides root) see every session and "
           "tenant in GetStats (default: root only)");
+ABSL_FLAG(std::string, handle_kinds, "",
+          "slab handle kinds offered to clients, the first the default: memfd (sim), "
+          "cuda_vmm_fd, cuda_ipc (cuda); default: all the backend makes");
 ABSL_FLAG(double, reserve_fraction, -1,
           "fraction of each device taken as slabs at start and kept (default 0)");
 ABSL_FLAG(double, drain_seconds, 0,
@@ -183,6 +187,17 @@ int Run() {
     Die(absl::InvalidArgumentError("--reserve_fraction must be in [0, 1]"));
   }
 
+  std::vector<std::string> kind_names(config->handle_kinds().begin(),
+                                      config->handle_kinds().end());
+  if (!absl::GetFlag(FLAGS_handle_kinds).empty()) {
+    kind_names = absl::StrSplit(absl::GetFlag(FLAGS_handle_kinds), ',');
+  }
+  for (const std::string& name : kind_names) {
+    absl::StatusOr<HandleKind> kind = ParseHandleKind(name);
+    if (!kind.ok()) Die(kind.status());
+    options.handle_kinds.push_back(*kind);
+  }
+
   std::unique_ptr<Backend> backend;
   if (backend_name == "sim") {
     absl::StatusOr<std::vector<uint64_t>> sizes = ParseDeviceSizes(
@@ -272,6 +287,9 @@ int Run() {
     std::cerr << "gpumemd:   device " << d.index << " " << d.uuid << " "
               << FormatBytes(d.total_bytes) << " " << d.name << "\n";
   }
+  std::cerr << "gpumemd: slab handle kinds offered:";
+  for (HandleKind k : broker.handle_kinds()) std::cerr << " " << HandleKindName(k);
+  std::cerr << "\n";
   if (metrics != nullptr) {
     std::cerr << "gpumemd: metrics on http://" << metrics_listen.substr(
                      0, metrics_listen.rfind(':'))
@@ -337,8 +355,8 @@ int main(int argc, char** argv) {
       "Usage: gpumemd [--backend=sim|cuda] [--sim_devices=4x16GiB] "
       "[--sim_topology=nvlink:0-1,...] [--socket=PATH] [--config=FILE] "
       "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
-      "[--reserve_fraction=0] [--admin_group=GROUP] [--drain_seconds=0] "
-      "[--metrics_listen=HOST:PORT]");
+      "[--reserve_fraction=0] [--handle_kinds=cuda_vmm_fd,cuda_ipc] [--admin_group=GROUP] "
+      "[--drain_seconds=0] [--metrics_listen=HOST:PORT]");
   // --help lists the flags of this file (Abseil's default looks for a file
   // named after the program, gpumemd.cc, and found none).
   absl::FlagsUsageConfig usage;

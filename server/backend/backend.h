@@ -12,7 +12,17 @@
 //  - CreateSlab never exceeds a device's total_bytes in live slabs: it fails
 //    with RESOURCE_EXHAUSTED instead.
 //  - A new slab reads as zeros.
-//  - ExportFd returns a new fd each call (the caller owns and closes it).
+//  - A slab's size is a multiple of Granularity(device) when the caller asks
+//    for such a size (the pool does); backends refuse other sizes or round
+//    them, never silently shrink.
+//  - handle_kinds() is fixed and non-empty; its first entry is the default,
+//    and CreateSlab makes slabs of any listed kind (INVALID_ARGUMENT for
+//    another kind).
+//  - ExportFd returns a new fd each call (the caller owns and closes it) for
+//    the fd kinds; IpcHandle returns the 64 handle bytes for kCudaIpc. Each
+//    answers FAILED_PRECONDITION for a slab of the other kind.
+//  - Driver errors carry kDriverErrorPayload (common/driver_error.h), so the
+//    layers above can tell them from their own refusals.
 //
 // Implementations: sim_backend.h (memfd host memory), cuda_backend.h (driver
 // API through dlopen).
@@ -26,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/driver_error.h"
 
 namespace gpumem {
 
@@ -42,13 +53,37 @@ struct DeviceInfo {
 // smaller values. Self < NvLink < Host.
 enum class PeerLink : uint8_t { kSelf = 0, kNvLink = 1, kHost = 2 };
 
+// How a client opens a slab (gpumem.v1.HandleKind says the same on the wire).
+enum class HandleKind : uint8_t {
+  kMemfd = 0,      // a memfd: mmap it (sim)
+  kCudaVmmFd = 1,  // a CUDA VMM POSIX fd: cuMemImportFromShareableHandle + map
+  kCudaIpc = 2,    // 64 cudaIpcMemHandle_t bytes: cuIpcOpenMemHandle
+};
+// "memfd", "cuda_vmm_fd", "cuda_ipc": the names of --handle_kinds.
+const char* HandleKindName(HandleKind kind);
+// Parses one of those names.
+absl::StatusOr<HandleKind> ParseHandleKind(const std::string& name);
+inline bool HandleKindUsesFd(HandleKind kind) { return kind != HandleKind::kCudaIpc; }
+
+// A device's memory as its driver reports it (cuMemGetInfo): includes what
+// processes other than the daemon hold.
+struct DriverMemInfo {
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+
 class Slab {
  public:
   virtual ~Slab() = default;
   virtual uint32_t device() const = 0;
   virtual uint64_t size() const = 0;
+  virtual HandleKind handle_kind() const = 0;
   // A new file descriptor for the slab's shareable handle; caller closes it.
   virtual absl::StatusOr<int> ExportFd() const = 0;
+  // The legacy IPC handle bytes (CU_IPC_HANDLE_SIZE = 64) of a kCudaIpc slab.
+  virtual absl::StatusOr<std::string> IpcHandle() const {
+    return absl::FailedPreconditionError("this slab has no legacy IPC handle");
+  }
   // Zeroes [offset, offset + length).
   virtual absl::Status Scrub(uint64_t offset, uint64_t length) = 0;
 };
@@ -60,11 +95,25 @@ class Backend {
   virtual const std::vector<DeviceInfo>& devices() const = 0;
   // How device a reaches device b (both valid indices).
   virtual PeerLink Peer(uint32_t a, uint32_t b) const = 0;
-  // A new slab of exactly `bytes` on `device`.
-  virtual absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device,
-                                                           uint64_t bytes) = 0;
+  // The kinds of slab this backend can make; the first is the default.
+  virtual const std::vector<HandleKind>& handle_kinds() const = 0;
+  // Slab sizes must be multiples of this (a power of two).
+  virtual uint64_t Granularity(uint32_t device) const = 0;
+  // A new slab of exactly `bytes` on `device`, opened the way `kind` says.
+  virtual absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device, uint64_t bytes,
+                                                           HandleKind kind) = 0;
+  // The same, of the default kind.
+  absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device, uint64_t bytes) {
+    return CreateSlab(device, bytes, handle_kinds().front());
+  }
   // Bytes in live slabs on `device`.
   virtual uint64_t SlabBytes(uint32_t device) const = 0;
+  // The driver's own free/total figures; UNIMPLEMENTED where there is no
+  // driver (sim).
+  virtual absl::StatusOr<DriverMemInfo> DriverMemory(uint32_t device) const {
+    (void)device;
+    return absl::UnimplementedError("no driver figures for this backend");
+  }
 };
 
 }  // namespace gpumem

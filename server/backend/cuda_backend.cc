@@ -1,283 +1,305 @@
-// The driver's entry points are resolved once into a table of function
-// pointers whose types come from cuda.h (decltype of the declarations), so a
-// signature mismatch is a compile error here, not a crash at run time.
+// Each device's primary context is retained once at start and made current
+// on the calling thread before every driver call that needs one.
 #include "server/backend/cuda_backend.h"
 
 #include <cuda.h>
-#include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
+#include "common/byte_size.h"
+#include "common/cuda_driver.h"
 
 namespace gpumem {
 namespace {
 
-struct Driver {
-  void* lib = nullptr;
-#define GPUMEM_CU_FN(name) decltype(&::name) name = nullptr;
-  GPUMEM_CU_FN(cuInit)
-  GPUMEM_CU_FN(cuGetErrorString)
-  GPUMEM_CU_FN(cuDeviceGetCount)
-  GPUMEM_CU_FN(cuDeviceGet)
-  GPUMEM_CU_FN(cuDeviceGetName)
-  GPUMEM_CU_FN(cuDeviceGetUuid_v2)
-  GPUMEM_CU_FN(cuDeviceTotalMem_v2)
-  GPUMEM_CU_FN(cuDeviceGetPCIBusId)
-  GPUMEM_CU_FN(cuDeviceGetAttribute)
-  GPUMEM_CU_FN(cuDeviceCanAccessPeer)
-  GPUMEM_CU_FN(cuDevicePrimaryCtxRetain)
-  GPUMEM_CU_FN(cuCtxSetCurrent)
-  GPUMEM_CU_FN(cuMemGetAllocationGranularity)
-  GPUMEM_CU_FN(cuMemCreate)
-  GPUMEM_CU_FN(cuMemRelease)
-  GPUMEM_CU_FN(cuMemExportToShareableHandle)
-  GPUMEM_CU_FN(cuMemAddressReserve)
-  GPUMEM_CU_FN(cuMemAddressFree)
-  GPUMEM_CU_FN(cuMemMap)
-  GPUMEM_CU_FN(cuMemUnmap)
-  GPUMEM_CU_FN(cuMemSetAccess)
-  GPUMEM_CU_FN(cuMemsetD8_v2)
-  GPUMEM_CU_FN(cuCtxSynchronize)
-#undef GPUMEM_CU_FN
-
-  std::string Error(CUresult r) const {
-    const char* s = nullptr;
-    if (cuGetErrorString != nullptr) cuGetErrorString(r, &s);
-    return s != nullptr ? absl::StrCat(s, " (", static_cast<int>(r), ")")
-                        : absl::StrCat("CUDA error ", static_cast<int>(r));
-  }
+struct Device {
+  DeviceInfo info;
+  CUcontext ctx = nullptr;
+  uint64_t granularity = 0;
+  std::string context;  // "device 0 (GPU-...)", for error messages
 };
 
-absl::Status Check(const Driver& d, CUresult r, const char* what) {
-  if (r == CUDA_SUCCESS) return absl::OkStatus();
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", d.Error(r)));
-  }
-  return absl::InternalError(absl::StrCat(what, ": ", d.Error(r)));
-}
-
-CUmemAllocationProp SlabProp(int ordinal) {
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = ordinal;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  return prop;
-}
-
-class CudaBackendImpl;
-
-class CudaSlab : public Slab {
+class CudaSlabBase : public Slab {
  public:
-  CudaSlab(const Driver* d, CUcontext ctx, uint32_t device, uint64_t size,
-           CUmemGenericAllocationHandle h, std::atomic<uint64_t>* account)
-      : d_(d), ctx_(ctx), device_(device), size_(size), handle_(h), account_(account) {}
-  ~CudaSlab() override {
-    d_->cuMemRelease(handle_);
-    account_->fetch_sub(size_);
-  }
-  uint32_t device() const override { return device_; }
+  CudaSlabBase(const CudaDriver* d, const Device* dev, uint64_t size,
+               std::atomic<uint64_t>* account)
+      : d_(d), dev_(dev), size_(size), account_(account) {}
+  ~CudaSlabBase() override { account_->fetch_sub(size_); }
+  uint32_t device() const override { return dev_->info.index; }
   uint64_t size() const override { return size_; }
-  absl::StatusOr<int> ExportFd() const override {
-    int fd = -1;
-    absl::Status s = Check(*d_, d_->cuMemExportToShareableHandle(
-        &fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-        "cuMemExportToShareableHandle");
-    if (!s.ok()) return s;
-    return fd;
-  }
+
   absl::Status Scrub(uint64_t offset, uint64_t length) override {
     if (offset > size_ || length > size_ - offset) {
       return absl::OutOfRangeError("scrub range outside the slab");
     }
     if (length == 0) return absl::OkStatus();
-    absl::Status s = Check(*d_, d_->cuCtxSetCurrent(ctx_), "cuCtxSetCurrent");
-    if (!s.ok()) return s;
-    CUdeviceptr va = 0;
-    s = Check(*d_, d_->cuMemAddressReserve(&va, size_, 0, 0, 0), "cuMemAddressReserve");
-    if (!s.ok()) return s;
-    s = Check(*d_, d_->cuMemMap(va, size_, 0, handle_, 0), "cuMemMap");
-    if (s.ok()) {
-      CUmemAccessDesc access = {};
-      access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-      access.location.id = static_cast<int>(device_);
-      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      s = Check(*d_, d_->cuMemSetAccess(va, size_, &access, 1), "cuMemSetAccess");
-      if (s.ok()) {
-        s = Check(*d_, d_->cuMemsetD8_v2(va + offset, 0, length), "cuMemsetD8");
-      }
-      if (s.ok()) s = Check(*d_, d_->cuCtxSynchronize(), "cuCtxSynchronize");
-      d_->cuMemUnmap(va, size_);
-    }
-    d_->cuMemAddressFree(va, size_);
+    absl::Status s = Call(d_->cuCtxSetCurrent(dev_->ctx), "cuCtxSetCurrent");
+    if (s.ok()) s = Call(d_->cuMemsetD8_v2(base_ + offset, 0, length), "cuMemsetD8");
+    if (s.ok()) s = Call(d_->cuCtxSynchronize(), "cuCtxSynchronize");
     return s;
   }
 
- private:
-  const Driver* d_;
-  CUcontext ctx_;
-  uint32_t device_;
+ protected:
+  absl::Status Call(CUresult r, const char* what) const {
+    return CudaStatus(*d_, r, what, dev_->context);
+  }
+  const CudaDriver* d_;
+  const Device* dev_;
   uint64_t size_;
-  CUmemGenericAllocationHandle handle_;
   std::atomic<uint64_t>* account_;
+  CUdeviceptr base_ = 0;  // the daemon's own mapping of the whole slab
+};
+
+// cuMemCreate memory, mapped into the daemon at [base_, base_ + size_).
+class VmmSlab : public CudaSlabBase {
+ public:
+  using CudaSlabBase::CudaSlabBase;
+  ~VmmSlab() override {
+    d_->cuCtxSetCurrent(dev_->ctx);
+    if (mapped_) d_->cuMemUnmap(base_, size_);
+    if (base_ != 0) d_->cuMemAddressFree(base_, size_);
+    if (handle_ != 0) d_->cuMemRelease(handle_);
+  }
+  HandleKind handle_kind() const override { return HandleKind::kCudaVmmFd; }
+
+  absl::Status Init() {
+    absl::Status s = Call(d_->cuCtxSetCurrent(dev_->ctx), "cuCtxSetCurrent");
+    if (!s.ok()) return s;
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = static_cast<int>(dev_->info.index);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUmemGenericAllocationHandle h = 0;
+    s = Call(d_->cuMemCreate(&h, size_, &prop, 0), "cuMemCreate");
+    if (!s.ok()) return s;
+    handle_ = h;
+    s = Call(d_->cuMemAddressReserve(&base_, size_, 0, 0, 0), "cuMemAddressReserve");
+    if (!s.ok()) return s;
+    s = Call(d_->cuMemMap(base_, size_, 0, handle_, 0), "cuMemMap");
+    if (!s.ok()) return s;
+    mapped_ = true;
+    CUmemAccessDesc access = {};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = static_cast<int>(dev_->info.index);
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    s = Call(d_->cuMemSetAccess(base_, size_, &access, 1), "cuMemSetAccess");
+    if (!s.ok()) return s;
+    return Scrub(0, size_);
+  }
+
+  absl::StatusOr<int> ExportFd() const override {
+    int fd = -1;
+    absl::Status s = Call(d_->cuMemExportToShareableHandle(
+                              &fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                          "cuMemExportToShareableHandle");
+    if (!s.ok()) return s;
+    return fd;
+  }
+
+ private:
+  CUmemGenericAllocationHandle handle_ = 0;
+  bool mapped_ = false;
+};
+
+// cuMemAlloc memory with a legacy IPC handle.
+class IpcSlab : public CudaSlabBase {
+ public:
+  using CudaSlabBase::CudaSlabBase;
+  ~IpcSlab() override {
+    if (base_ != 0 && d_->cuCtxSetCurrent(dev_->ctx) == CUDA_SUCCESS) d_->cuMemFree_v2(base_);
+  }
+  HandleKind handle_kind() const override { return HandleKind::kCudaIpc; }
+
+  absl::Status Init() {
+    absl::Status s = Call(d_->cuCtxSetCurrent(dev_->ctx), "cuCtxSetCurrent");
+    if (!s.ok()) return s;
+    s = Call(d_->cuMemAlloc_v2(&base_, size_), "cuMemAlloc");
+    if (!s.ok()) return s;
+    CUipcMemHandle h;
+    s = Call(d_->cuIpcGetMemHandle(&h, base_), "cuIpcGetMemHandle");
+    if (!s.ok()) return s;
+    handle_.assign(h.reserved, sizeof(h.reserved));
+    return Scrub(0, size_);
+  }
+
+  absl::StatusOr<int> ExportFd() const override {
+    return absl::FailedPreconditionError(
+        "a legacy IPC slab has no fd; its handle bytes come with the allocation");
+  }
+  absl::StatusOr<std::string> IpcHandle() const override { return handle_; }
+
+ private:
+  std::string handle_;
 };
 
 class CudaBackendImpl : public Backend {
  public:
-  CudaBackendImpl(Driver d, std::vector<DeviceInfo> devices,
-                  std::vector<CUcontext> contexts, std::vector<PeerLink> peers)
+  CudaBackendImpl(const CudaDriver* d, std::vector<Device> devices,
+                  std::vector<PeerLink> peers, std::vector<HandleKind> kinds)
       : d_(d),
         devices_(std::move(devices)),
-        contexts_(std::move(contexts)),
         peers_(std::move(peers)),
+        kinds_(std::move(kinds)),
         slab_bytes_(new std::atomic<uint64_t>[devices_.size()]) {
-    for (size_t i = 0; i < devices_.size(); ++i) slab_bytes_[i] = 0;
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      slab_bytes_[i] = 0;
+      infos_.push_back(devices_[i].info);
+    }
   }
   const char* name() const override { return "cuda"; }
-  const std::vector<DeviceInfo>& devices() const override { return devices_; }
+  const std::vector<DeviceInfo>& devices() const override { return infos_; }
   PeerLink Peer(uint32_t a, uint32_t b) const override {
     return peers_[a * devices_.size() + b];
+  }
+  const std::vector<HandleKind>& handle_kinds() const override { return kinds_; }
+  uint64_t Granularity(uint32_t device) const override {
+    return device < devices_.size() ? devices_[device].granularity : 1;
   }
   uint64_t SlabBytes(uint32_t device) const override {
     return device < devices_.size() ? slab_bytes_[device].load() : 0;
   }
-  absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device,
-                                                   uint64_t bytes) override {
+
+  absl::StatusOr<DriverMemInfo> DriverMemory(uint32_t device) const override {
     if (device >= devices_.size()) {
       return absl::InvalidArgumentError(absl::StrCat("no device ", device));
+    }
+    const Device& dev = devices_[device];
+    absl::Status s = CudaStatus(*d_, d_->cuCtxSetCurrent(dev.ctx), "cuCtxSetCurrent",
+                                dev.context);
+    if (!s.ok()) return s;
+    size_t free = 0, total = 0;
+    s = CudaStatus(*d_, d_->cuMemGetInfo_v2(&free, &total), "cuMemGetInfo", dev.context);
+    if (!s.ok()) return s;
+    return DriverMemInfo{free, total};
+  }
+
+  using Backend::CreateSlab;
+  absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device, uint64_t bytes,
+                                                   HandleKind kind) override {
+    if (device >= devices_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("no device ", device));
+    }
+    const Device& dev = devices_[device];
+    if (std::find(kinds_.begin(), kinds_.end(), kind) == kinds_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dev.context, ": the cuda backend cannot make ", HandleKindName(kind), " slabs"));
+    }
+    if (bytes == 0 || bytes % dev.granularity != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dev.context, ": slab size ", bytes, " is not a positive multiple of the ",
+          "device's allocation granularity ", dev.granularity));
     }
     std::atomic<uint64_t>& used = slab_bytes_[device];
     uint64_t cur = used.load();
     do {
-      if (bytes > devices_[device].total_bytes - cur) {
+      if (bytes > dev.info.total_bytes - cur) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "device ", device, ": not enough capacity left for a slab"));
+            dev.context, " has ", FormatBytes(dev.info.total_bytes - cur),
+            " left for slabs, ", FormatBytes(bytes), " asked"));
       }
     } while (!used.compare_exchange_weak(cur, cur + bytes));
-    absl::Status s = Check(d_, d_.cuCtxSetCurrent(contexts_[device]), "cuCtxSetCurrent");
-    CUmemGenericAllocationHandle h = 0;
-    if (s.ok()) {
-      CUmemAllocationProp prop = SlabProp(static_cast<int>(device));
-      s = Check(d_, d_.cuMemCreate(&h, bytes, &prop, 0), "cuMemCreate");
+    // From here the slab's destructor gives the bytes back, also on failure.
+    absl::Status s;
+    std::unique_ptr<Slab> slab;
+    if (kind == HandleKind::kCudaIpc) {
+      auto ipc = std::make_unique<IpcSlab>(d_, &dev, bytes, &used);
+      s = ipc->Init();
+      slab = std::move(ipc);
+    } else {
+      auto vmm = std::make_unique<VmmSlab>(d_, &dev, bytes, &used);
+      s = vmm->Init();
+      slab = std::move(vmm);
     }
-    if (!s.ok()) {
-      used.fetch_sub(bytes);
-      return s;
-    }
-    return std::unique_ptr<Slab>(
-        new CudaSlab(&d_, contexts_[device], device, bytes, h, &used));
+    if (!s.ok()) return s;
+    return slab;
   }
 
  private:
-  Driver d_;
-  std::vector<DeviceInfo> devices_;
-  std::vector<CUcontext> contexts_;
+  const CudaDriver* d_;
+  std::vector<Device> devices_;
+  std::vector<DeviceInfo> infos_;
   std::vector<PeerLink> peers_;
+  std::vector<HandleKind> kinds_;
   std::unique_ptr<std::atomic<uint64_t>[]> slab_bytes_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library) {
-  Driver d;
-  d.lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
-  if (d.lib == nullptr) {
+  absl::StatusOr<const CudaDriver*> loaded = LoadCudaDriver(library);
+  if (!loaded.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "cuda backend: no NVIDIA driver on this machine (cannot load ", library,
-        ": ", dlerror(), "); use --backend=sim to run without a GPU"));
+        "cuda backend: ", loaded.status().message(),
+        "; use --backend=sim to run without a GPU"));
   }
-  bool missing = false;
-  std::string missing_names;
-#define GPUMEM_CU_LOAD(name)                                          \
-  d.name = reinterpret_cast<decltype(d.name)>(dlsym(d.lib, #name));   \
-  if (d.name == nullptr) {                                            \
-    missing = true;                                                   \
-    absl::StrAppend(&missing_names, " ", #name);                      \
-  }
-  GPUMEM_CU_LOAD(cuInit)
-  GPUMEM_CU_LOAD(cuGetErrorString)
-  GPUMEM_CU_LOAD(cuDeviceGetCount)
-  GPUMEM_CU_LOAD(cuDeviceGet)
-  GPUMEM_CU_LOAD(cuDeviceGetName)
-  GPUMEM_CU_LOAD(cuDeviceGetUuid_v2)
-  GPUMEM_CU_LOAD(cuDeviceTotalMem_v2)
-  GPUMEM_CU_LOAD(cuDeviceGetPCIBusId)
-  GPUMEM_CU_LOAD(cuDeviceGetAttribute)
-  GPUMEM_CU_LOAD(cuDeviceCanAccessPeer)
-  GPUMEM_CU_LOAD(cuDevicePrimaryCtxRetain)
-  GPUMEM_CU_LOAD(cuCtxSetCurrent)
-  GPUMEM_CU_LOAD(cuMemGetAllocationGranularity)
-  GPUMEM_CU_LOAD(cuMemCreate)
-  GPUMEM_CU_LOAD(cuMemRelease)
-  GPUMEM_CU_LOAD(cuMemExportToShareableHandle)
-  GPUMEM_CU_LOAD(cuMemAddressReserve)
-  GPUMEM_CU_LOAD(cuMemAddressFree)
-  GPUMEM_CU_LOAD(cuMemMap)
-  GPUMEM_CU_LOAD(cuMemUnmap)
-  GPUMEM_CU_LOAD(cuMemSetAccess)
-  GPUMEM_CU_LOAD(cuMemsetD8_v2)
-  GPUMEM_CU_LOAD(cuCtxSynchronize)
-#undef GPUMEM_CU_LOAD
-  if (missing) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cuda backend: ", library, " lacks driver entry points (driver too old?):",
-        missing_names));
-  }
-  CUresult r = d.cuInit(0);
-  if (r != CUDA_SUCCESS) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cuda backend: cuInit failed: ", d.Error(r),
-        "; is the NVIDIA driver loaded and a GPU visible?"));
-  }
+  const CudaDriver& d = **loaded;
   int count = 0;
-  absl::Status s = Check(d, d.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  absl::Status s = CudaStatus(d, d.cuDeviceGetCount(&count), "cuDeviceGetCount");
   if (!s.ok()) return s;
   if (count == 0) {
     return absl::FailedPreconditionError("cuda backend: the driver sees no GPU");
   }
-  std::vector<DeviceInfo> devices;
-  std::vector<CUcontext> contexts;
+  std::vector<Device> devices;
+  bool all_fd = true;
   for (int i = 0; i < count; ++i) {
+    const std::string where = absl::StrCat("device ", i);
     CUdevice dev;
-    s = Check(d, d.cuDeviceGet(&dev, i), "cuDeviceGet");
+    s = CudaStatus(d, d.cuDeviceGet(&dev, i), "cuDeviceGet", where);
     if (!s.ok()) return s;
-    DeviceInfo info;
+    Device device;
+    DeviceInfo& info = device.info;
     info.index = static_cast<uint32_t>(i);
     char name[256] = {};
     d.cuDeviceGetName(name, sizeof(name), dev);
     info.name = name;
     CUuuid uuid;
-    s = Check(d, d.cuDeviceGetUuid_v2(&uuid, dev), "cuDeviceGetUuid");
+    s = CudaStatus(d, d.cuDeviceGetUuid_v2(&uuid, dev), "cuDeviceGetUuid", where);
     if (!s.ok()) return s;
-    const unsigned char* u = reinterpret_cast<const unsigned char*>(uuid.bytes);
-    info.uuid = absl::StrFormat(
-        "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-        u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
-        u[12], u[13], u[14], u[15]);
+    info.uuid = FormatCudaUuid(uuid);
+    device.context = absl::StrCat("device ", i, " (", info.uuid, ")");
     size_t total = 0;
-    s = Check(d, d.cuDeviceTotalMem_v2(&total, dev), "cuDeviceTotalMem");
+    s = CudaStatus(d, d.cuDeviceTotalMem_v2(&total, dev), "cuDeviceTotalMem",
+                   device.context);
     if (!s.ok()) return s;
     info.total_bytes = total;
     char bus[64] = {};
     d.cuDeviceGetPCIBusId(bus, sizeof(bus), dev);
     info.pci_bus_id = bus;
-    int vmm = 0;
+    int vmm = 0, fd = 0;
     d.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
     if (!vmm) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cuda backend: device ", i, " (", info.name,
+          "cuda backend: ", device.context, " (", info.name,
           ") does not support virtual memory management"));
     }
-    CUcontext ctx = nullptr;
-    s = Check(d, d.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    d.cuDeviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                           dev);
+    all_fd = all_fd && fd != 0;
+    s = CudaStatus(d, d.cuDevicePrimaryCtxRetain(&device.ctx, dev),
+                   "cuDevicePrimaryCtxRetain", device.context);
     if (!s.ok()) return s;
-    contexts.push_back(ctx);
-    devices.push_back(info);
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = i;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t granularity = 0;
+    s = CudaStatus(d, d.cuMemGetAllocationGranularity(&granularity, &prop,
+                                                      CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                   "cuMemGetAllocationGranularity", device.context);
+    if (!s.ok()) return s;
+    if (granularity == 0 || (granularity & (granularity - 1)) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cuda backend: ", device.context, " reports allocation granularity ",
+          granularity, ", not a power of two"));
+    }
+    device.granularity = granularity;
+    devices.push_back(std::move(device));
   }
   std::vector<PeerLink> peers(static_cast<size_t>(count) * count, PeerLink::kHost);
   for (int a = 0; a < count; ++a) {
@@ -290,8 +312,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library
       }
     }
   }
-  return std::unique_ptr<Backend>(new CudaBackendImpl(
-      d, std::move(devices), std::move(contexts), std::move(peers)));
+  std::vector<HandleKind> kinds;
+  if (all_fd) kinds.push_back(HandleKind::kCudaVmmFd);
+  kinds.push_back(HandleKind::kCudaIpc);
+  return std::unique_ptr<Backend>(
+      new CudaBackendImpl(&d, std::move(devices), std::move(peers), std::move(kinds)));
 }
 
 }  // namespace gpumem

@@ -1,18 +1,29 @@
 // CudaBackend: real GPUs through the CUDA driver API, loaded at run time.
 //
-// Nothing links libcuda: Create() dlopens "libcuda.so.1" and resolves the
-// entry points it needs, so the daemon builds and starts anywhere, and on a
-// machine without an NVIDIA driver Create() fails with one clear
-// FAILED_PRECONDITION line instead of a loader error.
+// Nothing links libcuda: Create() loads "libcuda.so.1" (common/cuda_driver.h),
+// so the daemon builds and starts anywhere, and on a machine without an
+// NVIDIA driver Create() fails with one clear FAILED_PRECONDITION line
+// instead of a loader error. Tests run it against tests/fake_cuda.
 //
-// Slabs are CUDA virtual memory: cuMemCreate with a POSIX file descriptor
-// handle type, exported with cuMemExportToShareableHandle, so clients import
-// them exactly like the sim backend's memfds (HANDLE_KIND_POSIX_FD). Slab
-// sizes must be multiples of granularity(); the pool rounds to it. Scrub maps
-// the range into the daemon, zeroes it with cuMemsetD8 and unmaps it.
+// Slabs, by HandleKind:
+//  - kCudaVmmFd (the default): cuMemCreate with the POSIX fd handle type,
+//    exported with cuMemExportToShareableHandle; clients import the fd.
+//    Offered when every device reports POSIX fd handle support.
+//  - kCudaIpc (legacy): cuMemAlloc, with the 64 cuIpcGetMemHandle bytes, for
+//    clients that need cudaIpcMemHandle_t.
+// Sizes must be multiples of Granularity(device), the driver's minimum VMM
+// granularity (cuMemGetAllocationGranularity); CreateSlab refuses others with
+// INVALID_ARGUMENT. Every new slab is zeroed before it is returned (the driver
+// does not zero memory). The daemon keeps each VMM slab mapped for its life,
+// so Scrub is one cuMemsetD8 on that mapping.
 //
-// Scope today (the CUDA backend issue will extend it): VMM POSIX-fd slabs
-// only; no fabric handles, no legacy cudaIpcMemHandle_t mode.
+// Errors name the device and the call: "device 0 (GPU-...): cuMemCreate:
+// CUDA_ERROR_OUT_OF_MEMORY (2): out of memory" as RESOURCE_EXHAUSTED; other
+// driver errors are UNAVAILABLE (device lost) or INTERNAL (see
+// common/cuda_driver.h).
+//
+// Thread-safe: CreateSlab, slab methods and DriverMemory may run on any
+// thread (each call makes the device's primary context current first).
 #ifndef GPUMEMD_SERVER_BACKEND_CUDA_BACKEND_H_
 #define GPUMEMD_SERVER_BACKEND_CUDA_BACKEND_H_
 
@@ -26,7 +37,8 @@ namespace gpumem {
 class CudaBackend {
  public:
   // Loads the driver and enumerates devices. FAILED_PRECONDITION when the
-  // driver library is missing, cuInit fails, or there are no devices.
+  // driver library is missing, cuInit fails, there are no devices, or a
+  // device lacks virtual memory management.
   // `library` is the name given to dlopen (tests pass a missing one).
   static absl::StatusOr<std::unique_ptr<Backend>> Create(
       const char* library = "libcuda.so.1");

@@ -24,6 +24,7 @@ class SimBackend::SimSlab : public Slab {
   }
   uint32_t device() const override { return device_; }
   uint64_t size() const override { return size_; }
+  HandleKind handle_kind() const override { return HandleKind::kMemfd; }
   absl::StatusOr<int> ExportFd() const override {
     int fd = fcntl(fd_, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) {
@@ -86,10 +87,20 @@ uint64_t SimBackend::SlabBytes(uint32_t device) const {
   return device < devices_.size() ? slab_bytes_[device].load() : 0;
 }
 
+const std::vector<HandleKind>& SimBackend::handle_kinds() const {
+  static const auto* kinds = new std::vector<HandleKind>{HandleKind::kMemfd};
+  return *kinds;
+}
+
 absl::StatusOr<std::unique_ptr<Slab>> SimBackend::CreateSlab(uint32_t device,
-                                                             uint64_t bytes) {
+                                                             uint64_t bytes,
+                                                             HandleKind kind) {
   if (device >= devices_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("no device ", device));
+  }
+  if (kind != HandleKind::kMemfd) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the sim backend makes memfd slabs only, not ", HandleKindName(kind)));
   }
   if (bytes == 0) return absl::InvalidArgumentError("empty slab");
   const uint64_t total = devices_[device].total_bytes;

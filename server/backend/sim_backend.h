@@ -6,7 +6,8 @@
 // exactly the slab's size: it is sparse (pages cost RAM only once touched),
 // reads as zeros when new, and is shared with clients by passing its fd, so
 // the bytes a client writes are really seen by every other importer. Scrub
-// punches the range out (zeros, and gives the RAM back).
+// punches the range out (zeros, and gives the RAM back). Slabs are
+// HandleKind::kMemfd, the only kind it makes; no driver figures.
 //
 // Thread-safe: CreateSlab and slab destruction may run on any thread.
 #ifndef GPUMEMD_SERVER_BACKEND_SIM_BACKEND_H_
@@ -31,8 +32,13 @@ class SimBackend : public Backend {
   const char* name() const override { return "sim"; }
   const std::vector<DeviceInfo>& devices() const override { return devices_; }
   PeerLink Peer(uint32_t a, uint32_t b) const override;
-  absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device,
-                                                   uint64_t bytes) override;
+  const std::vector<HandleKind>& handle_kinds() const override;
+  // Page size: memfds take any multiple of it. (The pool's own granularity
+  // option, 2 MiB by default like CUDA VMM, is the larger and wins.)
+  uint64_t Granularity(uint32_t) const override { return 4096; }
+  using Backend::CreateSlab;
+  absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device, uint64_t bytes,
+                                                   HandleKind kind) override;
   uint64_t SlabBytes(uint32_t device) const override;
 
  private:

@@ -2,6 +2,8 @@
 // apply, describe. The fallible one goes first.
 #include "server/config/reloadable.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
@@ -39,6 +41,10 @@ std::vector<std::string> RestartOnlyChanges(const v1::DaemonConfig& running,
   if (running.socket() != next.socket()) changed.push_back("socket");
   if (running.sim_devices() != next.sim_devices()) changed.push_back("sim_devices");
   if (running.sim_topology() != next.sim_topology()) changed.push_back("sim_topology");
+  if (!std::equal(running.handle_kinds().begin(), running.handle_kinds().end(),
+                  next.handle_kinds().begin(), next.handle_kinds().end())) {
+    changed.push_back("handle_kinds");
+  }
   if (running.pool().slab_size() != next.pool().slab_size()) {
     changed.push_back("pool.slab_size");
   }

@@ -14,9 +14,9 @@
 //    (flags win over the file, at start and on reload).
 //
 // Reloadable today: admin_group, pool.empty_slab_release_seconds.
-// Restart-only: backend, socket, sim_devices, sim_topology, pool.slab_size
-// (devices, the listening socket and slab geometry are fixed for the
-// daemon's life).
+// Restart-only: backend, socket, sim_devices, sim_topology, handle_kinds,
+// pool.slab_size (devices, the listening socket, handle kinds and slab
+// geometry are fixed for the daemon's life).
 #ifndef GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
 #define GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
 

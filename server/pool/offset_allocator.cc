@@ -22,34 +22,40 @@ OffsetAllocator::OffsetAllocator(uint64_t capacity) : capacity_(capacity) {
   bin_bitmap_.assign(num_bands_, 0);
   bin_head_.assign(static_cast<size_t>(num_bands_) << kMantissaBits, kNone);
   if (capacity == 0) return;
-  nodes_.reserve(kInitialNodes);
-  neighbours_free_.resize(nodes_.capacity(), Flags{});
   const uint32_t n = NewNode();
-  nodes_[n] = Node{0, capacity, kNone, kNone, kNone, kNone};
+  node(n) = Node{0, capacity, kNone, kNone, kNone, kNone};
   phys_head_ = n;
   InsertFree(n, BinIndex(capacity));
 }
 
 OffsetAllocator::~OffsetAllocator() = default;
 
-// Cold: the node array is full. Grows by 1/8 (amortised O(1), and at most
-// 1/9 of the array is slack) instead of std::vector's doubling: the slack
-// counts against the <= 64 B per live block budget (it was 1/4 until the
-// neighbour flags added a byte per slot).
+// Cold: no spare slot. Hands out the next never-used slot, first doubling
+// the slot capacity if it is all handed out. Doubling remaps the two arrays
+// (MappedBuffer: page tables move, bytes are not copied) and touches none
+// of the new pages; they are faulted in as slots are first written (one
+// page per 128 slots, and per 4096 slots for the flags).
 __attribute__((noinline)) uint32_t OffsetAllocator::GrowNodes() {
-  const size_t n = nodes_.size();
+  const uint32_t n = num_slots_;
   if (n >= kMaxNodes) {
     std::fprintf(stderr, "OffsetAllocator: more than %u ranges\n", kMaxNodes);
     std::abort();
   }
-  if (n == nodes_.capacity()) {
-    size_t want = n + std::max<size_t>(n / 8, kInitialNodes);
-    if (want > kMaxNodes) want = kMaxNodes;
-    nodes_.reserve(want);
-    neighbours_free_.resize(nodes_.capacity(), Flags{});
+  if (n == slot_capacity_) {
+    const uint64_t want = std::min<uint64_t>(
+        kMaxNodes, std::max<uint64_t>(kInitialSlots, uint64_t{n} * 2));
+    node_buffer_.Resize(want * sizeof(Node));
+    flag_buffer_.Resize(want * sizeof(Flags));
+    nodes_ = static_cast<Node*>(node_buffer_.data());
+    neighbours_free_ = static_cast<Flags*>(flag_buffer_.data());
+    slot_capacity_ = static_cast<uint32_t>(std::min<uint64_t>(
+        node_buffer_.bytes() / sizeof(Node), flag_buffer_.bytes() / sizeof(Flags)));
   }
-  nodes_.push_back(Node{0, 0, kNone, kNone, kSpare, kNone});
-  return static_cast<uint32_t>(n);
+  num_slots_ = n + 1;
+  Node& slot = node(n);
+  slot.prev_free = kSpare;
+  slot.next_free = kNone;
+  return n;
 }
 
 // Out of line and cold: Free was handed a block this allocator did not give
@@ -81,44 +87,23 @@ uint32_t OffsetAllocator::FindBinAtOrAbove(uint32_t bin) {
 // from any bin.
 uint32_t OffsetAllocator::SplitAfter(uint32_t i, uint64_t keep) {
   const uint32_t t = NewNode();
-  Node* const base = nodes_.data();
-  Node& n = base[i];
-  Node& rest = base[t];
+  Node& n = node(i);
+  Node& rest = node(t);
   rest.offset = n.offset + keep;
   rest.size = n.size - keep;
   rest.prev_phys = i;
   rest.next_phys = n.next_phys;
-  if (n.next_phys != kNone) base[n.next_phys].prev_phys = t;
+  if (n.next_phys != kNone) node(n.next_phys).prev_phys = t;
   n.next_phys = t;
   n.size = keep;
   return t;
 }
 
-// Steps 1 and 2 with an own-bin probe (own_bin_probes() > 0).
-__attribute__((noinline)) bool OffsetAllocator::AllocateProbing(
-    uint64_t size, uint64_t alignment, uint32_t own_bin, Block* out) {
-  uint32_t i = bin_head_[own_bin];
-  for (int k = own_bin_probes_; k > 0 && i != kNone; --k) {
-    if (Fits(nodes_[i], size, alignment)) {
-      Take<false>(i, own_bin, size, alignment, out);
-      return true;
-    }
-    i = nodes_[i].next_free;
-  }
-  const uint32_t up_bin = own_bin + (BinLowerBound(own_bin) != size);
-  const uint32_t bin = FindBinAtOrAbove(up_bin);
-  if (bin != kNone && Fits(nodes_[bin_head_[bin]], size, alignment)) {
-    Take<true>(bin_head_[bin], bin, size, alignment, out);
-    return true;
-  }
-  return AllocateSlow(size, alignment, own_bin, up_bin, out);
-}
-
-// Steps 3 and 4 of the search (see the header).
+// Step 3 of the search, the exact fallback (see the header).
 __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
     uint64_t size, uint64_t alignment, uint32_t own_bin, uint32_t up_bin,
     Block* out) {
-  // 3. Alignment-safe fit: any range >= size + alignment - 1 fits.
+  // Alignment-safe fit: any range >= size + alignment - 1 fits.
   uint32_t limit_bin = up_bin;
   uint32_t bin;
   if (alignment > 1) {
@@ -134,11 +119,11 @@ __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
     }
   }
 
-  // 4. Exact fallback over the bins that may still hold a fitting range.
+  // Walk every range of the bins that may still hold a fitting range.
   for (bin = FindBinAtOrAbove(own_bin); bin != kNone && bin < limit_bin;
        bin = FindBinAtOrAbove(bin + 1)) {
-    for (uint32_t i = bin_head_[bin]; i != kNone; i = nodes_[i].next_free) {
-      if (Fits(nodes_[i], size, alignment)) {
+    for (uint32_t i = bin_head_[bin]; i != kNone; i = node(i).next_free) {
+      if (Fits(node(i), size, alignment)) {
         Take<false>(i, bin, size, alignment, out);
         return true;
       }
@@ -158,8 +143,8 @@ uint64_t OffsetAllocator::largest_free() const {
   const uint32_t band = Log2Floor(bands);
   const uint32_t bin = (band << kMantissaBits) | Log2Floor(bin_bitmap_[band]);
   uint64_t best = 0;
-  for (uint32_t i = bin_head_[bin]; i != kNone; i = nodes_[i].next_free) {
-    if (nodes_[i].size > best) best = nodes_[i].size;
+  for (uint32_t i = bin_head_[bin]; i != kNone; i = node(i).next_free) {
+    if (node(i).size > best) best = node(i).size;
   }
   return best;
 }
@@ -169,22 +154,24 @@ std::vector<std::pair<uint64_t, uint64_t>> OffsetAllocator::FreeRangeList()
   std::vector<std::pair<uint64_t, uint64_t>> out;
   out.reserve(free_ranges_);
   if (capacity_ == 0) return out;
-  for (uint32_t i = phys_head_; i != kNone; i = nodes_[i].next_phys) {
-    if (IsFree(nodes_[i])) out.emplace_back(nodes_[i].offset, nodes_[i].size);
+  for (uint32_t i = phys_head_; i != kNone; i = node(i).next_phys) {
+    if (IsFree(node(i))) out.emplace_back(node(i).offset, node(i).size);
   }
   return out;
 }
 
+// Node storage counts the pages of slots handed out (the mapping beyond
+// them has never been written and is not resident).
 uint64_t OffsetAllocator::metadata_bytes() const {
-  return sizeof(*this) + nodes_.capacity() * sizeof(Node) +
+  return sizeof(*this) + MappedBuffer::RoundUpToPage(num_slots_ * sizeof(Node)) +
+         MappedBuffer::RoundUpToPage(num_slots_ * sizeof(Flags)) +
          bin_head_.capacity() * sizeof(uint32_t) +
-         bin_bitmap_.capacity() * sizeof(uint64_t) +
-         neighbours_free_.capacity();
+         bin_bitmap_.capacity() * sizeof(uint64_t);
 }
 
 absl::Status OffsetAllocator::Validate() const {
   auto fail = [](const std::string& msg) { return absl::InternalError(msg); };
-  const size_t nn = nodes_.size();
+  const size_t nn = num_slots_;
   // Where each slot was seen: 0 = nowhere, 1 = address list, 2 = spare list.
   std::vector<uint8_t> seen(nn, 0);
   uint64_t free_sum = 0, used_sum = 0, live = 0, free_count = 0;
@@ -198,17 +185,17 @@ absl::Status OffsetAllocator::Validate() const {
   }
   // I1, I2: address list.
   if (phys_head_ >= nn) return fail("I1 address list: no first range");
-  if (nodes_[phys_head_].prev_phys != kNone || nodes_[phys_head_].offset != 0) {
+  if (node(phys_head_).prev_phys != kNone || node(phys_head_).offset != 0) {
     return fail("I1 address list: first range is not the range at offset 0");
   }
   uint64_t expect_offset = 0;
   uint32_t prev = kNone;
   bool prev_free = false;
-  for (uint32_t i = phys_head_; i != kNone; i = nodes_[i].next_phys) {
+  for (uint32_t i = phys_head_; i != kNone; i = node(i).next_phys) {
     if (i >= nn) return fail(absl::StrFormat("I1 address list: index %u out of range", i));
     if (seen[i]) return fail(absl::StrFormat("I1 address list: cycle at node %u", i));
     seen[i] = 1;
-    const Node& n = nodes_[i];
+    const Node& n = node(i);
     if (n.prev_free == kSpare) {
       return fail(absl::StrFormat("I6 node pool: spare slot %u on address list", i));
     }
@@ -226,19 +213,19 @@ absl::Status OffsetAllocator::Validate() const {
     }
     const bool is_free = IsFree(n);
     if (!is_free) {
-      const bool pf = n.prev_phys != kNone && IsFree(nodes_[n.prev_phys]);
-      const bool nf = n.next_phys != kNone && IsFree(nodes_[n.next_phys]);
+      const bool pf = n.prev_phys != kNone && IsFree(node(n.prev_phys));
+      const bool nf = n.next_phys != kNone && IsFree(node(n.next_phys));
       const uint8_t want = (pf ? kPrevIsFree : 0) | (nf ? kNextIsFree : 0);
-      if (static_cast<uint8_t>(neighbours_free_[i]) != want) {
+      if (static_cast<uint8_t>(slot_flags(i)) != want) {
         return fail(absl::StrFormat(
             "I4 flags: live node %u has neighbour flags %u, neighbours say %u",
-            i, static_cast<uint8_t>(neighbours_free_[i]), want));
+            i, static_cast<uint8_t>(slot_flags(i)), want));
       }
     }
     if (is_free && prev_free) {
       return fail(absl::StrFormat(
           "I2 coalescing: free ranges at %u and %u are adjacent",
-          nodes_[prev].offset, n.offset));
+          node(prev).offset, n.offset));
     }
     if (is_free) {
       free_sum += n.size;
@@ -257,11 +244,11 @@ absl::Status OffsetAllocator::Validate() const {
   }
   // I6: spare list.
   uint64_t spare = 0;
-  for (uint32_t i = spare_head_; i != kNone; i = nodes_[i].next_free) {
+  for (uint32_t i = spare_head_; i != kNone; i = node(i).next_free) {
     if (i >= nn) return fail(absl::StrFormat("I6 node pool: spare index %u out of range", i));
     if (seen[i] == 1) return fail(absl::StrFormat("I6 node pool: slot %u both live and spare", i));
     if (seen[i] == 2) return fail(absl::StrFormat("I6 node pool: cycle in spare list at %u", i));
-    if (nodes_[i].prev_free != kSpare) {
+    if (node(i).prev_free != kSpare) {
       return fail(absl::StrFormat("I6 node pool: spare slot %u not marked spare", i));
     }
     seen[i] = 2;
@@ -269,6 +256,16 @@ absl::Status OffsetAllocator::Validate() const {
   }
   for (size_t i = 0; i < nn; ++i) {
     if (seen[i] == 0) return fail(absl::StrFormat("I6 node pool: slot %u leaked", i));
+  }
+  // I7: node storage.
+  if (num_slots_ > slot_capacity_ ||
+      uint64_t{slot_capacity_} * sizeof(Node) > node_buffer_.bytes() ||
+      uint64_t{slot_capacity_} * sizeof(Flags) > flag_buffer_.bytes() ||
+      nodes_ != node_buffer_.data() || neighbours_free_ != flag_buffer_.data()) {
+    return fail(absl::StrFormat(
+        "I7 node storage: %u slots handed out, %u slots of capacity, buffers of "
+        "%u and %u bytes", num_slots_, slot_capacity_, node_buffer_.bytes(),
+        flag_buffer_.bytes()));
   }
   // I3, I4: bins and bitmaps.
   uint64_t binned = 0;
@@ -294,11 +291,11 @@ absl::Status OffsetAllocator::Validate() const {
       return fail(absl::StrFormat("I4 bitmaps: bin %u bit disagrees with its list", bin));
     }
     uint32_t back = kNone;
-    for (uint32_t i = bin_head_[bin]; i != kNone; i = nodes_[i].next_free) {
+    for (uint32_t i = bin_head_[bin]; i != kNone; i = node(i).next_free) {
       if (i >= nn || seen[i] != 1) {
         return fail(absl::StrFormat("I3 bins: bin %u holds node %u that is not a range", bin, i));
       }
-      const Node& n = nodes_[i];
+      const Node& n = node(i);
       if (!IsFree(n)) return fail(absl::StrFormat("I3 bins: bin %u holds live node %u", bin, i));
       if (back != kNone && n.prev_free != back) {
         return fail(absl::StrFormat("I3 bins: bad back link at node %u in bin %u", i, bin));

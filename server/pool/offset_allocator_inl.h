@@ -1,12 +1,12 @@
-// Inline definitions of OffsetAllocator's hot path: Allocate, Free and the
-// bin-list, node-pool and neighbour-flag helpers they are made of. Included
-// at the end of offset_allocator.h and nowhere else, so that callers (the
-// SlabPool, the benchmark) compile the fast paths in place: no call, no
-// register save/restore per operation (measured: allocator_bench S 40.2 ->
-// 38.7 ns per pair, L 34.5 -> 32.6). The cold paths (node array growth, splitting for
-// alignment padding, the probing and exact-fallback searches, statistics,
-// Validate) stay out of line in offset_allocator.cc. The design and the
-// invariants are described in offset_allocator.h.
+// Inline definitions of OffsetAllocator's hot path: Allocate (steps 1 and 2
+// of the search), Free and the bin-list, node-pool and neighbour-flag
+// helpers they are made of. Included at the end of offset_allocator.h and
+// nowhere else, so that callers (the SlabPool, the benchmark) compile the
+// fast paths in place, without a call per operation (measured: see
+// allocator_bench's tuning history). The cold paths (node storage growth,
+// splitting for alignment padding, the exact fallback, statistics,
+// Validate) stay out of line in offset_allocator.cc. The guarantees, the
+// search and the invariants are described in offset_allocator.h.
 #ifndef GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_INL_H_
 #define GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_INL_H_
 
@@ -47,47 +47,44 @@ GPUMEM_POOL_INLINE uint64_t AlignPad(uint64_t offset, uint64_t alignment) {
 GPUMEM_POOL_INLINE uint32_t OffsetAllocator::NewNode() {
   const uint32_t i = spare_head_;
   if (__builtin_expect(i == kNone, 0)) return GrowNodes();
-  spare_head_ = nodes_[i].next_free;
+  spare_head_ = node(i).next_free;
   return i;
 }
 
 GPUMEM_POOL_INLINE void OffsetAllocator::ReleaseNode(uint32_t i) {
   // Only the spare marking: every field is rewritten when the slot is reused.
-  Node& n = nodes_[i];
+  Node& n = node(i);
   n.prev_free = kSpare;
   n.next_free = spare_head_;
   spare_head_ = i;
 }
 
-// &base[i].prev_free, or &scratch_ when i == kNone, without a branch. The
+// &node(i).prev_free, or &scratch_ when i == kNone, without a branch. The
 // address is computed on integers, so no out-of-range pointer is formed.
-GPUMEM_POOL_INLINE uint32_t* OffsetAllocator::PrevFreeOrScratch(Node* base,
-                                                                uint32_t i) {
+GPUMEM_POOL_INLINE uint32_t* OffsetAllocator::PrevFreeOrScratch(uint32_t i) {
   static_assert(kNone == 0xFFFFFFFFu, "AddrUnlessNone tests for all ones");
   return pool_internal::AddrUnlessNone(
       i,
-      reinterpret_cast<uintptr_t>(base) + uintptr_t{i} * sizeof(Node) +
+      reinterpret_cast<uintptr_t>(nodes_) + uintptr_t{i} * sizeof(Node) +
           offsetof(Node, prev_free),
       &scratch_);
 }
 
-// &neighbours_free_[i], or &flags_scratch_ when i == kNone (a flag update
-// for a neighbour that does not exist), without a branch.
+// &slot_flags(i), or &flags_scratch_ when i == kNone (a flag update for a
+// neighbour that does not exist), without a branch.
 GPUMEM_POOL_INLINE OffsetAllocator::Flags* OffsetAllocator::NeighbourFlags(uint32_t i) {
   return pool_internal::AddrUnlessNone(
-      i, reinterpret_cast<uintptr_t>(neighbours_free_.data()) + i,
-      &flags_scratch_);
+      i, reinterpret_cast<uintptr_t>(neighbours_free_) + i, &flags_scratch_);
 }
 
 // Link/Unlink move a free range into / out of a bin's list and keep the bin
 // bitmaps in step; InsertFree/RemoveFree also maintain free_ranges_. Rebin
 // (a free range that stays free) needs only the former.
 GPUMEM_POOL_INLINE void OffsetAllocator::Link(uint32_t i, uint32_t bin) {
-  Node* const base = nodes_.data();
   const uint32_t head = bin_head_[bin];
-  base[i].prev_free = kNone;
-  base[i].next_free = head;
-  *PrevFreeOrScratch(base, head) = i;
+  node(i).prev_free = kNone;
+  node(i).next_free = head;
+  *PrevFreeOrScratch(head) = i;
   const uint32_t band = bin >> kMantissaBits;
   bin_bitmap_[band] |= uint64_t{1} << (bin & kBinMask);
   // Written only when it changes (rarely: bits are cleared lazily), so the
@@ -110,11 +107,10 @@ GPUMEM_POOL_INLINE void OffsetAllocator::SetBinHead(uint32_t bin, uint32_t next)
 }
 
 GPUMEM_POOL_INLINE void OffsetAllocator::Unlink(uint32_t i, uint32_t bin) {
-  Node* const base = nodes_.data();
-  const uint32_t prev = base[i].prev_free, next = base[i].next_free;
+  const uint32_t prev = node(i).prev_free, next = node(i).next_free;
   if (bin_head_[bin] != i) {
-    base[prev].next_free = next;
-    *PrevFreeOrScratch(base, next) = prev;
+    node(prev).next_free = next;
+    *PrevFreeOrScratch(next) = prev;
   } else {
     // The next range becomes the head; its back link is left as it is.
     SetBinHead(bin, next);
@@ -124,7 +120,7 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Unlink(uint32_t i, uint32_t bin) {
 // Unlink for a range known to be its bin's head. Touches no other node: the
 // new head's back link is left stale (a head's prev_free is never read).
 GPUMEM_POOL_INLINE void OffsetAllocator::UnlinkHead(uint32_t i, uint32_t bin) {
-  SetBinHead(bin, nodes_[i].next_free);
+  SetBinHead(bin, node(i).next_free);
 }
 
 template <bool kHead>
@@ -153,7 +149,7 @@ GPUMEM_POOL_INLINE void OffsetAllocator::RemoveFree(uint32_t i, uint32_t bin) {
 // same bin (then nothing to do).
 template <bool kHead>
 GPUMEM_POOL_INLINE void OffsetAllocator::Rebin(uint32_t i, uint32_t old_bin) {
-  const uint32_t bin = BinIndex(nodes_[i].size);
+  const uint32_t bin = BinIndex(node(i).size);
   if (bin == old_bin) return;
   UnlinkAny<kHead>(i, old_bin);
   Link(i, bin);
@@ -188,31 +184,30 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
                                               uint64_t size, uint64_t alignment,
                                               Block* out) {
   uint32_t u;
-  const uint64_t pad = pool_internal::AlignPad(nodes_[i].offset, alignment);
+  const uint64_t pad = pool_internal::AlignPad(node(i).offset, alignment);
   if (__builtin_expect(pad == 0, 1)) {
-    if (nodes_[i].size == size) {
+    if (node(i).size == size) {
       // Exact fit: the free node becomes the block; its neighbours (live:
       // free ranges are never adjacent) now have a live neighbour there.
       RemoveFree<kHead>(i, bin);
       u = i;
-      neighbours_free_[u] = Flags(0);
-      ClearFlag(NeighbourFlags(nodes_[u].prev_phys), kNextIsFree);
-      ClearFlag(NeighbourFlags(nodes_[u].next_phys), kPrevIsFree);
+      slot_flags(u) = Flags(0);
+      ClearFlag(NeighbourFlags(node(u).prev_phys), kNextIsFree);
+      ClearFlag(NeighbourFlags(node(u).next_phys), kPrevIsFree);
     } else {
       // The block goes to a new node in front of i; i keeps the tail and
       // stays linked in its bin unless the tail's size falls in another bin.
       u = NewNode();
-      Node* const base = nodes_.data();
-      Node& f = base[i];
-      Node& b = base[u];
+      Node& f = node(i);
+      Node& b = node(u);
       b.offset = f.offset;
       b.size = size;
       b.prev_phys = f.prev_phys;
       b.next_phys = i;
-      neighbours_free_[u] = Flags(kNextIsFree);  // the range before f is live
+      slot_flags(u) = Flags(kNextIsFree);  // the range before f is live
       if (f.prev_phys != kNone) {
-        base[f.prev_phys].next_phys = u;
-        ClearFlag(&neighbours_free_[f.prev_phys], kNextIsFree);
+        node(f.prev_phys).next_phys = u;
+        ClearFlag(&slot_flags(f.prev_phys), kNextIsFree);
       } else {
         phys_head_ = u;
       }
@@ -226,17 +221,17 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
     // and whatever is left behind it to another new node.
     u = SplitAfter(i, pad);
     Rebin<kHead>(i, bin);
-    if (nodes_[u].size > size) {
+    if (node(u).size > size) {
       const uint32_t t = SplitAfter(u, size);
-      InsertFree(t, BinIndex(nodes_[t].size));
-      neighbours_free_[u] = Flags(kPrevIsFree | kNextIsFree);
+      InsertFree(t, BinIndex(node(t).size));
+      slot_flags(u) = Flags(kPrevIsFree | kNextIsFree);
     } else {
       // The live range behind now follows the block, not free range i.
-      neighbours_free_[u] = Flags(kPrevIsFree);
-      ClearFlag(NeighbourFlags(nodes_[u].next_phys), kPrevIsFree);
+      slot_flags(u) = Flags(kPrevIsFree);
+      ClearFlag(NeighbourFlags(node(u).next_phys), kPrevIsFree);
     }
   }
-  Node& b = nodes_[u];
+  Node& b = node(u);
   b.prev_free = kUsed;
   b.next_free = kNone;
   used_bytes_ += size;
@@ -244,6 +239,28 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
   out->offset = b.offset;
   out->size = size;
   out->handle = u;
+}
+
+// Of at most `probes` ranges of `bin`, starting at its head, the one that
+// fits (size, alignment) and is smallest, the lowest in the slab among equal
+// sizes; kNone if none of them fits.
+GPUMEM_POOL_INLINE uint32_t OffsetAllocator::BestOfFirst(uint32_t bin, int probes,
+                                                         uint64_t size,
+                                                         uint64_t alignment) const {
+  uint32_t best = kNone;
+  uint64_t best_size = ~uint64_t{0}, best_offset = ~uint64_t{0};
+  uint32_t i = bin_head_[bin];
+  for (int k = probes; k > 0 && i != kNone; --k) {
+    const Node& n = node(i);
+    if (Fits(n, size, alignment) &&
+        (n.size < best_size || (n.size == best_size && n.offset < best_offset))) {
+      best = i;
+      best_size = n.size;
+      best_offset = n.offset;
+    }
+    i = n.next_free;
+  }
+  return best;
 }
 
 GPUMEM_POOL_INLINE bool OffsetAllocator::Allocate(uint64_t size,
@@ -260,18 +277,26 @@ GPUMEM_POOL_INLINE bool OffsetAllocator::Allocate(uint64_t size,
   const int sh = (63 - __builtin_clzll(size | kBinsPerBand)) - kMantissaBits;
   const uint32_t own_bin =
       (static_cast<uint32_t>(sh) << kMantissaBits) + static_cast<uint32_t>(size >> sh);
-  if (__builtin_expect(own_bin_probes_ != 0, 0)) {
-    return AllocateProbing(size, alignment, own_bin, out);
-  }
-  const uint32_t band = own_bin >> kMantissaBits;  // < num_bands_: size <= capacity
-  // 2. Good fit: the first non-empty bin at or above size rounded up to the
-  // next bin boundary (up_bin = own_bin + up). The band bitmap shifted so
-  // that bit 0 is own_bin, then past up_bin.
   const uint32_t up = (size & ((uint64_t{1} << sh) - 1)) != 0;
-  const uint64_t rest = (bin_bitmap_[band] >> (own_bin & kBinMask)) >> up;
+  const int probes = own_bin_probes_;
+  // 1. Own bin: the best of its first `probes` ranges.
+  if (__builtin_expect(probes != 0, 1)) {
+    const uint32_t i = BestOfFirst(own_bin, probes, size, alignment);
+    if (i != kNone) {
+      Take<false>(i, own_bin, size, alignment, out);
+      return true;
+    }
+  }
+  // 2. Good fit: the first non-empty bin above the own bin (or, without
+  // probing, at or above size rounded up to the next bin boundary, up_bin =
+  // own_bin + up): every range there holds `size` bytes. The band bitmap
+  // shifted so that bit 0 is own_bin, then past the bins to skip.
+  const uint32_t band = own_bin >> kMantissaBits;  // < num_bands_: size <= capacity
+  const uint32_t skip = probes != 0 ? 1 : up;
+  const uint64_t rest = (bin_bitmap_[band] >> (own_bin & kBinMask)) >> skip;
   uint32_t bin;
   if (rest != 0) {
-    bin = own_bin + up + static_cast<uint32_t>(__builtin_ctzll(rest));
+    bin = own_bin + skip + static_cast<uint32_t>(__builtin_ctzll(rest));
   } else {
     // band <= 58 (sizes < 2^64).
     bin = FirstBinAboveBand(band);
@@ -279,22 +304,29 @@ GPUMEM_POOL_INLINE bool OffsetAllocator::Allocate(uint64_t size,
       return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
     }
   }
+  if (__builtin_expect(probes != 0, 1)) {
+    const uint32_t i = BestOfFirst(bin, probes, size, alignment);
+    if (__builtin_expect(i == kNone, 0)) {
+      return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
+    }
+    Take<false>(i, bin, size, alignment, out);
+    return true;
+  }
   const uint32_t i = bin_head_[bin];
-  if (__builtin_expect(!Fits(nodes_[i], size, alignment), 0)) {
+  if (__builtin_expect(!Fits(node(i), size, alignment), 0)) {
     return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
   }
-  // Take is forced inline here (and in the two slow paths).
+  // Take is forced inline here (and in the slow path).
   Take<true>(i, bin, size, alignment, out);
   return true;
 }
 
 GPUMEM_POOL_INLINE void OffsetAllocator::Free(const Block& block) {
   const uint32_t u = block.handle;
-  if (__builtin_expect(u >= nodes_.size(), 0)) {
+  if (__builtin_expect(u >= num_slots_, 0)) {
     FreeFailed("bad handle", block);
   }
-  Node* const base = nodes_.data();
-  Node& cur = base[u];
+  Node& cur = node(u);
   if (__builtin_expect(cur.prev_free != kUsed, 0)) {
     FreeFailed("block not live", block);
   }
@@ -308,18 +340,18 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Free(const Block& block) {
   // it does not wait for the node, and a live neighbour that needs no link
   // update is never touched.
   const uint32_t p = cur.prev_phys, nx = cur.next_phys;
-  const uint8_t flags = static_cast<uint8_t>(neighbours_free_[u]);
+  const uint8_t flags = static_cast<uint8_t>(slot_flags(u));
   const bool prev_free = (flags & kPrevIsFree) != 0;
   const bool next_free = (flags & kNextIsFree) != 0;
   if (prev_free) {
     // p absorbs the block (and the next range if that is free too) and
     // stays in its bin unless its size moves to another bin.
-    Node& prev = base[p];
+    Node& prev = node(p);
     const uint32_t old_bin = BinIndex(prev.size);
     uint32_t after = nx;
     prev.size += cur.size;
     if (next_free) {
-      Node& next = base[nx];
+      Node& next = node(nx);
       RemoveFree<false>(nx, BinIndex(next.size));
       prev.size += next.size;
       after = next.next_phys;
@@ -327,21 +359,21 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Free(const Block& block) {
     }
     prev.next_phys = after;
     if (after != kNone) {
-      base[after].prev_phys = p;
-      SetFlag(&neighbours_free_[after], kPrevIsFree);
+      node(after).prev_phys = p;
+      SetFlag(&slot_flags(after), kPrevIsFree);
     }
     ReleaseNode(u);
     Rebin<false>(p, old_bin);
   } else if (next_free) {
     // The next range grows downwards over the block.
-    Node& next = base[nx];
+    Node& next = node(nx);
     const uint32_t old_bin = BinIndex(next.size);
     next.offset = cur.offset;
     next.size += cur.size;
     next.prev_phys = p;
     if (p != kNone) {
-      base[p].next_phys = nx;
-      SetFlag(&neighbours_free_[p], kNextIsFree);
+      node(p).next_phys = nx;
+      SetFlag(&slot_flags(p), kNextIsFree);
     } else {
       phys_head_ = nx;
     }

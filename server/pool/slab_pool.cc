@@ -27,7 +27,8 @@ SlabPool::SlabPool(Backend* backend, uint32_t device, PoolOptions options)
       device_(device),
       options_(options),
       total_bytes_(backend->devices().at(device).total_bytes) {
-  if (options_.granularity == 0) options_.granularity = 1;
+  options_.granularity = std::max<uint64_t>(
+      {options_.granularity, backend->Granularity(device), 1});
   options_.slab_size = std::max(RoundUp(options_.slab_size), options_.granularity);
 }
 
@@ -58,24 +59,35 @@ absl::Status SlabPool::Reserve() {
       bytes = RoundDown(std::min(options_.slab_size, UnpooledLocked()));
     }
     if (bytes == 0) break;
-    absl::StatusOr<std::unique_ptr<Slab>> slab = backend_->CreateSlab(device_, bytes);
-    if (!slab.ok()) {
-      return absl::Status(slab.status().code(),
-                          absl::StrCat("device ", device_, ": reserving a ",
-                                       FormatBytes(bytes), " slab: ",
-                                       slab.status().message()));
-    }
+    const HandleKind kind = backend_->handle_kinds().front();
+    absl::StatusOr<std::unique_ptr<Slab>> slab = backend_->CreateSlab(device_, bytes, kind);
+    if (!slab.ok()) return BackendError(slab.status(), "reserving", bytes);
     absl::MutexLock lock(&mu_);
-    const uint64_t id = next_slab_id.fetch_add(1);
-    SlabEntry& e = slabs_[id];
-    e.slab = std::move(*slab);
-    e.allocator = std::make_unique<OffsetAllocator>(bytes);
-    e.reserved = true;
-    e.empty_since = absl::Now();
-    pooled_bytes_ += bytes;
+    AddSlabLocked(std::move(*slab), kind, kNoTenant).second->reserved = true;
     reserved += bytes;
   }
   return absl::OkStatus();
+}
+
+absl::Status SlabPool::BackendError(const absl::Status& s, absl::string_view doing,
+                                    uint64_t bytes) const {
+  return absl::Status(s.code(), absl::StrCat("device ", device_, ": ", doing, " a ",
+                                             FormatBytes(bytes), " slab failed: ",
+                                             s.message()));
+}
+
+std::pair<uint64_t, SlabPool::SlabEntry*> SlabPool::AddSlabLocked(
+    std::unique_ptr<Slab> slab, HandleKind kind, uint32_t tenant) {
+  const uint64_t id = next_slab_id.fetch_add(1);
+  SlabEntry& e = slabs_[id];
+  e.allocator = std::make_unique<OffsetAllocator>(slab->size());
+  pooled_bytes_ += slab->size();
+  e.slab = std::move(slab);
+  e.kind = kind;
+  e.tenant = tenant;
+  e.empty_since = absl::Now();
+  if (tenant != kNoTenant) ++tenants_[tenant].slab_count;
+  return {id, &e};
 }
 
 bool SlabPool::TakeLocked(uint64_t id, SlabEntry& e, uint64_t size,
@@ -89,10 +101,12 @@ bool SlabPool::TakeLocked(uint64_t id, SlabEntry& e, uint64_t size,
   t.used_bytes += size;
   ++t.live_blocks;
   *out = PoolBlock{id, e.slab->size(), b.offset, size, b.handle, e.tenant, new_slab};
+  out->kind = e.kind;
   return true;
 }
 
-CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant) {
+CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant,
+                            HandleKind kind) {
   CarveResult r;
   if (size == 0) {
     r.error = absl::InvalidArgumentError("size must be > 0");
@@ -115,7 +129,7 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant) 
     absl::MutexLock lock(&mu_);
     if (!dedicated) {
       for (auto& [id, e] : slabs_) {
-        if (e.dedicated || e.retained || e.tenant != tenant) continue;
+        if (e.dedicated || e.retained || e.tenant != tenant || e.kind != kind) continue;
         if (TakeLocked(id, e, size, alignment, false, &r.block)) {
           r.kind = CarveResult::Kind::kBlock;
           return r;
@@ -123,7 +137,9 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant) 
       }
       // A reserved slab nobody has carved from: claimed for good.
       for (auto& [id, e] : slabs_) {
-        if (e.tenant != kNoTenant || e.allocator->capacity() < size) continue;
+        if (e.tenant != kNoTenant || e.kind != kind || e.allocator->capacity() < size) {
+          continue;
+        }
         e.tenant = tenant;
         ++tenants_[tenant].slab_count;
         if (TakeLocked(id, e, size, alignment, false, &r.block)) {
@@ -161,25 +177,16 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant) 
     creating_bytes_ += bytes;
   }
   // Backend work outside the lock: the capacity is promised meanwhile.
-  absl::StatusOr<std::unique_ptr<Slab>> slab = backend_->CreateSlab(device_, bytes);
+  absl::StatusOr<std::unique_ptr<Slab>> slab = backend_->CreateSlab(device_, bytes, kind);
   absl::MutexLock lock(&mu_);
   creating_bytes_ -= bytes;
   if (!slab.ok()) {
-    r.error = absl::Status(
-        slab.status().code(),
-        absl::StrCat("device ", device_, ": creating a ", FormatBytes(bytes),
-                     " slab failed: ", slab.status().message()));
+    r.error = BackendError(slab.status(), "creating", bytes);
     return r;
   }
-  const uint64_t id = next_slab_id.fetch_add(1);
-  SlabEntry& e = slabs_[id];
-  e.slab = std::move(*slab);
-  e.allocator = std::make_unique<OffsetAllocator>(bytes);
-  e.tenant = tenant;
+  auto [id, entry] = AddSlabLocked(std::move(*slab), kind, tenant);
+  SlabEntry& e = *entry;
   e.dedicated = dedicated;
-  e.empty_since = absl::Now();
-  pooled_bytes_ += bytes;
-  ++tenants_[tenant].slab_count;
   if (!TakeLocked(id, e, size, alignment, true, &r.block)) {
     // Cannot happen for a fresh slab of at least `need` bytes.
     r.error = absl::InternalError(absl::StrCat(
@@ -340,8 +347,10 @@ bool SlabPool::HasSlab(uint64_t slab_id) const {
   return slabs_.count(slab_id) != 0;
 }
 
-absl::StatusOr<SlabPool::Export> SlabPool::ExportSlab(uint64_t slab_id, uint32_t tenant,
-                                         uint64_t session) {
+template <typename T>
+absl::StatusOr<T> SlabPool::GiveHandle(uint64_t slab_id, uint32_t tenant, uint64_t session,
+                                       const char* what,
+                                       absl::StatusOr<T> (*give)(const Slab& slab)) {
   std::shared_ptr<Slab> slab;
   bool newly_held = false;
   {
@@ -359,10 +368,9 @@ absl::StatusOr<SlabPool::Export> SlabPool::ExportSlab(uint64_t slab_id, uint32_t
     exports_[session].insert(slab_id);
     slab = e->slab;
   }
-  absl::StatusOr<int> fd = slab->ExportFd();
-  const uint64_t size = slab->size();
+  absl::StatusOr<T> given = give(*slab);
   slab.reset();
-  if (fd.ok()) return Export{*fd, size};
+  if (given.ok()) return given;
   if (newly_held) {
     Graveyard dead;
     absl::MutexLock lock(&mu_);
@@ -373,9 +381,26 @@ absl::StatusOr<SlabPool::Export> SlabPool::ExportSlab(uint64_t slab_id, uint32_t
       mu_.Lock();
     }
   }
-  return absl::Status(fd.status().code(),
-                      absl::StrCat("device ", device_, ": exporting slab ", slab_id,
-                                   " failed: ", fd.status().message()));
+  return absl::Status(given.status().code(),
+                      absl::StrCat("device ", device_, ": ", what, " slab ", slab_id,
+                                   " failed: ", given.status().message()));
+}
+
+absl::StatusOr<SlabPool::Export> SlabPool::ExportSlab(uint64_t slab_id, uint32_t tenant,
+                                                      uint64_t session) {
+  return GiveHandle<Export>(
+      slab_id, tenant, session, "exporting", [](const Slab& slab) -> absl::StatusOr<Export> {
+        absl::StatusOr<int> fd = slab.ExportFd();
+        if (!fd.ok()) return fd.status();
+        return Export{*fd, slab.size()};
+      });
+}
+
+absl::StatusOr<std::string> SlabPool::IpcHandle(uint64_t slab_id, uint32_t tenant,
+                                                uint64_t session) {
+  return GiveHandle<std::string>(
+      slab_id, tenant, session, "getting the IPC handle of",
+      [](const Slab& slab) { return slab.IpcHandle(); });
 }
 
 void SlabPool::DropHolderLocked(uint64_t slab_id, uint64_t session,

@@ -18,6 +18,11 @@
 //    as retained, neither carvable nor offered to placement) until every
 //    such session has ended (ForgetSession) or said it closed the slab
 //    (CloseExport). Then it goes back to the device.
+//  - A slab has one HandleKind (how clients open it) for its life; blocks
+//    are carved only from slabs of the kind their request asked for.
+//    Reserved slabs are of the backend's default kind.
+//  - Slab sizes are multiples of the larger of PoolOptions::granularity and
+//    the backend's granularity for the device.
 //  - A block larger than the slab size gets a dedicated slab of its own
 //    (rounded up to the backend's granularity), released with the block.
 //  - A slab empty for `empty_release_after` is released by ReleaseIdleSlabs,
@@ -39,7 +44,9 @@
 
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -76,6 +83,7 @@ struct PoolBlock {
   uint32_t tenant = 0;
   bool new_slab = false;
   bool claimed_slab = false;  // the carve claimed a reserved slab
+  HandleKind kind = HandleKind::kMemfd;
 };
 
 // Why the pool could not carve a block for a tenant, with the figures the
@@ -148,8 +156,13 @@ class SlabPool {
   // Makes the start-time reservation; call once.
   absl::Status Reserve();
 
-  // A block of `size` bytes at `alignment` (power of two) for `tenant`.
-  CarveResult Carve(uint64_t size, uint64_t alignment, uint32_t tenant);
+  // A block of `size` bytes at `alignment` (power of two) for `tenant`, in
+  // a slab of `kind` (one the backend makes).
+  CarveResult Carve(uint64_t size, uint64_t alignment, uint32_t tenant, HandleKind kind);
+  // The same, in the backend's default kind.
+  CarveResult Carve(uint64_t size, uint64_t alignment, uint32_t tenant) {
+    return Carve(size, alignment, tenant, backend_->handle_kinds().front());
+  }
   void Release(const PoolBlock& block);
   // Undoes a Carve that its caller abandons (a sharded request that failed
   // elsewhere): like Release, and a slab the carve created goes back to the
@@ -165,6 +178,10 @@ class SlabPool {
   };
   absl::StatusOr<Export> ExportSlab(uint64_t slab_id, uint32_t tenant,
                                     uint64_t session);
+  // The 64 legacy IPC handle bytes of a HandleKind::kCudaIpc slab, recorded
+  // as given to `session` exactly like ExportSlab (same errors).
+  absl::StatusOr<std::string> IpcHandle(uint64_t slab_id, uint32_t tenant,
+                                        uint64_t session);
   // `session` says it closed the slab (or never will use it again). NOT_FOUND
   // when the pool has no record of giving it that slab.
   absl::Status CloseExport(uint64_t slab_id, uint64_t session);
@@ -202,6 +219,7 @@ class SlabPool {
     std::shared_ptr<Slab> slab;
     std::unique_ptr<OffsetAllocator> allocator;
     uint32_t tenant = kNoTenant;
+    HandleKind kind = HandleKind::kMemfd;
     bool dedicated = false;
     bool reserved = false;
     bool retained = false;  // released: not carvable, kept for its holders
@@ -210,7 +228,22 @@ class SlabPool {
   };
   using Graveyard = std::vector<std::shared_ptr<Slab>>;
 
+  // ExportSlab and IpcHandle: records `session` as given the slab's handle,
+  // runs `give` on the slab outside the lock, and undoes the record if it
+  // fails. `what` names the operation in errors.
+  template <typename T>
+  absl::StatusOr<T> GiveHandle(uint64_t slab_id, uint32_t tenant, uint64_t session,
+                               const char* what,
+                               absl::StatusOr<T> (*give)(const Slab& slab));
+
   SlabEntry* FindLocked(uint64_t slab_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a slab the backend made, owned by `tenant`; counts it.
+  std::pair<uint64_t, SlabEntry*> AddSlabLocked(std::unique_ptr<Slab> slab,
+                                                HandleKind kind, uint32_t tenant)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A backend failure, naming the device and what the pool was doing.
+  absl::Status BackendError(const absl::Status& s, absl::string_view doing,
+                            uint64_t bytes) const;
   // Takes a block out of `e` if it fits; counts it.
   bool TakeLocked(uint64_t id, SlabEntry& e, uint64_t size, uint64_t alignment,
                   bool new_slab, PoolBlock* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -18,14 +18,36 @@
 
 namespace gpumem {
 
+namespace {
+
+v1::HandleKind ToWire(HandleKind kind) {
+  switch (kind) {
+    case HandleKind::kMemfd: return v1::HANDLE_KIND_MEMFD;
+    case HandleKind::kCudaVmmFd: return v1::HANDLE_KIND_CUDA_VMM_FD;
+    case HandleKind::kCudaIpc: return v1::HANDLE_KIND_CUDA_IPC;
+  }
+  return v1::HANDLE_KIND_UNSPECIFIED;
+}
+
+std::string KindList(const std::vector<HandleKind>& kinds) {
+  std::string out;
+  for (HandleKind k : kinds) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", v1::HandleKind_Name(ToWire(k)));
+  }
+  return out;
+}
+
+}  // namespace
+
 class MemoryBroker::PoolCarver : public placement::DeviceCarver {
  public:
-  PoolCarver(MemoryBroker* broker, uint32_t tenant) : broker_(broker), tenant_(tenant) {}
+  PoolCarver(MemoryBroker* broker, uint32_t tenant, HandleKind kind)
+      : broker_(broker), tenant_(tenant), kind_(kind) {}
 
   absl::StatusOr<placement::CarvedBlock> TryCarve(
       uint32_t device, uint64_t size, uint64_t alignment,
       placement::CarveRefusal* refusal) override {
-    CarveResult r = broker_->pools_[device]->Carve(size, alignment, tenant_);
+    CarveResult r = broker_->pools_[device]->Carve(size, alignment, tenant_, kind_);
     switch (r.kind) {
       case CarveResult::Kind::kError:
         return r.error;
@@ -62,6 +84,7 @@ class MemoryBroker::PoolCarver : public placement::DeviceCarver {
  private:
   MemoryBroker* broker_;
   uint32_t tenant_;
+  HandleKind kind_;
   absl::flat_hash_map<uint64_t, PoolBlock> pending_;
 };
 
@@ -142,6 +165,15 @@ void MemoryBroker::SetEmptySlabRelease(absl::Duration after) {
 }
 
 absl::Status MemoryBroker::Start() {
+  const std::vector<HandleKind>& can = backend_->handle_kinds();
+  if (options_.handle_kinds.empty()) options_.handle_kinds = can;
+  for (HandleKind k : options_.handle_kinds) {
+    if (std::find(can.begin(), can.end(), k) == can.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "handle kind ", HandleKindName(k), " is not one the ", backend_->name(),
+          " backend makes (it makes: ", KindList(can), ")"));
+    }
+  }
   absl::Status admin = SetAdminGroup(options_.admin_group);
   if (!admin.ok()) return admin;
   for (auto& pool : pools_) {
@@ -222,6 +254,19 @@ placement::DeviceSnapshot MemoryBroker::Snapshot() const {
   return snap;
 }
 
+absl::StatusOr<HandleKind> MemoryBroker::RequestedKind(
+    const v1::AllocateRequest& request) const {
+  const std::vector<HandleKind>& offered = options_.handle_kinds;
+  if (request.handle_kind() == v1::HANDLE_KIND_UNSPECIFIED) return offered.front();
+  for (HandleKind k : offered) {
+    if (ToWire(k) == request.handle_kind()) return k;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "handle_kind ", v1::HandleKind_Name(request.handle_kind()),
+      " is not offered by this daemon (", backend_->name(),
+      " backend); it offers: ", KindList(offered)));
+}
+
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     const PeerCred& caller, const v1::AllocateRequest& request) {
   absl::ReaderMutexLock gate(&gate_);
@@ -236,16 +281,32 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
         "size_bytes ", request.size_bytes(), " (", FormatBytes(request.size_bytes()),
         ") is larger than any device (largest: ", FormatBytes(largest_device_bytes_), ")"));
   }
+  absl::StatusOr<HandleKind> kind = RequestedKind(request);
+  if (!kind.ok()) return kind.status();
   absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
   if (!session.ok()) return session.status();
   absl::StatusOr<placement::PreparedRequest> prepared =
       placement::PrepareRequest(request, device_views_, placer_options_);
   if (!prepared.ok()) return prepared.status();
 
-  PoolCarver carver(this, TenantOf(caller));
+  PoolCarver carver(this, TenantOf(caller), *kind);
   placement::Placer placer(&carver, placer_options_);
   placement::PlacementResult result = placer.Place(*prepared, Snapshot());
   if (!result.ok()) return result.status;
+
+  // Legacy IPC slabs: their handle bytes go in the reply, and the session is
+  // recorded as holding the slab (it may keep the handle open for its life).
+  std::vector<std::string> ipc_handles(result.blocks.size());
+  for (size_t i = 0; i < result.blocks.size() && *kind == HandleKind::kCudaIpc; ++i) {
+    const placement::CarvedBlock& b = result.blocks[i];
+    absl::StatusOr<std::string> handle = pools_[b.device]->IpcHandle(
+        carver.pool_block(b.id).slab_id, TenantOf(caller), session->id);
+    if (!handle.ok()) {
+      for (const placement::CarvedBlock& c : result.blocks) carver.Release(c);
+      return handle.status();
+    }
+    ipc_handles[i] = *std::move(handle);
+  }
 
   v1::AllocateResponse response;
   {
@@ -254,7 +315,8 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     // finds these records in OnSessionEnd (see session_registry.h).
     if (sessions_->IsLive(session->id)) {
       SessionUse& use = by_session_[session->id];
-      for (const placement::CarvedBlock& b : result.blocks) {
+      for (size_t i = 0; i < result.blocks.size(); ++i) {
+        const placement::CarvedBlock& b = result.blocks[i];
         Record r;
         r.session = session->id;
         r.uid = caller.uid;
@@ -273,7 +335,8 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
         a->set_slab_size_bytes(r.block.slab_size);
         a->set_offset(r.block.offset);
         a->set_size_bytes(r.block.size);
-        a->set_handle_kind(v1::HANDLE_KIND_POSIX_FD);
+        a->set_handle_kind(ToWire(r.block.kind));
+        if (r.block.kind == HandleKind::kCudaIpc) a->set_ipc_handle(ipc_handles[i]);
       }
       return response;
     }
@@ -458,6 +521,13 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
     ds->set_fragmentation(stats.fragmentation);
     ds->set_slab_count(stats.slab_count);
     ds->set_allocation_count(stats.live_blocks);
+    ds->set_granularity_bytes(backend_->Granularity(d.index));
+    // The driver's own view (no pool lock is held here).
+    absl::StatusOr<DriverMemInfo> driver = backend_->DriverMemory(d.index);
+    if (driver.ok()) {
+      ds->set_driver_free_bytes(driver->free_bytes);
+      ds->set_driver_total_bytes(driver->total_bytes);
+    }
     for (v1::PeerLink link : peer_rows_[d.index]) ds->add_peers(link);
     for (const SlabStats& slab : slabs) {
       // Slab figures are device figures, but whose slab it is is not.

@@ -21,6 +21,10 @@
 //    device and the operation; it is never reported as a refusal.
 //  - Free is allowed to the owning session, any process of the same uid, and
 //    root; otherwise PERMISSION_DENIED.
+//  - A request for a handle kind the daemon does not offer is
+//    FAILED_PRECONDITION naming the kinds it offers. Legacy IPC handle bytes
+//    go in the Allocate reply, and the session is recorded as given the
+//    slab's handle, as with an exported fd.
 //  - Stats shows device figures to everyone, and sessions and tenants only
 //    of the caller's own uid unless the caller is an administrator (root, or
 //    a member of BrokerOptions::admin_group).
@@ -60,6 +64,10 @@ namespace gpumem {
 
 struct BrokerOptions {
   PoolOptions pool;
+  // The slab handle kinds offered to clients, the first the default; empty
+  // means every kind the backend makes. Start() refuses a kind the backend
+  // cannot make.
+  std::vector<HandleKind> handle_kinds;
   uint64_t default_alignment = 256;
   // How often idle slabs are looked for.
   absl::Duration maintenance_interval = absl::Seconds(1);
@@ -118,6 +126,8 @@ class MemoryBroker {
   // Root, or a member of the admin group.
   bool IsAdmin(const PeerCred& caller) const;
   const Backend& backend() const { return *backend_; }
+  // The kinds offered, the default first (valid after Start).
+  const std::vector<HandleKind>& handle_kinds() const { return options_.handle_kinds; }
   // The tenant a caller's allocations are charged to.
   static uint32_t TenantOf(const PeerCred& caller) { return caller.uid; }
 
@@ -133,6 +143,8 @@ class MemoryBroker {
     uint64_t bytes = 0;
   };
   class PoolCarver;
+  // The offered kind a request asks for, or FAILED_PRECONDITION.
+  absl::StatusOr<HandleKind> RequestedKind(const v1::AllocateRequest& request) const;
 
   static absl::Status ShuttingDown();
   void OnSessionEnd(uint64_t session_id);

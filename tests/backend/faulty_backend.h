@@ -54,9 +54,14 @@ class FaultyBackend : public Backend {
   const std::vector<DeviceInfo>& devices() const override { return inner_->devices(); }
   PeerLink Peer(uint32_t a, uint32_t b) const override { return inner_->Peer(a, b); }
   uint64_t SlabBytes(uint32_t device) const override { return inner_->SlabBytes(device); }
+  const std::vector<HandleKind>& handle_kinds() const override {
+    return inner_->handle_kinds();
+  }
+  uint64_t Granularity(uint32_t device) const override { return inner_->Granularity(device); }
+  using Backend::CreateSlab;
 
-  absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device,
-                                                   uint64_t bytes) override {
+  absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device, uint64_t bytes,
+                                                   HandleKind kind) override {
     creates_.fetch_add(1);
     absl::Duration delay;
     {
@@ -66,7 +71,7 @@ class FaultyBackend : public Backend {
       if (device == slow_device_) delay = slow_delay_;
     }
     if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
-    absl::StatusOr<std::unique_ptr<Slab>> slab = inner_->CreateSlab(device, bytes);
+    absl::StatusOr<std::unique_ptr<Slab>> slab = inner_->CreateSlab(device, bytes, kind);
     if (!slab.ok()) return slab.status();
     return std::unique_ptr<Slab>(new FaultySlab(this, std::move(*slab)));
   }
@@ -78,6 +83,8 @@ class FaultyBackend : public Backend {
         : owner_(owner), inner_(std::move(inner)) {}
     uint32_t device() const override { return inner_->device(); }
     uint64_t size() const override { return inner_->size(); }
+    HandleKind handle_kind() const override { return inner_->handle_kind(); }
+    absl::StatusOr<std::string> IpcHandle() const override { return inner_->IpcHandle(); }
     absl::StatusOr<int> ExportFd() const override {
       owner_->exports_.fetch_add(1);
       {

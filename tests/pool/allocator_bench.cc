@@ -1,47 +1,127 @@
-// allocator_bench: replays the fixed-seed S, L and F traces (tests/pool/
-// traces.h) against gpumem::OffsetAllocator and, in the same run, against the
-// std::map best-fit baseline, and prints per trace:
+// allocator_bench: replays the fixed-seed traces of tests/pool/traces.h
+// against gpumem::OffsetAllocator and, in the same run, against the std::map
+// best-fit baseline (the bar for placement quality), and prints per trace:
 //   * ns per allocate+free pair, median and p99 over batches of 1024 ops
-//     (batch time / 512), and ops/s over the timed run (S, L). Each batch is
+//     (batch time / 512), and ops/s over the timed run. Each batch is
 //     generated into a flat op array before its clock starts, so the timed
-//     loop does only allocator calls (traces::RunTimed); both allocators run
-//     the same harness on the same trace;
-//   * utilisation at first failure, on the growing random workload (S, L;
-//     mean and min over --util_seeds seeds) or on the F staircase, in two
-//     readings: "util@fail" = bytes of the live blocks / capacity when a
+//     loop does only allocator calls (traces::RunTimed, traces::RunRamp);
+//     both allocators run the same harness on the same trace;
+//   * refusals over the whole timed run, and utilisation at first failure in
+//     two readings: "util@fail" = bytes of the live blocks / capacity when a
 //     request is first refused; "util+req" = the same plus the refused
-//     request (the demand that could not be met). The issue's reference
-//     figure for a std::map best-fit on L (0.973) matches the second reading
-//     (the baseline here gives 0.974 on the default seeds) and not the first
-//     (0.963); on S the two differ by < 0.001;
+//     request (the demand that could not be met). S, L: the growing random
+//     workload, mean and min over --util_seeds seeds. F: the staircase. C, P
+//     (the ramp traces: random lifetimes, offered load rising from 0.6 to 1.2
+//     times the slab): the first refusal of each seed's timed run, mean and
+//     min over the trace's seeds; refusals are summed over the seeds.
+//   * single Allocate calls: p99.9 and maximum in ns, from a second run of
+//     the same trace (first seed) with a clock read around every Allocate
+//     (LatencyRecorder; the values include one clock read, printed as the
+//     "timer floor" line), and the minor page faults taken during that run.
+//     Page faults of fresh memory cost ~15 us each on the development VMs;
+//     with --prefault (the default) the process first grows malloc's heap by
+//     --prefault_mib, touches it and keeps it (no trimming, no mmap for
+//     blocks below 32 MiB), so both allocators' metadata comes from resident
+//     memory and the figures show the allocator, not the kernel;
+//     --noprefault shows the cold figures (faults column > 0);
 //   * host metadata bytes per live block: "held" = everything the allocator
-//     holds (node array capacity incl. growth slack, neighbour flags, bin
-//     tables, the object) / live blocks; "in use" = bytes of nodes
+//     holds (node storage incl. unused slots of its last chunk, neighbour
+//     flags, bin tables, the object) / live blocks; "in use" = bytes of nodes
 //     describing a live block or a free range / live blocks;
-//   * a "harness floor" row: the same timed harness driving an allocator
-//     that does nothing (a bump counter), i.e. what the harness itself costs
-//     per pair; the allocators' rows include this cost. All three are
-//     compiled into the loop (none is called out of line).
+//   * a "harness floor" row (S, L): the same timed harness driving an
+//     allocator that does nothing (a bump counter), i.e. what the harness
+//     itself costs per pair; the allocators' rows include this cost. All
+//     three are compiled into the loop (none is called out of line).
 // Usage: allocator_bench [--json] [--ops_scale=1] [--util_seeds=10]
+//                        [--traces=S,L,F,C,P] [--noprefault]
+//
+// TUNING HISTORY of OffsetAllocator (figures from this benchmark; the
+// allocator's header describes only what it does now):
+//   * Hot path inline (offset_allocator_inl.h): S 40.2 -> 38.7 ns per pair,
+//     L 34.5 -> 32.6 (no call, no register save/restore per operation).
+//   * Band summary bits cleared lazily (by the search that finds a band
+//     empty) and stale bin-head back links: every Allocate and Free used to
+//     rewrite the summary with a value depending on a node just loaded, and
+//     the next call's search waited for it; S 43.8 -> 43.0, L 38.0 -> 36.5
+//     (median of 7 interleaved runs). Lazy per-band bitmaps were measured
+//     too and were much slower (S +9 ns, L +15 ns): bins empty often, and a
+//     search landing on an empty bin pays a misprediction.
+//   * Neighbour flags (one byte per node slot, read by handle in Free)
+//     instead of a bitmap of free slots read after the node: S 43.0 -> 41.8,
+//     L 36.5 -> 35.9.
+//   * 6 mantissa bits (64 bins per power of two, one bitmap word per band):
+//     with 5, a one-range own-bin probe was worth its cost; with 6 the good
+//     fit alone matched it on S and beat it on L, ~1 ns per pair faster.
+//   * Branch-free bin-list updates (cmov via AddrUnlessNone, scratch targets
+//     for absent neighbours): "did the bin empty?" is a coin flip on random
+//     workloads and mispredicted more than computing both outcomes cost.
+//     "Is this range its bin's head?" and Free's "is the neighbour free?"
+//     stay branches: as selects they measured slower.
+//   * Counters updated together are kept apart in the object: adjacent ones
+//     invited GCC's SLP vectoriser into a slower SSE sequence.
+//   Issue 15 (long churn, stalls). Figures at --ops_scale=0.3 (0.5 where
+//   said) on the 2-vCPU development VM while it was loaded (load average
+//   8-20); ratios and refusal counts are from one run each:
+//   * Node storage. Before: one std::vector grown by 1/8 and copied (78
+//     copies to reach 520,000 blocks; single Allocate calls up to 85 ms).
+//     Tried: fixed chunks of 512 slots behind a chunk table (one more
+//     dependent load per node access): S 38.2 -> 46.5 ns per pair, L 32.1
+//     -> 37.8, P 42 -> 53 with the old search. Chosen: two arrays in
+//     mremap-grown mappings (MappedBuffer; doubling moves page tables, not
+//     bytes, and touches no new page): S 39.6, L 33.2, the vector's speed.
+//   * Search, step 1 (best of the own bin's first K ranges; refusals on C /
+//     P, best fit 29,587 / 5,708): K=0 (the old search) 34,253 / 14,794
+//     (P util@fail 0.868 vs 0.981); K=1 34,010 / 6,165; K=2 32,089 / 5,767;
+//     K=3 31,349 / 5,751; K=4 30,424 / 5,674 (with best-of-K in step 2
+//     too). Each K costs S ~4-5 ns per pair. Unbounded K in steps 1 and 2
+//     made the same choice as the std::map best fit on every call of C
+//     (checked call by call) and its refusals equal, 29,587.
+//   * Ties: the lowest address among equal sizes. Taking the first exact
+//     fit (the most recently freed range) instead: C 33,044 refusals vs
+//     30,424 at K=4; at ops_scale 0.5 55,926 vs best fit 50,468 (1.11x),
+//     5-6 ns per pair faster. Rejected.
+//   * Step 2 taking the bin's head instead of the best of its first K: L
+//     util@fail 0.944 (min 0.834) instead of best fit's 0.9627 (0.9484),
+//     which best of 2, 3 or 4 match; speed within the noise. Best of K.
+//   * K = 3 (both steps) vs 4, ops_scale 0.5, same runs as best fit: P
+//     59.6 vs 63.2 ns per pair (best fit 601 / 569: ratio 0.099 / 0.111);
+//     refusals C 51,977 vs 51,357 (best fit 50,468), P 10,500 vs 10,386
+//     (10,456); util@fail C 0.8805 vs 0.9005 (0.8852). K = 3 is the default.
+//   * The inline assembly (AddrUnlessNone's cmp + cmov) re-measured against
+//     the plain ternary it falls back to off x86-64 (GCC makes that a
+//     branch), two interleaved runs each: S 53.5 / 53.8 vs 58.1 / 58.5 ns
+//     per pair, L 34.6 / 34.6 vs 35.1 / 35.1, P 53.8 / 56.0 vs 56.5 / 57.0.
+//     It stays.
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "server/pool/offset_allocator.h"
 #include "tests/pool/best_fit_baseline.h"
+#include "tests/pool/latency_recorder.h"
 #include "tests/pool/traces.h"
 
 ABSL_FLAG(bool, json, false, "print JSON instead of a table");
 ABSL_FLAG(double, ops_scale, 1.0,
           "scale the timed op counts (and the F slab) for smoke runs");
-ABSL_FLAG(int, util_seeds, 10, "seeds averaged for utilisation at failure");
+ABSL_FLAG(int, util_seeds, 10, "seeds averaged for utilisation at failure (S, L)");
 ABSL_FLAG(uint64_t, seed, 42, "base seed of every trace");
 ABSL_FLAG(bool, skip_baseline, false, "profiling: run only OffsetAllocator");
 ABSL_FLAG(int, probes, -1, "tuning: OffsetAllocator own-bin probes (-1: default)");
+ABSL_FLAG(std::string, traces, "S,L,F,C,P", "traces to run, comma separated");
+ABSL_FLAG(bool, prefault, true,
+          "grow and touch malloc's heap first, so metadata growth takes no "
+          "page faults (see the header)");
+ABSL_FLAG(int, prefault_mib, 512, "heap bytes --prefault touches, MiB");
 
 namespace gpumem {
 namespace {
@@ -54,8 +134,13 @@ struct Row {
   bool has_util = true;
   double util_mean = 0, util_min = 0;
   double util_req_mean = 0, util_req_min = 0;
+  bool has_latency = false;
+  uint64_t alloc_calls = 0, alloc_p999_ns = 0, alloc_max_ns = 0;
+  uint64_t alloc_over_2us = 0, faults = 0;
+  uint64_t all_p999_ns = 0, all_max_ns = 0, faulted_calls = 0, preempted_calls = 0;
   double meta_held = 0, meta_in_use = 0;
   bool has_in_use = false;
+  bool has_meta = true;
   uint64_t live = 0;
 };
 
@@ -83,6 +168,8 @@ void SetProbes(OffsetAllocator* a) {
   if (absl::GetFlag(FLAGS_probes) >= 0) a->set_own_bin_probes(absl::GetFlag(FLAGS_probes));
 }
 void SetProbes(BestFitBaseline*) {}
+template <class A>
+void SetProbes(LatencyRecorder<A>* r) { SetProbes(&r->inner()); }
 
 // Does no bookkeeping at all: the harness floor. Inline, like the other two
 // (OffsetAllocator's hot path is in offset_allocator_inl.h, the baseline is
@@ -109,9 +196,9 @@ class NullAllocator {
   uint64_t freed_ = 0;
 };
 
-uint64_t TimedOps(const traces::TraceSpec& t) {
+uint64_t Scaled(uint64_t n) {
   return std::max<uint64_t>(traces::kBatch,
-                            uint64_t(t.ops * absl::GetFlag(FLAGS_ops_scale)));
+                            uint64_t(n * absl::GetFlag(FLAGS_ops_scale)));
 }
 
 void FillTimed(const traces::TimedResult& r, Row* row) {
@@ -124,13 +211,28 @@ void FillTimed(const traces::TimedResult& r, Row* row) {
   row->live = r.live_at_end;
 }
 
+template <class A>
+void FillLatency(const LatencyRecorder<A>& rec, uint64_t faults, Row* row) {
+  const LatencyHistogram& h = rec.clean();
+  row->has_latency = true;
+  row->alloc_calls = rec.all().count();
+  row->alloc_p999_ns = h.Quantile(0.999);
+  row->alloc_max_ns = h.max();
+  row->alloc_over_2us = h.CountAbove(2000);
+  row->all_p999_ns = rec.all().Quantile(0.999);
+  row->all_max_ns = rec.all().max();
+  row->faulted_calls = rec.faulted_calls();
+  row->preempted_calls = rec.preempted_calls();
+  row->faults = faults;
+}
+
 Row RunHarnessFloor(const traces::TraceSpec& t) {
   Row row;
   row.trace = t.name;
   row.allocator = "harness floor";
   row.has_util = false;
   NullAllocator a(t.capacity);
-  FillTimed(traces::RunTimed(a, t, TimedOps(t), absl::GetFlag(FLAGS_seed)), &row);
+  FillTimed(traces::RunTimed(a, t, Scaled(t.ops), absl::GetFlag(FLAGS_seed)), &row);
   return row;
 }
 
@@ -142,8 +244,15 @@ Row RunChurnTrace(const traces::TraceSpec& t, const char* name) {
   {
     A a(t.capacity);
     SetProbes(&a);
-    FillTimed(traces::RunTimed(a, t, TimedOps(t), absl::GetFlag(FLAGS_seed)), &row);
+    FillTimed(traces::RunTimed(a, t, Scaled(t.ops), absl::GetFlag(FLAGS_seed)), &row);
     FillMeta(a, row.live, &row);
+  }
+  {
+    LatencyRecorder<A> rec(t.capacity);
+    SetProbes(&rec);
+    const uint64_t f0 = MinorFaults();
+    traces::RunTimed(rec, t, Scaled(t.ops), absl::GetFlag(FLAGS_seed));
+    FillLatency(rec, MinorFaults() - f0, &row);
   }
   const int seeds = std::max(1, absl::GetFlag(FLAGS_util_seeds));
   double sum = 0, mn = 1, sum_req = 0, mn_req = 1;
@@ -165,6 +274,47 @@ Row RunChurnTrace(const traces::TraceSpec& t, const char* name) {
 }
 
 template <class A>
+Row RunRampTrace(const traces::RampSpec& t, const char* name) {
+  Row row;
+  row.trace = t.name;
+  row.allocator = name;
+  row.timed = true;
+  row.has_meta = false;  // the run ends empty
+  const uint64_t steps = Scaled(t.steps);
+  std::vector<double> batches;
+  double seconds = 0, sum = 0, sum_req = 0;
+  row.util_min = row.util_req_min = 1;
+  for (int s = 0; s < t.seeds; ++s) {
+    A a(t.capacity);
+    SetProbes(&a);
+    const traces::RampResult r =
+        traces::RunRamp(a, t, steps, absl::GetFlag(FLAGS_seed) + 2000 + s);
+    batches.insert(batches.end(), r.batch_ns_per_pair.begin(),
+                   r.batch_ns_per_pair.end());
+    seconds += r.total_seconds;
+    row.ops += r.ops;
+    row.failures += r.refusals;
+    sum += r.util_at_first_refusal;
+    sum_req += r.util_with_request_at_first_refusal;
+    row.util_min = std::min(row.util_min, r.util_at_first_refusal);
+    row.util_req_min = std::min(row.util_req_min, r.util_with_request_at_first_refusal);
+  }
+  row.median_ns = Percentile(batches, 0.5);
+  row.p99_ns = Percentile(batches, 0.99);
+  row.ops_per_s = row.ops / seconds;
+  row.util_mean = sum / t.seeds;
+  row.util_req_mean = sum_req / t.seeds;
+  {
+    LatencyRecorder<A> rec(t.capacity);
+    SetProbes(&rec);
+    const uint64_t f0 = MinorFaults();
+    traces::RunRamp(rec, t, steps, absl::GetFlag(FLAGS_seed) + 2000);
+    FillLatency(rec, MinorFaults() - f0, &row);
+  }
+  return row;
+}
+
+template <class A>
 Row RunF(const char* name) {
   Row row;
   row.trace = "F";
@@ -172,51 +322,106 @@ Row RunF(const char* name) {
   const double scale = std::min(1.0, absl::GetFlag(FLAGS_ops_scale));
   uint64_t cap = uint64_t(4 * traces::kGiB * scale) / traces::kGrain * traces::kGrain;
   cap = std::max<uint64_t>(cap, 4 * traces::kMiB);
-  A a(cap);
-  SetProbes(&a);
-  traces::FResult r = traces::RunFTrace(a, cap, absl::GetFlag(FLAGS_seed));
+  LatencyRecorder<A> rec(cap);
+  SetProbes(&rec);
+  const uint64_t f0 = MinorFaults();
+  traces::FResult r = traces::RunFTrace(rec, cap, absl::GetFlag(FLAGS_seed));
+  FillLatency(rec, MinorFaults() - f0, &row);
   row.util_mean = row.util_min = r.utilization;
   row.util_req_mean = row.util_req_min = r.utilization_with_request;
   row.live = r.live_blocks;
   row.failures = r.fill_failed ? 1 : 0;
-  FillMeta(a, r.live_blocks, &row);
+  FillMeta(rec.inner(), r.live_blocks, &row);
   return row;
 }
 
-void PrintTable(const std::vector<Row>& rows) {
-  absl::PrintF("%-5s %-16s %10s %10s %12s %10s %9s %15s %15s %11s %11s %8s\n",
-               "trace", "allocator", "med ns/pr", "p99 ns/pr", "ops/s", "ops",
-               "failures", "util@fail(min)", "util+req(min)", "meta B/live",
-               "in-use B/l", "live");
+// The cost of the clock reads LatencyRecorder adds to every value.
+uint64_t TimerFloorNs() {
+  LatencyHistogram h;
+  for (int i = 0; i < 100000; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto t1 = std::chrono::steady_clock::now();
+    h.Add(static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
+  }
+  return h.Quantile(0.5);
+}
+
+// Grows malloc's heap by `bytes`, touches every page and keeps the memory in
+// the heap (no trimming; blocks below 32 MiB from the heap, not mmap), so
+// later allocations reuse resident pages.
+void Prefault(uint64_t bytes) {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 0x7fffffff);
+  // In pieces below the mmap threshold, so they come from the heap and go
+  // back to it (freed, they coalesce into one free top chunk).
+  constexpr uint64_t kPiece = 8 << 20;
+  std::vector<void*> pieces;
+  for (uint64_t done = 0; done < bytes; done += kPiece) {
+    void* p = std::malloc(kPiece);
+    if (p == nullptr) break;
+    std::memset(p, 1, kPiece);
+    pieces.push_back(p);
+  }
+  for (void* p : pieces) std::free(p);
+}
+
+void PrintTable(const std::vector<Row>& rows, uint64_t timer_floor) {
+  absl::PrintF("%-5s %-15s %9s %9s %10s %8s %15s %15s %7s %7s %6s %8s %9s %7s %6s %8s %7s %7s\n",
+               "trace", "allocator", "med ns/pr", "p99 ns/pr", "ops",
+               "refused", "util@fail(min)", "util+req(min)", "a p99.9",
+               "a max", "a>2us", "all p99.9", "all max", "faulted", "preemp",
+               "meta B/l", "in-use", "live");
   for (const Row& r : rows) {
-    std::string med = "-", p99 = "-", opss = "-", ops = "-";
+    std::string med = "-", p99 = "-", ops = "-";
     if (r.timed) {
       med = absl::StrFormat("%.1f", r.median_ns);
       p99 = absl::StrFormat("%.1f", r.p99_ns);
-      opss = absl::StrFormat("%.3g", r.ops_per_s);
       ops = absl::StrFormat("%d", r.ops);
     }
     std::string util = "-", util_req = "-", meta = "-";
     if (r.has_util) {
-      util = r.timed ? absl::StrFormat("%.4f(%.4f)", r.util_mean, r.util_min)
-                     : absl::StrFormat("%.4f", r.util_mean);
-      util_req = r.timed
+      const bool range = r.util_min != r.util_mean || r.timed;
+      util = range ? absl::StrFormat("%.4f(%.4f)", r.util_mean, r.util_min)
+                   : absl::StrFormat("%.4f", r.util_mean);
+      util_req = range
                      ? absl::StrFormat("%.4f(%.4f)", r.util_req_mean, r.util_req_min)
                      : absl::StrFormat("%.4f", r.util_req_mean);
-      meta = absl::StrFormat("%.1f", r.meta_held);
+      if (r.has_meta) meta = absl::StrFormat("%.1f", r.meta_held);
+    }
+    std::string p999 = "-", amax = "-", over = "-", all_p999 = "-", all_max = "-",
+                faulted = "-", preempted = "-";
+    if (r.has_latency) {
+      p999 = absl::StrFormat("%d", r.alloc_p999_ns);
+      amax = absl::StrFormat("%d", r.alloc_max_ns);
+      over = absl::StrFormat("%d", r.alloc_over_2us);
+      all_p999 = absl::StrFormat("%d", r.all_p999_ns);
+      all_max = absl::StrFormat("%d", r.all_max_ns);
+      faulted = absl::StrFormat("%d", r.faulted_calls);
+      preempted = absl::StrFormat("%d", r.preempted_calls);
     }
     std::string in_use = r.has_in_use ? absl::StrFormat("%.1f", r.meta_in_use) : "-";
-    absl::PrintF("%-5s %-16s %10s %10s %12s %10s %9d %15s %15s %11s %11s %8d\n",
+    absl::PrintF("%-5s %-15s %9s %9s %10s %8d %15s %15s %7s %7s %6s %8s %9s %7s %6s %8s %7s %7d\n",
                  r.trace.c_str(), r.allocator.c_str(), med.c_str(), p99.c_str(),
-                 opss.c_str(), ops.c_str(), r.failures, util.c_str(),
-                 util_req.c_str(), meta.c_str(), in_use.c_str(), r.live);
+                 ops.c_str(), r.failures, util.c_str(), util_req.c_str(),
+                 p999.c_str(), amax.c_str(), over.c_str(), all_p999.c_str(),
+                 all_max.c_str(), faulted.c_str(), preempted.c_str(), meta.c_str(),
+                 in_use.c_str(), r.live);
   }
+  absl::PrintF("single Allocate calls, ns (first seed): a p99.9 / a max / a>2us over "
+               "calls that took no page fault and were not preempted; all p99.9 / "
+               "all max over every call; faulted / preemp: calls that took a page "
+               "fault / were preempted. Each includes the timer floor (median of an "
+               "empty clock interval): %d ns. prefault: %s\n",
+               timer_floor, absl::GetFlag(FLAGS_prefault) ? "on" : "off");
 }
 
-void PrintJson(const std::vector<Row>& rows) {
-  absl::PrintF("{\"ops_scale\": %g, \"util_seeds\": %d, \"seed\": %d, \"rows\": [\n",
-              absl::GetFlag(FLAGS_ops_scale), absl::GetFlag(FLAGS_util_seeds),
-              absl::GetFlag(FLAGS_seed));
+void PrintJson(const std::vector<Row>& rows, uint64_t timer_floor) {
+  absl::PrintF("{\"ops_scale\": %g, \"util_seeds\": %d, \"seed\": %d, "
+               "\"prefault\": %s, \"timer_floor_ns\": %d, \"rows\": [\n",
+               absl::GetFlag(FLAGS_ops_scale), absl::GetFlag(FLAGS_util_seeds),
+               absl::GetFlag(FLAGS_seed),
+               absl::GetFlag(FLAGS_prefault) ? "true" : "false", timer_floor);
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     absl::PrintF("  {\"trace\": \"%s\", \"allocator\": \"%s\"", r.trace.c_str(),
@@ -231,10 +436,21 @@ void PrintJson(const std::vector<Row>& rows) {
       absl::PrintF(", \"util_at_first_failure\": %.5f, "
                    "\"util_at_first_failure_min\": %.5f, "
                    "\"util_at_first_failure_with_request\": %.5f, "
-                   "\"util_at_first_failure_with_request_min\": %.5f, "
-                   "\"metadata_bytes_per_live_block\": %.2f",
-                   r.util_mean, r.util_min, r.util_req_mean, r.util_req_min,
-                   r.meta_held);
+                   "\"util_at_first_failure_with_request_min\": %.5f",
+                   r.util_mean, r.util_min, r.util_req_mean, r.util_req_min);
+      if (r.has_meta) {
+        absl::PrintF(", \"metadata_bytes_per_live_block\": %.2f", r.meta_held);
+      }
+    }
+    if (r.has_latency) {
+      absl::PrintF(", \"allocate_calls\": %d, \"allocate_p999_ns\": %d, "
+                   "\"allocate_max_ns\": %d, \"allocate_over_2us\": %d, "
+                   "\"allocate_all_p999_ns\": %d, \"allocate_all_max_ns\": %d, "
+                   "\"allocate_faulted_calls\": %d, \"allocate_preempted_calls\": %d, "
+                   "\"minor_faults\": %d",
+                   r.alloc_calls, r.alloc_p999_ns, r.alloc_max_ns,
+                   r.alloc_over_2us, r.all_p999_ns, r.all_max_ns,
+                   r.faulted_calls, r.preempted_calls, r.faults);
     }
     if (r.has_in_use) absl::PrintF(", \"in_use_bytes_per_live_block\": %.2f", r.meta_in_use);
     absl::PrintF(", \"live_blocks\": %d}%s\n", r.live, i + 1 < rows.size() ? "," : "");
@@ -248,22 +464,35 @@ void PrintJson(const std::vector<Row>& rows) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   using namespace gpumem;
+  if (absl::GetFlag(FLAGS_prefault)) {
+    Prefault(uint64_t(std::max(0, absl::GetFlag(FLAGS_prefault_mib))) << 20);
+  }
+  const uint64_t timer_floor = TimerFloorNs();
+  std::vector<std::string> want = absl::StrSplit(absl::GetFlag(FLAGS_traces), ',');
+  auto wanted = [&](const char* name) {
+    return std::find(want.begin(), want.end(), name) != want.end();
+  };
+  const bool baseline = !absl::GetFlag(FLAGS_skip_baseline);
   std::vector<Row> rows;
   for (const traces::TraceSpec& t : {traces::TraceS(), traces::TraceL()}) {
+    if (!wanted(t.name)) continue;
     rows.push_back(RunHarnessFloor(t));
     rows.push_back(RunChurnTrace<OffsetAllocator>(t, "OffsetAllocator"));
-    if (!absl::GetFlag(FLAGS_skip_baseline)) {
-      rows.push_back(RunChurnTrace<BestFitBaseline>(t, "map best-fit"));
-    }
+    if (baseline) rows.push_back(RunChurnTrace<BestFitBaseline>(t, "map best-fit"));
   }
-  rows.push_back(RunF<OffsetAllocator>("OffsetAllocator"));
-  if (!absl::GetFlag(FLAGS_skip_baseline)) {
-    rows.push_back(RunF<BestFitBaseline>("map best-fit"));
+  if (wanted("F")) {
+    rows.push_back(RunF<OffsetAllocator>("OffsetAllocator"));
+    if (baseline) rows.push_back(RunF<BestFitBaseline>("map best-fit"));
   }
-  if (absl::GetFlag(FLAGS_json)) PrintJson(rows);
-  else PrintTable(rows);
+  for (const traces::RampSpec& t : {traces::TraceC(), traces::TraceP()}) {
+    if (!wanted(t.name)) continue;
+    rows.push_back(RunRampTrace<OffsetAllocator>(t, "OffsetAllocator"));
+    if (baseline) rows.push_back(RunRampTrace<BestFitBaseline>(t, "map best-fit"));
+  }
+  if (absl::GetFlag(FLAGS_json)) PrintJson(rows, timer_floor);
+  else PrintTable(rows, timer_floor);
   for (const Row& r : rows) {
-    if (r.failures != 0 && r.timed) {
+    if (r.failures != 0 && r.timed && (r.trace == "S" || r.trace == "L")) {
       absl::FPrintF(stderr, "note: %s/%s refused %d requests in the timed run\n",
                    r.trace.c_str(), r.allocator.c_str(), r.failures);
     }

@@ -1,4 +1,5 @@
-// Edge cases of gpumem::OffsetAllocator, and the F trace no-refusal test.
+// Edge cases of gpumem::OffsetAllocator, the bounded best-of-K search's
+// choices, node storage growth, and the F trace no-refusal test.
 #include "server/pool/offset_allocator.h"
 
 #include <algorithm>
@@ -106,7 +107,7 @@ TEST(OffsetAllocator, WholeSlab) {
 // Run with the own-bin probe off too, so the exact fallback alone must find
 // the hole.
 TEST(OffsetAllocator, SizesAroundBinBoundaries) {
-  for (int probes : {0, 1, 8})
+  for (int probes : {0, 1, OffsetAllocator::kDefaultOwnBinProbes})
   for (uint32_t bin = 1; bin < OffsetAllocator::BinIndex(~0ull >> 2); ++bin) {
     const uint64_t lb = OffsetAllocator::BinLowerBound(bin);
     ASSERT_EQ(OffsetAllocator::BinIndex(lb), bin);
@@ -341,6 +342,105 @@ TEST(OffsetAllocator, HandlesAreReusedWithoutGrowth) {
   ExpectValid(a);
 }
 
+// Lays out `n` holes of `hole` bytes, each between two live spacers, in a
+// slab that keeps one big free range at its end, and frees the holes in
+// address order (so the bin's head, the last freed, is the highest hole).
+// Returns the holes' offsets, lowest first.
+std::vector<uint64_t> MakeHoles(OffsetAllocator& a, int n, uint64_t hole) {
+  std::vector<Block> holes(n);
+  std::vector<uint64_t> offsets;
+  Block spacer;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_TRUE(a.Allocate(4096, 1, &spacer));
+    EXPECT_TRUE(a.Allocate(hole, 1, &holes[i]));
+  }
+  EXPECT_TRUE(a.Allocate(4096, 1, &spacer));
+  for (const Block& h : holes) {
+    a.Free(h);
+    offsets.push_back(h.offset);
+  }
+  return offsets;
+}
+
+// Step 1: among equal holes of the own bin the lowest address wins (the
+// pre-probe search took the most recently freed one).
+TEST(OffsetAllocatorSearch, LowestAddressAmongEqualHoles) {
+  OffsetAllocator a(64 << 20);
+  ASSERT_EQ(a.own_bin_probes(), OffsetAllocator::kDefaultOwnBinProbes);
+  const std::vector<uint64_t> holes = MakeHoles(a, 3, 1 << 20);
+  Block b;
+  ASSERT_TRUE(a.Allocate(1 << 20, 1, &b));
+  EXPECT_EQ(b.offset, holes[0]);
+  ASSERT_TRUE(a.Allocate(1 << 20, 1, &b));
+  EXPECT_EQ(b.offset, holes[1]);
+  ExpectValid(a);
+}
+
+// Step 1: a hole of exactly 2^20 + 1 bytes sits in the bin that starts at
+// 2^20, below the request rounded up to a bin; the search reuses it instead
+// of cutting the big free range. With probes off (K = 0) the old search
+// takes the first range of a bin >= the rounded-up size: the big range.
+TEST(OffsetAllocatorSearch, OwnBinHoleAboveBinStartIsReused) {
+  for (int k : {0, 1, 4}) {
+    OffsetAllocator a(64 << 20);
+    a.set_own_bin_probes(k);
+    const uint64_t size = (1 << 20) + 1;
+    const std::vector<uint64_t> holes = MakeHoles(a, 1, size);
+    Block b;
+    ASSERT_TRUE(a.Allocate(size, 1, &b));
+    if (k == 0) {
+      EXPECT_NE(b.offset, holes[0]) << "K=0 is expected to skip the hole";
+    } else {
+      EXPECT_EQ(b.offset, holes[0]) << "K=" << k;
+    }
+    ExpectValid(a);
+  }
+}
+
+// Step 2: with the own bin empty, the block comes from the first non-empty
+// bin above it (within a bin, < 1/64, of the smallest fitting hole), not
+// from the big free range at the slab's end; of that bin's first K ranges
+// the smallest.
+TEST(OffsetAllocatorSearch, GoodFitIsTheSmallestOfTheFirstK) {
+  OffsetAllocator a(64 << 20);
+  // Holes in bin [2^20 + 2^14, 2^20 + 2^15) and one in a bin far above.
+  const uint64_t base = (1 << 20) + (1 << 14);
+  const uint64_t sizes[4] = {base + 768, base, 3 << 20, base + 256};
+  std::vector<Block> holes(4);
+  Block spacer;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(a.Allocate(4096, 1, &spacer));
+    ASSERT_TRUE(a.Allocate(sizes[i], 1, &holes[i]));
+  }
+  ASSERT_TRUE(a.Allocate(4096, 1, &spacer));
+  for (const Block& h : holes) a.Free(h);
+  Block b;
+  ASSERT_TRUE(a.Allocate((1 << 20) + 1, 1, &b));  // own bin is empty
+  // The bin's list, head first: base + 256, base, base + 768 (K = 3).
+  EXPECT_EQ(b.offset, holes[1].offset);
+  ExpectValid(a);
+}
+
+// Node storage grows by remapping (nothing is copied): blocks allocated
+// before many doublings stay valid and can be freed by handle; metadata is
+// proportional to the peak number of ranges, not to the mapping.
+TEST(OffsetAllocatorStorage, GrowsThroughManyDoublings) {
+  OffsetAllocator a(uint64_t{1} << 40);
+  std::vector<Block> blocks(120000);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_TRUE(a.Allocate(1 + i % 1000, 1 + (i % 3) * 63 + (i % 3 == 2), &blocks[i]))
+        << i;
+  }
+  ExpectValid(a);
+  const uint64_t ranges = a.live_blocks() + a.free_ranges();
+  EXPECT_LE(a.metadata_bytes(), 34 * ranges + 64 * 1024);
+  for (size_t i = 0; i < blocks.size(); i += 2) a.Free(blocks[i]);
+  ExpectValid(a);
+  for (size_t i = 1; i < blocks.size(); i += 2) a.Free(blocks[i]);
+  ExpectValid(a);
+  EXPECT_EQ(a.FreeRangeList(), (Ranges{{0, uint64_t{1} << 40}}));
+}
+
 TEST(OffsetAllocatorDeathTest, FreeWithWrongHandleAborts) {
   OffsetAllocator a(4096);
   Block b;
@@ -355,8 +455,7 @@ TEST(OffsetAllocatorDeathTest, FreeWithWrongHandleAborts) {
 // Requirement: the allocator never refuses while a fitting hole exists. On
 // the F trace every staircase request is compared with an exact scan of the
 // free ranges, and the first refusal must be a true one.
-// Also run with the own-bin probe off, so that the exact fallback is what
-// must find the holes, and with a deeper probe (8).
+// Also run with probes off (K = 0), with K = 1, and with the default K.
 // Variants: the trace as specified (256 B grain and alignment); an odd grain
 // (257 B, alignment 1) whose sizes mostly are not bin boundaries, so rounding
 // up to the next bin would skip fitting holes; and 256 B grain with 4 KiB
@@ -367,7 +466,7 @@ struct FVariant {
 
 TEST(OffsetAllocatorFTrace, NoRefusalWhileAFittingHoleExists) {
   for (FVariant v : {FVariant{256, 256, 256}, FVariant{257, 1, 1}, FVariant{256, 256, 4096}})
-  for (int probes : {0, 1, 8})
+  for (int probes : {0, 1, OffsetAllocator::kDefaultOwnBinProbes})
   for (uint64_t seed : {1, 2}) {
     const uint64_t cap = 64ull << 20;
     OffsetAllocator a(cap);

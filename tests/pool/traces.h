@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -20,12 +21,20 @@ constexpr uint64_t kKiB = 1024, kMiB = 1024 * kKiB, kGiB = 1024 * kMiB;
 constexpr uint64_t kGrain = 256;      // every trace size is a multiple of this
 constexpr uint64_t kAlignment = 256;  // every trace request asks for this
 
-// Draws a block size from a trace's distribution (multiples of 256 B).
+// Draws a block size from a trace's distribution: multiples of 256 B
+// (kUniform, kLogUniform), or 2^k - 1 and 2^k + 1 with equal probability, k
+// uniform in [log2(lo), log2(hi)] (kPow2PlusMinus1; lo, hi powers of two).
 struct SizeDist {
-  enum Kind { kUniform, kLogUniform } kind;
+  enum Kind { kUniform, kLogUniform, kPow2PlusMinus1 } kind;
   uint64_t lo, hi;  // inclusive bounds, multiples of kGrain
 
   uint64_t operator()(std::mt19937_64& rng) const {
+    if (kind == kPow2PlusMinus1) {
+      std::uniform_int_distribution<int> k(63 - __builtin_clzll(lo),
+                                           63 - __builtin_clzll(hi));
+      const uint64_t p = uint64_t{1} << k(rng);
+      return (rng() & 1) ? p + 1 : p - 1;
+    }
     if (kind == kUniform) {
       std::uniform_int_distribution<uint64_t> d(lo / kGrain, hi / kGrain);
       return d(rng) * kGrain;
@@ -308,6 +317,149 @@ FResult RunFTrace(A& a, uint64_t capacity, uint64_t seed, Hook on_request = Hook
       live.push_back(b);
     }
   }
+}
+
+// Long churn with random lifetimes and a rising offered load ("ramp"
+// traces C and P). Every step allocates one block (size from `dist`,
+// alignment `alignment`) with a lifetime drawn log-uniformly from
+// [min_lifetime, max_lifetime] steps and stretched by the step's load factor,
+// then frees every block whose lifetime has run out. The load factor is
+// chosen so that the offered live bytes (mean size x mean lifetime, Little's
+// law) go linearly from load_from to load_to times the capacity over the
+// run: past 1.0 the slab cannot hold the offer and requests are refused. A
+// refused block is dropped (its scheduled free is skipped). Mixed lifetimes
+// pin long-lived blocks between short-lived ones, which is what fragments.
+struct RampSpec {
+  const char* name;
+  uint64_t capacity;
+  SizeDist dist;
+  uint64_t alignment;
+  uint64_t min_lifetime, max_lifetime;  // steps, before the load factor
+  double load_from, load_to;
+  uint64_t steps;  // allocations per seed at ops_scale 1
+  int seeds;
+};
+
+// C: long churn. Log-uniform 256 B .. 16 MiB (mean ~1.5 MiB, ~2,800 live
+// blocks at load 1.0), 4 GiB slab, 4 seeds x 3M steps (~24M operations).
+inline RampSpec TraceC() {
+  return {"C", 4 * kGiB, {SizeDist::kLogUniform, 256, 16 * kMiB}, kAlignment,
+          16, 65536, 0.6, 1.2, 3000000, 4};
+}
+// P: sizes 2^k - 1 and 2^k + 1 (k = 8 .. 20), alignment 1, 1 GiB slab (~6,600
+// live blocks at load 1.0), 4 seeds x 1M steps. A size just above a power of
+// two sits just above a bin boundary, the hardest case for a segregated fit.
+inline RampSpec TraceP() {
+  return {"P", 1 * kGiB, {SizeDist::kPow2PlusMinus1, 256, 1 * kMiB}, 1,
+          16, 65536, 0.6, 1.2, 1000000, 4};
+}
+
+struct RampResult {
+  std::vector<double> batch_ns_per_pair;  // one entry per batch of ~1024 ops
+  double total_seconds = 0;
+  uint64_t ops = 0;
+  uint64_t refusals = 0;
+  bool refused = false;
+  double util_at_first_refusal = 1;              // live bytes / capacity
+  double util_with_request_at_first_refusal = 1;  // plus the refused request
+};
+
+// Same harness as RunTimed: each batch (one step's free ops are never split
+// from it, so a batch has 1024 or slightly more ops) is generated first, then
+// replayed under the clock. Deterministic for a seed, whatever the allocator
+// (refusals only change which scheduled frees are skipped).
+template <class A>
+RampResult RunRamp(A& a, const RampSpec& t, uint64_t steps, uint64_t seed) {
+  using Block = typename A::Block;
+  RampResult r;
+  // Means of the size and base lifetime distributions, sampled (fixed seed).
+  std::mt19937_64 mean_rng(7);
+  const double lt_lo = std::log(double(t.min_lifetime));
+  const double lt_hi = std::log(double(t.max_lifetime));
+  std::uniform_real_distribution<double> log_lifetime(lt_lo, lt_hi);
+  double mean_size = 0, mean_lifetime = 0;
+  constexpr int kSamples = 200000;
+  for (int i = 0; i < kSamples; ++i) {
+    mean_size += double(t.dist(mean_rng)) / kSamples;
+    mean_lifetime += std::exp(log_lifetime(mean_rng)) / kSamples;
+  }
+  const double stretch_per_load = double(t.capacity) / (mean_size * mean_lifetime);
+
+  std::mt19937_64 rng(seed);
+  struct Death {
+    uint64_t step;
+    uint32_t slot;
+    bool operator>(const Death& o) const { return step > o.step; }
+  };
+  std::vector<Death> deaths;  // min-heap on step
+  std::vector<Block> slots;
+  std::vector<uint32_t> spare;
+  struct Op {
+    uint64_t size;  // 0: free the block in `slot`
+    uint32_t slot;
+  };
+  std::vector<Op> ops;
+  uint64_t step = 0;
+  while (step < steps) {
+    ops.clear();
+    while (ops.size() < size_t(kBatch) && step < steps) {
+      const double load =
+          t.load_from + (t.load_to - t.load_from) * double(step) / double(steps);
+      const uint64_t size = t.dist(rng);
+      const uint64_t life = 1 + static_cast<uint64_t>(
+          std::exp(log_lifetime(rng)) * load * stretch_per_load);
+      uint32_t s;
+      if (spare.empty()) {
+        s = static_cast<uint32_t>(slots.size());
+        slots.emplace_back();
+      } else {
+        s = spare.back();
+        spare.pop_back();
+      }
+      ops.push_back(Op{size, s});
+      deaths.push_back(Death{step + life, s});
+      std::push_heap(deaths.begin(), deaths.end(), std::greater<Death>());
+      ++step;
+      while (!deaths.empty() && deaths.front().step <= step) {
+        ops.push_back(Op{0, deaths.front().slot});
+        spare.push_back(deaths.front().slot);
+        std::pop_heap(deaths.begin(), deaths.end(), std::greater<Death>());
+        deaths.pop_back();
+      }
+    }
+    Block* const slot = slots.data();
+    const Op* const op = ops.data();
+    const size_t n = ops.size();
+    uint64_t refusals = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) {
+      Block& b = slot[op[i].slot];
+      if (op[i].size != 0) {
+        if (__builtin_expect(!a.Allocate(op[i].size, t.alignment, &b), 0)) {
+          if (refusals++ == 0 && !r.refused) {
+            r.refused = true;
+            r.util_at_first_refusal = double(a.used_bytes()) / t.capacity;
+            r.util_with_request_at_first_refusal =
+                double(a.used_bytes() + op[i].size) / t.capacity;
+          }
+          b.size = 0;
+        }
+      } else if (b.size != 0) {
+        a.Free(b);
+      }
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    const double ns = std::chrono::duration<double, std::nano>(t1 - t0).count();
+    r.total_seconds += ns * 1e-9;
+    r.batch_ns_per_pair.push_back(ns / double(n) * 2);
+    r.ops += n;
+    r.refusals += refusals;
+  }
+  // Free what is still live, so the allocator ends empty.
+  for (const Death& d : deaths) {
+    if (slots[d.slot].size != 0) a.Free(slots[d.slot]);
+  }
+  return r;
 }
 
 }  // namespace traces

@@ -1,0 +1,208 @@
+// CachingPool: the client library's in-process allocator on leased memory.
+//
+// WHAT IT GUARANTEES
+//   * A request up to cache_max_request bytes is rounded up to a size class
+//     (size_classes.h) and served from a lease: a block of lease_bytes the
+//     pool allocated from the daemon, sub-allocated with the project's
+//     OffsetAllocator. Larger requests (and sharded ones) are one daemon
+//     allocation each. The daemon charges the tenant per lease, so its quota
+//     and ledger stay exact at lease granularity.
+//   * Memory comes only from devices the placement allows: a placement is an
+//     arena, and a block of an arena comes from one of that arena's leases.
+//     (The policy, e.g. least loaded, is applied per lease, not per block.)
+//   * Freed blocks go back to the freeing thread's cache (a few per size
+//     class, bounded in bytes) or to their lease; a lease with no block out
+//     goes back to the daemon once it has been empty for idle_release_ms, or
+//     at once on Trim(). A thread cache that sees no use for one reaper tick
+//     is emptied into the leases first.
+//   * Bad pointers are detected, never followed: Free looks a pointer up in
+//     the lease table and the lease's per-256-byte shadow table (one atomic
+//     word each, swapped on free), so a double free, an interior or foreign
+//     pointer gets a status and leaves the pool intact. Two threads freeing
+//     the same pointer at once: exactly one succeeds.
+//   * Daemon restart: a watcher thread sees the daemon's end of a connection
+//     close; the pool then abandons every lease and large block without
+//     freeing them (a restarted daemon may reuse their ids), keeps their
+//     address ranges from being handed out again, and reconnects with
+//     backoff on the next request.
+//     Free of such a pointer answers kLost. Blocks the program still holds
+//     stay mapped (orphaned host/device memory: writes are harmless but
+//     lost) until it frees them; then the addresses are reserved PROT_NONE.
+//   * fork(): the child must not use the parent's pool (its daemon session,
+//     leases and threads are the parent's); every call in the child answers
+//     kForked without touching any lock.
+//
+// HOW (the hot path)
+//   Allocate: class -> this thread's cache for the arena (a thread_local
+//   table, no shared writes) -> pop a block under the cache's own spin lock
+//   (uncontended: taken by other threads only to drain it) -> mark the
+//   block's shadow word live. Free: lease table (an immutable sorted array
+//   swapped by pointer when leases come and go; old arrays are kept until the
+//   pool is destroyed) -> shadow word exchange -> push onto this thread's
+//   cache. Only a cache miss or overflow takes the pool mutex.
+//
+// Thread-safe, except that destruction must not race with other calls.
+#ifndef GPUMEMD_CLIENT_CACHING_POOL_H_
+#define GPUMEMD_CLIENT_CACHING_POOL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "proto/gpumem/v1/gpumem.pb.h"
+
+namespace gpumem {
+
+// The library's own error codes (gpumem.h). A Status carrying one has the
+// nearest standard code and the library code as a payload (LibraryCodeOf).
+enum LibraryCode : int {
+  kForeignPointer = 101,
+  kDoubleFree = 102,
+  kLost = 103,
+  kClosed = 104,
+  kForked = 105,
+};
+absl::Status LibraryError(LibraryCode code, absl::string_view message);
+absl::Status ForkedError();
+// The library code of `s`, or its standard code (0 for OK).
+int LibraryCodeOf(const absl::Status& s);
+
+struct PoolOptions {
+  std::string socket_path;                 // empty: DefaultSocketPath()
+  uint64_t lease_bytes = 64ull << 20;
+  uint64_t cache_max_request = 0;          // 0: lease_bytes / 4
+  int64_t idle_release_ms = 10000;
+  int64_t reconnect_ms = 5000;             // how long one call waits for a daemon
+};
+
+// The library's figures, summed over leases and thread caches.
+struct PoolStats {
+  uint64_t generation = 0;     // daemon connections so far (1 = never restarted)
+  uint64_t leases = 0;
+  uint64_t leased_bytes = 0;   // held from the daemon as leases
+  uint64_t in_use_bytes = 0;   // handed to the program from leases (class sizes)
+  uint64_t cached_bytes = 0;   // free blocks parked in thread caches
+  uint64_t large_blocks = 0;
+  uint64_t large_bytes = 0;    // direct daemon allocations
+  uint64_t lost_bytes = 0;     // abandoned at daemon restarts (address space kept reserved)
+  struct LeaseRow {
+    int device;
+    uint64_t bytes, used_bytes, live_blocks;
+  };
+  std::vector<LeaseRow> rows;
+};
+
+class CachingPool {
+ public:
+  // Connects (UNAVAILABLE when no daemon answers).
+  static absl::StatusOr<std::unique_ptr<CachingPool>> Create(PoolOptions options);
+  ~CachingPool();  // drains caches, frees leases and large blocks at the daemon
+  CachingPool(const CachingPool&) = delete;
+  CachingPool& operator=(const CachingPool&) = delete;
+
+  struct Arena;
+  // The arena of a placement (created on first use; lives as long as the
+  // pool). Callers that allocate often keep it: finding it costs a lookup.
+  absl::StatusOr<Arena*> ArenaFor(const v1::PlacementRequest& placement);
+  absl::StatusOr<void*> Allocate(uint64_t size, Arena* arena);
+
+  struct Shard {
+    void* ptr;
+    uint64_t size;
+    int device;
+  };
+  // One block per shard on distinct devices, all or nothing.
+  absl::StatusOr<std::vector<Shard>> AllocateSharded(
+      uint64_t total, uint32_t shards, const v1::PlacementRequest& placement);
+  absl::Status Free(void* ptr);
+  absl::StatusOr<int> DeviceOf(const void* ptr);
+  // Empties every thread cache and gives every empty lease back. Bytes given back.
+  absl::StatusOr<uint64_t> Trim();
+  PoolStats Stats();
+  // The daemon's GetStats (reconnecting if needed).
+  absl::StatusOr<v1::GetStatsResponse> DaemonStats();
+  // Each device's UUID, by the daemon's index.
+  absl::StatusOr<std::vector<std::string>> DeviceUuids();
+
+  const PoolOptions& options() const { return options_; }
+  // True in a fork() child of the process that created the pool.
+  bool Forked() const;
+
+  // Implementation types (public so the .cc's helpers can name them).
+  struct Lease;
+  struct ThreadCache;
+  struct LeaseTable;
+  struct LargeBlock;
+
+ private:
+  explicit CachingPool(PoolOptions options);
+  ThreadCache* CacheFor(Arena* arena);
+  Lease* FindLease(uintptr_t p) const;
+
+  absl::StatusOr<void*> AllocateSlow(uint64_t size, uint32_t cls, Arena* arena);
+  absl::StatusOr<void*> AllocateLarge(uint64_t size, const v1::PlacementRequest& p)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FreeLarge(uintptr_t p);
+  void ReturnToLeaseLocked(Lease* lease, uintptr_t ptr, uint32_t handle, uint32_t cls)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DrainCacheLocked(ThreadCache* tc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t ReleaseEmptyLeasesLocked(absl::Duration min_idle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EnsureConnectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ConnectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleDaemonLostLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReserveLost(uintptr_t begin, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnmapLostLeaseLocked(Lease* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LostBlockFreedLocked(Lease* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Free of a pointer lost at a restart (*found false: it is not one).
+  absl::Status FreeLostLocked(uintptr_t p, bool* found) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsLost(uintptr_t p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WatchLoop();
+  friend void DetachThreadCache(ThreadCache* tc);
+
+  const PoolOptions options_;
+  const uint64_t fork_epoch_;
+
+  absl::Mutex mu_;
+  std::unique_ptr<Client> client_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int watch_fd_ ABSL_GUARDED_BY(mu_) = -1;       // the daemon closes it when it exits
+  std::atomic<bool> daemon_lost_{false};         // set by the watcher
+  std::vector<std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Arena*> arena_by_key_ ABSL_GUARDED_BY(mu_);
+  // Every lease ever made (released ones too: a racing lookup may still read
+  // them), and the current ones, published as an immutable sorted table.
+  std::vector<std::unique_ptr<Lease>> leases_ ABSL_GUARDED_BY(mu_);
+  std::atomic<const LeaseTable*> table_{nullptr};
+  std::vector<std::unique_ptr<const LeaseTable>> tables_ ABSL_GUARDED_BY(mu_);
+  std::vector<ThreadCache*> caches_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uintptr_t, std::unique_ptr<LargeBlock>> large_ ABSL_GUARDED_BY(mu_);
+  // Lost at a daemon restart: leases and large blocks the program still
+  // holds stay mapped (it may still be writing them) until it frees them;
+  // then their addresses are reserved (lost_) so they are not reused.
+  std::vector<Lease*> lost_leases_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uintptr_t, std::unique_ptr<LargeBlock>> lost_large_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Client>> retired_clients_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uintptr_t, uint64_t>> lost_ ABSL_GUARDED_BY(mu_);  // reserved ranges
+  uint64_t lost_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // In-use bytes counted outside thread caches (slow path, exited threads).
+  int64_t in_use_outside_caches_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  int wake_fd_ = -1;  // eventfd: stops the watcher
+  std::thread watcher_;
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_CLIENT_CACHING_POOL_H_

@@ -1,0 +1,107 @@
+// The CUDA VMM mapper: import the slab's POSIX fd and map it on the slab's
+// device (the one with the allocation's UUID, in this process's numbering).
+// Open: import, reserve, map, set access; the slab's destructor undoes them
+// in reverse. A failure part way undoes the steps already done.
+#include <unistd.h>
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "client/cuda_device_context.h"
+#include "client/slab_mapper.h"
+
+namespace gpumem {
+namespace {
+
+class VmmSlab : public OpenedSlab {
+ public:
+  VmmSlab(const CudaDriver* d, CudaDeviceContext dev, uint64_t size)
+      : d_(d), dev_(std::move(dev)), size_(size) {}
+  ~VmmSlab() override {
+    dev_.MakeCurrent(*d_).IgnoreError();
+    if (mapped_) d_->cuMemUnmap(va_, size_);
+    if (va_ != 0) d_->cuMemAddressFree(va_, size_);
+    if (handle_ != 0) d_->cuMemRelease(handle_);
+  }
+  char* base() const override { return reinterpret_cast<char*>(va_); }
+  uint64_t size() const override { return size_; }
+  absl::Status Write(uint64_t offset, const void* src, uint64_t n) override {
+    return dev_.Write(*d_, va_, size_, offset, src, n);
+  }
+  absl::Status Read(uint64_t offset, void* dst, uint64_t n) override {
+    return dev_.Read(*d_, va_, size_, offset, dst, n);
+  }
+
+  // Takes ownership of `fd` (closed here whatever happens).
+  absl::Status Open(int fd) {
+    const std::string where = absl::StrCat("device ", dev_.uuid);
+    absl::Status s = dev_.MakeCurrent(*d_);
+    if (s.ok()) {
+      s = CudaStatus(*d_,
+                     d_->cuMemImportFromShareableHandle(
+                         &handle_, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                     "cuMemImportFromShareableHandle", where);
+    }
+    close(fd);  // the import holds the memory now
+    if (!s.ok()) return s;
+    s = CudaStatus(*d_, d_->cuMemAddressReserve(&va_, size_, 0, 0, 0), "cuMemAddressReserve",
+                   where);
+    if (!s.ok()) return s;
+    s = CudaStatus(*d_, d_->cuMemMap(va_, size_, 0, handle_, 0), "cuMemMap", where);
+    if (!s.ok()) return s;
+    mapped_ = true;
+    CUmemAccessDesc access = {};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = dev_.ordinal;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return CudaStatus(*d_, d_->cuMemSetAccess(va_, size_, &access, 1), "cuMemSetAccess", where);
+  }
+
+ private:
+  const CudaDriver* d_;
+  CudaDeviceContext dev_;
+  uint64_t size_;
+  CUmemGenericAllocationHandle handle_ = 0;
+  CUdeviceptr va_ = 0;
+  bool mapped_ = false;
+};
+
+class CudaVmmSlabMapper : public SlabMapper {
+ public:
+  explicit CudaVmmSlabMapper(const CudaDriver* d) : d_(d) {}
+  v1::HandleKind kind() const override { return v1::HANDLE_KIND_CUDA_VMM_FD; }
+  absl::StatusOr<std::unique_ptr<OpenedSlab>> Open(const v1::Allocation& a,
+                                                   const SlabFdSource& fetch_fd) override {
+    absl::StatusOr<CudaDeviceContext> dev = CudaDeviceContext::Find(*d_, a.device_uuid());
+    if (!dev.ok()) return dev.status();
+    absl::StatusOr<SlabFd> slab = fetch_fd();
+    if (!slab.ok()) return slab.status();
+    if (slab->size != a.slab_size_bytes()) {
+      close(slab->fd);
+      return absl::InternalError(absl::StrCat("slab ", a.slab_id(), " is ", slab->size,
+                                              " bytes, the allocation says ",
+                                              a.slab_size_bytes()));
+    }
+    auto out = std::make_unique<VmmSlab>(d_, *std::move(dev), slab->size);
+    absl::Status s = out->Open(slab->fd);
+    if (!s.ok()) return s;  // `out` undoes what was done
+    return std::unique_ptr<OpenedSlab>(std::move(out));
+  }
+
+ private:
+  const CudaDriver* d_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SlabMapper>> NewCudaVmmSlabMapper(const char* cuda_library) {
+  absl::StatusOr<const CudaDriver*> d = LoadCudaDriver(cuda_library);
+  if (!d.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot open CUDA VMM slabs: ", d.status().message()));
+  }
+  return std::unique_ptr<SlabMapper>(new CudaVmmSlabMapper(*d));
+}
+
+}  // namespace gpumem

@@ -1,0 +1,301 @@
+// The C ABI (gpumem.h) over CachingPool: handles, the thread's last error,
+// placement structs and text, stats as JSON.
+//
+// A handle is never freed (gpumem_close keeps its few bytes, marked closed)
+// so that a call after close is answered, not undefined. Status codes: the
+// daemon's gRPC/absl codes pass through; the library's own ride on the
+// absl::Status as a payload (LibraryCodeOf).
+#include "client/gpumem.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "client/c_handle.h"
+#include "client/env_config.h"
+
+namespace gpumem {
+namespace {
+
+struct LastError {
+  int code = 0;
+  std::string message;
+};
+thread_local LastError last_error;
+
+}  // namespace
+
+// Closed handles stay allocated (and reachable, so leak checkers agree that
+// they are kept on purpose): a later call through one is answered CLOSED.
+void KeepClosedHandle(gpumem_client* c) {
+  static absl::Mutex* mu = new absl::Mutex;
+  static std::vector<gpumem_client*>* closed = new std::vector<gpumem_client*>;
+  absl::MutexLock lock(mu);
+  closed->push_back(c);
+}
+
+int SetError(const absl::Status& s) {
+  last_error.code = s.ok() ? GPUMEM_OK : LibraryCodeOf(s);
+  last_error.message = std::string(s.message());
+  return last_error.code;
+}
+
+int SetOk() {
+  last_error.code = GPUMEM_OK;
+  last_error.message.clear();
+  return GPUMEM_OK;
+}
+
+absl::StatusOr<CachingPool*> PoolOf(gpumem_client* c) {
+  if (c == nullptr) return absl::InvalidArgumentError("client is NULL");
+  const uint32_t magic = c->magic.load(std::memory_order_acquire);
+  if (magic == kClosedMagic) {
+    return LibraryError(kClosed, "this client was closed (gpumem_close)");
+  }
+  if (magic != kOpenMagic) {
+    return absl::InvalidArgumentError("not a gpumem client handle");
+  }
+  if (c->pool->Forked()) return ForkedError();
+  return c->pool.get();
+}
+
+absl::StatusOr<v1::PlacementRequest> PlacementOf(const gpumem_placement* w) {
+  PlacementFlags f;
+  if (w->gpus != nullptr) f.gpus = w->gpus;
+  if (w->exclude != nullptr) f.exclude = w->exclude;
+  if (w->fallback_count > 0 && w->fallback == nullptr) {
+    return absl::InvalidArgumentError("placement: fallback_count > 0 but fallback is NULL");
+  }
+  for (size_t i = 0; i < w->fallback_count; ++i) {
+    if (w->fallback[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("placement: fallback[", i, "] is NULL"));
+    }
+    f.fallback.push_back(w->fallback[i]);
+  }
+  if (w->policy != nullptr) f.policy = w->policy;
+  return BuildPlacementRequest(f);
+}
+
+}  // namespace gpumem
+
+using gpumem::CachingPool;
+using gpumem::PoolOf;
+using gpumem::SetError;
+using gpumem::SetOk;
+
+extern "C" {
+
+gpumem_client* gpumem_connect(const char* socket_path) {
+  absl::StatusOr<gpumem::PoolOptions> o =
+      gpumem::PoolOptionsFromEnv(socket_path != nullptr ? socket_path : "");
+  if (!o.ok()) {
+    SetError(o.status());
+    return nullptr;
+  }
+  absl::StatusOr<gpumem::v1::PlacementRequest> where = gpumem::PlacementFromEnv();
+  if (!where.ok()) {
+    SetError(where.status());
+    return nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<CachingPool>> pool = CachingPool::Create(*o);
+  if (!pool.ok()) {
+    SetError(pool.status());
+    return nullptr;
+  }
+  absl::StatusOr<CachingPool::Arena*> arena = (*pool)->ArenaFor(*where);
+  if (!arena.ok()) {
+    SetError(arena.status());
+    return nullptr;
+  }
+  auto* c = new gpumem_client;
+  c->pool = std::move(*pool);
+  c->default_arena = *arena;
+  c->magic.store(gpumem::kOpenMagic, std::memory_order_release);
+  SetOk();
+  return c;
+}
+
+int gpumem_close(gpumem_client* c) {
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) return SetError(pool.status());
+  c->magic.store(gpumem::kClosedMagic, std::memory_order_release);
+  c->pool.reset();
+  gpumem::KeepClosedHandle(c);
+  return SetOk();
+}
+
+int gpumem_malloc(gpumem_client* c, size_t size, const gpumem_placement* where,
+                  void** out) {
+  if (out == nullptr) return SetError(absl::InvalidArgumentError("out is NULL"));
+  *out = nullptr;
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) return SetError(pool.status());
+  CachingPool::Arena* arena = c->default_arena;
+  if (where != nullptr) {
+    absl::StatusOr<gpumem::v1::PlacementRequest> p = gpumem::PlacementOf(where);
+    if (!p.ok()) return SetError(p.status());
+    absl::StatusOr<CachingPool::Arena*> a = (*pool)->ArenaFor(*p);
+    if (!a.ok()) return SetError(a.status());
+    arena = *a;
+  }
+  absl::StatusOr<void*> ptr = (*pool)->Allocate(size, arena);
+  if (!ptr.ok()) return SetError(ptr.status());
+  *out = *ptr;
+  return SetOk();
+}
+
+int gpumem_malloc_str(gpumem_client* c, size_t size, const char* placement, void** out) {
+  if (out == nullptr) return SetError(absl::InvalidArgumentError("out is NULL"));
+  *out = nullptr;
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) return SetError(pool.status());
+  CachingPool::Arena* arena = c->default_arena;
+  if (placement != nullptr) {
+    absl::StatusOr<gpumem::v1::PlacementRequest> p = gpumem::ParsePlacementText(placement);
+    if (!p.ok()) return SetError(p.status());
+    absl::StatusOr<CachingPool::Arena*> a = (*pool)->ArenaFor(*p);
+    if (!a.ok()) return SetError(a.status());
+    arena = *a;
+  }
+  absl::StatusOr<void*> ptr = (*pool)->Allocate(size, arena);
+  if (!ptr.ok()) return SetError(ptr.status());
+  *out = *ptr;
+  return SetOk();
+}
+
+int gpumem_malloc_sharded(gpumem_client* c, size_t total, unsigned shards,
+                          const gpumem_placement* where, void** ptrs, size_t* sizes,
+                          int* devices) {
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) return SetError(pool.status());
+  if (ptrs == nullptr) return SetError(absl::InvalidArgumentError("ptrs is NULL"));
+  gpumem::v1::PlacementRequest p;
+  if (where != nullptr) {
+    absl::StatusOr<gpumem::v1::PlacementRequest> parsed = gpumem::PlacementOf(where);
+    if (!parsed.ok()) return SetError(parsed.status());
+    p = *parsed;
+  }
+  absl::StatusOr<std::vector<CachingPool::Shard>> out =
+      (*pool)->AllocateSharded(total, shards, p);
+  if (!out.ok()) return SetError(out.status());
+  for (size_t i = 0; i < out->size(); ++i) {
+    ptrs[i] = (*out)[i].ptr;
+    if (sizes != nullptr) sizes[i] = (*out)[i].size;
+    if (devices != nullptr) devices[i] = (*out)[i].device;
+  }
+  return SetOk();
+}
+
+int gpumem_free(gpumem_client* c, void* ptr) {
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) return SetError(pool.status());
+  absl::Status s = (*pool)->Free(ptr);
+  return s.ok() ? SetOk() : SetError(s);
+}
+
+int gpumem_device_count(gpumem_client* c) {
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) {
+    SetError(pool.status());
+    return -1;
+  }
+  absl::StatusOr<std::vector<std::string>> uuids = (*pool)->DeviceUuids();
+  if (!uuids.ok()) {
+    SetError(uuids.status());
+    return -1;
+  }
+  SetOk();
+  return static_cast<int>(uuids->size());
+}
+
+int gpumem_device_of(gpumem_client* c, const void* ptr) {
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) {
+    SetError(pool.status());
+    return -1;
+  }
+  absl::StatusOr<int> d = (*pool)->DeviceOf(ptr);
+  if (!d.ok()) {
+    SetError(d.status());
+    return -1;
+  }
+  SetOk();
+  return *d;
+}
+
+int gpumem_trim(gpumem_client* c, size_t* released) {
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) return SetError(pool.status());
+  absl::StatusOr<uint64_t> n = (*pool)->Trim();
+  if (!n.ok()) return SetError(n.status());
+  if (released != nullptr) *released = *n;
+  return SetOk();
+}
+
+int gpumem_stats_json(gpumem_client* c, char** json) {
+  if (json == nullptr) return SetError(absl::InvalidArgumentError("json is NULL"));
+  *json = nullptr;
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) return SetError(pool.status());
+  gpumem::PoolStats st = (*pool)->Stats();
+  std::string out = absl::StrFormat(
+      "{\"generation\":%d,\"leases\":%d,\"leased_bytes\":%d,\"in_use_bytes\":%d,"
+      "\"cached_bytes\":%d,\"large_blocks\":%d,\"large_bytes\":%d,\"lost_bytes\":%d,"
+      "\"lease_rows\":[",
+      st.generation, st.leases, st.leased_bytes, st.in_use_bytes, st.cached_bytes,
+      st.large_blocks, st.large_bytes, st.lost_bytes);
+  for (size_t i = 0; i < st.rows.size(); ++i) {
+    const auto& r = st.rows[i];
+    absl::StrAppendFormat(&out,
+                          "%s{\"device\":%d,\"bytes\":%d,\"used_bytes\":%d,\"blocks\":%d}",
+                          i ? "," : "", r.device, r.bytes, r.used_bytes, r.live_blocks);
+  }
+  out += "]";
+  absl::StatusOr<gpumem::v1::GetStatsResponse> daemon = (*pool)->DaemonStats();
+  if (!daemon.ok()) return SetError(daemon.status());
+  std::string dj;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(*daemon, &dj, opts).ok()) {
+    return SetError(absl::InternalError("daemon stats could not be printed as JSON"));
+  }
+  absl::StrAppend(&out, ",\"daemon\":", dj, "}");
+  *json = static_cast<char*>(std::malloc(out.size() + 1));
+  if (*json == nullptr) return SetError(absl::ResourceExhaustedError("out of host memory"));
+  std::memcpy(*json, out.c_str(), out.size() + 1);
+  return SetOk();
+}
+
+void gpumem_string_free(char* s) { std::free(s); }
+
+int gpumem_last_error(void) { return gpumem::last_error.code; }
+
+const char* gpumem_last_error_message(void) { return gpumem::last_error.message.c_str(); }
+
+const char* gpumem_status_name(int code) {
+  switch (code) {
+    case GPUMEM_OK: return "GPUMEM_OK";
+    case GPUMEM_E_INVALID_ARGUMENT: return "GPUMEM_E_INVALID_ARGUMENT";
+    case GPUMEM_E_NOT_FOUND: return "GPUMEM_E_NOT_FOUND";
+    case GPUMEM_E_PERMISSION_DENIED: return "GPUMEM_E_PERMISSION_DENIED";
+    case GPUMEM_E_RESOURCE_EXHAUSTED: return "GPUMEM_E_RESOURCE_EXHAUSTED";
+    case GPUMEM_E_FAILED_PRECONDITION: return "GPUMEM_E_FAILED_PRECONDITION";
+    case GPUMEM_E_INTERNAL: return "GPUMEM_E_INTERNAL";
+    case GPUMEM_E_UNAVAILABLE: return "GPUMEM_E_UNAVAILABLE";
+    case GPUMEM_E_FOREIGN_POINTER: return "GPUMEM_E_FOREIGN_POINTER";
+    case GPUMEM_E_DOUBLE_FREE: return "GPUMEM_E_DOUBLE_FREE";
+    case GPUMEM_E_LOST: return "GPUMEM_E_LOST";
+    case GPUMEM_E_CLOSED: return "GPUMEM_E_CLOSED";
+    case GPUMEM_E_FORKED: return "GPUMEM_E_FORKED";
+    default: return "GPUMEM_E_OTHER";
+  }
+}
+
+}  // extern "C"

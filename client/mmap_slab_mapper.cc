@@ -1,0 +1,58 @@
+// The mmap mapper: a memfd slab (sim backend) mapped shared, read-write.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "client/slab_mapper.h"
+
+namespace gpumem {
+namespace {
+
+class MmapSlab : public OpenedSlab {
+ public:
+  MmapSlab(char* base, uint64_t size) : base_(base), size_(size) {}
+  ~MmapSlab() override { munmap(base_, size_); }
+  char* base() const override { return base_; }
+  uint64_t size() const override { return size_; }
+  absl::Status Write(uint64_t offset, const void* src, uint64_t n) override {
+    if (offset > size_ || n > size_ - offset) return absl::OutOfRangeError("outside the slab");
+    std::memcpy(base_ + offset, src, n);
+    return absl::OkStatus();
+  }
+  absl::Status Read(uint64_t offset, void* dst, uint64_t n) override {
+    if (offset > size_ || n > size_ - offset) return absl::OutOfRangeError("outside the slab");
+    std::memcpy(dst, base_ + offset, n);
+    return absl::OkStatus();
+  }
+
+ private:
+  char* base_;
+  uint64_t size_;
+};
+
+class MmapSlabMapper : public SlabMapper {
+ public:
+  v1::HandleKind kind() const override { return v1::HANDLE_KIND_MEMFD; }
+  absl::StatusOr<std::unique_ptr<OpenedSlab>> Open(const v1::Allocation& a,
+                                                   const SlabFdSource& fetch_fd) override {
+    absl::StatusOr<SlabFd> slab = fetch_fd();
+    if (!slab.ok()) return slab.status();
+    void* base = mmap(nullptr, slab->size, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0);
+    int err = errno;
+    close(slab->fd);
+    if (base == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("mmap of slab ", a.slab_id(), " failed: ", std::strerror(err)));
+    }
+    return std::unique_ptr<OpenedSlab>(new MmapSlab(static_cast<char*>(base), slab->size));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<SlabMapper> NewMmapSlabMapper() { return std::make_unique<MmapSlabMapper>(); }
+
+}  // namespace gpumem

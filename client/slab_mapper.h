@@ -1,0 +1,77 @@
+// SlabMapper: opens a daemon slab in this process, the way its HandleKind
+// says, and gives the address of the slab's first byte.
+//
+// One interface, three implementations (one file each):
+//  - mmap (HANDLE_KIND_MEMFD, sim backend): mmap of the slab's memfd; the
+//    address is a host pointer.
+//  - CUDA VMM (HANDLE_KIND_CUDA_VMM_FD): cuMemImportFromShareableHandle of
+//    the fd, cuMemAddressReserve, cuMemMap, cuMemSetAccess; the address is a
+//    device pointer. Closing tears down in reverse: cuMemUnmap,
+//    cuMemAddressFree, cuMemRelease.
+//  - CUDA legacy IPC (HANDLE_KIND_CUDA_IPC): cuIpcOpenMemHandle of the
+//    allocation's 64 handle bytes; closing is cuIpcCloseMemHandle.
+// The CUDA mappers load the driver with dlopen("libcuda.so.1") like the
+// daemon, and pick the device by the allocation's UUID in this process's own
+// numbering, so CUDA_VISIBLE_DEVICES may reorder or hide devices; a device
+// this process cannot see is FAILED_PRECONDITION naming the UUID.
+//
+// What a mapper guarantees: Open either returns an OpenedSlab covering
+// [0, slab_size_bytes) or leaves nothing behind (partial steps undone).
+// An OpenedSlab closes the slab when destroyed. Caching and refcounting
+// (one open per slab per process) are the caller's (gpumem::Client).
+//
+// Thread-safety: mappers and opened slabs may be used from any thread; the
+// CUDA ones make the device's primary context current on the calling thread.
+#ifndef GPUMEMD_CLIENT_SLAB_MAPPER_H_
+#define GPUMEMD_CLIENT_SLAB_MAPPER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/fd_channel.h"
+#include "proto/gpumem/v1/gpumem.pb.h"
+
+namespace gpumem {
+
+class OpenedSlab {
+ public:
+  virtual ~OpenedSlab() = default;  // unmaps / closes
+  // The slab's first byte in this process: host pointer (memfd) or device
+  // pointer (CUDA).
+  virtual char* base() const = 0;
+  virtual uint64_t size() const = 0;
+  // Copies between host memory and [offset, offset + n) of the slab: memcpy
+  // for memfd, cuMemcpyHtoD/DtoH for CUDA. OUT_OF_RANGE outside the slab.
+  virtual absl::Status Write(uint64_t offset, const void* src, uint64_t n) = 0;
+  virtual absl::Status Read(uint64_t offset, void* dst, uint64_t n) = 0;
+};
+
+// Gets a slab's fd from the daemon (the slab-handle channel); called at
+// most once per Open, and only by the fd kinds. The mapper closes the fd.
+using SlabFdSource = std::function<absl::StatusOr<SlabFd>()>;
+
+class SlabMapper {
+ public:
+  virtual ~SlabMapper() = default;
+  virtual v1::HandleKind kind() const = 0;
+  // Opens the slab `allocation` lives in (its slab_id, slab_size_bytes,
+  // device_uuid and, for legacy IPC, ipc_handle).
+  virtual absl::StatusOr<std::unique_ptr<OpenedSlab>> Open(
+      const v1::Allocation& allocation, const SlabFdSource& fetch_fd) = 0;
+};
+
+// The mapper for `kind`. The CUDA ones fail with FAILED_PRECONDITION when
+// `cuda_library` cannot be loaded (no NVIDIA driver); UNIMPLEMENTED for
+// kinds no mapper opens (fabric).
+absl::StatusOr<std::unique_ptr<SlabMapper>> NewSlabMapper(
+    v1::HandleKind kind, const char* cuda_library = "libcuda.so.1");
+
+std::unique_ptr<SlabMapper> NewMmapSlabMapper();
+absl::StatusOr<std::unique_ptr<SlabMapper>> NewCudaVmmSlabMapper(const char* cuda_library);
+absl::StatusOr<std::unique_ptr<SlabMapper>> NewCudaIpcSlabMapper(const char* cuda_library);
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_CLIENT_SLAB_MAPPER_H_

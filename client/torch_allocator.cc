@@ -1,0 +1,164 @@
+// PyTorch's pluggable allocator entry points (gpumem.h): one process-wide
+// client from the environment, and the process's CUDA ordinals mapped to the
+// daemon's devices by UUID.
+//
+// Ordinal d is the d-th entry of CUDA_VISIBLE_DEVICES when it is set (an
+// index in the daemon's numbering, or a GPU-/MIG- UUID or unique prefix of
+// one, as CUDA accepts), else the daemon's device d. Each ordinal has its own
+// arena (placement: that UUID only, plus GPUMEM_PLACEMENT's exclude list), so
+// a pointer returned for device d is always on device d. The table is built
+// on first use; a failure is reported then and retried on the next call.
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "client/c_handle.h"
+#include "client/env_config.h"
+#include "client/gpumem.h"
+
+namespace gpumem {
+namespace {
+
+constexpr int kMaxOrdinals = 64;
+
+struct TorchState {
+  absl::Mutex mu;
+  std::atomic<gpumem_client*> client{nullptr};           // set once, under mu
+  std::atomic<CachingPool::Arena*> arena[kMaxOrdinals] = {};  // set once each
+};
+
+TorchState& State() {
+  static TorchState* s = new TorchState();  // never destroyed: used until exit
+  return *s;
+}
+
+// The daemon UUID of this process's ordinal `d`.
+absl::StatusOr<std::string> UuidOfOrdinal(CachingPool* pool, int d) {
+  absl::StatusOr<std::vector<std::string>> uuids = pool->DeviceUuids();
+  if (!uuids.ok()) return uuids.status();
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr) {
+    if (d >= static_cast<int>(uuids->size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device ", d, " does not exist: the daemon has ", uuids->size(), " devices"));
+    }
+    return (*uuids)[d];
+  }
+  std::vector<std::string> entries = absl::StrSplit(visible, ',', absl::SkipWhitespace());
+  if (d >= static_cast<int>(entries.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device ", d, " does not exist: CUDA_VISIBLE_DEVICES=\"", visible, "\" lists ",
+        entries.size()));
+  }
+  std::string e(absl::StripAsciiWhitespace(entries[d]));
+  int index;
+  if (absl::SimpleAtoi(e, &index)) {
+    if (index < 0 || index >= static_cast<int>(uuids->size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA_VISIBLE_DEVICES entry ", d, " (\"", e, "\") names no daemon device"));
+    }
+    return (*uuids)[index];
+  }
+  std::string found;
+  for (const std::string& u : *uuids) {
+    if (absl::StartsWithIgnoreCase(u, e)) {
+      if (!found.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "CUDA_VISIBLE_DEVICES entry \"", e, "\" matches more than one device"));
+      }
+      found = u;
+    }
+  }
+  if (found.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA_VISIBLE_DEVICES entry \"", e, "\" matches no daemon device"));
+  }
+  return found;
+}
+
+absl::StatusOr<CachingPool::Arena*> ArenaOfDevice(int d) {
+  if (d < 0 || d >= kMaxOrdinals) {
+    return absl::InvalidArgumentError(absl::StrCat("device ordinal ", d, " out of range"));
+  }
+  TorchState& st = State();
+  CachingPool::Arena* a = st.arena[d].load(std::memory_order_acquire);
+  if (a != nullptr) return a;
+  absl::MutexLock lock(&st.mu);
+  if ((a = st.arena[d].load()) != nullptr) return a;
+  if (st.client.load() == nullptr) {
+    st.client.store(gpumem_connect(nullptr), std::memory_order_release);
+    if (st.client.load() == nullptr) {
+      return absl::Status(absl::StatusCode::kUnavailable,
+                          absl::StrCat("gpumem_torch_malloc: ", gpumem_last_error_message()));
+    }
+  }
+  CachingPool* pool = st.client.load()->pool.get();
+  absl::StatusOr<std::string> uuid = UuidOfOrdinal(pool, d);
+  if (!uuid.ok()) return uuid.status();
+  absl::StatusOr<v1::PlacementRequest> env = PlacementFromEnv();
+  if (!env.ok()) return env.status();
+  v1::PlacementRequest p;
+  p.add_devices(*uuid);
+  *p.mutable_exclude() = env->exclude();
+  absl::StatusOr<CachingPool::Arena*> arena = pool->ArenaFor(p);
+  if (!arena.ok()) return arena.status();
+  st.arena[d].store(*arena, std::memory_order_release);
+  return *arena;
+}
+
+}  // namespace
+}  // namespace gpumem
+
+extern "C" {
+
+void* gpumem_torch_malloc(ssize_t size, int device, void* stream) {
+  (void)stream;  // memory from the daemon is usable on every stream
+  if (size <= 0) {
+    // PyTorch asks for 0 bytes for empty tensors: a null pointer is its answer.
+    if (size == 0) {
+      gpumem::SetOk();
+      return nullptr;
+    }
+    gpumem::SetError(absl::InvalidArgumentError("negative size"));
+    return nullptr;
+  }
+  absl::StatusOr<gpumem::CachingPool::Arena*> arena = gpumem::ArenaOfDevice(device);
+  if (!arena.ok()) {
+    gpumem::SetError(arena.status());
+    return nullptr;
+  }
+  absl::StatusOr<void*> p =
+      gpumem::State().client.load(std::memory_order_acquire)->pool->Allocate(static_cast<uint64_t>(size), *arena);
+  if (!p.ok()) {
+    gpumem::SetError(p.status());
+    return nullptr;
+  }
+  gpumem::SetOk();
+  return *p;
+}
+
+void gpumem_torch_free(void* ptr, ssize_t size, int device, void* stream) {
+  (void)size;
+  (void)device;
+  (void)stream;
+  gpumem_client* c = gpumem::State().client.load(std::memory_order_acquire);
+  if (c == nullptr) {
+    if (ptr != nullptr) {
+      gpumem::SetError(gpumem::LibraryError(gpumem::kForeignPointer,
+                                            "gpumem_torch_free before any gpumem_torch_malloc"));
+    }
+    return;
+  }
+  gpumem_free(c, ptr);  // sets the last error; PyTorch ignores a free's result
+}
+
+}  // extern "C"

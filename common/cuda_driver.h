@@ -1,0 +1,73 @@
+// CudaDriver: the CUDA driver API, loaded at run time with dlopen.
+//
+// Neither the daemon nor the client library links libcuda: both resolve the
+// entry points they use into one table of function pointers, whose types
+// come from cuda.h (decltype of the declarations), so a signature mismatch is
+// a compile error, not a crash. A machine without the NVIDIA driver gets a
+// FAILED_PRECONDITION that says so instead of a loader error.
+//
+// Errors: CudaStatus turns a CUresult into an absl::Status whose message
+// names the call, the context (e.g. the device) and the driver's error name
+// and text, and whose code says what the caller can do:
+//   CUDA_ERROR_OUT_OF_MEMORY                        -> RESOURCE_EXHAUSTED
+//   device gone or unusable (DEVICE_UNAVAILABLE, ECC_UNCORRECTABLE,
+//   NOT_INITIALIZED, DEINITIALIZED, NO_DEVICE, ...) -> UNAVAILABLE
+//   anything else                                   -> INTERNAL
+// and carries kDriverErrorPayload (common/driver_error.h; the CUresult in
+// decimal), so layers above can tell a driver's refusal from their own.
+#ifndef GPUMEMD_COMMON_CUDA_DRIVER_H_
+#define GPUMEMD_COMMON_CUDA_DRIVER_H_
+
+#include <cuda.h>
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/driver_error.h"
+
+namespace gpumem {
+
+struct CudaDriver {
+  void* lib = nullptr;
+#define GPUMEM_CUDA_DRIVER_FUNCTIONS(X)                                     \
+  X(cuInit) X(cuGetErrorString) X(cuGetErrorName) X(cuDeviceGetCount)       \
+  X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetUuid_v2)                   \
+  X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuDeviceGetAttribute)     \
+  X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent)   \
+  X(cuCtxSynchronize) X(cuMemGetInfo_v2) X(cuMemGetAllocationGranularity)   \
+  X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle)            \
+  X(cuMemImportFromShareableHandle) X(cuMemAddressReserve)                  \
+  X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)           \
+  X(cuMemsetD8_v2) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoH_v2) X(cuMemAlloc_v2)   \
+  X(cuMemFree_v2) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2)             \
+  X(cuIpcCloseMemHandle)
+#define GPUMEM_CUDA_DRIVER_FIELD(name) decltype(&::name) name = nullptr;
+  GPUMEM_CUDA_DRIVER_FUNCTIONS(GPUMEM_CUDA_DRIVER_FIELD)
+#undef GPUMEM_CUDA_DRIVER_FIELD
+
+  // "CUDA_ERROR_OUT_OF_MEMORY (2): out of memory".
+  std::string ErrorText(CUresult r) const;
+};
+
+// dlopens `library`, resolves every entry point and calls cuInit(0).
+// FAILED_PRECONDITION when the library is missing, lacks an entry point or
+// cuInit fails. The table stays valid for the process's life (the library is
+// never closed).
+absl::StatusOr<const CudaDriver*> LoadCudaDriver(const char* library = "libcuda.so.1");
+
+// OK for CUDA_SUCCESS; otherwise "<context>: <call>: <error text>" with the
+// code described above.
+absl::Status CudaStatus(const CudaDriver& driver, CUresult r, absl::string_view call,
+                        absl::string_view context = "");
+
+// The CUresult carried by a status CudaStatus made, or CUDA_SUCCESS.
+CUresult CudaErrorOf(const absl::Status& status);
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it.
+std::string FormatCudaUuid(const CUuuid& uuid);
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_COMMON_CUDA_DRIVER_H_

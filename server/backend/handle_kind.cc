@@ -1,0 +1,24 @@
+// Names of HandleKind, as --handle_kinds and the config spell them.
+#include "absl/strings/str_cat.h"
+#include "server/backend/backend.h"
+
+namespace gpumem {
+
+const char* HandleKindName(HandleKind kind) {
+  switch (kind) {
+    case HandleKind::kMemfd: return "memfd";
+    case HandleKind::kCudaVmmFd: return "cuda_vmm_fd";
+    case HandleKind::kCudaIpc: return "cuda_ipc";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<HandleKind> ParseHandleKind(const std::string& name) {
+  for (HandleKind k : {HandleKind::kMemfd, HandleKind::kCudaVmmFd, HandleKind::kCudaIpc}) {
+    if (name == HandleKindName(k)) return k;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown handle kind '", name, "' (known: memfd, cuda_vmm_fd, cuda_ipc)"));
+}
+
+}  // namespace gpumem

@@ -1,0 +1,320 @@
+// The daemon's cuda backend end to end, in CI, over the fake driver
+// (tests/fake_cuda on LD_LIBRARY_PATH of every process the test starts):
+// two real processes share a slab through the CUDA VMM import and through
+// legacy IPC handles, a client under a reordering CUDA_VISIBLE_DEVICES finds
+// the right device, SIGKILL gives the memory back (down to the driver's own
+// free figure), and driver failures reach the caller with the right code and
+// words: out of memory (injected, or memory held outside gpumemd), a lost
+// device, a handle kind the daemon does not offer. The test process itself
+// only makes raw RPCs; processes that open slabs are cuda_share_client.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "client/client.h"
+#include "common/cuda_driver.h"
+#include "gtest/gtest.h"
+#include "tests/integration/daemon_fixture.h"
+
+namespace gpumem {
+namespace {
+
+using testing::ChildProcess;
+using testing::DaemonProcess;
+using testing::RunfilePath;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+std::string FakeDriverPath() { return RunfilePath("tests/fake_cuda/libcuda.so.1"); }
+
+// Polls `done` for up to 10 s (a loaded machine; the daemon's own promise is
+// under a second, checked by daemon_test).
+bool Eventually(const std::function<bool()>& done) {
+  for (int i = 0; i < 200; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return done();
+}
+
+// Every process the test starts finds the fake as libcuda.so.1.
+void UseFakeDriver() {
+  std::string dir = FakeDriverPath();
+  dir = dir.substr(0, dir.rfind('/'));
+  setenv("LD_LIBRARY_PATH", dir.c_str(), 1);
+  setenv("FAKE_CUDA_DEVICES", "2x256MiB", 1);
+  unsetenv("CUDA_VISIBLE_DEVICES");
+}
+
+class CudaFakeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { UseFakeDriver(); }
+
+  // A cuda daemon with `args`, and `env` (NAME=VALUE) set for it only.
+  void StartDaemon(std::vector<std::string> args,
+                   std::vector<std::pair<std::string, std::string>> env = {}) {
+    args.insert(args.begin(), "--backend=cuda");
+    for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    daemon_ = std::make_unique<DaemonProcess>(args);
+    bool started = daemon_->Start();
+    for (auto& [k, v] : env) unsetenv(k.c_str());
+    ASSERT_TRUE(started) << daemon_->Log();
+    auto c = Client::Connect(daemon_->socket());
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+  }
+
+  void TearDown() override {
+    client_.reset();
+    if (daemon_ != nullptr) EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
+  }
+
+  absl::StatusOr<v1::AllocateResponse> Alloc(uint64_t size, const std::string& device,
+                                             v1::HandleKind kind = v1::HANDLE_KIND_UNSPECIFIED) {
+    v1::AllocateRequest req;
+    req.set_size_bytes(size);
+    req.mutable_placement()->add_devices(device);
+    req.set_handle_kind(kind);
+    return client_->AllocateRaw(req);
+  }
+
+  v1::DeviceStats Device(uint32_t index, bool slabs = false) {
+    auto stats = client_->GetStats(slabs);
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    if (!stats.ok() || stats->devices_size() <= static_cast<int>(index)) return {};
+    return stats->devices(index);
+  }
+
+  // Starts a writer; returns it once it printed "ready", with its allocation.
+  std::unique_ptr<ChildProcess> StartWriter(const std::string& device, const std::string& kind,
+                                            uint64_t size, std::string* alloc_hex) {
+    auto child = std::make_unique<ChildProcess>(std::vector<std::string>{
+        RunfilePath("tests/integration/cuda_share_client"), "write",
+        "--socket=" + daemon_->socket(), "--device=" + device, "--kind=" + kind,
+        "--size=" + std::to_string(size), "--seed=5"});
+    std::string line = child->ReadLine();
+    EXPECT_EQ(line.rfind("alloc ", 0), 0u) << line << "\n" << daemon_->Log();
+    if (line.size() > 6) *alloc_hex = line.substr(6);
+    EXPECT_EQ(child->ReadLine(), "ready");
+    return child;
+  }
+
+  // Runs a reader (optionally under `env_prefix`, e.g. CUDA_VISIBLE_DEVICES=1,0)
+  // and returns its one line.
+  std::string Read(const std::string& alloc_hex, const std::string& env_assignment = "") {
+    std::vector<std::string> argv;
+    if (!env_assignment.empty()) argv = {"/usr/bin/env", env_assignment};
+    argv.insert(argv.end(), {RunfilePath("tests/integration/cuda_share_client"), "read",
+                             "--socket=" + daemon_->socket(), "--alloc=" + alloc_hex,
+                             "--seed=5"});
+    ChildProcess reader(argv);
+    std::string line = reader.ReadLine();
+    reader.Wait();
+    return line;
+  }
+
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(CudaFakeTest, TwoProcessesShareAVmmSlabAndKillGivesMemoryBack) {
+  StartDaemon({"--slab_size=16MiB", "--empty_slab_release_seconds=0"});
+  const v1::DeviceStats before = Device(1);
+  EXPECT_EQ(before.driver_total_bytes(), 256 * kMiB);
+  EXPECT_EQ(before.driver_free_bytes(), 256 * kMiB);
+  std::string hex;
+  auto writer = StartWriter("1", "vmm", 3 * kMiB, &hex);
+  EXPECT_EQ(Read(hex), "read ok");
+  v1::DeviceStats held = Device(1);
+  EXPECT_EQ(held.used_bytes(), 3 * kMiB);
+  EXPECT_EQ(held.driver_free_bytes(), 256 * kMiB - 16 * kMiB);  // one slab, counted once
+  writer->Kill(SIGKILL);
+  EXPECT_EQ(writer->Wait(), -SIGKILL);
+  EXPECT_TRUE(Eventually([&] { return Device(1).used_bytes() == 0; }));
+  // The empty slab goes back to the driver, whose free figure is whole again.
+  EXPECT_TRUE(Eventually([&] { return Device(1).driver_free_bytes() == 256 * kMiB; }))
+      << Device(1).DebugString();
+}
+
+TEST_F(CudaFakeTest, TwoProcessesShareALegacyIpcSlabAndKillGivesItBack) {
+  StartDaemon({"--slab_size=16MiB", "--empty_slab_release_seconds=0"});
+  std::string hex;
+  auto writer = StartWriter("0", "ipc", 2 * kMiB, &hex);
+  v1::Allocation a;
+  ASSERT_TRUE(a.ParseFromString(absl::HexStringToBytes(hex)));
+  EXPECT_EQ(a.handle_kind(), v1::HANDLE_KIND_CUDA_IPC);
+  EXPECT_EQ(a.ipc_handle().size(), 64u);
+  EXPECT_EQ(Read(hex), "read ok");
+  // A second block in the same slab: the reader opens the slab at its offset.
+  auto second = StartWriter("0", "ipc", kMiB, &hex);
+  ASSERT_TRUE(a.ParseFromString(absl::HexStringToBytes(hex)));
+  EXPECT_GT(a.offset(), 0u);
+  EXPECT_EQ(Read(hex), "read ok");
+  EXPECT_EQ(Device(0).driver_free_bytes(), 256 * kMiB - 16 * kMiB);
+  // The writers were given the handle bytes: the slab goes back only once
+  // both are gone.
+  writer->Kill(SIGKILL);
+  writer->Wait();
+  EXPECT_TRUE(Eventually([&] { return Device(0).used_bytes() == kMiB; }));
+  EXPECT_EQ(Device(0).driver_free_bytes(), 256 * kMiB - 16 * kMiB);
+  second->Kill(SIGKILL);
+  second->Wait();
+  EXPECT_TRUE(Eventually([&] { return Device(0).driver_free_bytes() == 256 * kMiB; }))
+      << Device(0).DebugString();
+}
+
+TEST_F(CudaFakeTest, ReaderFindsTheDeviceByUuidUnderCudaVisibleDevices) {
+  StartDaemon({"--slab_size=16MiB"});
+  std::string hex;
+  auto writer = StartWriter("1", "vmm", kMiB, &hex);
+  // Daemon device 1 is this reader's device 0.
+  EXPECT_EQ(Read(hex, "CUDA_VISIBLE_DEVICES=1,0"), "read ok");
+  std::string hidden = Read(hex, "CUDA_VISIBLE_DEVICES=0");
+  EXPECT_TRUE(absl::StrContains(hidden, "FAILED_PRECONDITION")) << hidden;
+  EXPECT_TRUE(absl::StrContains(hidden, "not visible")) << hidden;
+  auto ipc = StartWriter("1", "ipc", kMiB, &hex);
+  EXPECT_EQ(Read(hex, "CUDA_VISIBLE_DEVICES=1,0"), "read ok");
+}
+
+TEST_F(CudaFakeTest, AnImportThatFailsNamesTheCallAndTheNextOneWorks) {
+  StartDaemon({"--slab_size=16MiB"});
+  std::string hex;
+  auto writer = StartWriter("0", "vmm", kMiB, &hex);
+  // The reader's own driver fails its first cuMemMap.
+  std::string line = Read(hex, "FAKE_CUDA_FAIL=cuMemMap@1=CUDA_ERROR_OUT_OF_MEMORY");
+  EXPECT_TRUE(absl::StrContains(line, "RESOURCE_EXHAUSTED")) << line;
+  EXPECT_TRUE(absl::StrContains(line, "cuMemMap")) << line;
+  EXPECT_TRUE(absl::StrContains(line, "CUDA_ERROR_OUT_OF_MEMORY")) << line;
+  line = Read(hex, "FAKE_CUDA_FAIL=cuMemImportFromShareableHandle=CUDA_ERROR_NOT_SUPPORTED");
+  EXPECT_TRUE(absl::StrContains(line, "cuMemImportFromShareableHandle")) << line;
+  EXPECT_TRUE(absl::StrContains(line, "CUDA_ERROR_NOT_SUPPORTED")) << line;
+  EXPECT_EQ(Read(hex), "read ok");
+}
+
+TEST_F(CudaFakeTest, InjectedOutOfMemoryIsResourceExhaustedNamingDeviceCallAndDriverError) {
+  StartDaemon({"--slab_size=16MiB"},
+              {{"FAKE_CUDA_FAIL", "cuMemCreate@2+=CUDA_ERROR_OUT_OF_MEMORY"}});
+  ASSERT_TRUE(Alloc(kMiB, "0").ok());  // the first slab
+  auto refused = Alloc(kMiB, "1");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  const std::string msg(refused.status().message());
+  EXPECT_TRUE(absl::StrContains(msg, "device 1")) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "cuMemCreate")) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "CUDA_ERROR_OUT_OF_MEMORY")) << msg;
+  // A driver failure is an error naming its cause, never a placement refusal.
+  EXPECT_FALSE(PlacementRefusalOf(refused.status()).has_value());
+  // Still serving; the existing slab still carves.
+  EXPECT_TRUE(Alloc(kMiB, "0").ok());
+}
+
+TEST_F(CudaFakeTest, MemoryHeldOutsideGpumemdIsVisibleAndRefusedByTheDriver) {
+  StartDaemon({"--slab_size=16MiB"});
+  absl::StatusOr<const CudaDriver*> d = LoadCudaDriver(FakeDriverPath().c_str());
+  ASSERT_TRUE(d.ok()) << d.status();
+  CUcontext ctx = nullptr;
+  ASSERT_EQ((*d)->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+  ASSERT_EQ((*d)->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+  CUdeviceptr outside = 0;
+  ASSERT_EQ((*d)->cuMemAlloc_v2(&outside, 200 * kMiB), CUDA_SUCCESS);
+  v1::DeviceStats s = Device(0);
+  EXPECT_EQ(s.driver_free_bytes(), 56 * kMiB);
+  EXPECT_EQ(s.free_bytes(), 256 * kMiB);  // the daemon's own view
+  auto refused = Alloc(100 * kMiB, "0");  // a dedicated slab the driver cannot make
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "CUDA_ERROR_OUT_OF_MEMORY"))
+      << refused.status();
+  ASSERT_EQ((*d)->cuMemFree_v2(outside), CUDA_SUCCESS);
+  EXPECT_TRUE(Alloc(100 * kMiB, "0").ok());
+}
+
+TEST_F(CudaFakeTest, LostDeviceIsUnavailableNamingTheCallAndTheDaemonKeepsServing) {
+  const std::string lost = testing::MakeTempDir() + "/lost";
+  StartDaemon({"--slab_size=16MiB"}, {{"FAKE_CUDA_LOST_FILE", lost}});
+  { std::ofstream(lost) << "1\n"; }
+  auto refused = Alloc(kMiB, "1");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "cuMemCreate")) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "CUDA_ERROR_DEVICE_UNAVAILABLE"));
+  EXPECT_TRUE(client_->GetStats().ok());
+  unlink(lost.c_str());
+  EXPECT_TRUE(Alloc(kMiB, "1").ok());
+}
+
+TEST_F(CudaFakeTest, KindNotOfferedIsFailedPreconditionSayingWhichAre) {
+  StartDaemon({"--slab_size=16MiB", "--handle_kinds=cuda_vmm_fd"});
+  auto refused = Alloc(kMiB, "0", v1::HANDLE_KIND_CUDA_IPC);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "HANDLE_KIND_CUDA_VMM_FD"))
+      << refused.status();
+  auto fine = Alloc(kMiB, "0");
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->allocations(0).handle_kind(), v1::HANDLE_KIND_CUDA_VMM_FD);
+}
+
+TEST_F(CudaFakeTest, BlocksOfDifferentKindsNeverShareASlab) {
+  StartDaemon({"--slab_size=16MiB"});
+  auto vmm = Alloc(kMiB, "0");
+  auto ipc = Alloc(kMiB, "0", v1::HANDLE_KIND_CUDA_IPC);
+  auto vmm2 = Alloc(kMiB, "0", v1::HANDLE_KIND_CUDA_VMM_FD);
+  ASSERT_TRUE(vmm.ok() && ipc.ok() && vmm2.ok());
+  EXPECT_EQ(vmm->allocations(0).handle_kind(), v1::HANDLE_KIND_CUDA_VMM_FD);
+  EXPECT_TRUE(vmm->allocations(0).ipc_handle().empty());
+  EXPECT_EQ(ipc->allocations(0).handle_kind(), v1::HANDLE_KIND_CUDA_IPC);
+  EXPECT_NE(ipc->allocations(0).slab_id(), vmm->allocations(0).slab_id());
+  EXPECT_EQ(vmm2->allocations(0).slab_id(), vmm->allocations(0).slab_id());
+  // Sharded requests carry the kind to every shard.
+  v1::AllocateRequest req;
+  req.set_size_bytes(2 * kMiB);
+  req.set_shard_count(2);
+  req.set_handle_kind(v1::HANDLE_KIND_CUDA_IPC);
+  auto shards = client_->AllocateRaw(req);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  for (const v1::Allocation& a : shards->allocations()) {
+    EXPECT_EQ(a.handle_kind(), v1::HANDLE_KIND_CUDA_IPC);
+    EXPECT_EQ(a.ipc_handle().size(), 64u);
+  }
+}
+
+TEST_F(CudaFakeTest, SlabsAreMultiplesOfTheDriversGranularity) {
+  StartDaemon({"--slab_size=10MiB"}, {{"FAKE_CUDA_GRANULARITY", "4MiB"}});
+  ASSERT_TRUE(Alloc(kMiB, "0").ok());
+  ASSERT_TRUE(Alloc(13 * kMiB, "0").ok());  // bigger than a slab: dedicated
+  v1::DeviceStats s = Device(0, /*slabs=*/true);
+  EXPECT_EQ(s.granularity_bytes(), 4 * kMiB);
+  ASSERT_EQ(s.slabs_size(), 2);
+  EXPECT_EQ(s.slabs(0).size_bytes(), 12 * kMiB);
+  EXPECT_EQ(s.slabs(1).size_bytes(), 16 * kMiB);
+}
+
+TEST(CudaFakeStartTest, AKindTheBackendCannotMakeStopsTheDaemon) {
+  UseFakeDriver();
+  DaemonProcess daemon({"--backend=cuda", "--handle_kinds=memfd"});
+  EXPECT_FALSE(daemon.Start());  // it exits before its socket appears
+  EXPECT_TRUE(absl::StrContains(daemon.Log(), "memfd is not one the cuda backend makes"))
+      << daemon.Log();
+}
+
+TEST(SimKindTest, SimOffersMemfdOnly) {
+  DaemonProcess daemon({"--backend=sim", "--sim_devices=1x1GiB"});
+  ASSERT_TRUE(daemon.Start());
+  auto client = Client::Connect(daemon.socket());
+  ASSERT_TRUE(client.ok());
+  v1::AllocateRequest req;
+  req.set_size_bytes(kMiB);
+  req.set_handle_kind(v1::HANDLE_KIND_CUDA_VMM_FD);
+  auto refused = (*client)->AllocateRaw(req);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "HANDLE_KIND_MEMFD"));
+  client->reset();
+  EXPECT_EQ(daemon.Stop(), 0);
+}
+
+}  // namespace
+}  // namespace gpumem
