@@ -155,6 +155,30 @@ absl::StatusOr<v1::Session> Client::GetSession() {
   return resp;
 }
 
+absl::StatusOr<v1::GetUsageResponse> Client::GetUsage() {
+  grpc::ClientContext ctx;
+  v1::GetUsageResponse resp;
+  absl::Status s = FromGrpc(impl_->stub->GetUsage(&ctx, v1::GetUsageRequest(), &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::GetLedgerResponse> Client::GetLedger(const v1::GetLedgerRequest& request) {
+  grpc::ClientContext ctx;
+  v1::GetLedgerResponse resp;
+  absl::Status s = FromGrpc(impl_->stub->GetLedger(&ctx, request, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::SetQuotaResponse> Client::SetQuota(const v1::SetQuotaRequest& request) {
+  grpc::ClientContext ctx;
+  v1::SetQuotaResponse resp;
+  absl::Status s = FromGrpc(impl_->stub->SetQuota(&ctx, request, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
 absl::StatusOr<void*> Client::MapBlock(const v1::Allocation& a) {
   absl::MutexLock lock(&impl_->mu);
   auto it = impl_->slabs.find(a.slab_id());

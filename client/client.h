@@ -95,6 +95,9 @@ class Client {
   absl::Status Free(uint64_t allocation_id);
   absl::StatusOr<v1::GetStatsResponse> GetStats(bool include_slabs = false);
   absl::StatusOr<v1::Session> GetSession();
+  absl::StatusOr<v1::GetUsageResponse> GetUsage();
+  absl::StatusOr<v1::GetLedgerResponse> GetLedger(const v1::GetLedgerRequest& request);
+  absl::StatusOr<v1::SetQuotaResponse> SetQuota(const v1::SetQuotaRequest& request);
 
   const std::string& socket_path() const;
 

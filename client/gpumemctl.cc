@@ -3,9 +3,13 @@
 //   gpumemctl [--socket=PATH] stats [--slabs] [--json]
 //   gpumemctl [--socket=PATH] alloc SIZE [--gpus=LIST] [--exclude=LIST]
 //             [--fallback=LIST]... [--policy=least-loaded|pack|near:DEV]
-//             [--shards=N] [--hold] [--json]
+//             [--shards=N] [--wait=DURATION] [--hold] [--json]
 //   gpumemctl [--socket=PATH] free ID
 //   gpumemctl [--socket=PATH] session
+//   gpumemctl [--socket=PATH] tenants [--json]
+//   gpumemctl [--socket=PATH] ledger [--tenant=NAME] [--since=TIME] [--limit=N] [--json]
+//   gpumemctl [--socket=PATH] quota NAME [--total=SIZE] [--device=SEL:SIZE]...
+//             [--max_allocations=N]
 //
 // An allocation belongs to the process that made it: without --hold it is
 // returned as soon as gpumemctl exits. --hold keeps it until Ctrl-C.
@@ -28,6 +32,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 #include "common/byte_size.h"
 #include "common/placement_set.h"
@@ -41,6 +50,13 @@ ABSL_FLAG(std::string, policy, "", "alloc: least-loaded | pack | near:DEV");
 ABSL_FLAG(uint32_t, shards, 0, "alloc: split SIZE into N shards on N devices");
 ABSL_FLAG(bool, hold, false, "alloc: keep the allocation until interrupted");
 ABSL_FLAG(bool, slabs, false, "stats: also list every slab");
+ABSL_FLAG(std::string, wait, "", "alloc: wait up to this long for memory (5s, 250ms)");
+ABSL_FLAG(std::string, tenant, "", "ledger: only this tenant's events");
+ABSL_FLAG(std::string, since, "", "ledger: events since TIME: 2026-11-30T12:00:00Z, "
+          "or a duration ago (10m, 2h)");
+ABSL_FLAG(uint32_t, limit, 100, "ledger: the newest N events");
+ABSL_FLAG(std::string, total, "", "quota: total bytes over all devices (none: no limit)");
+ABSL_FLAG(int64_t, max_allocations, -1, "quota: live allocations (-1: no limit)");
 
 namespace gpumem {
 namespace {
@@ -49,10 +65,14 @@ constexpr char kUsage[] =
     "gpumemctl: talk to gpumemd.\n"
     "  gpumemctl [--socket=PATH] stats [--slabs] [--json]\n"
     "  gpumemctl [--socket=PATH] alloc SIZE [--gpus=LIST] [--exclude=LIST] [--fallback=LIST]...\n"
-    "                  [--policy=least-loaded|pack|near:DEV] [--shards=N] [--hold] [--json]\n"
+    "                  [--policy=least-loaded|pack|near:DEV] [--shards=N] [--wait=5s] [--hold] [--json]\n"
     "  gpumemctl [--socket=PATH] free ID\n"
     "  gpumemctl [--socket=PATH] session\n"
-    "SIZE: 4096, 64KiB, 1.5GiB, 2G. LIST: 0,1 | all | GPU-<uuid>.";
+    "  gpumemctl [--socket=PATH] tenants [--json]\n"
+    "  gpumemctl [--socket=PATH] ledger [--tenant=NAME] [--since=TIME] [--limit=N] [--json]\n"
+    "  gpumemctl [--socket=PATH] quota NAME [--total=SIZE] [--device=SEL:SIZE]... "
+    "[--max_allocations=N]\n"
+    "SIZE: 4096, 64KiB, 1.5GiB, 2G. LIST: 0,1 | all | GPU-<uuid>. SEL: 0 | GPU-<uuid>.";
 
 int Fail(const absl::Status& s) {
   std::cerr << "gpumemctl: " << absl::StatusCodeToString(s.code()) << ": "
@@ -150,6 +170,14 @@ int Alloc(Client& client, const std::string& size_text,
   req.set_size_bytes(*size);
   *req.mutable_placement() = *placement;
   req.set_shard_count(absl::GetFlag(FLAGS_shards));
+  if (!absl::GetFlag(FLAGS_wait).empty()) {
+    absl::Duration wait;
+    if (!absl::ParseDuration(absl::GetFlag(FLAGS_wait), &wait) || wait < absl::ZeroDuration() ||
+        wait > absl::Hours(24)) {
+      return Usage("--wait wants a duration up to 24h, like 5s or 250ms");
+    }
+    req.set_wait_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(wait)));
+  }
   absl::StatusOr<v1::AllocateResponse> resp = client.AllocateRaw(req);
   if (!resp.ok()) return Fail(resp.status());
   if (absl::GetFlag(FLAGS_json)) {
@@ -180,10 +208,118 @@ int Alloc(Client& client, const std::string& size_text,
   return 0;
 }
 
+std::string FormatQuota(const v1::Quota& q) {
+  std::vector<std::string> parts;
+  if (q.has_total_bytes()) parts.push_back("total " + FormatBytes(q.total_bytes()));
+  for (const v1::DeviceQuota& d : q.devices()) {
+    parts.push_back("dev " + d.device() + " " + FormatBytes(d.bytes()));
+  }
+  if (q.has_max_allocations()) parts.push_back(absl::StrCat("max ", q.max_allocations(), " allocs"));
+  return parts.empty() ? "-" : absl::StrJoin(parts, ", ");
+}
+
+int Tenants(Client& client) {
+  absl::StatusOr<v1::GetUsageResponse> usage = client.GetUsage();
+  if (!usage.ok()) return Fail(usage.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << Json(*usage);
+    return 0;
+  }
+  std::cout << absl::StrFormat("%-16s %5s %11s %11s %14s %7s  %s\n", "TENANT", "PRIO", "CURRENT",
+                               "PEAK", "BYTE-SECONDS", "ALLOCS", "QUOTA");
+  for (const v1::TenantUsage& t : usage->tenants()) {
+    std::cout << absl::StrFormat("%-16s %5d %11s %11s %14.4g %7d  %s\n", t.name(), t.priority(),
+                                 FormatBytes(t.current_bytes()), FormatBytes(t.peak_bytes()),
+                                 t.byte_seconds(), t.allocation_count(), FormatQuota(t.quota()));
+    for (const v1::DeviceUsage& d : t.devices()) {
+      if (d.peak_bytes() == 0) continue;
+      std::cout << absl::StrFormat("  device %-7d %11s %11s %14.4g\n", d.device_index(),
+                                   FormatBytes(d.current_bytes()), FormatBytes(d.peak_bytes()),
+                                   d.byte_seconds());
+    }
+  }
+  return 0;
+}
+
+// "2026-11-30T12:00:00Z" (RFC 3339) or a duration ago ("10m").
+absl::StatusOr<int64_t> ParseSince(const std::string& text) {
+  absl::Time t;
+  std::string error;
+  if (absl::ParseTime(absl::RFC3339_full, text, &t, &error)) return absl::ToUnixNanos(t);
+  absl::Duration ago;
+  if (absl::ParseDuration(text, &ago) && ago >= absl::ZeroDuration()) {
+    return absl::ToUnixNanos(absl::Now() - ago);
+  }
+  return absl::InvalidArgumentError("--since wants a time like 2026-11-30T12:00:00Z or a "
+                                    "duration ago like 10m");
+}
+
+int Ledger(Client& client) {
+  v1::GetLedgerRequest req;
+  req.set_tenant(absl::GetFlag(FLAGS_tenant));
+  if (!absl::GetFlag(FLAGS_since).empty()) {
+    absl::StatusOr<int64_t> since = ParseSince(absl::GetFlag(FLAGS_since));
+    if (!since.ok()) return Usage(std::string(since.status().message()));
+    req.set_since_unix_ns(*since);
+  }
+  req.set_limit(absl::GetFlag(FLAGS_limit));
+  req.set_newest(true);
+  absl::StatusOr<v1::GetLedgerResponse> resp = client.GetLedger(req);
+  if (!resp.ok()) return Fail(resp.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << Json(*resp);
+    return 0;
+  }
+  for (const v1::LedgerEvent& e : resp->events()) {
+    std::string line = absl::StrFormat(
+        "%s seq=%d %-14s tenant=%s uid=%d pid=%d session=%d",
+        absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixNanos(e.time_unix_ns()),
+                         absl::UTCTimeZone()),
+        e.seq(), e.kind(), e.tenant(), e.uid(), e.pid(), e.session());
+    if (e.device() >= 0) absl::StrAppend(&line, " device=", e.device());
+    if (e.allocation_id() != 0) absl::StrAppend(&line, " id=", e.allocation_id());
+    if (e.device() >= 0) absl::StrAppend(&line, " bytes=", e.bytes());
+    if (!e.detail().empty()) absl::StrAppend(&line, " (", e.detail(), ")");
+    std::cout << line << "\n";
+  }
+  return 0;
+}
+
+int Quota(Client& client, const std::string& tenant, const std::vector<std::string>& devices) {
+  v1::SetQuotaRequest req;
+  req.set_tenant(tenant);
+  if (!absl::GetFlag(FLAGS_total).empty() && absl::GetFlag(FLAGS_total) != "none") {
+    absl::StatusOr<uint64_t> total = ParseByteSize(absl::GetFlag(FLAGS_total));
+    if (!total.ok()) return Usage("--total: " + std::string(total.status().message()));
+    req.mutable_quota()->set_total_bytes(*total);
+  }
+  if (absl::GetFlag(FLAGS_max_allocations) >= 0) {
+    req.mutable_quota()->set_max_allocations(absl::GetFlag(FLAGS_max_allocations));
+  }
+  for (const std::string& d : devices) {
+    std::vector<std::string> parts = absl::StrSplit(d, absl::MaxSplits(':', 1));
+    if (parts.size() != 2) return Usage("--device wants SEL:SIZE, like 0:8GiB");
+    absl::StatusOr<uint64_t> bytes = ParseByteSize(parts[1]);
+    if (!bytes.ok()) return Usage("--device: " + std::string(bytes.status().message()));
+    v1::DeviceQuota* dq = req.mutable_quota()->add_devices();
+    dq->set_device(parts[0]);
+    dq->set_bytes(*bytes);
+  }
+  absl::StatusOr<v1::SetQuotaResponse> resp = client.SetQuota(req);
+  if (!resp.ok()) return Fail(resp.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << Json(*resp);
+  } else {
+    std::cout << "quota of " << tenant << ": " << FormatQuota(resp->quota()) << "\n";
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   // --fallback may be given several times, one set each; absl flags would
   // keep only the last, so take them out first.
-  std::vector<std::string> fallbacks;
+  // The same for quota's --device.
+  std::vector<std::string> fallbacks, devices;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
@@ -191,6 +327,10 @@ int Main(int argc, char** argv) {
       fallbacks.push_back(a.substr(11));
     } else if (a == "--fallback" && i + 1 < argc) {
       fallbacks.push_back(argv[++i]);
+    } else if (absl::StartsWith(a, "--device=")) {
+      devices.push_back(a.substr(9));
+    } else if (a == "--device" && i + 1 < argc) {
+      devices.push_back(argv[++i]);
     } else {
       args.push_back(argv[i]);
     }
@@ -228,6 +368,18 @@ int Main(int argc, char** argv) {
     if (!s.ok()) return Fail(s);
     std::cout << "freed " << id << "\n";
     return 0;
+  }
+  if (cmd == "tenants" || cmd == "ledger") {
+    if (rest.size() != 2) return Usage(cmd + " takes no arguments");
+    absl::StatusOr<std::unique_ptr<Client>> client = connect();
+    if (!client.ok()) return Fail(client.status());
+    return cmd == "tenants" ? Tenants(**client) : Ledger(**client);
+  }
+  if (cmd == "quota") {
+    if (rest.size() != 3) return Usage("quota needs one tenant NAME");
+    absl::StatusOr<std::unique_ptr<Client>> client = connect();
+    if (!client.ok()) return Fail(client.status());
+    return Quota(**client, rest[2], devices);
   }
   return Usage("unknown command \"" + cmd + "\"");
 }

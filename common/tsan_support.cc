@@ -77,20 +77,48 @@ bool Mutex::TryLock() {
   if (locked) __tsan_acquire(this);
   return locked;
 }
+// Await*: the real function releases and retakes the mutex inside, and
+// evaluates the condition with it held (on the waiting thread, or on a
+// thread that is unlocking), where TSan sees neither. So the condition is
+// wrapped: each evaluation is an acquire before and a release after, which
+// is what holding the mutex around it means. The library's Await* call each
+// other; only the outermost call wraps (thread-local depth).
+struct TsanCondition {
+  Mutex* mu;
+  const Condition* cond;
+  static bool Eval(TsanCondition* c) {
+    __tsan_acquire(c->mu);
+    const bool r = c->cond->Eval();
+    __tsan_release(c->mu);
+    return r;
+  }
+};
+thread_local int tsan_await_depth = 0;
+template <typename Real, typename... Args>
+bool TsanAwait(Mutex* mu, Real real, const Condition& cond, Args... args) {
+  if (tsan_await_depth > 0) return real(mu, cond, args...);
+  TsanCondition wrapped{mu, &cond};
+  ++tsan_await_depth;
+  __tsan_release(mu);
+  const bool r = real(mu, Condition(&TsanCondition::Eval, &wrapped), args...);
+  __tsan_acquire(mu);
+  --tsan_await_depth;
+  return r;
+}
 void Mutex::Await(const Condition& cond) {
   static auto real = RealMutexFn<void (*)(Mutex*, const Condition&)>(
       "5AwaitERKNS0_9ConditionE");
-  __tsan_release(this);
-  real(this, cond);
-  __tsan_acquire(this);
+  TsanAwait(this, [](Mutex* mu, const Condition& c) { real(mu, c); return true; }, cond);
 }
 bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
   static auto real = RealMutexFn<bool (*)(Mutex*, const Condition&, absl::Duration)>(
       "16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  __tsan_release(this);
-  const bool r = real(this, cond, timeout);
-  __tsan_acquire(this);
-  return r;
+  return TsanAwait(this, real, cond, timeout);
+}
+bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
+  static auto real = RealMutexFn<bool (*)(Mutex*, const Condition&, absl::Time)>(
+      "17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  return TsanAwait(this, real, cond, deadline);
 }
 ABSL_NAMESPACE_END
 }  // namespace absl

@@ -20,6 +20,7 @@
 #include <sys/resource.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -39,6 +40,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
 #include "absl/strings/str_join.h"
@@ -52,12 +54,16 @@
 #include "server/metrics/metered_service.h"
 #include "server/metrics/metrics_endpoint.h"
 #include "server/metrics/stats_collector.h"
+#include "server/ledger/tenant_ledger.h"
+#include "server/quota/quota_book.h"
 #include "server/service/gpumem_service.h"
 #include "server/service/memory_broker.h"
 #include "server/service/socket_listener.h"
 #include "server/session/peer_credentials.h"
 #include "server/systemd/listen_fds.h"
 #include "server/systemd/notifier.h"
+#include "server/tenants/tenant_admin.h"
+#include "server/tenants/tenant_directory.h"
 
 // Empty string / negative number = not given (then the config file, then
 // the built-in default, decides).
@@ -87,6 +93,9 @@ ABSL_FLAG(double, drain_seconds, 0,
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics over HTTP on HOST:PORT, e.g. 127.0.0.1:9464 "
           "(default: off)");
+ABSL_FLAG(std::string, ledger, "",
+          "the ledger file (SQLite; directory created), or none to keep no ledger "
+          "(default /var/lib/gpumemd/ledger.db)");
 
 namespace gpumem {
 namespace {
@@ -94,6 +103,34 @@ namespace {
 [[noreturn]] void Die(const absl::Status& s) {
   std::cerr << "gpumemd: " << s.message() << std::endl;
   std::exit(1);
+}
+
+// The ledger at `path` ("none": off), its directory created if missing.
+std::unique_ptr<ledger::TenantLedger> OpenLedger(const std::string& path) {
+  ledger::LedgerOptions options;
+  if (path != "none") {
+    options.path = path;
+    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    std::error_code error;
+    if (!dir.empty()) std::filesystem::create_directories(dir, error);
+    if (error) {
+      Die(absl::FailedPreconditionError(absl::StrCat(
+          "ledger ", path, ": cannot create directory ", dir.string(), ": ", error.message())));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> opened =
+      ledger::TenantLedger::Open(options);
+  if (!opened.ok()) Die(opened.status());
+  if (!(*opened)->enabled()) {
+    std::cerr << "gpumemd: ledger off (--ledger=none): no events are recorded and usage "
+                 "history lasts only while this daemon runs\n";
+  } else {
+    std::cerr << "gpumemd: ledger " << path << "; first allocation id "
+              << (*opened)->first_allocation_id() << "; "
+              << (*opened)->restart_event_count()
+              << " allocation(s) live at the last unclean stop closed with DAEMON_RESTART\n";
+  }
+  return std::move(*opened);
 }
 
 std::string Pick(const std::string& flag, const std::string& config,
@@ -137,9 +174,16 @@ void Drain(MemoryBroker* broker, SystemdNotifier* notifier, absl::Duration limit
 // SIGHUP: the whole file is loaded and checked, then its reloadable settings
 // applied; `running` becomes the new config only if both succeed.
 absl::Status Reload(const std::string& path, const ReloadableFlags& flags,
+                    const std::vector<placement::DeviceView>& devices,
                     MemoryBroker* broker, v1::DaemonConfig* running) {
-  absl::StatusOr<v1::DaemonConfig> next = LoadDaemonConfig(path);
+  google::protobuf::TextFormat::ParseInfoTree locations;
+  absl::StatusOr<v1::DaemonConfig> next = LoadDaemonConfig(path, &locations);
   if (!next.ok()) return next.status();
+  // The tenant section too, though it waits for a restart: a file accepted
+  // now must also start the next daemon.
+  absl::StatusOr<tenants::TenantDirectory> tenants =
+      tenants::TenantDirectory::Build(*next, &locations, path, devices);
+  if (!tenants.ok()) return tenants.status();
   std::vector<std::string> restart_only = RestartOnlyChanges(*running, *next);
   absl::StatusOr<std::vector<std::string>> applied =
       ApplyReloadableConfig(*next, flags, broker);
@@ -156,7 +200,8 @@ absl::Status Reload(const std::string& path, const ReloadableFlags& flags,
 
 int Run() {
   const std::string config_path = absl::GetFlag(FLAGS_config);
-  absl::StatusOr<v1::DaemonConfig> config = LoadDaemonConfig(config_path);
+  google::protobuf::TextFormat::ParseInfoTree config_locations;
+  absl::StatusOr<v1::DaemonConfig> config = LoadDaemonConfig(config_path, &config_locations);
   if (!config.ok()) Die(config.status());
   const double drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
   if (!(drain_seconds >= 0)) {
@@ -235,6 +280,33 @@ int Run() {
     setrlimit(RLIMIT_NOFILE, &files);
   }
 
+  // Tenants and quotas from the config; the ledger.
+  std::vector<placement::DeviceView> device_views;
+  for (const DeviceInfo& d : backend->devices()) {
+    placement::DeviceView v;
+    v.index = d.index;
+    v.uuid = d.uuid;
+    v.total_bytes = d.total_bytes;
+    device_views.push_back(std::move(v));
+  }
+  absl::StatusOr<tenants::TenantDirectory> tenant_directory = tenants::TenantDirectory::Build(
+      *config, &config_locations, absl::GetFlag(FLAGS_config), device_views);
+  if (!tenant_directory.ok()) Die(tenant_directory.status());
+  std::unique_ptr<ledger::TenantLedger> ledger = OpenLedger(
+      Pick(absl::GetFlag(FLAGS_ledger), config->ledger(), "/var/lib/gpumemd/ledger.db"));
+  quota::QuotaBook quotas(static_cast<uint32_t>(device_views.size()));
+  std::vector<ledger::QuotaRow> quota_rows;
+  for (const tenants::Tenant& t : tenant_directory->tenants()) {
+    quotas.SetQuota(t.id, t.quota);
+    if (!t.quota.unlimited()) {
+      quota_rows.push_back({t.name, t.quota, "config", absl::GetCurrentTimeNanos()});
+    }
+  }
+  if (absl::Status s = ledger->ReplaceQuotas(quota_rows); !s.ok()) Die(s);
+  options.tenants = &*tenant_directory;
+  options.quotas = &quotas;
+  options.ledger = ledger.get();
+
   MemoryBroker broker(backend.get(), options);
   absl::Status started = broker.Start();
   if (!started.ok()) Die(started);
@@ -243,6 +315,10 @@ int Run() {
   if (!applied_at_start.ok()) Die(applied_at_start.status());
   for (const std::string& line : *applied_at_start) std::cerr << "gpumemd: " << line << "\n";
   PeerTable peers;
+  tenants::TenantAdmin tenant_admin(
+      &*tenant_directory, &quotas, ledger.get(), device_views,
+      [&broker](const PeerCred& c) { return broker.IsAdmin(c); },
+      [&broker] { broker.ServeWaiters(); });
 
   // Metrics are opt-in: without --metrics_listen the plain service is
   // registered and nothing is counted.
@@ -252,7 +328,7 @@ int Run() {
   std::unique_ptr<MetricsEndpoint> metrics;
   if (!metrics_listen.empty()) {
     call_metrics = std::make_unique<CallMetrics>();
-    service = std::make_unique<MeteredGpuMemoryService>(&broker, &peers,
+    service = std::make_unique<MeteredGpuMemoryService>(&broker, &peers, &tenant_admin,
                                                          call_metrics.get());
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint = MetricsEndpoint::Start(
         metrics_listen, {call_metrics->registry(),
@@ -260,7 +336,7 @@ int Run() {
     if (!endpoint.ok()) Die(endpoint.status());
     metrics = std::move(*endpoint);
   } else {
-    service = std::make_unique<GpuMemoryService>(&broker, &peers);
+    service = std::make_unique<GpuMemoryService>(&broker, &peers, &tenant_admin);
   }
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -295,6 +371,15 @@ int Run() {
                      0, metrics_listen.rfind(':'))
               << ":" << metrics->port() << "/metrics\n";
   }
+  if (tenant_directory->configured()) {
+    std::cerr << "gpumemd: " << tenant_directory->tenants().size() << " tenant(s)";
+    if (!config->default_tenant().empty()) {
+      std::cerr << "; unlisted uids go to \"" << config->default_tenant() << "\"";
+    } else {
+      std::cerr << "; unlisted uids are refused";
+    }
+    std::cerr << "\n";
+  }
 
   SystemdNotifier notifier;
   notifier.Ready(serving);
@@ -317,7 +402,8 @@ int Run() {
       continue;
     }
     notifier.Reloading(absl::StrCat("reloading ", config_path));
-    absl::Status reloaded = Reload(config_path, reloadable_flags, &broker, &running);
+    absl::Status reloaded =
+        Reload(config_path, reloadable_flags, device_views, &broker, &running);
     if (!reloaded.ok()) {
       std::cerr << "gpumemd: reload refused, the config in force is unchanged: "
                 << reloaded.message() << "\n";
@@ -328,6 +414,7 @@ int Run() {
   }
 
   broker.BeginDrain();
+  broker.StopWaiting();  // waiting Allocates answer now, not at their deadline
   // Health checks (gpumemd_probe, Kubernetes readiness) see NOT_SERVING from
   // now on, so nothing new is sent here while the daemon drains.
   server->GetHealthCheckService()->SetServingStatus(false);
@@ -341,6 +428,7 @@ int Run() {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
   metrics.reset();  // no scrape may reach the broker after this
   broker.Shutdown();
+  ledger->Close();  // commits the DAEMON_STOP events of the release above
   notifier.StopWatchdog();
   std::cerr << "gpumemd: stopped; every slab released\n";
   return 0;
@@ -356,7 +444,8 @@ int main(int argc, char** argv) {
       "[--sim_topology=nvlink:0-1,...] [--socket=PATH] [--config=FILE] "
       "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
       "[--reserve_fraction=0] [--handle_kinds=cuda_vmm_fd,cuda_ipc] [--admin_group=GROUP] "
-      "[--drain_seconds=0] [--metrics_listen=HOST:PORT]");
+      "[--drain_seconds=0] [--metrics_listen=HOST:PORT] "
+      "[--ledger=/var/lib/gpumemd/ledger.db|none]");
   // --help lists the flags of this file (Abseil's default looks for a file
   // named after the program, gpumemd.cc, and found none).
   absl::FlagsUsageConfig usage;

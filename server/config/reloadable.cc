@@ -48,6 +48,20 @@ std::vector<std::string> RestartOnlyChanges(const v1::DaemonConfig& running,
   if (running.pool().slab_size() != next.pool().slab_size()) {
     changed.push_back("pool.slab_size");
   }
+  if (running.ledger() != next.ledger()) changed.push_back("ledger");
+  // Tenants and quotas are read at start (SetQuota changes a quota at run
+  // time); a changed tenant section waits for a restart.
+  if (running.tenant_size() != next.tenant_size() ||
+      running.default_tenant() != next.default_tenant()) {
+    changed.push_back("tenants");
+  } else {
+    for (int i = 0; i < running.tenant_size(); ++i) {
+      if (running.tenant(i).SerializeAsString() != next.tenant(i).SerializeAsString()) {
+        changed.push_back("tenants");
+        break;
+      }
+    }
+  }
   return changed;
 }
 

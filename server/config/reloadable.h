@@ -16,7 +16,9 @@
 // Reloadable today: admin_group, pool.empty_slab_release_seconds.
 // Restart-only: backend, socket, sim_devices, sim_topology, handle_kinds,
 // pool.slab_size (devices, the listening socket, handle kinds and slab
-// geometry are fixed for the daemon's life).
+// geometry are fixed for the daemon's life), ledger, and the tenant section
+// (tenant, default_tenant: the tenant directory is immutable; quotas change
+// at run time through SetQuota). Reloading tenants and quotas is not done.
 #ifndef GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
 #define GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
 

@@ -16,8 +16,8 @@ namespace gpumem {
 class MeteredGpuMemoryService final : public GpuMemoryService {
  public:
   MeteredGpuMemoryService(MemoryBroker* broker, const PeerTable* peers,
-                          CallMetrics* metrics)
-      : GpuMemoryService(broker, peers), metrics_(metrics) {}
+                          tenants::TenantAdmin* tenants, CallMetrics* metrics)
+      : GpuMemoryService(broker, peers, tenants), metrics_(metrics) {}
 
   grpc::Status Allocate(grpc::ServerContext* ctx, const v1::AllocateRequest* req,
                         v1::AllocateResponse* resp) override {

@@ -79,4 +79,29 @@ grpc::Status GpuMemoryService::GetSession(grpc::ServerContext* ctx,
   return Reply(broker_->GetSession(*caller), resp);
 }
 
+grpc::Status GpuMemoryService::GetUsage(grpc::ServerContext* ctx, const v1::GetUsageRequest*,
+                                        v1::GetUsageResponse* resp) {
+  if (tenants_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no tenants");
+  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  return Reply(tenants_->GetUsage(*caller), resp);
+}
+
+grpc::Status GpuMemoryService::GetLedger(grpc::ServerContext* ctx,
+                                         const v1::GetLedgerRequest* req,
+                                         v1::GetLedgerResponse* resp) {
+  if (tenants_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no tenants");
+  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  return Reply(tenants_->GetLedger(*caller, *req), resp);
+}
+
+grpc::Status GpuMemoryService::SetQuota(grpc::ServerContext* ctx, const v1::SetQuotaRequest* req,
+                                        v1::SetQuotaResponse* resp) {
+  if (tenants_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no tenants");
+  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  return Reply(tenants_->SetQuota(*caller, *req), resp);
+}
+
 }  // namespace gpumem

@@ -13,6 +13,7 @@
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "server/service/memory_broker.h"
 #include "server/session/peer_credentials.h"
+#include "server/tenants/tenant_admin.h"
 
 namespace gpumem {
 
@@ -22,8 +23,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class GpuMemoryService : public v1::GpuMemory::Service {
  public:
-  GpuMemoryService(MemoryBroker* broker, const PeerTable* peers)
-      : broker_(broker), peers_(peers) {}
+  // `tenants` (GetUsage, GetLedger, SetQuota) may be null: those RPCs are
+  // then UNIMPLEMENTED.
+  GpuMemoryService(MemoryBroker* broker, const PeerTable* peers,
+                   tenants::TenantAdmin* tenants = nullptr)
+      : broker_(broker), peers_(peers), tenants_(tenants) {}
 
   grpc::Status Allocate(grpc::ServerContext* ctx, const v1::AllocateRequest* req,
                         v1::AllocateResponse* resp) override;
@@ -33,10 +37,17 @@ class GpuMemoryService : public v1::GpuMemory::Service {
                         v1::GetStatsResponse* resp) override;
   grpc::Status GetSession(grpc::ServerContext* ctx, const v1::GetSessionRequest* req,
                           v1::Session* resp) override;
+  grpc::Status GetUsage(grpc::ServerContext* ctx, const v1::GetUsageRequest* req,
+                        v1::GetUsageResponse* resp) override;
+  grpc::Status GetLedger(grpc::ServerContext* ctx, const v1::GetLedgerRequest* req,
+                         v1::GetLedgerResponse* resp) override;
+  grpc::Status SetQuota(grpc::ServerContext* ctx, const v1::SetQuotaRequest* req,
+                        v1::SetQuotaResponse* resp) override;
 
  private:
   MemoryBroker* broker_;
   const PeerTable* peers_;
+  tenants::TenantAdmin* tenants_;
 };
 
 }  // namespace gpumem

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
+#include "server/quota/quota_carver.h"
 
 namespace gpumem {
 
@@ -104,6 +105,7 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
     device_views_.push_back(std::move(v));
   }
   placer_options_.default_alignment = options_.default_alignment;
+  if (options_.ledger != nullptr) next_id_ = options_.ledger->first_allocation_id();
   for (const DeviceInfo& d : backend_->devices()) {
     std::vector<v1::PeerLink>& row = peer_rows_.emplace_back();
     for (const DeviceInfo& peer : backend_->devices()) {
@@ -116,10 +118,18 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
   }
   sessions_ = std::make_unique<SessionRegistry>(
       [this](uint64_t id) { OnSessionEnd(id); });
+  if (options_.quotas != nullptr) {  // quotas count retained bytes
+    options_.quotas->SetRetainedSource([this](uint32_t tenant, uint32_t device) {
+      const auto stats = pools_[device]->TenantStats();
+      auto it = stats.find(tenant);
+      return it == stats.end() ? uint64_t{0} : it->second.retained_bytes;
+    });
+  }
 }
 
 MemoryBroker::~MemoryBroker() {
   Shutdown();
+  if (options_.quotas != nullptr) options_.quotas->SetRetainedSource(nullptr);
   sessions_.reset();  // joins the watcher before the maps go
 }
 
@@ -225,11 +235,13 @@ void MemoryBroker::Shutdown() {
     stopping_ = true;
   }
   if (maintenance_.joinable()) maintenance_.join();
+  StopWaiting();  // waiters hold the gate shared
   absl::WriterMutexLock gate(&gate_);
   if (shut_down_) return;
   shut_down_ = true;
   {
     absl::MutexLock lock(&table_mu_);
+    for (const auto& [id, r] : allocations_) AppendEvent(ledger::EventKind::kDaemonStop, id, r);
     allocations_.clear();
     by_session_.clear();
   }
@@ -289,20 +301,73 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
       placement::PrepareRequest(request, device_views_, placer_options_);
   if (!prepared.ok()) return prepared.status();
 
-  PoolCarver carver(this, TenantOf(caller), *kind);
-  placement::Placer placer(&carver, placer_options_);
-  placement::PlacementResult result = placer.Place(*prepared, Snapshot());
+  absl::StatusOr<tenants::TenantRef> tenant = TenantOf(caller);
+  if (!tenant.ok()) return tenant.status();
+
+  for (;;) {
+    const uint64_t releases = releases_.load();
+    absl::StatusOr<v1::AllocateResponse> placed = Place(caller, *tenant, session->id, *prepared, *kind);
+    if (placed.ok() || request.wait_ms() == 0 ||
+        placed.status().code() != absl::StatusCode::kResourceExhausted) {
+      return placed;
+    }
+    // Nothing can serve it now: wait until a release serves it
+    // (ServeWaiters, on the releasing thread) or the time is up.
+    {
+      absl::MutexLock lock(&wait_mu_);
+      if (stop_waiting_) return placed;
+      ++waiting_;
+      if (releases_.load() != releases) {  // room may have come back meanwhile
+        --waiting_;
+        continue;
+      }
+      Waiter w;
+      w.caller = caller;
+      w.tenant = *tenant;
+      w.session = session->id;
+      w.prepared = &*prepared;
+      w.kind = *kind;
+      const auto ticket = waiters_.Add(tenant->priority, &w);
+      wait_mu_.AwaitWithDeadline(absl::Condition(&w.done),
+                                 absl::Now() + absl::Milliseconds(request.wait_ms()));
+      if (!w.done) waiters_.Remove(ticket);
+      --waiting_;
+      if (w.done) return std::move(w.result);
+    }
+    // Time is up: the usual answer, as things stand now.
+    return Place(caller, *tenant, session->id, *prepared, *kind);
+  }
+}
+
+absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOf(const PeerCred& caller) const {
+  if (options_.tenants != nullptr) return options_.tenants->Resolve(caller.uid, caller.gid);
+  return tenants::TenantRef{caller.uid, absl::StrCat("uid-", caller.uid), 0};
+}
+
+absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
+    const PeerCred& caller, const tenants::TenantRef& tenant, uint64_t session,
+    const placement::PreparedRequest& prepared, HandleKind kind) {
+  // The pool carves from this tenant's slabs; the quota adaptor charges the
+  // tenant before the pool carves.
+  PoolCarver pool_carver(this, tenant.id, kind);
+  std::optional<quota::QuotaCarver> quota_carver;
+  placement::DeviceCarver* carver = &pool_carver;
+  if (options_.quotas != nullptr) {
+    carver = &quota_carver.emplace(&pool_carver, options_.quotas, tenant.id, tenant.name);
+  }
+  placement::Placer placer(carver, placer_options_);
+  placement::PlacementResult result = placer.Place(prepared, Snapshot());
   if (!result.ok()) return result.status;
 
   // Legacy IPC slabs: their handle bytes go in the reply, and the session is
   // recorded as holding the slab (it may keep the handle open for its life).
   std::vector<std::string> ipc_handles(result.blocks.size());
-  for (size_t i = 0; i < result.blocks.size() && *kind == HandleKind::kCudaIpc; ++i) {
+  for (size_t i = 0; i < result.blocks.size() && kind == HandleKind::kCudaIpc; ++i) {
     const placement::CarvedBlock& b = result.blocks[i];
     absl::StatusOr<std::string> handle = pools_[b.device]->IpcHandle(
-        carver.pool_block(b.id).slab_id, TenantOf(caller), session->id);
+        pool_carver.pool_block(b.id).slab_id, tenant.id, session);
     if (!handle.ok()) {
-      for (const placement::CarvedBlock& c : result.blocks) carver.Release(c);
+      for (const placement::CarvedBlock& c : result.blocks) carver->Release(c);
       return handle.status();
     }
     ipc_handles[i] = *std::move(handle);
@@ -313,16 +378,20 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     absl::MutexLock lock(&table_mu_);
     // Checked under the table lock: a session that ends after this point
     // finds these records in OnSessionEnd (see session_registry.h).
-    if (sessions_->IsLive(session->id)) {
-      SessionUse& use = by_session_[session->id];
+    if (sessions_->IsLive(session)) {
+      SessionUse& use = by_session_[session];
       for (size_t i = 0; i < result.blocks.size(); ++i) {
         const placement::CarvedBlock& b = result.blocks[i];
         Record r;
-        r.session = session->id;
+        r.session = session;
         r.uid = caller.uid;
+        r.pid = caller.pid;
+        r.tenant = tenant.id;
+        r.tenant_name = tenant.name;
         r.device = b.device;
-        r.block = carver.pool_block(b.id);
-        allocations_[b.id] = r;
+        r.charged = b.size_bytes;
+        r.block = pool_carver.pool_block(b.id);
+        AppendEvent(ledger::EventKind::kAllocate, b.id, r);
         use.ids.insert(b.id);
         use.bytes += r.block.size;
 
@@ -337,18 +406,70 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
         a->set_size_bytes(r.block.size);
         a->set_handle_kind(ToWire(r.block.kind));
         if (r.block.kind == HandleKind::kCudaIpc) a->set_ipc_handle(ipc_handles[i]);
+        allocations_[b.id] = std::move(r);
       }
       return response;
     }
   }
   // The caller died while we placed: nobody would ever free these.
-  for (const placement::CarvedBlock& b : result.blocks) carver.Release(b);
+  for (const placement::CarvedBlock& b : result.blocks) carver->Release(b);
   return absl::FailedPreconditionError("the calling process has exited");
 }
 
+void MemoryBroker::AppendEvent(ledger::EventKind kind, uint64_t id, const Record& r) {
+  if (options_.ledger == nullptr) return;
+  ledger::LedgerEvent e;
+  e.kind = kind;
+  e.tenant = r.tenant_name;
+  e.uid = r.uid;
+  e.pid = r.pid;
+  e.session = r.session;
+  e.device = static_cast<int32_t>(r.device);
+  e.bytes = r.charged;
+  e.allocation_id = id;
+  options_.ledger->Append(std::move(e));
+}
+
+void MemoryBroker::Return(const std::vector<Record>& records) {
+  for (const Record& r : records) {
+    pools_[r.device]->Release(r.block);
+    if (options_.quotas != nullptr) options_.quotas->Credit(r.tenant, r.device, r.charged);
+  }
+}
+
+void MemoryBroker::ServeWaiters() {
+  ++releases_;
+  if (waiting_.load() == 0) return;
+  absl::MutexLock lock(&wait_mu_);
+  for (const auto& [ticket, w] : waiters_.InOrder()) {
+    if (!sessions_->IsLive(w->session)) {  // its process exited: dropped
+      w->result = absl::FailedPreconditionError("the waiting process has exited");
+    } else {
+      absl::StatusOr<v1::AllocateResponse> r =
+          Place(w->caller, w->tenant, w->session, *w->prepared, w->kind);
+      // Still no room: it keeps waiting. Served, or another error: done.
+      if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted) continue;
+      w->result = std::move(r);
+    }
+    w->done = true;
+    waiters_.Remove(ticket);
+  }
+}
+
+void MemoryBroker::StopWaiting() {
+  absl::MutexLock lock(&wait_mu_);
+  stop_waiting_ = true;
+  for (const auto& [ticket, w] : waiters_.InOrder()) {
+    w->result = ShuttingDown();
+    w->done = true;
+    waiters_.Remove(ticket);
+  }
+}
+
 MemoryBroker::Record MemoryBroker::TakeRecordLocked(
-    absl::flat_hash_map<uint64_t, Record>::iterator it) {
+    absl::flat_hash_map<uint64_t, Record>::iterator it, ledger::EventKind why) {
   Record r = it->second;
+  AppendEvent(why, it->first, r);
   auto s = by_session_.find(r.session);
   if (s != by_session_.end()) {
     s->second.ids.erase(it->first);
@@ -380,9 +501,10 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::Free(const PeerCred& caller,
           "allocation ", request.id(), " belongs to uid ", it->second.uid,
           "; uid ", caller.uid, " may not free it"));
     }
-    r = TakeRecordLocked(it);
+    r = TakeRecordLocked(it, ledger::EventKind::kFree);
   }
-  pools_[r.device]->Release(r.block);
+  Return({r});
+  ServeWaiters();
   v1::FreeResponse response;
   response.set_freed_bytes(r.block.size);
   return response;
@@ -397,12 +519,16 @@ void MemoryBroker::OnSessionEnd(uint64_t session_id) {
     auto s = by_session_.find(session_id);
     if (s != by_session_.end()) {
       const std::vector<uint64_t> ids(s->second.ids.begin(), s->second.ids.end());
-      for (uint64_t id : ids) records.push_back(TakeRecordLocked(allocations_.find(id)));
+      for (uint64_t id : ids) {
+        records.push_back(
+            TakeRecordLocked(allocations_.find(id), ledger::EventKind::kSessionEnd));
+      }
     }
   }
-  for (const Record& r : records) pools_[r.device]->Release(r.block);
+  Return(records);
   // The process is gone, and with it every handle it held.
   for (auto& pool : pools_) pool->ForgetSession(session_id);
+  ServeWaiters();  // also drops this process's own waiters
 }
 
 absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {
@@ -424,9 +550,11 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller,
   if (shut_down_) return ShuttingDown();
   absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
   if (!session.ok()) return session.status();
+  absl::StatusOr<tenants::TenantRef> tenant = TenantOf(caller);
+  if (!tenant.ok()) return tenant.status();
   for (auto& pool : pools_) {
     absl::StatusOr<SlabPool::Export> e =
-        pool->ExportSlab(slab_id, TenantOf(caller), session->id);
+        pool->ExportSlab(slab_id, tenant->id, session->id);
     if (e.status().code() == absl::StatusCode::kNotFound) continue;
     if (!e.ok()) return e.status();
     // The holder is recorded. If the session ended before that, its
@@ -479,7 +607,10 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
                                          bool include_slabs) const {
   const std::vector<DeviceInfo>& devices = backend_->devices();
   const bool admin = IsAdmin(caller);
-  const uint32_t own_tenant = TenantOf(caller);
+  // A caller the config gives no tenant sees no tenant's figures.
+  absl::StatusOr<tenants::TenantRef> caller_tenant = TenantOf(caller);
+  const std::optional<uint32_t> own_tenant =
+      caller_tenant.ok() ? std::optional<uint32_t>(caller_tenant->id) : std::nullopt;
   v1::GetStatsResponse out;
   out.set_backend(backend_->name());
   absl::ReaderMutexLock gate(&gate_);
@@ -551,6 +682,8 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
   for (const auto& [tenant, rows] : tenants) {
     v1::TenantStats* ts = out.add_tenants();
     ts->set_tenant(tenant);
+    ts->set_name(options_.tenants != nullptr ? options_.tenants->NameOf(tenant)
+                                             : absl::StrCat("uid-", tenant));
     uint64_t used = 0, retained = 0, blocks = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       const TenantPoolStats& t = rows[i];

@@ -10,8 +10,8 @@
 //  - Every allocation belongs to exactly one session (the caller's process)
 //    and is returned to its pool when that session ends, by Free, or at
 //    Shutdown; its bytes are counted in exactly one pool meanwhile.
-//  - Slabs belong to one tenant for life (each uid is a tenant of its own
-//    until tenants are configured): a slab's handle is only given to
+//  - Every caller is charged to a tenant (BrokerOptions.tenants; without it
+//    each uid is a tenant of its own). Slabs belong to one tenant for life: a slab's handle is only given to
 //    sessions of its tenant, and the sessions given it are recorded, so a
 //    slab released while one of them lives stays counted as retained (see
 //    server/pool/slab_pool.h) until they end or close it.
@@ -31,6 +31,20 @@
 //  - After BeginDrain (SIGTERM) Allocate is UNAVAILABLE "gpumemd is
 //    stopping"; Free, GetStats, GetSession and slab handles still work, so
 //    sessions can finish and let go.
+//  - With a QuotaBook, carving goes through the quota adaptor
+//    (server/quota/quota_carver.h): a tenant never holds more than its
+//    quota; an allocation's bytes are credited back after its block is
+//    released.
+//  - With a ledger, an allocation's ALLOCATE event is appended when it is
+//    committed to the table, and its ending event (FREE, SESSION_END,
+//    DAEMON_STOP) when it leaves the table, before its bytes are credited:
+//    replaying the ledger never shows a tenant holding more than it did.
+//    Appending is a queue push; the ledger writes on its own thread.
+//  - Waiting admission: an Allocate with wait_ms that nothing can serve now
+//    waits until a release or a quota change makes room (the thread that
+//    released places it) or the time is up (then the usual refusal).
+//    Waiters are tried by tenant priority, then arrival
+//    (admission/waiter_queue.h); one whose process exits is dropped.
 //  - Shutdown waits for calls in flight, releases every allocation and slab
 //    (retained ones too), and from then on every call answers
 //    FAILED_PRECONDITION "gpumemd is shutting down".
@@ -45,6 +59,7 @@
 #include <atomic>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -55,10 +70,14 @@
 #include "absl/time/time.h"
 #include "common/fd_channel.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
+#include "server/admission/waiter_queue.h"
 #include "server/backend/backend.h"
+#include "server/ledger/tenant_ledger.h"
 #include "server/placement/placer.h"
 #include "server/pool/slab_pool.h"
+#include "server/quota/quota_book.h"
 #include "server/session/session_registry.h"
+#include "server/tenants/tenant_directory.h"
 
 namespace gpumem {
 
@@ -74,6 +93,11 @@ struct BrokerOptions {
   // Members of this group (besides root) see every session and tenant in
   // Stats. Empty: root only. Resolved at Start; an unknown group fails it.
   std::string admin_group;
+  // Tenants, quotas and the ledger; each may be null (each uid its own
+  // tenant, no quota, no ledger). They must outlive the broker.
+  const tenants::TenantDirectory* tenants = nullptr;
+  quota::QuotaBook* quotas = nullptr;
+  ledger::TenantLedger* ledger = nullptr;
 };
 
 class MemoryBroker {
@@ -128,15 +152,35 @@ class MemoryBroker {
   const Backend& backend() const { return *backend_; }
   // The kinds offered, the default first (valid after Start).
   const std::vector<HandleKind>& handle_kinds() const { return options_.handle_kinds; }
-  // The tenant a caller's allocations are charged to.
-  static uint32_t TenantOf(const PeerCred& caller) { return caller.uid; }
+  // The tenant a caller's allocations are charged to (PERMISSION_DENIED
+  // when the config gives it none).
+  absl::StatusOr<tenants::TenantRef> TenantOf(const PeerCred& caller) const;
+  // Tries the waiting Allocates again (after a quota change).
+  void ServeWaiters();
+  // Fails every waiting Allocate with FAILED_PRECONDITION and lets no new
+  // one wait: the first step of shutting down.
+  void StopWaiting();
 
  private:
   struct Record {
     uint64_t session = 0;
     uid_t uid = 0;
+    pid_t pid = 0;
+    uint32_t tenant = 0;
+    std::string tenant_name;
     uint32_t device = 0;
+    uint64_t charged = 0;  // bytes charged to the quota and the ledger
     PoolBlock block;
+  };
+  // An Allocate waiting for memory (wait_ms); lives on its caller's stack.
+  struct Waiter {
+    PeerCred caller;
+    tenants::TenantRef tenant;
+    uint64_t session = 0;
+    const placement::PreparedRequest* prepared = nullptr;
+    HandleKind kind = HandleKind::kMemfd;
+    bool done = false;
+    absl::StatusOr<v1::AllocateResponse> result;
   };
   struct SessionUse {
     absl::flat_hash_set<uint64_t> ids;
@@ -148,9 +192,20 @@ class MemoryBroker {
 
   static absl::Status ShuttingDown();
   void OnSessionEnd(uint64_t session_id);
-  // Removes a record under table_mu_; the caller releases its block after.
-  Record TakeRecordLocked(absl::flat_hash_map<uint64_t, Record>::iterator it)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_);
+  // Places and commits one request (the body of Allocate, and of serving
+  // a waiter).
+  absl::StatusOr<v1::AllocateResponse> Place(const PeerCred& caller,
+                                             const tenants::TenantRef& tenant,
+                                             uint64_t session,
+                                             const placement::PreparedRequest& prepared,
+                                             HandleKind kind);
+  // Removes a record under table_mu_ and appends its ending event `why`;
+  // the caller releases its block and credits it after (Return).
+  Record TakeRecordLocked(absl::flat_hash_map<uint64_t, Record>::iterator it,
+                          ledger::EventKind why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_);
+  // Releases a taken record's block, credits its quota, serves waiters.
+  void Return(const std::vector<Record>& records);
+  void AppendEvent(ledger::EventKind kind, uint64_t id, const Record& r);
   placement::DeviceSnapshot Snapshot() const;
   void Maintain();
 
@@ -177,6 +232,15 @@ class MemoryBroker {
   mutable absl::Mutex table_mu_ ABSL_ACQUIRED_AFTER(gate_);
   absl::flat_hash_map<uint64_t, Record> allocations_ ABSL_GUARDED_BY(table_mu_);
   absl::flat_hash_map<uint64_t, SessionUse> by_session_ ABSL_GUARDED_BY(table_mu_);
+
+  // Waiting admission. A release bumps releases_ and, if waiting_ > 0,
+  // serves the waiters; a request about to wait re-checks releases_ after
+  // counting itself in waiting_, so no release is missed (both seq_cst).
+  std::atomic<uint64_t> releases_{0};
+  std::atomic<int> waiting_{0};
+  absl::Mutex wait_mu_ ABSL_ACQUIRED_AFTER(gate_);
+  admission::WaiterQueue<Waiter> waiters_ ABSL_GUARDED_BY(wait_mu_);
+  bool stop_waiting_ ABSL_GUARDED_BY(wait_mu_) = false;
 
   std::unique_ptr<SessionRegistry> sessions_;
   absl::Mutex stop_mu_;

@@ -6,7 +6,7 @@ BENCH=$1 GPUMEMD=$2 FAKE=$3
 export LD_LIBRARY_PATH=$(cd "$(dirname "$FAKE")" && pwd)
 export FAKE_CUDA_DEVICES=1x1GiB
 dir=$(mktemp -d /tmp/gpumemd-bench-XXXXXX)
-"$GPUMEMD" --backend=cuda --socket="$dir/s" --slab_size=64MiB 2>"$dir/log" &
+"$GPUMEMD" --backend=cuda --socket="$dir/s" --ledger="$dir/ledger.db" --slab_size=64MiB 2>"$dir/log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 200); do [ -S "$dir/s" ] && break; sleep 0.05; done

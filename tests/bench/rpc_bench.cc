@@ -8,7 +8,10 @@
 //   Allocate+map+Free     the client library's Buffer path (first use of a
 //                         slab fetches its fd; later blocks reuse the mapping)
 // Prints median and p99 microseconds per operation and the ratio to the
-// floor; --json prints the same as JSON.
+// floor; --json prints the same as JSON. The daemon keeps its ledger (a file
+// in its private directory); with --ledger_compare a second daemon with
+// --ledger=none runs beside it and one more row times Allocate + Free there,
+// in the same rounds, so the ledger's cost is a ratio of two rows of one run.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +28,8 @@ ABSL_FLAG(int, rounds, 20, "rounds; each times --per_round operations of each ki
 ABSL_FLAG(int, per_round, 200, "operations per kind per round");
 ABSL_FLAG(uint64_t, size, 1 << 20, "bytes per allocation");
 ABSL_FLAG(bool, json, false, "print JSON");
+ABSL_FLAG(bool, ledger_compare, false,
+          "also time Allocate+Free on a second daemon with --ledger=none");
 
 namespace gpumem {
 namespace {
@@ -72,17 +77,36 @@ int Run() {
   auto client = Client::Connect(daemon.socket());
   if (!client.ok()) return 1;
   Client& c = **client;
+  const bool compare = absl::GetFlag(FLAGS_ledger_compare);
+  testing::DaemonProcess plain(
+      {"--sim_devices=2x4GiB", "--slab_size=256MiB", "--ledger=none"});
+  std::unique_ptr<Client> plain_client;
+  if (compare) {
+    if (!plain.Start()) {
+      fprintf(stderr, "rpc_bench: daemon without ledger did not start:\n%s", plain.Log().c_str());
+      return 1;
+    }
+    auto pc = Client::Connect(plain.socket());
+    if (!pc.ok()) return 1;
+    plain_client = std::move(*pc);
+  }
   v1::AllocateRequest req;
   req.set_size_bytes(absl::GetFlag(FLAGS_size));
   req.mutable_placement()->add_devices("0");
   v1::PlacementRequest on0;
   on0.add_devices("0");
 
-  Series floor{"GetSession"}, pair{"Allocate+Free"}, buffer{"Allocate+map+Free (Buffer)"};
+  Series floor{"GetSession"}, pair{"Allocate+Free"}, buffer{"Allocate+map+Free (Buffer)"},
+      unledgered{"Allocate+Free (ledger off)"};
   const int n = absl::GetFlag(FLAGS_per_round);
   // Warm up the channel and the pool's first slab.
   for (int i = 0; i < 200; ++i) (void)c.GetSession();
   { auto b = c.Allocate(absl::GetFlag(FLAGS_size), on0); }
+  if (compare) {
+    for (int i = 0; i < 200; ++i) (void)plain_client->GetSession();
+    auto a = plain_client->AllocateRaw(req);
+    if (a.ok()) (void)plain_client->Free(a->allocations(0).id());
+  }
   for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
     bool ok = Time(floor, n, [&] { return c.GetSession().ok(); }) &&
               Time(pair, n, [&] {
@@ -92,16 +116,22 @@ int Run() {
               Time(buffer, n, [&] {
                 auto b = c.Allocate(absl::GetFlag(FLAGS_size), on0);
                 return b.ok() && b->Free().ok();
-              });
+              }) &&
+              (!compare || Time(unledgered, n, [&] {
+                 auto a = plain_client->AllocateRaw(req);
+                 return a.ok() && plain_client->Free(a->allocations(0).id()).ok();
+               }));
     if (!ok) {
       fprintf(stderr, "rpc_bench: an RPC failed\n");
       return 1;
     }
   }
   client->reset();
-  const int stopped = daemon.Stop();
+  plain_client.reset();
+  const int stopped = daemon.Stop() | (compare ? plain.Stop() : 0);
   std::vector<Row> rows;
   for (Series* s : {&floor, &pair, &buffer}) rows.push_back(Summarize(*s));
+  if (compare) rows.push_back(Summarize(unledgered));
   const double base = rows[0].p50_us;
   if (absl::GetFlag(FLAGS_json)) {
     printf("{\"size_bytes\": %lu, \"samples_per_kind\": %zu, \"rows\": [\n",
@@ -113,13 +143,20 @@ int Run() {
              r.name.c_str(), r.p50_us, r.p99_us, 1e6 / r.p50_us, r.p50_us / base,
              i + 1 < rows.size() ? "," : "");
     }
-    printf("]}\n");
+    if (compare) {
+      printf("], \"ledger_on_over_off_p50\": %.3f}\n", rows[1].p50_us / rows[3].p50_us);
+    } else {
+      printf("]}\n");
+    }
   } else {
     printf("%-28s %9s %9s %10s %8s\n", "operation (1 client)", "p50 us", "p99 us", "ops/s",
            "x floor");
     for (const Row& r : rows) {
       printf("%-28s %9.1f %9.1f %10.0f %8.2f\n", r.name.c_str(), r.p50_us, r.p99_us,
              1e6 / r.p50_us, r.p50_us / base);
+    }
+    if (compare) {
+      printf("ledger on / off, Allocate+Free p50: %.3f\n", rows[1].p50_us / rows[3].p50_us);
     }
     printf("(%zu samples per row, %s blocks, interleaved in %d rounds)\n", floor.us.size(),
            absl::StrFormat("%lu B", absl::GetFlag(FLAGS_size)).c_str(),

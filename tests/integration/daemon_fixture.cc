@@ -75,8 +75,9 @@ DaemonProcess::~DaemonProcess() {
 }
 
 bool DaemonProcess::Start() {
+  // A private ledger unless the test names one (a later flag wins).
   std::vector<std::string> argv = {RunfilePath("server/gpumemd"),
-                                   "--socket=" + socket_};
+                                   "--socket=" + socket_, "--ledger=" + dir_ + "/ledger.db"};
   argv.insert(argv.end(), args_.begin(), args_.end());
   std::vector<char*> cargs = CArgs(argv);
   pid_ = fork();

@@ -9,12 +9,13 @@ fail() {
   exit 1
 }
 
-# start_daemon BINARY ARGS...: sets DAEMON_PID, SOCK, WORKDIR.
+# start_daemon BINARY ARGS...: sets DAEMON_PID, SOCK, WORKDIR. The ledger is
+# $WORKDIR/ledger.db unless ARGS give --ledger.
 start_daemon() {
   local bin=$1; shift
   WORKDIR=$(mktemp -d /tmp/gpumemd-sh-XXXXXX)
   SOCK=$WORKDIR/gpumemd.sock
-  "$bin" --socket="$SOCK" "$@" 2>"$WORKDIR/daemon.log" &
+  "$bin" --socket="$SOCK" --ledger="$WORKDIR/ledger.db" "$@" 2>"$WORKDIR/daemon.log" &
   DAEMON_PID=$!
   for _ in $(seq 200); do [ -S "$SOCK" ] && return 0; sleep 0.05; done
   fail "daemon did not start"

@@ -53,6 +53,11 @@ class Daemon:
         argv = [gpumemd] + list(args)
         if not any(a.startswith("--socket=") for a in args):
             argv.insert(1, "--socket=" + self.sock)
+        if not any(a.startswith("--ledger=") for a in args):
+            # A private ledger: one daemon per ledger file, and not the
+            # system's /var/lib/gpumemd.
+            argv.insert(1, "--ledger=" + os.path.join(
+                tempfile.mkdtemp(prefix="/tmp/gpumemd-ledger-"), "ledger.db"))
         self._log = open(self.log_path, "w")
         if inherit_socket is None:
             self.proc = subprocess.Popen(argv, stderr=self._log, stdout=self._log,

@@ -29,7 +29,7 @@ grep -q 'backend: "sim"' "$root/etc/gpumemd/gpumemd.textproto" || fail "config b
 
 sock="$bins/s.sock"
 "$root/usr/local/bin/gpumemd" --config="$root/etc/gpumemd/gpumemd.textproto" \
-  --socket="$sock" 2>"$bins/log" &
+  --socket="$sock" --ledger="$bins/ledger.db" 2>"$bins/log" &
 pid=$!
 for _ in $(seq 400); do [ -S "$sock" ] && break; sleep 0.05; done
 [ -S "$sock" ] || fail "the installed daemon did not start"

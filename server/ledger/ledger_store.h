@@ -1,0 +1,121 @@
+// LedgerStore: the ledger's SQLite file: schema, start-up recovery, grouped
+// writes and reads. The schema is documented in README.md ("The ledger").
+//
+// Guarantees:
+//  - Open creates the file and schema or checks an existing one; a file that
+//    is not a ledger, is corrupt or cannot be written is an error naming the
+//    path with SQLite's own message. The journal is WAL.
+//  - One daemon per ledger: the store holds an exclusive flock on PATH-lock
+//    (holding the owner's pid) while it lives, and Open fails naming that
+//    pid when another process holds it. Without this a second daemon would
+//    close the first one's live allocations as if it had crashed.
+//  - Open recovers: every allocation still in the `live` table (live when the
+//    last daemon died) gets a DAEMON_RESTART event, leaves `live`, and its
+//    bytes leave current usage, all in one transaction. Byte-seconds are not
+//    accrued for the time the daemon was down.
+//  - Allocation ids never repeat: Open hands out the first id of a fresh
+//    window above every id a previous run could have used, and Commit keeps
+//    the stored high-water mark at least kIdWindow/2 above the highest id
+//    committed so far.
+//  - Commit writes a group of events, their effect on `live` and `usage`,
+//    and pending quota rows in one transaction: all or nothing.
+// The write side (Open, Commit, SetQuotas) is for one thread at a time (the
+// ledger's writer); Query may run concurrently from any thread on its own
+// read-only connection.
+#ifndef GPUMEMD_SERVER_LEDGER_LEDGER_STORE_H_
+#define GPUMEMD_SERVER_LEDGER_LEDGER_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/ledger/ledger_event.h"
+#include "server/ledger/usage_account.h"
+#include "server/tenants/tenant.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace gpumem {
+namespace ledger {
+
+// A row of the quotas table (with its quota_devices rows).
+struct QuotaRow {
+  std::string tenant;
+  tenants::Quota quota;
+  std::string source;  // "config" or "SetQuota by uid N"
+  int64_t set_ns = 0;
+};
+
+struct EventQuery {
+  std::string tenant;  // empty: all
+  int64_t since_ns = 0;
+  int64_t until_ns = 0;  // 0: no bound
+  uint64_t after_seq = 0;
+  uint32_t limit = 1000;
+  bool newest = false;  // the newest `limit` (still returned oldest first)
+};
+
+class LedgerStore {
+ public:
+  static constexpr uint64_t kIdWindow = uint64_t{1} << 20;
+
+  struct Recovery {
+    uint64_t next_seq = 1;
+    uint64_t first_allocation_id = 1;
+    std::vector<LedgerEvent> restart_events;  // written by Open
+    UsageAccount usage;                       // after those events
+  };
+
+  // `max_page_count` > 0 limits the file (PRAGMA max_page_count); tests use
+  // it to make SQLite answer "database or disk is full".
+  static absl::StatusOr<std::unique_ptr<LedgerStore>> Open(const std::string& path,
+                                                           int64_t now_ns,
+                                                           int64_t max_page_count = 0);
+  ~LedgerStore();
+
+  const Recovery& recovery() const { return recovery_; }
+  const std::string& path() const { return path_; }
+
+  // One transaction: `events` (seq already set), the rows of `usage` named in
+  // `changed`, `quotas` upserted, and the id high-water mark.
+  absl::Status Commit(const std::vector<LedgerEvent>& events, const UsageAccount& usage,
+                      const std::vector<UsageAccount::Key>& changed,
+                      const std::vector<QuotaRow>& quotas, uint64_t highest_id);
+  // Replaces every quota row (the config's, at start).
+  absl::Status ReplaceQuotas(const std::vector<QuotaRow>& quotas);
+
+  absl::StatusOr<std::vector<LedgerEvent>> Query(const EventQuery& query) const;
+
+  // Tests: changes the page limit of the write connection.
+  void SetMaxPageCount(int64_t pages);
+
+ private:
+  LedgerStore(std::string path) : path_(std::move(path)) {}
+  absl::Status Error(const char* what) const;
+  absl::Status Exec(const char* sql);
+  absl::Status Init(int64_t now_ns, int64_t max_page_count);
+  absl::Status Recover(int64_t now_ns);
+  absl::Status WriteQuotas(const std::vector<QuotaRow>& quotas);
+  absl::Status InsertEvent(const LedgerEvent& e);
+
+  std::string path_;
+  int lock_fd_ = -1;
+  sqlite3* db_ = nullptr;
+  sqlite3* reader_ = nullptr;
+  mutable absl::Mutex reader_mu_;
+  sqlite3_stmt* insert_event_ = nullptr;
+  sqlite3_stmt* insert_live_ = nullptr;
+  sqlite3_stmt* delete_live_ = nullptr;
+  sqlite3_stmt* upsert_usage_ = nullptr;
+  uint64_t id_reserved_ = 0;
+  Recovery recovery_;
+};
+
+}  // namespace ledger
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_LEDGER_LEDGER_STORE_H_

@@ -1,0 +1,220 @@
+// The writer owns everything between the queue and the file: the events
+// held for retry, the set of usage rows changed since the last commit, and
+// the outage record that becomes a LEDGER_GAP event.
+#include "server/ledger/tenant_ledger.h"
+
+#include <algorithm>
+#include <iostream>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace gpumem {
+namespace ledger {
+namespace {
+
+std::string TimeText(int64_t ns) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixNanos(ns), absl::UTCTimeZone());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TenantLedger>> TenantLedger::Open(LedgerOptions options) {
+  std::unique_ptr<TenantLedger> ledger(new TenantLedger(std::move(options)));
+  if (!ledger->options_.path.empty()) {
+    absl::StatusOr<std::unique_ptr<LedgerStore>> store = LedgerStore::Open(
+        ledger->options_.path, absl::GetCurrentTimeNanos(), ledger->options_.max_page_count);
+    if (!store.ok()) return store.status();
+    ledger->store_ = std::move(*store);
+    const LedgerStore::Recovery& r = ledger->store_->recovery();
+    ledger->first_allocation_id_ = r.first_allocation_id;
+    ledger->restart_event_count_ = r.restart_events.size();
+    absl::MutexLock lock(&ledger->mu_);
+    ledger->next_seq_ = r.next_seq;
+    ledger->committed_seq_ = r.next_seq - 1;
+    absl::MutexLock usage(&ledger->usage_mu_);
+    ledger->usage_ = r.usage;
+  }
+  TenantLedger* self = ledger.get();
+  ledger->writer_ = std::thread([self] { self->WriterLoop(); });
+  return ledger;
+}
+
+TenantLedger::~TenantLedger() { Close(); }
+
+void TenantLedger::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (writer_.joinable()) writer_.join();
+}
+
+void TenantLedger::Append(LedgerEvent e) {
+  if (e.time_ns == 0) e.time_ns = absl::GetCurrentTimeNanos();
+  absl::MutexLock lock(&mu_);
+  e.seq = next_seq_++;
+  queue_.push_back(std::move(e));
+}
+
+void TenantLedger::SetQuota(QuotaRow row) {
+  absl::MutexLock lock(&mu_);
+  quota_queue_.push_back(std::move(row));
+}
+
+absl::Status TenantLedger::ReplaceQuotas(const std::vector<QuotaRow>& rows) {
+  if (store_ == nullptr) return absl::OkStatus();
+  return store_->ReplaceQuotas(rows);
+}
+
+bool TenantLedger::WorkReady() const {
+  return stopping_ || queue_.size() >= options_.max_batch || flush_wanted_ > committed_seq_;
+}
+
+absl::Status TenantLedger::Flush() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t target = next_seq_ - 1;
+  if (committed_seq_ >= target) return absl::OkStatus();
+  flush_wanted_ = std::max(flush_wanted_, target);
+  const uint64_t failures_before = stats_.failed_commits;
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return committed_seq_ >= target || stats_.failed_commits > failures_before ||
+           (stopping_ && queue_.empty());
+  };
+  mu_.Await(absl::Condition(&done));
+  if (committed_seq_ >= target) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "the ledger cannot write ", options_.path, " now: ", failing_,
+      " (events are held in memory and retried)"));
+}
+
+absl::StatusOr<std::vector<LedgerEvent>> TenantLedger::Query(const EventQuery& query) const {
+  if (store_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the ledger is off (gpumemd runs with --ledger=none): no events are kept");
+  }
+  return store_->Query(query);
+}
+
+std::map<UsageAccount::Key, UsageRow> TenantLedger::Usage() const {
+  absl::MutexLock lock(&usage_mu_);
+  return usage_.rows();
+}
+
+WriterStats TenantLedger::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void TenantLedger::SetMaxPageCountForTest(int64_t pages) {
+  if (store_ != nullptr) store_->SetMaxPageCount(pages);
+}
+
+void TenantLedger::WriterLoop() {
+  std::vector<LedgerEvent> held;  // taken from the queue, not yet committed
+  std::vector<QuotaRow> quotas;
+  std::set<UsageAccount::Key> changed;
+  uint64_t highest_id = 0;
+  // The outage in progress, if any.
+  int64_t failing_since_ns = 0;
+  uint64_t failed_commits = 0;
+  uint64_t dropped = 0;
+  int64_t last_shout_ns = 0;
+  std::string last_error;
+  for (;;) {
+    bool stop;
+    std::vector<LedgerEvent> fresh;
+    {
+      // Only swaps under the lock, so Append never waits for the fold.
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(this, &TenantLedger::WorkReady), options_.max_delay);
+      stop = stopping_;
+      fresh.swap(queue_);
+      for (QuotaRow& q : quota_queue_) quotas.push_back(std::move(q));
+      quota_queue_.clear();
+    }
+    {
+      // Fold only the new events (held may start with retried ones).
+      absl::MutexLock usage(&usage_mu_);
+      for (const LedgerEvent& e : fresh) {
+        if (usage_.Apply(e)) {
+          changed.insert({e.tenant, e.device});
+          changed.insert({e.tenant, UsageAccount::kAllDevices});
+        }
+        if (e.kind == EventKind::kAllocate) highest_id = std::max(highest_id, e.allocation_id);
+      }
+    }
+    if (held.empty()) {
+      held.swap(fresh);
+    } else {
+      std::move(fresh.begin(), fresh.end(), std::back_inserter(held));
+    }
+    if (held.empty() && quotas.empty()) {
+      if (stop) return;
+      continue;
+    }
+    absl::Status s = absl::OkStatus();
+    if (store_ != nullptr) {
+      std::vector<UsageAccount::Key> keys(changed.begin(), changed.end());
+      absl::MutexLock usage(&usage_mu_);
+      s = store_->Commit(held, usage_, keys, quotas, highest_id);
+    }
+    absl::MutexLock lock(&mu_);
+    if (s.ok()) {
+      if (!held.empty()) committed_seq_ = std::max(committed_seq_, held.back().seq);
+      stats_.committed_events += held.size();
+      ++stats_.commits;
+      held.clear();
+      quotas.clear();
+      changed.clear();
+      if (failing_since_ns != 0) {
+        const int64_t now = absl::GetCurrentTimeNanos();
+        LedgerEvent gap;
+        gap.time_ns = now;
+        gap.kind = EventKind::kLedgerGap;
+        gap.bytes = dropped;
+        gap.detail = absl::StrCat("ledger writes failed from ", TimeText(failing_since_ns),
+                                  " to ", TimeText(now), " (", failed_commits,
+                                  " failed commits; last error: ", last_error, "); ", dropped,
+                                  " events dropped");
+        std::cerr << "gpumemd: ledger " << options_.path << " is written again: "
+                  << gap.detail << std::endl;
+        gap.seq = next_seq_++;
+        queue_.push_back(std::move(gap));
+        failing_since_ns = 0;
+        failed_commits = 0;
+        dropped = 0;
+        failing_.clear();
+      }
+    } else {
+      const int64_t now = absl::GetCurrentTimeNanos();
+      if (failing_since_ns == 0) failing_since_ns = now;
+      ++failed_commits;
+      ++stats_.failed_commits;
+      last_error = std::string(s.message());
+      failing_ = last_error;
+      if (held.size() > options_.max_held) {
+        const size_t excess = held.size() - options_.max_held;
+        held.erase(held.begin(), held.begin() + excess);
+        dropped += excess;
+        stats_.dropped_events += excess;
+      }
+      if (now - last_shout_ns > 10'000'000'000LL) {
+        last_shout_ns = now;
+        std::cerr << "gpumemd: LEDGER WRITE FAILED: " << s.message() << "; " << held.size()
+                  << " events held in memory and retried, " << dropped
+                  << " dropped so far; allocations are still served" << std::endl;
+      }
+      if (stop) {
+        std::cerr << "gpumemd: ledger " << options_.path << ": " << held.size()
+                  << " events could not be written before exit" << std::endl;
+        return;
+      }
+    }
+    if (stop && queue_.empty() && held.empty()) return;
+  }
+}
+
+}  // namespace ledger
+}  // namespace gpumem

@@ -1,0 +1,120 @@
+// TenantLedger: the durable record of who used what, fed from the broker's
+// commit points and written to SQLite (ledger_store.h) by its own thread.
+//
+// Guarantees:
+//  - Append is cheap and never touches the disk: it numbers the event and
+//    queues it under the ledger's own small lock, so the broker may call it
+//    under its lock. Events are committed in order.
+//  - A writer thread commits queued events in one transaction each time 1,000
+//    are queued or 100 ms have passed since the last commit, whichever is
+//    first (LedgerOptions).
+//  - A commit that fails (disk full, I/O error) is logged loudly on stderr,
+//    the events stay queued in memory (at most max_held; beyond that the
+//    oldest are dropped and counted) and are retried; allocations keep being
+//    served. When a commit works again, a LEDGER_GAP event records when
+//    writes failed, why, and how many events were dropped.
+//  - Usage (current, peak, byte-seconds per tenant and device) is folded
+//    from the events by the writer; Usage() answers from memory.
+//  - With no path (--ledger=none) nothing is written or read back; usage is
+//    still folded, for this run only, and Query is FAILED_PRECONDITION.
+//  - Close (and the destructor) commits what is queued and stops the writer.
+// Thread-safe.
+#ifndef GPUMEMD_SERVER_LEDGER_TENANT_LEDGER_H_
+#define GPUMEMD_SERVER_LEDGER_TENANT_LEDGER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/ledger/ledger_event.h"
+#include "server/ledger/ledger_store.h"
+#include "server/ledger/usage_account.h"
+
+namespace gpumem {
+namespace ledger {
+
+struct LedgerOptions {
+  std::string path;  // empty: no ledger file
+  absl::Duration max_delay = absl::Milliseconds(100);
+  size_t max_batch = 1000;
+  size_t max_held = 1000000;
+  int64_t max_page_count = 0;  // tests: see LedgerStore::Open
+};
+
+struct WriterStats {
+  uint64_t committed_events = 0;
+  uint64_t commits = 0;
+  uint64_t failed_commits = 0;
+  uint64_t dropped_events = 0;
+};
+
+class TenantLedger {
+ public:
+  // Opens the file (recovering after a crash, see ledger_store.h) and starts
+  // the writer. Errors name the path and carry SQLite's message.
+  static absl::StatusOr<std::unique_ptr<TenantLedger>> Open(LedgerOptions options);
+  ~TenantLedger();
+
+  bool enabled() const { return store_ != nullptr; }
+  const std::string& path() const { return options_.path; }
+  // The first allocation id this run may use (never used by earlier runs).
+  uint64_t first_allocation_id() const { return first_allocation_id_; }
+  // DAEMON_RESTART events written at Open.
+  size_t restart_event_count() const { return restart_event_count_; }
+
+  // Queues `e` (seq is assigned; time_ns too when 0).
+  void Append(LedgerEvent e);
+  // Records a quota in the quotas table with the next commit.
+  void SetQuota(QuotaRow row);
+  // Replaces the quotas table now (start-up: the config's quotas).
+  absl::Status ReplaceQuotas(const std::vector<QuotaRow>& rows);
+
+  // Waits until every event appended before the call is committed; OK, or
+  // UNAVAILABLE with SQLite's message while writes fail.
+  absl::Status Flush();
+  absl::StatusOr<std::vector<LedgerEvent>> Query(const EventQuery& query) const;
+  std::map<UsageAccount::Key, UsageRow> Usage() const;
+  WriterStats stats() const;
+
+  void Close();
+
+  // Tests: see LedgerStore::SetMaxPageCount.
+  void SetMaxPageCountForTest(int64_t pages);
+
+ private:
+  explicit TenantLedger(LedgerOptions options) : options_(std::move(options)) {}
+  void WriterLoop();
+  bool WorkReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const LedgerOptions options_;
+  std::unique_ptr<LedgerStore> store_;
+  uint64_t first_allocation_id_ = 1;
+  size_t restart_event_count_ = 0;
+
+  mutable absl::Mutex mu_;
+  std::vector<LedgerEvent> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<QuotaRow> quota_queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t committed_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t flush_wanted_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string failing_ ABSL_GUARDED_BY(mu_);  // the last commit error, while failing
+  WriterStats stats_ ABSL_GUARDED_BY(mu_);
+
+  mutable absl::Mutex usage_mu_;
+  UsageAccount usage_ ABSL_GUARDED_BY(usage_mu_);
+
+  std::thread writer_;
+};
+
+}  // namespace ledger
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_LEDGER_TENANT_LEDGER_H_

@@ -1,0 +1,109 @@
+#include "server/quota/quota_book.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
+
+namespace gpumem {
+namespace quota {
+
+void QuotaBook::SetQuota(uint32_t tenant, tenants::Quota quota) {
+  absl::MutexLock lock(&mu_);
+  quotas_[tenant] = std::move(quota);
+}
+
+tenants::Quota QuotaBook::GetQuota(uint32_t tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = quotas_.find(tenant);
+  return it == quotas_.end() ? tenants::Quota{} : it->second;
+}
+
+TenantHoldings& QuotaBook::HoldingsLocked(uint32_t tenant) {
+  TenantHoldings& h = holdings_[tenant];
+  if (h.device_bytes.size() < device_count_) h.device_bytes.resize(device_count_);
+  return h;
+}
+
+void QuotaBook::SetRetainedSource(RetainedSource source) {
+  absl::MutexLock lock(&mu_);
+  retained_ = std::move(source);
+}
+
+bool QuotaBook::TryCharge(uint32_t tenant, const std::string& tenant_name,
+                          uint32_t device, uint64_t bytes, QuotaRefusal* refusal) {
+  absl::MutexLock lock(&mu_);
+  TenantHoldings& h = HoldingsLocked(tenant);
+  auto q = quotas_.find(tenant);
+  if (q != quotas_.end()) {
+    const tenants::Quota& quota = q->second;
+    const std::string who = absl::StrCat("tenant \"", tenant_name, "\" quota ");
+    const std::optional<uint64_t> dev_limit = quota.device_limit(device);
+    // Retained bytes, asked only when a byte limit needs them.
+    uint64_t retained_here = 0, retained_all = 0;
+    if (retained_ && (quota.total_bytes || dev_limit)) {
+      for (uint32_t d = 0; d < device_count_; ++d) {
+        if (!quota.total_bytes && d != device) continue;
+        const uint64_t r = retained_(tenant, d);
+        retained_all += r;
+        if (d == device) retained_here = r;
+      }
+    }
+    const uint64_t held_all = h.total_bytes + retained_all;
+    const uint64_t held_here = h.device_bytes[device] + retained_here;
+    auto held_words = [&](uint64_t held, uint64_t retained) {
+      std::string w = absl::StrCat(FormatBytes(held), " held");
+      if (retained > 0) absl::StrAppend(&w, " (", FormatBytes(retained), " of it retained)");
+      return w;
+    };
+    uint64_t headroom = UINT64_MAX;
+    if (quota.total_bytes) {
+      headroom = *quota.total_bytes > held_all ? *quota.total_bytes - held_all : 0;
+    }
+    if (dev_limit) headroom = std::min<uint64_t>(headroom, *dev_limit > held_here ? *dev_limit - held_here : 0);
+    if (quota.max_allocations && h.allocations + 1 > *quota.max_allocations) {
+      refusal->headroom_bytes = 0;
+      refusal->detail = absl::StrCat(who, "max_allocations ", *quota.max_allocations,
+                                     ": ", h.allocations, " held");
+      return false;
+    }
+    if (quota.total_bytes && bytes > *quota.total_bytes - std::min(held_all, *quota.total_bytes)) {
+      refusal->headroom_bytes = headroom;
+      refusal->detail = absl::StrCat(who, "total_bytes ", FormatBytes(*quota.total_bytes), ": ",
+                                     held_words(held_all, retained_all), ", ",
+                                     FormatBytes(bytes), " asked");
+      return false;
+    }
+    if (dev_limit && bytes > *dev_limit - std::min(held_here, *dev_limit)) {
+      refusal->headroom_bytes = headroom;
+      refusal->detail = absl::StrCat(who, "on device ", device, " ", FormatBytes(*dev_limit),
+                                     ": ", held_words(held_here, retained_here), ", ",
+                                     FormatBytes(bytes), " asked");
+      return false;
+    }
+  }
+  h.total_bytes += bytes;
+  h.device_bytes[device] += bytes;
+  h.allocations += 1;
+  return true;
+}
+
+void QuotaBook::Credit(uint32_t tenant, uint32_t device, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  TenantHoldings& h = HoldingsLocked(tenant);
+  h.total_bytes -= std::min(h.total_bytes, bytes);
+  h.device_bytes[device] -= std::min(h.device_bytes[device], bytes);
+  if (h.allocations > 0) --h.allocations;
+}
+
+TenantHoldings QuotaBook::Holdings(uint32_t tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = holdings_.find(tenant);
+  if (it != holdings_.end()) return it->second;
+  TenantHoldings empty;
+  empty.device_bytes.resize(device_count_);
+  return empty;
+}
+
+}  // namespace quota
+}  // namespace gpumem

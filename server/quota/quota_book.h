@@ -1,0 +1,84 @@
+// QuotaBook: what each tenant holds now, per device, against its quota.
+//
+// Guarantees:
+//  - TryCharge checks and charges in one step under the book's own lock: two
+//    concurrent charges can never both pass a limit only one fits under, so a
+//    tenant's charged bytes (total, per device) and allocation count never
+//    exceed its quota, not even for a moment.
+//  - A refused charge changes nothing and says which limit refused, with the
+//    figures (limit, charged, asked).
+//  - Credit undoes a charge of the same figures exactly once; the caller
+//    keeps charges and credits paired (quota_carver.h does for carves).
+//  - SetQuota takes effect for the next charge. Lowering a quota below what
+//    a tenant holds takes nothing back; it only refuses further charges.
+//  - Retained bytes count (slabs released while a process may still hold
+//    their handle, server/pool/slab_pool.h): with a retained source set,
+//    each byte check adds what the source says the tenant has retained on
+//    the device (and on all devices, for total_bytes) to its charges.
+// Tenants without a quota are still counted (GetUsage reports them).
+// Thread-safe.
+#ifndef GPUMEMD_SERVER_QUOTA_QUOTA_BOOK_H_
+#define GPUMEMD_SERVER_QUOTA_QUOTA_BOOK_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "server/tenants/tenant.h"
+
+namespace gpumem {
+namespace quota {
+
+struct TenantHoldings {
+  uint64_t total_bytes = 0;
+  std::vector<uint64_t> device_bytes;  // by device index
+  uint64_t allocations = 0;
+};
+
+// Why a charge was refused.
+struct QuotaRefusal {
+  // What the quota still allows on the device asked for (the smaller of the
+  // total and the per-device headroom; 0 when the count limit refused).
+  uint64_t headroom_bytes = 0;
+  // E.g. "tenant \"ml\" quota total_bytes 8.00 GiB: 7.50 GiB held, 1.00 GiB asked".
+  std::string detail;
+};
+
+class QuotaBook {
+ public:
+  explicit QuotaBook(uint32_t device_count) : device_count_(device_count) {}
+
+  // Bytes `tenant` has retained on `device` now. Called under the book's
+  // lock, so it must not call back into the book.
+  using RetainedSource = std::function<uint64_t(uint32_t tenant, uint32_t device)>;
+  void SetRetainedSource(RetainedSource source);
+
+  void SetQuota(uint32_t tenant, tenants::Quota quota);
+  // nullopt-free copy; an unlimited Quota when none was set.
+  tenants::Quota GetQuota(uint32_t tenant) const;
+
+  // Charges `bytes` and one allocation on `device` to `tenant`, or refuses
+  // (false, *refusal filled) when a limit would be passed.
+  bool TryCharge(uint32_t tenant, const std::string& tenant_name, uint32_t device,
+                 uint64_t bytes, QuotaRefusal* refusal);
+  void Credit(uint32_t tenant, uint32_t device, uint64_t bytes);
+
+  TenantHoldings Holdings(uint32_t tenant) const;
+
+ private:
+  TenantHoldings& HoldingsLocked(uint32_t tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint32_t device_count_;
+  mutable absl::Mutex mu_;
+  RetainedSource retained_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, tenants::Quota> quotas_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, TenantHoldings> holdings_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace quota
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_QUOTA_QUOTA_BOOK_H_

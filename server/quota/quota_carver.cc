@@ -1,0 +1,31 @@
+#include "server/quota/quota_carver.h"
+
+#include "absl/status/status.h"
+
+namespace gpumem {
+namespace quota {
+
+absl::StatusOr<placement::CarvedBlock> QuotaCarver::TryCarve(
+    uint32_t device, uint64_t size, uint64_t alignment, placement::CarveRefusal* refusal) {
+  QuotaRefusal why;
+  if (!book_->TryCharge(tenant_, tenant_name_, device, size, &why)) {
+    refusal->refused = true;
+    refusal->reason = placement::CarveRefusal::Reason::kQuota;
+    refusal->free_bytes = why.headroom_bytes;
+    refusal->largest_free_bytes = why.headroom_bytes;
+    refusal->detail = why.detail;
+    return absl::ResourceExhaustedError(why.detail);
+  }
+  absl::StatusOr<placement::CarvedBlock> block =
+      inner_->TryCarve(device, size, alignment, refusal);
+  if (!block.ok()) book_->Credit(tenant_, device, size);
+  return block;
+}
+
+void QuotaCarver::Release(const placement::CarvedBlock& block) {
+  inner_->Release(block);
+  book_->Credit(tenant_, block.device, block.size_bytes);
+}
+
+}  // namespace quota
+}  // namespace gpumem

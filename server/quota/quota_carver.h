@@ -1,0 +1,50 @@
+// QuotaCarver: a DeviceCarver adaptor that enforces one tenant's quota around
+// another carver (the pool's), RMM style: the allocator below stays
+// policy-free.
+//
+// Charge, then carve: TryCarve first charges the block to the tenant in the
+// QuotaBook (atomically with the limit check), then asks the inner carver;
+// if the inner carver refuses or fails, the charge is credited back. So at
+// no moment does the book hold more than the quota, and every carved block
+// is charged. Release hands the block back to the inner carver and credits
+// the charge. A quota refusal is RESOURCE_EXHAUSTED with
+// refusal->refused set, CarveRefusal::Reason::kQuota, the quota's headroom as free bytes and the
+// quota's figures in `detail`; placement then tries the next device.
+//
+// A block that becomes an allocation stays charged after placement returns;
+// whoever frees the allocation later credits it (QuotaBook::Credit) with the
+// block's device and size_bytes.
+#ifndef GPUMEMD_SERVER_QUOTA_QUOTA_CARVER_H_
+#define GPUMEMD_SERVER_QUOTA_QUOTA_CARVER_H_
+
+#include <string>
+
+#include "server/placement/carver.h"
+#include "server/quota/quota_book.h"
+
+namespace gpumem {
+namespace quota {
+
+class QuotaCarver : public placement::DeviceCarver {
+ public:
+  // `inner` and `book` must outlive the adaptor.
+  QuotaCarver(placement::DeviceCarver* inner, QuotaBook* book, uint32_t tenant,
+              std::string tenant_name)
+      : inner_(inner), book_(book), tenant_(tenant), tenant_name_(std::move(tenant_name)) {}
+
+  absl::StatusOr<placement::CarvedBlock> TryCarve(uint32_t device, uint64_t size,
+                                                  uint64_t alignment,
+                                                  placement::CarveRefusal* refusal) override;
+  void Release(const placement::CarvedBlock& block) override;
+
+ private:
+  placement::DeviceCarver* inner_;
+  QuotaBook* book_;
+  uint32_t tenant_;
+  std::string tenant_name_;
+};
+
+}  // namespace quota
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_QUOTA_QUOTA_CARVER_H_

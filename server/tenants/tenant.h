@@ -1,0 +1,49 @@
+// Tenant and Quota: who memory is charged to, and the limits it has.
+//
+// A tenant id is what the pool stamps on a slab (a slab belongs to one tenant
+// for life) and what quotas and the ledger are keyed by. With tenants in the
+// config, ids are 1..N in config order; without, each uid is its own tenant
+// and the id is the uid (today's behaviour, no quota).
+#ifndef GPUMEMD_SERVER_TENANTS_TENANT_H_
+#define GPUMEMD_SERVER_TENANTS_TENANT_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gpumem {
+namespace tenants {
+
+// Limits; nullopt means no limit of that kind.
+struct Quota {
+  std::optional<uint64_t> total_bytes;
+  // By device index; shorter than the device list (or nullopt) = no limit.
+  std::vector<std::optional<uint64_t>> device_bytes;
+  std::optional<uint64_t> max_allocations;
+
+  std::optional<uint64_t> device_limit(uint32_t device) const {
+    return device < device_bytes.size() ? device_bytes[device] : std::nullopt;
+  }
+  bool unlimited() const {
+    if (total_bytes || max_allocations) return false;
+    for (const auto& d : device_bytes) if (d) return false;
+    return true;
+  }
+};
+
+struct Tenant {
+  uint32_t id = 0;
+  std::string name;
+  int32_t priority = 0;
+  Quota quota;
+  std::vector<uid_t> uids;
+  std::vector<gid_t> gids;
+};
+
+}  // namespace tenants
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_TENANTS_TENANT_H_

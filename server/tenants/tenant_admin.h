@@ -1,0 +1,70 @@
+// TenantAdmin: the tenant RPCs (GetUsage, GetLedger, SetQuota) over the
+// tenant directory, the quota book and the ledger.
+//
+// Who sees what (identity from the kernel, never a field):
+//  - An administrator (root, or a member of --admin_group: the `is_admin`
+//    the daemon passes) sees and may name every tenant; anyone else sees
+//    only the tenant they are charged to (GetUsage lists only it; GetLedger
+//    is limited to it, and naming another tenant is PERMISSION_DENIED).
+//  - SetQuota is for administrators only (PERMISSION_DENIED otherwise). The new quota
+//    replaces the old one whole, takes effect for the next carve, is recorded
+//    as a QUOTA_SET event and in the ledger's quotas table, and lasts until
+//    the daemon loads its config again (restart).
+// Figures: current bytes and allocation counts come from the quota book (exact
+// now); peak and byte-seconds from the ledger's fold of its events (at most
+// one writer cycle, 100 ms, behind), over the ledger file's whole life.
+// Thread-safe (every part it uses is).
+#ifndef GPUMEMD_SERVER_TENANTS_TENANT_ADMIN_H_
+#define GPUMEMD_SERVER_TENANTS_TENANT_ADMIN_H_
+
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/gpumem/v1/gpumem.pb.h"
+#include "server/ledger/tenant_ledger.h"
+#include "server/placement/device_view.h"
+#include "server/quota/quota_book.h"
+#include "server/session/peer_credentials.h"
+#include "server/tenants/tenant_directory.h"
+
+namespace gpumem {
+namespace tenants {
+
+class TenantAdmin {
+ public:
+  // Everything must outlive the admin. `quota_changed` runs after SetQuota
+  // (the broker tries its waiters again).
+  TenantAdmin(const TenantDirectory* directory, quota::QuotaBook* quotas,
+              ledger::TenantLedger* ledger, std::vector<placement::DeviceView> devices,
+              std::function<bool(const PeerCred&)> is_admin,
+              std::function<void()> quota_changed)
+      : directory_(directory), quotas_(quotas), ledger_(ledger),
+        devices_(std::move(devices)), is_admin_(std::move(is_admin)),
+        quota_changed_(std::move(quota_changed)) {}
+
+  absl::StatusOr<v1::GetUsageResponse> GetUsage(const PeerCred& caller) const;
+  absl::StatusOr<v1::GetLedgerResponse> GetLedger(const PeerCred& caller,
+                                                  const v1::GetLedgerRequest& request) const;
+  absl::StatusOr<v1::SetQuotaResponse> SetQuota(const PeerCred& caller,
+                                                const v1::SetQuotaRequest& request);
+
+ private:
+  void FillQuota(const Quota& quota, v1::Quota* out) const;
+
+  const TenantDirectory* directory_;
+  quota::QuotaBook* quotas_;
+  ledger::TenantLedger* ledger_;
+  const std::vector<placement::DeviceView> devices_;
+  std::function<bool(const PeerCred&)> is_admin_;
+  std::function<void()> quota_changed_;
+};
+
+// The quota's words, e.g. "total_bytes 8.00 GiB; device 1 2.00 GiB;
+// max_allocations 10" ("no limit" when unlimited).
+std::string DescribeQuota(const Quota& quota);
+
+}  // namespace tenants
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_TENANTS_TENANT_ADMIN_H_

@@ -1,0 +1,205 @@
+// Config checks name the line through the ParseInfoTree the text was parsed
+// with; a config built in code (tests) has none and names the field only.
+#include "server/tenants/tenant_directory.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
+
+namespace gpumem {
+namespace tenants {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::TextFormat;
+
+const FieldDescriptor* Field(const google::protobuf::Message& m, const char* name) {
+  return m.GetDescriptor()->FindFieldByName(name);
+}
+
+// "FILE:LINE: " for field `name` (element `index` if repeated) of the message
+// whose parse tree is `tree`; "FILE: " when unknown.
+std::string Where(absl::string_view path, const TextFormat::ParseInfoTree* tree,
+                  const google::protobuf::Message& m, const char* name, int index) {
+  if (tree != nullptr) {
+    TextFormat::ParseLocation loc = tree->GetLocation(Field(m, name), index);
+    if (loc.line >= 0) return absl::StrCat(path, ":", loc.line + 1, ": ");
+  }
+  return absl::StrCat(path.empty() ? "config" : path, ": ");
+}
+
+const TextFormat::ParseInfoTree* Nested(const TextFormat::ParseInfoTree* tree,
+                                        const google::protobuf::Message& m,
+                                        const char* name, int index) {
+  if (tree == nullptr) return nullptr;
+  return tree->GetTreeForNested(Field(m, name), index);
+}
+
+}  // namespace
+
+absl::StatusOr<uint32_t> ResolveDeviceSelector(
+    absl::string_view selector, const std::vector<placement::DeviceView>& devices) {
+  uint32_t index = 0;
+  if (absl::SimpleAtoi(selector, &index)) {
+    if (index < devices.size()) return index;
+  } else {
+    for (const placement::DeviceView& d : devices) {
+      if (absl::EqualsIgnoreCase(d.uuid, selector)) return d.index;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "no device \"", selector, "\"; devices are 0..",
+      devices.empty() ? 0 : devices.size() - 1, " or their UUIDs"));
+}
+
+absl::Status ParseConfigText(absl::string_view text, absl::string_view path,
+                             v1::DaemonConfig* config,
+                             TextFormat::ParseInfoTree* locations) {
+  // The parser reports its complaint with the line on stderr, before ours.
+  TextFormat::Parser parser;
+  parser.WriteLocationsTo(locations);
+  if (!parser.ParseFromString(std::string(text), config)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config ", path, " is not a valid gpumem.v1.DaemonConfig textproto "
+        "(the parser's complaint, with its line, is above)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TenantDirectory> TenantDirectory::Build(
+    const v1::DaemonConfig& config, const TextFormat::ParseInfoTree* locations,
+    absl::string_view path, const std::vector<placement::DeviceView>& devices) {
+  TenantDirectory dir;
+  absl::flat_hash_map<std::string, uint32_t> by_name;
+  for (int i = 0; i < config.tenant_size(); ++i) {
+    const v1::TenantConfig& tc = config.tenant(i);
+    const TextFormat::ParseInfoTree* tree = Nested(locations, config, "tenant", i);
+    const std::string at = Where(path, locations, config, "tenant", i);
+    Tenant t;
+    t.id = static_cast<uint32_t>(i + 1);
+    t.name = tc.name();
+    t.priority = tc.priority();
+    if (t.name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(at, "tenant ", i + 1, " has no name"));
+    }
+    if (!by_name.emplace(t.name, i).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(path, tree, tc, "name", -1), "tenant \"", t.name, "\" is defined twice"));
+    }
+    for (int u = 0; u < tc.uids_size(); ++u) {
+      auto [it, fresh] = dir.by_uid_.emplace(tc.uids(u), i);
+      if (!fresh) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(path, tree, tc, "uids", u), "uid ", tc.uids(u), " is listed by tenant \"",
+            config.tenant(it->second).name(), "\" and by tenant \"", t.name, "\""));
+      }
+      t.uids.push_back(tc.uids(u));
+    }
+    for (int g = 0; g < tc.gids_size(); ++g) {
+      auto [it, fresh] = dir.by_gid_.emplace(tc.gids(g), i);
+      if (!fresh) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(path, tree, tc, "gids", g), "gid ", tc.gids(g), " is listed by tenant \"",
+            config.tenant(it->second).name(), "\" and by tenant \"", t.name, "\""));
+      }
+      t.gids.push_back(tc.gids(g));
+    }
+    const v1::QuotaConfig& qc = tc.quota();
+    const TextFormat::ParseInfoTree* qtree = Nested(tree, tc, "quota", -1);
+    if (!qc.total_bytes().empty()) {
+      absl::StatusOr<uint64_t> total = ParseByteSize(qc.total_bytes());
+      if (!total.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(path, qtree, qc, "total_bytes", -1), "tenant \"", t.name,
+            "\": quota total_bytes: ", total.status().message()));
+      }
+      t.quota.total_bytes = *total;
+    }
+    if (qc.max_allocations() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(path, qtree, qc, "max_allocations", -1), "tenant \"", t.name,
+          "\": quota max_allocations must be >= 0, not ", qc.max_allocations()));
+    }
+    if (qc.max_allocations() > 0) t.quota.max_allocations = qc.max_allocations();
+    t.quota.device_bytes.resize(devices.size());
+    for (int d = 0; d < qc.device_size(); ++d) {
+      const v1::DeviceQuotaConfig& dq = qc.device(d);
+      const std::string dat = Where(path, qtree, qc, "device", d);
+      absl::StatusOr<uint32_t> index = ResolveDeviceSelector(dq.device(), devices);
+      if (!index.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            dat, "tenant \"", t.name, "\": quota device: ", index.status().message()));
+      }
+      absl::StatusOr<uint64_t> bytes = ParseByteSize(dq.bytes());
+      if (!bytes.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            dat, "tenant \"", t.name, "\": quota of device ", dq.device(), ": ",
+            bytes.status().message()));
+      }
+      if (t.quota.device_bytes[*index].has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            dat, "tenant \"", t.name, "\": two quotas for device ", *index));
+      }
+      t.quota.device_bytes[*index] = *bytes;
+    }
+    dir.tenants_.push_back(std::move(t));
+  }
+  if (!config.default_tenant().empty()) {
+    auto it = by_name.find(config.default_tenant());
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(path, locations, config, "default_tenant", -1), "default_tenant \"",
+          config.default_tenant(), "\" names no tenant"));
+    }
+    dir.default_index_ = static_cast<int>(it->second);
+  }
+  return dir;
+}
+
+absl::StatusOr<TenantRef> TenantDirectory::Resolve(uid_t uid, gid_t gid) const {
+  if (tenants_.empty()) return TenantRef{uid, absl::StrCat("uid-", uid), 0};
+  int index = -1;
+  if (auto it = by_uid_.find(uid); it != by_uid_.end()) {
+    index = static_cast<int>(it->second);
+  } else if (auto g = by_gid_.find(gid); g != by_gid_.end()) {
+    index = static_cast<int>(g->second);
+  } else {
+    index = default_index_;
+  }
+  if (index < 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "uid ", uid, " (gid ", gid, ") belongs to no tenant in the daemon's config "
+        "and there is no default_tenant"));
+  }
+  const Tenant& t = tenants_[index];
+  return TenantRef{t.id, t.name, t.priority};
+}
+
+const Tenant* TenantDirectory::Find(absl::string_view name) const {
+  for (const Tenant& t : tenants_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+std::optional<uint32_t> TenantDirectory::IdOf(absl::string_view name) const {
+  if (!tenants_.empty()) {
+    const Tenant* t = Find(name);
+    return t == nullptr ? std::nullopt : std::optional<uint32_t>(t->id);
+  }
+  uint32_t uid = 0;
+  if (absl::ConsumePrefix(&name, "uid-") && absl::SimpleAtoi(name, &uid)) return uid;
+  return std::nullopt;
+}
+
+std::string TenantDirectory::NameOf(uint32_t id) const {
+  if (tenants_.empty()) return absl::StrCat("uid-", id);
+  if (id >= 1 && id <= tenants_.size()) return tenants_[id - 1].name;
+  return absl::StrCat("tenant-", id);
+}
+
+}  // namespace tenants
+}  // namespace gpumem

@@ -1,0 +1,400 @@
+// Tenants, quotas, waiting admission and the ledger against real daemons and
+// real client processes (quota_client): the quota holds against 8 racing
+// processes, a kill -9 of the daemon loses nothing committed and closes what
+// was live, and waiting requests are served in time and in priority order.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "tests/integration/daemon_fixture.h"
+
+namespace gpumem {
+namespace {
+
+using testing::ChildProcess;
+using testing::DaemonProcess;
+using testing::MakeTempDir;
+using testing::RunfilePath;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uid_t kNobody = 65534;
+constexpr uid_t kOther = 65533;
+
+using Rows = std::vector<std::vector<std::string>>;
+
+// Runs `sql` on the ledger file (read-only); every column as text.
+Rows Sql(const std::string& path, const std::string& sql) {
+  Rows rows;
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    ADD_FAILURE() << "cannot open " << path;
+    return rows;
+  }
+  sqlite3_stmt* s = nullptr;
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &s, nullptr) != SQLITE_OK) {
+    ADD_FAILURE() << sql << ": " << sqlite3_errmsg(db);
+  } else {
+    while (sqlite3_step(s) == SQLITE_ROW) {
+      std::vector<std::string>& row = rows.emplace_back();
+      for (int i = 0; i < sqlite3_column_count(s); ++i) {
+        const unsigned char* t = sqlite3_column_text(s, i);
+        row.push_back(t ? reinterpret_cast<const char*>(t) : "NULL");
+      }
+    }
+  }
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  return rows;
+}
+
+uint64_t U(const std::string& s) {
+  uint64_t v = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(s, &v)) << s;
+  return v;
+}
+
+class LedgerIntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = MakeTempDir(); }
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  std::string WriteConfig(const std::string& text) {
+    const std::string path = dir_ + "/tenants.textproto";
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  std::unique_ptr<DaemonProcess> StartDaemon(std::vector<std::string> args) {
+    auto d = std::make_unique<DaemonProcess>(std::move(args));
+    EXPECT_TRUE(d->Start()) << d->Log();
+    return d;
+  }
+
+  std::unique_ptr<ChildProcess> StartClient(const DaemonProcess& d,
+                                            std::vector<std::string> args, uid_t uid = 0) {
+    std::string binary = RunfilePath("tests/ledger/quota_client");
+    if (uid != 0) {
+      // Runfiles live under root's home, which other uids cannot enter.
+      const std::string copy = dir_ + "/quota_client";
+      if (!std::filesystem::exists(copy)) {
+        std::filesystem::copy_file(binary, copy);
+        chmod(copy.c_str(), 0755);
+      }
+      binary = copy;
+    }
+    std::vector<std::string> argv = {binary, "--socket=" + d.socket()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return std::make_unique<ChildProcess>(argv, uid);
+  }
+
+  // Waits until the daemon has a session for `pid` (it has called Allocate).
+  static bool WaitForSession(Client& c, pid_t pid) {
+    for (int i = 0; i < 200; ++i) {
+      auto stats = c.GetStats();
+      if (stats.ok()) {
+        for (const auto& s : stats->sessions()) {
+          if (s.pid() == pid) return true;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return false;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(LedgerIntegrationTest, EightProcessesRacingOneTenantNeverPassItsQuota) {
+  const std::string ledger = dir_ + "/ledger.db";
+  const uint64_t kQuota = 40 * kMiB;
+  auto daemon = StartDaemon({"--sim_devices=2x1GiB", "--slab_size=64MiB", "--ledger=" + ledger,
+                             "--config=" + WriteConfig(R"(
+      tenant { name: "race" uids: 0 quota { total_bytes: "40MiB" } })")});
+  std::vector<std::unique_ptr<ChildProcess>> racers;
+  for (int i = 0; i < 8; ++i) {
+    racers.push_back(StartClient(*daemon, {"--race", "--size=" + std::to_string(16 * kMiB),
+                                           "--iterations=150"}));
+  }
+  uint64_t granted = 0, refused = 0;
+  for (auto& r : racers) {
+    std::vector<std::string> words = absl::StrSplit(r->ReadLine(60000), ' ');
+    ASSERT_EQ(words.size(), 3u) << absl::StrJoin(words, " ");
+    ASSERT_EQ(words[0], "done");
+    granted += U(words[1]);
+    refused += U(words[2]);
+  }
+  EXPECT_GT(granted, 0u);
+  EXPECT_GT(refused, 0u) << "the racers never contended; the test proves nothing";
+
+  auto client = Client::Connect(daemon->socket());
+  ASSERT_TRUE(client.ok());
+  auto usage = (*client)->GetUsage();
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  ASSERT_EQ(usage->tenants_size(), 1);
+  EXPECT_EQ(usage->tenants(0).current_bytes(), 0u);
+  EXPECT_LE(usage->tenants(0).peak_bytes(), kQuota);
+  client->reset();
+  ASSERT_EQ(daemon->Stop(), 0) << daemon->Log();
+
+  // The ledger's own peak, and a replay of its events in commit order.
+  Rows peak = Sql(ledger, "SELECT peak_bytes, current_bytes FROM usage "
+                          "WHERE tenant = 'race' AND device = -1");
+  ASSERT_EQ(peak.size(), 1u);
+  EXPECT_LE(U(peak[0][0]), kQuota);
+  EXPECT_GE(U(peak[0][0]), 16 * kMiB);
+  EXPECT_EQ(peak[0][1], "0");
+  uint64_t held = 0, most = 0, allocs = 0;
+  for (const auto& row : Sql(ledger, "SELECT kind, bytes FROM events ORDER BY seq")) {
+    if (row[0] == "ALLOCATE") {
+      held += U(row[1]);
+      ++allocs;
+    } else if (row[0] == "FREE") {
+      held -= U(row[1]);
+    }
+    most = std::max(most, held);
+  }
+  EXPECT_EQ(allocs, granted);
+  EXPECT_EQ(held, 0u);
+  EXPECT_EQ(most, U(peak[0][0]));
+}
+
+TEST_F(LedgerIntegrationTest, KillNineThenRestartOnTheSameLedger) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
+  const std::string ledger = dir_ + "/ledger.db";
+  const std::vector<std::string> args = {
+      "--sim_devices=2x1GiB", "--slab_size=64MiB", "--ledger=" + ledger,
+      "--config=" + WriteConfig(absl::StrCat(R"(
+        tenant { name: "a" uids: 0 }
+        tenant { name: "b" uids: )", kNobody, " }"))};
+  auto first = StartDaemon(args);
+  auto holder_a = StartClient(*first, {"--size=" + std::to_string(kMiB), "--count=3"});
+  auto holder_b =
+      StartClient(*first, {"--size=" + std::to_string(2 * kMiB), "--count=2"}, kNobody);
+  std::set<uint64_t> live;
+  for (ChildProcess* c : {holder_a.get(), holder_b.get()}) {
+    ASSERT_EQ(c->ReadLine(), "waiting");
+    for (std::string line = c->ReadLine(); line != "ready"; line = c->ReadLine()) {
+      ASSERT_EQ(line.rfind("alloc ", 0), 0u) << line;
+      live.insert(U(line.substr(6)));
+    }
+  }
+  ASSERT_EQ(live.size(), 5u);
+  auto churn = StartClient(*first, {"--race", "--size=" + std::to_string(kMiB),
+                                    "--iterations=20"});
+  ASSERT_EQ(churn->ReadLine().rfind("done 20 0", 0), 0u);
+  {
+    // GetLedger answers after the writer committed what came before it.
+    auto c = Client::Connect(first->socket());
+    ASSERT_TRUE(c.ok());
+    v1::GetLedgerRequest req;
+    req.set_limit(1000);
+    auto events = (*c)->GetLedger(req);
+    ASSERT_TRUE(events.ok()) << events.status();
+    EXPECT_EQ(events->events_size(), 5 + 40);
+  }
+  ASSERT_EQ(kill(first->pid(), SIGKILL), 0);
+  EXPECT_EQ(first->Stop(), -SIGKILL);
+  holder_a.reset();
+  holder_b.reset();
+
+  EXPECT_EQ(Sql(ledger, "PRAGMA integrity_check"), (Rows{{"ok"}}));
+  const uint64_t max_id_before =
+      U(Sql(ledger, "SELECT MAX(allocation_id) FROM events")[0][0]);
+
+  auto second = StartDaemon(args);
+  EXPECT_NE(second->Log().find("5 allocation(s) live"), std::string::npos) << second->Log();
+  auto c = Client::Connect(second->socket());
+  ASSERT_TRUE(c.ok());
+  auto usage = (*c)->GetUsage();
+  ASSERT_TRUE(usage.ok());
+  for (const auto& t : usage->tenants()) {
+    EXPECT_EQ(t.current_bytes(), 0u) << t.name();
+    EXPECT_EQ(t.peak_bytes(), t.name() == "a" ? 3 * kMiB + kMiB : 4 * kMiB) << t.name();
+  }
+  v1::AllocateRequest req;
+  req.set_size_bytes(kMiB);
+  auto fresh = (*c)->AllocateRaw(req);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_GT(fresh->allocations(0).id(), max_id_before);
+  c->reset();
+  ASSERT_EQ(second->Stop(), 0) << second->Log();
+
+  EXPECT_EQ(Sql(ledger, "PRAGMA integrity_check"), (Rows{{"ok"}}));
+  std::set<uint64_t> restarted;
+  for (const auto& row : Sql(ledger, "SELECT allocation_id FROM events "
+                                     "WHERE kind = 'DAEMON_RESTART'")) {
+    restarted.insert(U(row[0]));
+  }
+  EXPECT_EQ(restarted, live);
+  // Per tenant, the bytes the events added equal the bytes they took away,
+  // and the usage table agrees that nothing is held.
+  for (const auto& row : Sql(ledger, R"(
+        SELECT tenant,
+               SUM(CASE WHEN kind = 'ALLOCATE' THEN bytes ELSE 0 END),
+               SUM(CASE WHEN kind IN ('FREE', 'SESSION_END', 'DAEMON_STOP',
+                                      'DAEMON_RESTART') THEN bytes ELSE 0 END)
+        FROM events GROUP BY tenant)")) {
+    EXPECT_EQ(row[1], row[2]) << "tenant " << row[0];
+  }
+  EXPECT_EQ(Sql(ledger, "SELECT COUNT(*) FROM usage WHERE current_bytes != 0"),
+            (Rows{{"0"}}));
+  EXPECT_EQ(Sql(ledger, "SELECT COUNT(*) FROM live"), (Rows{{"0"}}));
+}
+
+TEST_F(LedgerIntegrationTest, WaiterIsServedWithin100msOfTheFree) {
+  auto daemon = StartDaemon({"--sim_devices=1x64MiB", "--slab_size=64MiB"});
+  auto c = Client::Connect(daemon->socket());
+  ASSERT_TRUE(c.ok());
+  v1::AllocateRequest big;
+  big.set_size_bytes(48 * kMiB);
+  auto held = (*c)->AllocateRaw(big);
+  ASSERT_TRUE(held.ok());
+  Clock::time_point started, served;
+  absl::StatusOr<v1::AllocateResponse> waited;
+  std::thread waiter([&] {
+    v1::AllocateRequest req;
+    req.set_size_bytes(40 * kMiB);
+    req.set_wait_ms(10000);
+    started = Clock::now();
+    waited = (*c)->AllocateRaw(req);
+    served = Clock::now();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const Clock::time_point freed = Clock::now();
+  ASSERT_TRUE((*c)->Free(held->allocations(0).id()).ok());
+  waiter.join();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_GE(freed - started, std::chrono::milliseconds(250)) << "the waiter did not wait";
+  EXPECT_LT(served - freed, std::chrono::milliseconds(100));
+  c->reset();
+  EXPECT_EQ(daemon->Stop(), 0);
+}
+
+TEST_F(LedgerIntegrationTest, HigherPriorityWaiterGoesFirstAndDeadWaitersAreDropped) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run clients as other uids";
+  auto daemon = StartDaemon({"--sim_devices=1x64MiB", "--slab_size=64MiB",
+                             "--config=" + WriteConfig(absl::StrCat(R"(
+      tenant { name: "holder" uids: 0 }
+      tenant { name: "low" priority: 1 uids: )", kNobody, R"( }
+      tenant { name: "high" priority: 9 uids: )", kOther, " }"))});
+  auto c = Client::Connect(daemon->socket());
+  ASSERT_TRUE(c.ok());
+  v1::AllocateRequest big;
+  big.set_size_bytes(48 * kMiB);
+  auto held = (*c)->AllocateRaw(big);
+  ASSERT_TRUE(held.ok());
+  const std::vector<std::string> ask = {"--size=" + std::to_string(40 * kMiB),
+                                        "--wait_ms=20000"};
+  // A waiter that dies is dropped: it must not take the memory later.
+  auto doomed = StartClient(*daemon, ask, kNobody);
+  ASSERT_EQ(doomed->ReadLine(), "waiting");
+  ASSERT_TRUE(WaitForSession(**c, doomed->pid()));
+  doomed->Kill(SIGKILL);
+  doomed->Wait();
+  // Low arrives first, high second; both wait.
+  auto low = StartClient(*daemon, ask, kNobody);
+  ASSERT_EQ(low->ReadLine(), "waiting");
+  ASSERT_TRUE(WaitForSession(**c, low->pid()));
+  auto high = StartClient(*daemon, ask, kOther);
+  ASSERT_EQ(high->ReadLine(), "waiting");
+  ASSERT_TRUE(WaitForSession(**c, high->pid()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+
+  ASSERT_TRUE((*c)->Free(held->allocations(0).id()).ok());
+  EXPECT_EQ(high->ReadLine().rfind("alloc ", 0), 0u);
+  EXPECT_EQ(low->ReadLine(300), "");  // still waiting: 24 MiB is left
+  high->Kill(SIGKILL);
+  high->Wait();
+  EXPECT_EQ(low->ReadLine().rfind("alloc ", 0), 0u);
+  auto stats = (*c)->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->devices(0).used_bytes(), 40 * kMiB);  // low's, nobody else's
+  low.reset();
+  c->reset();
+  EXPECT_EQ(daemon->Stop(), 0);
+}
+
+TEST_F(LedgerIntegrationTest, TimeoutGivesTheUsualRefusalWithReasons) {
+  auto daemon = StartDaemon({"--sim_devices=2x64MiB", "--slab_size=64MiB",
+                             "--config=" + WriteConfig(R"(
+      tenant { name: "q" uids: 0 quota { device { device: "1" bytes: "8MiB" } } })")});
+  auto c = Client::Connect(daemon->socket());
+  ASSERT_TRUE(c.ok());
+  v1::AllocateRequest big;
+  big.set_size_bytes(48 * kMiB);
+  big.mutable_placement()->add_devices("0");
+  ASSERT_TRUE((*c)->AllocateRaw(big).ok());
+  v1::AllocateRequest req;
+  req.set_size_bytes(40 * kMiB);
+  req.set_wait_ms(300);
+  const Clock::time_point t0 = Clock::now();
+  auto r = (*c)->AllocateRaw(req);
+  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(300));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  std::optional<v1::PlacementRefusal> refusal = PlacementRefusalOf(r.status());
+  ASSERT_TRUE(refusal.has_value());
+  ASSERT_EQ(refusal->devices_size(), 2);
+  EXPECT_EQ(refusal->devices(0).reason(), v1::DeviceRefusal::REASON_CAPACITY);
+  EXPECT_EQ(refusal->devices(1).reason(), v1::DeviceRefusal::REASON_QUOTA);
+  EXPECT_NE(refusal->devices(1).detail().find("tenant \"q\" quota on device 1 8.00 MiB"),
+            std::string::npos) << refusal->devices(1).detail();
+  c->reset();
+  EXPECT_EQ(daemon->Stop(), 0);
+}
+
+TEST_F(LedgerIntegrationTest, TenantRulesAndSetQuota) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another uid";
+  auto daemon = StartDaemon({"--sim_devices=1x64MiB", "--slab_size=64MiB",
+                             "--config=" + WriteConfig(R"(tenant { name: "ops" uids: 0 })")});
+  // An unlisted uid and no default_tenant: refused, naming the uid.
+  auto stranger = StartClient(*daemon, {"--size=4096"}, kNobody);
+  ASSERT_EQ(stranger->ReadLine(), "waiting");
+  std::string line = stranger->ReadLine();
+  EXPECT_EQ(line.rfind("error 7 ", 0), 0u) << line;
+  EXPECT_NE(line.find("uid 65534"), std::string::npos) << line;
+  // SetQuota: root only.
+  auto setter = StartClient(*daemon, {"--set_quota=ops", "--total=1048576"}, kNobody);
+  EXPECT_EQ(setter->ReadLine(), "status 7");
+  auto c = Client::Connect(daemon->socket());
+  ASSERT_TRUE(c.ok());
+  v1::SetQuotaRequest set;
+  set.set_tenant("ops");
+  set.mutable_quota()->set_total_bytes(kMiB);
+  ASSERT_TRUE((*c)->SetQuota(set).ok());
+  v1::AllocateRequest req;
+  req.set_size_bytes(2 * kMiB);
+  EXPECT_EQ((*c)->AllocateRaw(req).status().code(), absl::StatusCode::kResourceExhausted);
+  set.set_tenant("nobody-here");
+  EXPECT_EQ((*c)->SetQuota(set).status().code(), absl::StatusCode::kNotFound);
+  v1::GetLedgerRequest lq;
+  lq.set_newest(true);
+  lq.set_limit(1);
+  auto events = (*c)->GetLedger(lq);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->events_size(), 1);
+  EXPECT_EQ(events->events(0).kind(), "QUOTA_SET");
+  EXPECT_EQ(events->events(0).detail(), "total_bytes 1.00 MiB");
+  c->reset();
+  EXPECT_EQ(daemon->Stop(), 0);
+}
+
+}  // namespace
+}  // namespace gpumem
