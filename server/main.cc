@@ -175,6 +175,7 @@ void Drain(MemoryBroker* broker, SystemdNotifier* notifier, absl::Duration limit
 // applied; `running` becomes the new config only if both succeed.
 absl::Status Reload(const std::string& path, const ReloadableFlags& flags,
                     const std::vector<placement::DeviceView>& devices,
+                    quota::QuotaBook* quotas, ledger::TenantLedger* ledger,
                     MemoryBroker* broker, v1::DaemonConfig* running) {
   google::protobuf::TextFormat::ParseInfoTree locations;
   absl::StatusOr<v1::DaemonConfig> next = LoadDaemonConfig(path, &locations);
@@ -185,8 +186,13 @@ absl::Status Reload(const std::string& path, const ReloadableFlags& flags,
       tenants::TenantDirectory::Build(*next, &locations, path, devices);
   if (!tenants.ok()) return tenants.status();
   std::vector<std::string> restart_only = RestartOnlyChanges(*running, *next);
+  QuotaTargets quota_targets;
+  quota_targets.running = running;
+  quota_targets.devices = &devices;
+  quota_targets.quotas = quotas;
+  quota_targets.ledger = ledger;
   absl::StatusOr<std::vector<std::string>> applied =
-      ApplyReloadableConfig(*next, flags, broker);
+      ApplyReloadableConfig(*next, flags, broker, &quota_targets);
   if (!applied.ok()) return applied.status();
   if (!restart_only.empty()) {
     std::cerr << "gpumemd: reload: " << absl::StrJoin(restart_only, ", ")
@@ -403,7 +409,8 @@ int Run() {
     }
     notifier.Reloading(absl::StrCat("reloading ", config_path));
     absl::Status reloaded =
-        Reload(config_path, reloadable_flags, device_views, &broker, &running);
+        Reload(config_path, reloadable_flags, device_views, &quotas, ledger.get(), &broker,
+               &running);
     if (!reloaded.ok()) {
       std::cerr << "gpumemd: reload refused, the config in force is unchanged: "
                 << reloaded.message() << "\n";

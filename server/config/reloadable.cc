@@ -3,15 +3,45 @@
 #include "server/config/reloadable.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "server/tenants/tenant_directory.h"
 
 namespace gpumem {
 
+namespace {
+
+v1::DaemonConfig TenantsWithoutQuotas(const v1::DaemonConfig& c) {
+  v1::DaemonConfig out;
+  *out.mutable_tenant() = c.tenant();
+  out.set_default_tenant(c.default_tenant());
+  for (v1::TenantConfig& t : *out.mutable_tenant()) t.clear_quota();
+  return out;
+}
+
+}  // namespace
+
+bool TenantMembershipChanged(const v1::DaemonConfig& running, const v1::DaemonConfig& next) {
+  return TenantsWithoutQuotas(running).SerializeAsString() !=
+         TenantsWithoutQuotas(next).SerializeAsString();
+}
+
 absl::StatusOr<std::vector<std::string>> ApplyReloadableConfig(
-    const v1::DaemonConfig& config, const ReloadableFlags& flags, MemoryBroker* broker) {
+    const v1::DaemonConfig& config, const ReloadableFlags& flags, MemoryBroker* broker,
+    const QuotaTargets* quota_targets) {
   std::vector<std::string> applied;
+
+  // Quotas first with the admin group: both can fail; nothing is changed
+  // before they are known to apply.
+  std::optional<tenants::TenantDirectory> next_tenants;
+  if (quota_targets != nullptr && !TenantMembershipChanged(*quota_targets->running, config)) {
+    absl::StatusOr<tenants::TenantDirectory> built = tenants::TenantDirectory::Build(
+        config, nullptr, "config", *quota_targets->devices);
+    if (!built.ok()) return built.status();
+    next_tenants = *std::move(built);
+  }
 
   const bool admin_from_flag = !flags.admin_group.empty();
   const std::string& admin = admin_from_flag ? flags.admin_group : config.admin_group();
@@ -31,6 +61,22 @@ absl::StatusOr<std::vector<std::string>> ApplyReloadableConfig(
   broker->SetEmptySlabRelease(absl::Seconds(release));
   applied.push_back(absl::StrCat("pool.empty_slab_release_seconds = ", release,
                                  " (", from, ")"));
+
+  if (next_tenants.has_value() && next_tenants->configured()) {
+    std::vector<ledger::QuotaRow> rows;
+    for (const tenants::Tenant& t : next_tenants->tenants()) {
+      quota_targets->quotas->SetQuota(t.id, t.quota);
+      if (!t.quota.unlimited()) {
+        rows.push_back({t.name, t.quota, "config (reload)", absl::GetCurrentTimeNanos()});
+      }
+    }
+    absl::Status recorded = quota_targets->ledger->ReplaceQuotas(rows);
+    broker->ServeWaiters();  // a raised quota may admit a waiting request
+    applied.push_back(absl::StrCat("quotas of ", next_tenants->tenants().size(),
+                                   " tenant(s) from the config",
+                                   recorded.ok() ? "" : absl::StrCat(
+                                       " (ledger not updated: ", recorded.message(), ")")));
+  }
   return applied;
 }
 
@@ -49,18 +95,8 @@ std::vector<std::string> RestartOnlyChanges(const v1::DaemonConfig& running,
     changed.push_back("pool.slab_size");
   }
   if (running.ledger() != next.ledger()) changed.push_back("ledger");
-  // Tenants and quotas are read at start (SetQuota changes a quota at run
-  // time); a changed tenant section waits for a restart.
-  if (running.tenant_size() != next.tenant_size() ||
-      running.default_tenant() != next.default_tenant()) {
-    changed.push_back("tenants");
-  } else {
-    for (int i = 0; i < running.tenant_size(); ++i) {
-      if (running.tenant(i).SerializeAsString() != next.tenant(i).SerializeAsString()) {
-        changed.push_back("tenants");
-        break;
-      }
-    }
+  if (TenantMembershipChanged(running, next)) {
+    changed.push_back("tenants (members, priorities, default_tenant; quotas not applied)");
   }
   return changed;
 }

@@ -9,6 +9,9 @@
   emptied slab going back to the device, while a held allocation survives
   the reload untouched.
 - A restart-only field that changed is reported as waiting for a restart.
+- Tenant quotas reload (4 MiB -> 16 MiB lets an 8 MiB allocation through)
+  when nothing else in the tenant section changed; a membership change is
+  reported as waiting for a restart and its quotas are not applied.
 - admin_group is reloadable: a group that does not exist is refused with
   its line; when run as root, a caller of uid/gid nobody/nogroup sees only
   its own sessions until admin_group "nogroup" is reloaded, then everyone's.
@@ -127,4 +130,30 @@ if d.ctl("free", held_id).stdout.strip() != "freed %s" % held_id:
 holder.send_signal(signal.SIGINT)
 holder.wait(30)
 d.stop()
+
+# 5. Tenant quotas reload when only quotas changed; a changed tenant
+# section otherwise waits for a restart (and its quotas are not applied).
+uid = os.getuid()
+tenant = 'tenant {{ name: "me" uids: [{uid}] quota {{ total_bytes: "{q}" }} }}\n'
+q = Daemon(gpumemd, ctl, ["--sim_devices=2x1GiB", "--config=" + config])
+write('backend: "sim"\n' + tenant.format(uid=uid, q="4MiB"))
+q.proc.kill()
+q.proc.wait()
+q = Daemon(gpumemd, ctl, ["--sim_devices=2x1GiB", "--config=" + config], workdir=q.workdir)
+q.wait_serving()
+r = q.ctl("alloc", "8MiB", check=False)
+if r.returncode != 1 or "quota" not in r.stderr:
+    fail("8 MiB over a 4 MiB quota should be refused: %s" % r.stderr, q)
+write('backend: "sim"\n' + tenant.format(uid=uid, q="16MiB"))
+q.signal(signal.SIGHUP)
+wait_for(lambda: "quotas of 1 tenant(s) from the config" in q.log(), "the quota reload",
+         daemon=q)
+q.ctl("alloc", "8MiB")  # fits the reloaded 16 MiB
+write('backend: "sim"\n' + tenant.format(uid=str(uid) + ", 4242", q="1MiB"))
+q.signal(signal.SIGHUP)
+wait_for(lambda: "tenants (members" in q.log(), "the membership change to be reported",
+         daemon=q)
+q.ctl("alloc", "8MiB")  # the 1 MiB quota of a changed section was not applied
+q.stop()
+print("quota reload: 4 MiB -> 16 MiB applied; a membership change left for restart")
 print("PASS")
