@@ -7,9 +7,11 @@
 //    LoadDaemonConfig accepted, so start and reload cannot disagree.
 //  - It changes only what affects new requests and future maintenance;
 //    no session, allocation or slab is dropped or moved.
-//  - All or nothing: the one setting that can still fail at apply time (the
-//    admin group, if it vanished from the system since validation) is
-//    applied first, and on failure nothing else is changed.
+//  - All or nothing: what can still fail at apply time (building the new
+//    quotas; the admin group, if it vanished from the system since
+//    validation) is done first, and on failure nothing is changed. Writing
+//    the reloaded quotas to the ledger's quota table is best effort (a
+//    failure is reported in the returned line; the quotas apply anyway).
 //  - A setting also given as a command-line flag keeps the flag's value
 //    (flags win over the file, at start and on reload).
 //
