@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/slab_mapper.h"
+#include "client/stream_transport.h"
 #include "common/fd_channel.h"
 #include "common/refusal_payload.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
@@ -58,6 +59,8 @@ std::string DefaultSocketPath() {
 struct Client::Impl {
   std::string socket_path;
   std::unique_ptr<v1::GpuMemory::Stub> stub;
+  // The hot path; the unary stub serves a daemon without the stream.
+  std::unique_ptr<StreamTransport> stream;
   // Set when the daemon cannot see this process's pid (another pid
   // namespace): the session bound to our slab channel, sent with each call.
   std::string session_token;
@@ -112,11 +115,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path)
   auto channel = grpc::CreateCustomChannel(
       "unix:" + socket_path, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::GpuMemory::NewStub(channel);
+  impl->stream = std::make_unique<StreamTransport>(impl->stub.get(), impl->session_token);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
 absl::StatusOr<v1::AllocateResponse> Client::AllocateRaw(
     const v1::AllocateRequest& request) {
+  absl::StatusOr<v1::AllocateResponse> streamed = impl_->stream->Allocate(request);
+  if (!impl_->stream->unsupported()) return streamed;
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   v1::AllocateResponse response;
@@ -130,6 +136,8 @@ absl::Status Client::Free(uint64_t allocation_id) {
   impl_->Prepare(&ctx);
   v1::FreeRequest req;
   req.set_id(allocation_id);
+  absl::StatusOr<v1::FreeResponse> streamed = impl_->stream->Free(req);
+  if (!impl_->stream->unsupported()) return streamed.status();
   v1::FreeResponse resp;
   return FromGrpc(impl_->stub->Free(&ctx, req, &resp));
 }
@@ -146,6 +154,8 @@ absl::StatusOr<v1::GetStatsResponse> Client::GetStats(bool include_slabs) {
 }
 
 absl::StatusOr<v1::Session> Client::GetSession() {
+  absl::StatusOr<v1::Session> streamed = impl_->stream->GetSession();
+  if (!impl_->stream->unsupported()) return streamed;
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   v1::Session resp;

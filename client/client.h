@@ -1,7 +1,9 @@
 // gpumem::Client: the thin C++ client of gpumemd.
 //
 // Connect() opens one gRPC channel and one slab-handle channel to the
-// daemon's socket. Allocate() asks for memory and returns a Buffer whose
+// daemon's socket. Allocate, Free and GetSession travel on one long-lived
+// stream (stream_transport.h), or as unary RPCs against a daemon without it.
+// Allocate() asks for memory and returns a Buffer whose
 // data() is a pointer the process can use at once: the first block in a slab
 // makes the client open the slab the way its handle kind says
 // (client/slab_mapper.h: mmap of a memfd, CUDA VMM import of an fd, or a

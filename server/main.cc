@@ -28,7 +28,6 @@
 #include <string>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
@@ -57,8 +56,10 @@
 #include "server/ledger/tenant_ledger.h"
 #include "server/quota/quota_book.h"
 #include "server/service/gpumem_service.h"
+#include "server/service/health_service.h"
 #include "server/service/memory_broker.h"
 #include "server/service/socket_listener.h"
+#include "server/service/stream_service.h"
 #include "server/session/peer_credentials.h"
 #include "server/systemd/listen_fds.h"
 #include "server/systemd/notifier.h"
@@ -96,6 +97,8 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, ledger, "",
           "the ledger file (SQLite; directory created), or none to keep no ledger "
           "(default /var/lib/gpumemd/ledger.db)");
+ABSL_FLAG(int, stream_threads, 1,
+          "threads (one completion queue each) serving the Stream RPC");
 
 namespace gpumem {
 namespace {
@@ -345,12 +348,24 @@ int Run() {
     service = std::make_unique<GpuMemoryService>(&broker, &peers, &tenant_admin);
   }
 
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.RegisterService(service.get());
+  // Our own health service: gRPC's default one adds polling threads that
+  // double the cost of a stream round trip (health_service.h).
+  HealthService health;
+  builder.RegisterService(&health);
+  StreamServiceOptions stream_options;
+  stream_options.threads = absl::GetFlag(FLAGS_stream_threads);
+  if (stream_options.threads < 1 || stream_options.threads > 64) {
+    Die(absl::InvalidArgumentError("--stream_threads must be in [1, 64]"));
+  }
+  StreamService streams(&broker, &peers, service.get(), stream_options);
+  streams.AddCompletionQueues(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) Die(absl::InternalError("gRPC server failed to start"));
+  streams.Start();
+  health.Start(streams.shared_queue());
 
   absl::StatusOr<std::optional<int>> activation = TakeActivationSocket();
   if (!activation.ok()) Die(activation.status());
@@ -424,7 +439,7 @@ int Run() {
   broker.StopWaiting();  // waiting Allocates answer now, not at their deadline
   // Health checks (gpumemd_probe, Kubernetes readiness) see NOT_SERVING from
   // now on, so nothing new is sent here while the daemon drains.
-  server->GetHealthCheckService()->SetServingStatus(false);
+  health.SetNotServing();
   std::cerr << "gpumemd: signal " << sig << ": stopping; new allocations are refused\n";
   notifier.Stopping(absl::StrCat("draining: ", broker.live_allocations(),
                                  " allocation(s) live"));
@@ -434,6 +449,7 @@ int Run() {
   // otherwise hold Shutdown until the deadline.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
   metrics.reset();  // no scrape may reach the broker after this
+  streams.Shutdown();
   broker.Shutdown();
   ledger->Close();  // commits the DAEMON_STOP events of the release above
   notifier.StopWatchdog();
@@ -452,7 +468,7 @@ int main(int argc, char** argv) {
       "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
       "[--reserve_fraction=0] [--handle_kinds=cuda_vmm_fd,cuda_ipc] [--admin_group=GROUP] "
       "[--drain_seconds=0] [--metrics_listen=HOST:PORT] "
-      "[--ledger=/var/lib/gpumemd/ledger.db|none]");
+      "[--ledger=/var/lib/gpumemd/ledger.db|none] [--stream_threads=1]");
   // --help lists the flags of this file (Abseil's default looks for a file
   // named after the program, gpumemd.cc, and found none).
   absl::FlagsUsageConfig usage;

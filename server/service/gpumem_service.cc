@@ -19,11 +19,6 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(code, message, details.SerializeAsString());
 }
 
-namespace {
-
-// The caller as the kernel identifies its connection; a caller without a
-// visible pid proves its connection-bound session with the token its slab
-// channel was given.
 absl::StatusOr<PeerCred> CallerOf(grpc::ServerContext* ctx, const PeerTable& peers,
                                   const MemoryBroker& broker) {
   absl::StatusOr<PeerCred> caller = peers.Lookup(ctx->peer());
@@ -36,6 +31,8 @@ absl::StatusOr<PeerCred> CallerOf(grpc::ServerContext* ctx, const PeerTable& pee
   caller->bound_session = *session;
   return caller;
 }
+
+namespace {
 
 template <typename T>
 grpc::Status Reply(absl::StatusOr<T> result, T* out) {

@@ -5,13 +5,16 @@
 // the "fd:N" peer string of connections the SocketListener accepted),
 // calls the broker, and maps absl statuses to gRPC statuses one to one.
 // A placement refusal travels as binary error details: a google.rpc.Status
-// whose details hold a gpumem.v1.PlacementRefusal. server/metrics/
-// metered_service.h derives from it to count and time calls.
+// whose details hold a gpumem.v1.PlacementRefusal. The Stream method is not
+// served here but asynchronously by StreamService (stream_service.h).
+// server/metrics/metered_service.h derives from it to count and time the
+// unary Allocate and Free.
 #ifndef GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
 
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "server/service/memory_broker.h"
+#include "server/service/stream_service.h"
 #include "server/session/peer_credentials.h"
 #include "server/tenants/tenant_admin.h"
 
@@ -21,7 +24,15 @@ namespace gpumem {
 // becomes the binary error details.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-class GpuMemoryService : public v1::GpuMemory::Service {
+// The caller as the kernel identifies its connection (PeerTable, by
+// ctx->peer()); a caller without a visible pid proves its connection-bound
+// session with the token its slab channel was given (gRPC metadata
+// kSessionTokenHeader). Used by the unary handlers and, once per stream,
+// by StreamService.
+absl::StatusOr<PeerCred> CallerOf(grpc::ServerContext* ctx, const PeerTable& peers,
+                                  const MemoryBroker& broker);
+
+class GpuMemoryService : public GpuMemoryWithAsyncStream {
  public:
   // `tenants` (GetUsage, GetLedger, SetQuota) may be null: those RPCs are
   // then UNIMPLEMENTED.

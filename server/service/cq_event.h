@@ -1,0 +1,40 @@
+// CqEvent and EventQueue: the completion queues the daemon's async services
+// share, and what their tags point to.
+//
+// The async parts of the daemon (the Stream RPC, the health Watch) share the
+// completion queues StreamService drains: every thread blocked on a server
+// completion queue also polls every connection, so each extra queue thread
+// costs every call wake-ups (README, "Hot path"). A queue's thread calls
+// OnEvent(ok) of each tag it dequeues; the object behind the tag decides
+// what the event means and may delete its owner.
+//
+// gRPC aborts when an operation is started on a queue that was shut down, so
+// the draining thread itself shuts its queue down (on a stop event) and sets
+// `stopping` first: handlers, which run on that thread only, start no new
+// operation once it is set, and free their objects when nothing of theirs is
+// outstanding.
+#ifndef GPUMEMD_SERVER_SERVICE_CQ_EVENT_H_
+#define GPUMEMD_SERVER_SERVICE_CQ_EVENT_H_
+
+#include <memory>
+
+#include <grpcpp/completion_queue.h>
+
+namespace gpumem {
+
+class CqEvent {
+ public:
+  virtual void OnEvent(bool ok) = 0;
+
+ protected:
+  ~CqEvent() = default;
+};
+
+struct EventQueue {
+  std::unique_ptr<grpc::ServerCompletionQueue> cq;
+  bool stopping = false;  // read and written by the draining thread only
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_SERVICE_CQ_EVENT_H_

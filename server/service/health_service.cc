@@ -1,0 +1,109 @@
+// See health_service.h. A WatchCall lives from its accept to the end of its
+// stream: accepted -> status written -> (client leaves or server stops: the
+// done event) -> Finish -> deleted. Its events arrive on one queue drained
+// by one thread, so it needs no lock.
+#include "server/service/health_service.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "server/service/cq_event.h"
+
+namespace gpumem {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+class HealthService::WatchCall {
+  // A tag handed to gRPC: which call, which event. Passed as CqEvent*.
+  enum class Event { kAccepted, kWritten, kDone, kFinished };
+  struct Tag final : CqEvent {
+    Tag(WatchCall* c, Event e) : call(c), event(e) {}
+    void OnEvent(bool ok) override { call->OnEvent(event, ok); }
+    void* tag() { return static_cast<CqEvent*>(this); }
+    WatchCall* const call;
+    const Event event;
+  };
+
+ public:
+  WatchCall(HealthService* service, EventQueue* queue)
+      : service_(service), queue_(queue), cq_(queue->cq.get()), writer_(&ctx_) {
+    ctx_.AsyncNotifyWhenDone(done_tag_.tag());
+    service_->RequestWatch(&ctx_, &request_, &writer_, cq_, cq_, accept_tag_.tag());
+  }
+
+ private:
+  void OnEvent(Event event, bool ok) {
+    switch (event) {
+      case Event::kAccepted:
+        if (!ok) {  // shutting down; the call never started
+          delete this;
+          return;
+        }
+        if (queue_->stopping) break;  // no new operation; ends at its done event
+        new WatchCall(service_, queue_);
+        response_.set_status(service_->StatusOf(request_.service()));
+        writing_ = true;
+        writer_.Write(response_, write_tag_.tag());
+        return;
+      case Event::kWritten:
+        writing_ = false;
+        break;
+      case Event::kDone:
+        done_ = true;
+        break;
+      case Event::kFinished:
+        delete this;
+        return;
+    }
+    if (done_ && !writing_ && !finishing_) {
+      if (queue_->stopping) {  // no new operation on a stopping queue
+        delete this;
+        return;
+      }
+      finishing_ = true;
+      writer_.Finish(grpc::Status::OK, finish_tag_.tag());
+    }
+  }
+
+  HealthService* service_;
+  EventQueue* queue_;
+  grpc::ServerCompletionQueue* cq_;
+  grpc::ServerContext ctx_;
+  HealthCheckRequest request_;
+  HealthCheckResponse response_;
+  grpc::ServerAsyncWriter<HealthCheckResponse> writer_;
+  Tag accept_tag_{this, Event::kAccepted};
+  Tag write_tag_{this, Event::kWritten};
+  Tag done_tag_{this, Event::kDone};
+  Tag finish_tag_{this, Event::kFinished};
+  bool writing_ = false;
+  bool done_ = false;
+  bool finishing_ = false;
+};
+
+HealthCheckResponse::ServingStatus HealthService::StatusOf(
+    const std::string& service) const {
+  if (!service.empty() && service != "gpumem.v1.GpuMemory") {
+    return HealthCheckResponse::SERVICE_UNKNOWN;
+  }
+  return serving_.load(std::memory_order_relaxed) ? HealthCheckResponse::SERVING
+                                                  : HealthCheckResponse::NOT_SERVING;
+}
+
+grpc::Status HealthService::Check(grpc::ServerContext*,
+                                  const HealthCheckRequest* request,
+                                  HealthCheckResponse* response) {
+  HealthCheckResponse::ServingStatus status = StatusOf(request->service());
+  if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("unknown service \"", request->service(),
+                                     "\" (this daemon serves \"\" and gpumem.v1.GpuMemory)"));
+  }
+  response->set_status(status);
+  return grpc::Status::OK;
+}
+
+void HealthService::Start(EventQueue* queue) { new WatchCall(this, queue); }
+
+}  // namespace gpumem

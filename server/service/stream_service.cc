@@ -1,0 +1,311 @@
+// See stream_service.h. One Call per stream, driven by the events of its
+// completion queue (accepted, read done, write done, finish done, call done);
+// all of a Call's events arrive on one queue, drained by one thread. Tags
+// are CqEvents (cq_event.h), so other async services may share the queues.
+//
+// Invariants of a Call:
+//  - at most one Read and one Write outstanding (gRPC's rule); Finish only
+//    when neither is, and once;
+//  - outbox_ holds the answers not yet written, oldest first; while writing_
+//    its front is the one being written; in_flight_ holds the request ids of
+//    exactly the answers in outbox_;
+//  - deleted only when its accept failed, or when Finish completed, the done
+//    event arrived and nothing is outstanding.
+#include "server/service/stream_service.h"
+
+#include <deque>
+#include <string>
+#include <utility>
+
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/server_context.h>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/rpc_status.h"
+#include "server/service/cq_event.h"
+#include "server/service/gpumem_service.h"
+
+namespace gpumem {
+
+class StreamService::Call {
+  // A tag handed to gRPC: which call, which event. Passed as CqEvent*.
+  enum class Event { kAccepted, kRead, kWritten, kFinished, kDone };
+  struct Tag final : CqEvent {
+    Tag(Call* c, Event e) : call(c), event(e) {}
+    void OnEvent(bool ok) override { Call::OnEvent(this, ok); }
+    void* tag() { return static_cast<CqEvent*>(this); }
+    Call* const call;
+    const Event event;
+  };
+
+ public:
+  Call(StreamService* owner, EventQueue* queue)
+      : owner_(owner), queue_(queue), cq_(queue->cq.get()), stream_(&ctx_) {}
+
+  // Posts the request for the next stream on `cq`.
+  void Listen() {
+    ctx_.AsyncNotifyWhenDone(done_tag_.tag());
+    owner_->service_->RequestStream(&ctx_, &stream_, cq_, cq_, accept_tag_.tag());
+  }
+
+  // Handles one event of this call; deletes the call when it is over.
+  static void OnEvent(const Tag* t, bool ok) {
+    Call* call = t->call;
+    switch (t->event) {
+      case Event::kAccepted:
+        if (!ok) {  // the server is shutting down; no stream was started
+          delete call;
+          return;
+        }
+        call->OnAccepted();
+        break;
+      case Event::kRead:
+        call->OnRead(ok);
+        break;
+      case Event::kWritten:
+        call->OnWritten(ok);
+        break;
+      case Event::kFinished:
+        call->finished_ = true;
+        break;
+      case Event::kDone:
+        call->done_ = true;
+        if (call->ctx_.IsCancelled()) call->broken_ = true;
+        break;
+    }
+    call->MaybeFinish();
+    if (call->finished_ && call->done_ && !call->reading_ && !call->writing_) {
+      delete call;
+    }
+  }
+
+ private:
+  struct Outgoing {
+    uint64_t request_id = 0;
+    grpc::ByteBuffer bytes;
+    std::vector<uint64_t> allocation_ids;  // freed if never delivered
+  };
+
+  void OnAccepted() {
+    // The next stream on this queue gets a fresh Call.
+    if (!queue_->stopping) (new Call(owner_, queue_))->Listen();
+    absl::StatusOr<PeerCred> caller = CallerOf(&ctx_, *owner_->peers_, *owner_->broker_);
+    if (!caller.ok()) {
+      Fail(ToGrpcStatus(caller.status()));
+      return;
+    }
+    caller_ = *caller;
+    StartRead();
+  }
+
+  void StartRead() {
+    if (queue_->stopping) return;
+    reading_ = true;
+    stream_.Read(&incoming_, read_tag_.tag());
+  }
+
+  void OnRead(bool ok) {
+    reading_ = false;
+    if (!ok || broken_) {  // the client half-closed, or the stream broke
+      reads_closed_ = true;
+      return;
+    }
+    ++messages_read_;
+    v1::StreamRequest request;
+    if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::StreamRequest>(
+             &incoming_, &request).ok()) {
+      Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("stream message ", messages_read_,
+                                     " is not a gpumem.v1.StreamRequest")));
+      return;
+    }
+    if (!in_flight_.insert(request.request_id()).second) {
+      Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("request id ", request.request_id(),
+                                     " reused while its request is in flight; "
+                                     "use a new id per request")));
+      return;
+    }
+    Answer(request);
+    StartWriteIfIdle();
+    if (outbox_.size() < owner_->options_.max_queued_replies) StartRead();
+  }
+
+  // Runs the request against the broker and queues its answer.
+  void Answer(const v1::StreamRequest& request) {
+    v1::StreamReply reply;
+    v1::StreamAnswer* answer = reply.mutable_answer();
+    answer->set_request_id(request.request_id());
+    Outgoing out;
+    out.request_id = request.request_id();
+    absl::Status status;
+    switch (request.request_case()) {
+      case v1::StreamRequest::kAllocate: {
+        absl::StatusOr<v1::AllocateResponse> r =
+            owner_->broker_->Allocate(caller_, request.allocate());
+        status = r.status();
+        if (r.ok()) {
+          for (const v1::Allocation& a : r->allocations()) {
+            out.allocation_ids.push_back(a.id());
+          }
+          *answer->mutable_allocate() = std::move(*r);
+        }
+        break;
+      }
+      case v1::StreamRequest::kFree: {
+        absl::StatusOr<v1::FreeResponse> r =
+            owner_->broker_->Free(caller_, request.free());
+        status = r.status();
+        if (r.ok()) *answer->mutable_free() = std::move(*r);
+        break;
+      }
+      case v1::StreamRequest::kGetSession: {
+        absl::StatusOr<v1::Session> r = owner_->broker_->GetSession(caller_);
+        status = r.status();
+        if (r.ok()) *answer->mutable_session() = std::move(*r);
+        break;
+      }
+      case v1::StreamRequest::REQUEST_NOT_SET:
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "StreamRequest ", request.request_id(),
+            " carries no request: set allocate, free or get_session"));
+        break;
+    }
+    if (!status.ok()) *answer->mutable_status() = ToRpcStatus(status);
+    bool own_buffer = false;
+    grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::StreamReply>(
+        reply, &out.bytes, &own_buffer);
+    outbox_.push_back(std::move(out));
+  }
+
+  void StartWriteIfIdle() {
+    if (writing_ || outbox_.empty() || broken_ || queue_->stopping) return;
+    writing_ = true;
+    stream_.Write(outbox_.front().bytes, write_tag_.tag());
+  }
+
+  void OnWritten(bool ok) {
+    writing_ = false;
+    if (!ok) {  // the client is gone; what is left was never delivered
+      broken_ = true;
+      return;
+    }
+    in_flight_.erase(outbox_.front().request_id);
+    outbox_.pop_front();
+    StartWriteIfIdle();
+    if (!reading_ && !reads_closed_ && !failed_ && !broken_ &&
+        outbox_.size() < owner_->options_.max_queued_replies) {
+      StartRead();
+    }
+  }
+
+  // Ends the stream with `status` once the queued answers are written.
+  void Fail(grpc::Status status) {
+    failed_ = true;
+    final_status_ = std::move(status);
+  }
+
+  // Finishes when nothing more will be read, nothing is outstanding and the
+  // answers are written (or can no longer be).
+  void MaybeFinish() {
+    if (finish_started_ || reading_ || writing_) return;
+    if (queue_->stopping) {  // no new operation: the call just ends
+      FreeUndelivered();
+      finish_started_ = finished_ = true;
+      return;
+    }
+    if (!reads_closed_ && !failed_ && !broken_) return;
+    if (!outbox_.empty() && !broken_) return;
+    FreeUndelivered();
+    finish_started_ = true;
+    stream_.Finish(final_status_, finish_tag_.tag());
+  }
+
+  void FreeUndelivered() {
+    for (const Outgoing& out : outbox_) {
+      for (uint64_t id : out.allocation_ids) {
+        v1::FreeRequest free;
+        free.set_id(id);
+        owner_->broker_->Free(caller_, free).IgnoreError();
+      }
+    }
+    outbox_.clear();
+    in_flight_.clear();
+  }
+
+  StreamService* owner_;
+  EventQueue* queue_;
+  grpc::ServerCompletionQueue* cq_;
+  grpc::ServerContext ctx_;
+  grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer> stream_;
+  Tag accept_tag_{this, Event::kAccepted};
+  Tag read_tag_{this, Event::kRead};
+  Tag write_tag_{this, Event::kWritten};
+  Tag finish_tag_{this, Event::kFinished};
+  Tag done_tag_{this, Event::kDone};
+
+  PeerCred caller_;
+  grpc::ByteBuffer incoming_;
+  uint64_t messages_read_ = 0;
+  std::deque<Outgoing> outbox_;
+  absl::flat_hash_set<uint64_t> in_flight_;
+  grpc::Status final_status_;  // OK unless Fail()
+  bool reading_ = false;
+  bool writing_ = false;
+  bool reads_closed_ = false;
+  bool failed_ = false;
+  bool broken_ = false;
+  bool finish_started_ = false;
+  bool finished_ = false;
+  bool done_ = false;
+};
+
+StreamService::StreamService(MemoryBroker* broker, const PeerTable* peers,
+                             GpuMemoryWithAsyncStream* service,
+                             StreamServiceOptions options)
+    : broker_(broker), peers_(peers), service_(service), options_(options) {
+  if (options_.threads < 1) options_.threads = 1;
+  if (options_.max_queued_replies < 1) options_.max_queued_replies = 1;
+}
+
+StreamService::~StreamService() { Shutdown(); }
+
+void StreamService::AddCompletionQueues(grpc::ServerBuilder* builder) {
+  for (int i = 0; i < options_.threads; ++i) {
+    auto q = std::make_unique<Queue>();
+    q->events.cq = builder->AddCompletionQueue();
+    queues_.push_back(std::move(q));
+  }
+}
+
+void StreamService::Start() {
+  for (auto& q : queues_) {
+    grpc::ServerCompletionQueue* cq = q->events.cq.get();
+    (new Call(this, &q->events))->Listen();
+    q->thread = std::thread([cq] {
+      void* tag = nullptr;
+      bool ok = false;
+      while (cq->Next(&tag, &ok)) static_cast<CqEvent*>(tag)->OnEvent(ok);
+    });
+  }
+}
+
+void StreamService::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  for (auto& q : queues_) {
+    if (q->thread.joinable()) {
+      // Due at once: the queue's thread shuts the queue down itself.
+      q->stop_alarm.Set(q->events.cq.get(), gpr_now(GPR_CLOCK_MONOTONIC),
+                        static_cast<CqEvent*>(&q->stop));
+    } else if (q->events.cq != nullptr) {
+      q->events.cq->Shutdown();
+    }
+  }
+  for (auto& q : queues_) {
+    if (q->thread.joinable()) q->thread.join();
+  }
+}
+
+}  // namespace gpumem

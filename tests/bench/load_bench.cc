@@ -1,0 +1,611 @@
+// load_bench: gpumemd under load from many client processes, against the
+// gRPC floor, side by side in one run.
+//
+//   bazel run -c opt //tests/bench:load_bench [-- --json] [--soak_seconds=60]
+//
+// It starts its own gpumemd (sim backend, 4 devices) and a FloorServer
+// (floor_server.h: the same service and message shapes with canned answers)
+// on private sockets. For each client count of --clients it runs, one after
+// the other, floor and daemon over the stream and over unary: N client
+// processes (this binary, --role=client), each doing warm Allocate+Free
+// pairs of --size bytes for --seconds, all starting at the same instant.
+// Per row: pairs/s, p50/p99/p999 µs per pair, errors, the server process's
+// CPU per pair, and for daemon rows the ratios to the floor row of the same
+// transport and client count.
+//
+// Then:
+//  - anatomy (--anatomy): one client, unary and stream, against a floor
+//    whose connections come from gRPC's own listening port ("floor"), one
+//    whose connections it accepts itself and hands over by fd as gpumemd
+//    does ("floor_fd"), for unary one serving Allocate and Free async from
+//    its completion queue ("floor_async"), and the daemon: where a unary
+//    call's time goes.
+//  - soak: 16 clients on the daemon's stream for --soak_seconds; the
+//    daemon's RSS at the start (clients connected and warm) and at the end.
+//  - scale (--scale_blocks > 0): a second daemon with --scale_devices
+//    devices; GetStats p50/p99 empty and with --scale_blocks live 4 KiB
+//    blocks (held by 4 filler processes), daemon RSS per live block, and the
+//    time until the blocks are reclaimed once the fillers are killed.
+// --json prints everything as one JSON object instead of tables.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/stream_transport.h"
+#include "proto/gpumem/v1/gpumem.grpc.pb.h"
+#include "tests/bench/floor_server.h"
+#include "tests/integration/daemon_fixture.h"
+
+ABSL_FLAG(std::string, clients, "1,4,16,64", "client process counts");
+ABSL_FLAG(double, seconds, 3, "measured seconds per row");
+ABSL_FLAG(double, soak_seconds, 60, "seconds of the 16-client soak (0: none)");
+ABSL_FLAG(int, soak_clients, 16, "client processes of the soak");
+ABSL_FLAG(uint64_t, size, 64 << 10, "bytes per allocation");
+ABSL_FLAG(bool, anatomy, true, "also time one client against each server shape");
+ABSL_FLAG(uint64_t, scale_blocks, 0,
+          "live blocks of the scale section (0: skip it; the issue's figure is 1000000)");
+ABSL_FLAG(int, scale_devices, 64, "simulated devices of the scale section");
+ABSL_FLAG(int, stream_threads, 1, "the daemon's --stream_threads");
+ABSL_FLAG(bool, json, false, "print JSON");
+// Internal: how this binary runs as a child of itself.
+ABSL_FLAG(std::string, role, "driver",
+          "driver | floor | floor_fd | floor_async | client | filler");
+ABSL_FLAG(std::string, target, "", "client/filler: the server's socket");
+ABSL_FLAG(std::string, transport, "stream", "client: stream | unary");
+ABSL_FLAG(std::string, out, "", "client: file for the per-pair samples");
+ABSL_FLAG(std::string, go_file, "", "client: holds the start time once all are ready");
+ABSL_FLAG(uint64_t, count, 0, "filler: blocks to allocate and hold");
+
+namespace gpumem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             Clock::now().time_since_epoch()).count();
+}
+
+std::shared_ptr<grpc::Channel> Dial(const std::string& socket) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  return grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+// ---- client role -------------------------------------------------------
+
+// One Allocate+Free pair over the chosen transport.
+class PairRunner {
+ public:
+  PairRunner(const std::string& socket, bool stream)
+      : stub_(v1::GpuMemory::NewStub(Dial(socket))) {
+    if (stream) stream_ = std::make_unique<StreamTransport>(stub_.get());
+    alloc_.set_size_bytes(absl::GetFlag(FLAGS_size));
+  }
+
+  // Empty on success, else the first failure's words.
+  std::string Pair() {
+    uint64_t id = 0;
+    if (stream_ != nullptr) {
+      absl::StatusOr<v1::AllocateResponse> a = stream_->Allocate(alloc_);
+      if (!a.ok()) return a.status().ToString();
+      id = a->allocations(0).id();
+      v1::FreeRequest f;
+      f.set_id(id);
+      absl::StatusOr<v1::FreeResponse> r = stream_->Free(f);
+      return r.ok() ? "" : r.status().ToString();
+    }
+    v1::AllocateResponse a;
+    {
+      grpc::ClientContext ctx;
+      grpc::Status s = stub_->Allocate(&ctx, alloc_, &a);
+      if (!s.ok()) return absl::StrCat("Allocate: ", s.error_code(), " ", s.error_message());
+    }
+    if (a.allocations_size() == 0) return "Allocate: no allocation";
+    v1::FreeRequest f;
+    f.set_id(a.allocations(0).id());
+    v1::FreeResponse r;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Free(&ctx, f, &r);
+    return s.ok() ? "" : absl::StrCat("Free: ", s.error_code(), " ", s.error_message());
+  }
+
+  StreamTransport* stream() { return stream_.get(); }
+
+ private:
+  std::unique_ptr<v1::GpuMemory::Stub> stub_;
+  std::unique_ptr<StreamTransport> stream_;
+  v1::AllocateRequest alloc_;
+};
+
+// Waits for the driver's go file and returns the start time it holds.
+int64_t WaitForGo(const std::string& path) {
+  for (;;) {
+    std::ifstream in(path);
+    int64_t start = 0;
+    if (in >> start) return start;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+int RunClient() {
+  PairRunner runner(absl::GetFlag(FLAGS_target), absl::GetFlag(FLAGS_transport) == "stream");
+  for (int i = 0; i < 100; ++i) {  // warm: channel, stream, slabs
+    std::string e = runner.Pair();
+    if (!e.empty()) {
+      printf("failed warm-up: %s\n", e.c_str());
+      return 1;
+    }
+  }
+  printf("ready\n");
+  fflush(stdout);
+  const int64_t start = WaitForGo(absl::GetFlag(FLAGS_go_file));
+  const int64_t end = start + static_cast<int64_t>(absl::GetFlag(FLAGS_seconds) * 1e9);
+  while (NowNs() < start) {
+  }
+  std::vector<float> us;
+  us.reserve(1 << 16);
+  uint64_t errors = 0;
+  std::string first_error;
+  for (int64_t t0 = NowNs(); t0 < end;) {
+    std::string e = runner.Pair();
+    int64_t t1 = NowNs();
+    if (e.empty()) {
+      us.push_back(static_cast<float>((t1 - t0) / 1e3));
+    } else if (errors++ == 0) {
+      first_error = e;
+    }
+    t0 = t1;
+  }
+  FILE* f = fopen(absl::GetFlag(FLAGS_out).c_str(), "wb");
+  if (f == nullptr || fwrite(us.data(), sizeof(float), us.size(), f) != us.size()) {
+    printf("failed to write samples\n");
+    return 1;
+  }
+  fclose(f);
+  printf("done %zu %llu %s\n", us.size(), static_cast<unsigned long long>(errors),
+         first_error.c_str());
+  fflush(stdout);
+  return 0;
+}
+
+// ---- filler role (scale section) ----------------------------------------
+
+int RunFiller() {
+  auto stub = v1::GpuMemory::NewStub(Dial(absl::GetFlag(FLAGS_target)));
+  StreamTransport stream(stub.get());
+  v1::AllocateRequest req;
+  req.set_size_bytes(4096);
+  uint64_t errors = 0;
+  const uint64_t count = absl::GetFlag(FLAGS_count);
+  for (uint64_t i = 0; i < count; ++i) {
+    if (!stream.Allocate(req).ok()) ++errors;
+  }
+  printf("filled %llu %llu\n", static_cast<unsigned long long>(count - errors),
+         static_cast<unsigned long long>(errors));
+  fflush(stdout);
+  pause();  // holds the blocks until killed
+  return 0;
+}
+
+// ---- driver -------------------------------------------------------------
+
+// CPU seconds (user + system) of a process so far.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t paren = all.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::vector<std::string> f = absl::StrSplit(all.substr(paren + 2), ' ');
+  if (f.size() < 13) return 0;
+  double utime = 0, stime = 0;
+  absl::SimpleAtod(f[11], &utime);
+  absl::SimpleAtod(f[12], &stime);
+  return (utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
+// Resident set of a process, bytes.
+uint64_t RssBytes(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    uint64_t kb = 0;
+    if (line.rfind("VmRSS:", 0) == 0 &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(
+                             absl::StripSuffix(line.substr(6), "kB")), &kb)) {
+      return kb * 1024;
+    }
+  }
+  return 0;
+}
+
+double Quantile(const std::vector<float>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  return sorted[static_cast<size_t>(q * (sorted.size() - 1))];
+}
+
+struct Row {
+  std::string section = "load";  // load | anatomy | soak
+  std::string target;            // floor | floor_fd | daemon
+  std::string transport;         // stream | unary
+  int clients = 0;
+  uint64_t pairs = 0, errors = 0;
+  std::string first_error;
+  double seconds = 0, pairs_per_s = 0, p50 = 0, p99 = 0, p999 = 0;
+  double cpu_us_per_pair = 0;  // of the server process
+  uint64_t rss_start = 0, rss_end = 0;
+  // Daemon rows: ratio to the floor row of the same transport and count.
+  double x_floor_pairs = 0, x_floor_p50 = 0;
+};
+
+class Driver {
+ public:
+  explicit Driver(std::string self) : self_(std::move(self)), dir_(testing::MakeTempDir()) {}
+
+  // N client processes against `socket` (served by process `server`).
+  Row RunPhase(const std::string& target, const std::string& socket, pid_t server,
+               const std::string& transport, int n, double seconds) {
+    Row row;
+    row.target = target;
+    row.transport = transport;
+    row.clients = n;
+    row.seconds = seconds;
+    const std::string go = absl::StrCat(dir_, "/go-", ++phase_);
+    std::vector<std::unique_ptr<testing::ChildProcess>> kids;
+    std::vector<std::string> outs;
+    for (int i = 0; i < n; ++i) {
+      outs.push_back(absl::StrCat(dir_, "/samples-", phase_, "-", i));
+      kids.push_back(std::make_unique<testing::ChildProcess>(std::vector<std::string>{
+          self_, "--role=client", "--target=" + socket, "--transport=" + transport,
+          "--out=" + outs.back(), "--go_file=" + go,
+          absl::StrCat("--seconds=", seconds), absl::StrCat("--size=", absl::GetFlag(FLAGS_size))}));
+    }
+    for (auto& k : kids) {
+      std::string line = k->ReadLine(120000);
+      if (line != "ready") {
+        row.errors += 1;
+        if (row.first_error.empty()) row.first_error = "client not ready: " + line;
+      }
+    }
+    const int64_t start = NowNs() + 20'000'000;
+    {
+      std::ofstream tmp(go + ".tmp");
+      tmp << start << "\n";
+    }
+    rename((go + ".tmp").c_str(), go.c_str());
+    while (NowNs() < start) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const double cpu0 = ProcessCpuSeconds(server);
+    row.rss_start = RssBytes(server);
+    std::this_thread::sleep_for(std::chrono::nanoseconds(static_cast<int64_t>(seconds * 1e9)));
+    const double cpu1 = ProcessCpuSeconds(server);
+    row.rss_end = RssBytes(server);
+    std::vector<float> all;
+    for (size_t i = 0; i < kids.size(); ++i) {
+      std::string line = kids[i]->ReadLine(static_cast<int>(seconds * 1000) + 60000);
+      std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 3));
+      uint64_t errs = 0;
+      if (f.size() < 3 || f[0] != "done" || !absl::SimpleAtoi(f[2], &errs)) {
+        row.errors += 1;
+        if (row.first_error.empty()) row.first_error = "client failed: " + line;
+        continue;
+      }
+      row.errors += errs;
+      if (errs > 0 && row.first_error.empty() && f.size() > 3) row.first_error = f[3];
+      std::ifstream in(outs[i], std::ios::binary);
+      std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+      size_t k = bytes.size() / sizeof(float);
+      size_t at = all.size();
+      all.resize(at + k);
+      memcpy(all.data() + at, bytes.data(), k * sizeof(float));
+      unlink(outs[i].c_str());
+      kids[i]->Wait();
+    }
+    unlink(go.c_str());
+    std::sort(all.begin(), all.end());
+    row.pairs = all.size();
+    row.pairs_per_s = all.size() / seconds;
+    row.p50 = Quantile(all, 0.5);
+    row.p99 = Quantile(all, 0.99);
+    row.p999 = Quantile(all, 0.999);
+    if (!all.empty()) row.cpu_us_per_pair = (cpu1 - cpu0) * 1e6 / all.size();
+    return row;
+  }
+
+  const std::string& dir() const { return dir_; }
+  const std::string& self() const { return self_; }
+
+ private:
+  std::string self_;
+  std::string dir_;
+  int phase_ = 0;
+};
+
+struct ScaleFigures {
+  uint64_t blocks = 0, errors = 0;
+  int devices = 0;
+  double fill_seconds = 0;
+  double stats_p50_empty_ms = 0, stats_p99_empty_ms = 0;
+  double stats_p50_full_ms = 0, stats_p99_full_ms = 0;
+  uint64_t rss_empty = 0, rss_full = 0;
+  double bytes_per_block = 0;
+  double reclaim_seconds = 0;
+};
+
+std::pair<double, double> TimeGetStats(v1::GpuMemory::Stub* stub, int n) {
+  std::vector<float> ms;
+  for (int i = 0; i < n; ++i) {
+    grpc::ClientContext ctx;
+    v1::GetStatsResponse resp;
+    auto t0 = Clock::now();
+    if (!stub->GetStats(&ctx, v1::GetStatsRequest(), &resp).ok()) continue;
+    ms.push_back(std::chrono::duration<float, std::milli>(Clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return {Quantile(ms, 0.5), Quantile(ms, 0.99)};
+}
+
+uint64_t LiveAllocations(v1::GpuMemory::Stub* stub) {
+  grpc::ClientContext ctx;
+  v1::GetStatsResponse resp;
+  if (!stub->GetStats(&ctx, v1::GetStatsRequest(), &resp).ok()) return ~0ull;
+  uint64_t n = 0;
+  for (const auto& d : resp.devices()) n += d.allocation_count();
+  return n;
+}
+
+bool RunScale(const Driver& driver, ScaleFigures* out) {
+  const uint64_t blocks = absl::GetFlag(FLAGS_scale_blocks);
+  const int devices = absl::GetFlag(FLAGS_scale_devices);
+  testing::DaemonProcess daemon({absl::StrCat("--sim_devices=", devices, "x16GiB"),
+                                 "--slab_size=256MiB", "--empty_slab_release_seconds=3600"});
+  if (!daemon.Start()) return false;
+  auto stub = v1::GpuMemory::NewStub(Dial(daemon.socket()));
+  out->blocks = blocks;
+  out->devices = devices;
+  TimeGetStats(stub.get(), 20);  // warm
+  std::tie(out->stats_p50_empty_ms, out->stats_p99_empty_ms) = TimeGetStats(stub.get(), 200);
+  out->rss_empty = RssBytes(daemon.pid());
+  constexpr int kFillers = 4;
+  std::vector<std::unique_ptr<testing::ChildProcess>> fillers;
+  auto t0 = Clock::now();
+  for (int i = 0; i < kFillers; ++i) {
+    uint64_t share = blocks / kFillers + (i < static_cast<int>(blocks % kFillers) ? 1 : 0);
+    fillers.push_back(std::make_unique<testing::ChildProcess>(std::vector<std::string>{
+        driver.self(), "--role=filler", "--target=" + daemon.socket(),
+        absl::StrCat("--count=", share)}));
+  }
+  for (auto& f : fillers) {
+    std::vector<std::string> w = absl::StrSplit(f->ReadLine(1800000), ' ');
+    uint64_t errs = 1;
+    if (w.size() != 3 || w[0] != "filled" || !absl::SimpleAtoi(w[2], &errs)) errs = 1;
+    out->errors += errs;
+  }
+  out->fill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::tie(out->stats_p50_full_ms, out->stats_p99_full_ms) = TimeGetStats(stub.get(), 200);
+  out->rss_full = RssBytes(daemon.pid());
+  if (blocks > 0) {
+    out->bytes_per_block =
+        (static_cast<double>(out->rss_full) - static_cast<double>(out->rss_empty)) / blocks;
+  }
+  auto k0 = Clock::now();
+  for (auto& f : fillers) f->Kill(SIGKILL);
+  for (auto& f : fillers) f->Wait();
+  while (LiveAllocations(stub.get()) != 0 &&
+         Clock::now() - k0 < std::chrono::seconds(120)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  out->reclaim_seconds = std::chrono::duration<double>(Clock::now() - k0).count();
+  return daemon.Stop() == 0;
+}
+
+std::string Json(const std::vector<Row>& rows, const ScaleFigures* scale) {
+  std::vector<std::string> items;
+  for (const Row& r : rows) {
+    items.push_back(absl::StrFormat(
+        "{\"section\":\"%s\",\"target\":\"%s\",\"transport\":\"%s\",\"clients\":%d,"
+        "\"pairs\":%d,\"errors\":%d,\"seconds\":%.2f,\"pairs_per_s\":%.1f,"
+        "\"p50_us\":%.1f,\"p99_us\":%.1f,\"p999_us\":%.1f,\"server_cpu_us_per_pair\":%.2f,"
+        "\"rss_start_bytes\":%d,\"rss_end_bytes\":%d,\"x_floor_pairs_per_s\":%.3f,"
+        "\"x_floor_p50\":%.3f}",
+        r.section, r.target, r.transport, r.clients, r.pairs, r.errors, r.seconds,
+        r.pairs_per_s, r.p50, r.p99, r.p999, r.cpu_us_per_pair, r.rss_start, r.rss_end,
+        r.x_floor_pairs, r.x_floor_p50));
+  }
+  std::string s = absl::StrCat("{\"rows\":[", absl::StrJoin(items, ","), "]");
+  if (scale != nullptr) {
+    absl::StrAppendFormat(
+        &s,
+        ",\"scale\":{\"devices\":%d,\"live_blocks\":%d,\"errors\":%d,\"fill_seconds\":%.1f,"
+        "\"get_stats_empty_p50_ms\":%.3f,\"get_stats_empty_p99_ms\":%.3f,"
+        "\"get_stats_p50_ms\":%.3f,\"get_stats_p99_ms\":%.3f,\"rss_empty_bytes\":%d,"
+        "\"rss_full_bytes\":%d,\"rss_bytes_per_live_block\":%.1f,\"reclaim_seconds\":%.3f}",
+        scale->devices, scale->blocks, scale->errors, scale->fill_seconds,
+        scale->stats_p50_empty_ms, scale->stats_p99_empty_ms, scale->stats_p50_full_ms,
+        scale->stats_p99_full_ms, scale->rss_empty, scale->rss_full, scale->bytes_per_block,
+        scale->reclaim_seconds);
+  }
+  return s + "}";
+}
+
+void PrintRow(const Row& r) {
+  printf("%-8s %-11s %-6s %4d %10.0f %8.1f %8.1f %9.1f %7llu %8.1f", r.section.c_str(),
+         r.target.c_str(), r.transport.c_str(), r.clients, r.pairs_per_s, r.p50, r.p99,
+         r.p999, static_cast<unsigned long long>(r.errors), r.cpu_us_per_pair);
+  if (r.target == "daemon" && r.x_floor_pairs > 0) {
+    printf("   %5.2fx %5.2fx", r.x_floor_pairs, r.x_floor_p50);
+  }
+  printf("\n");
+  if (!r.first_error.empty()) printf("         first error: %s\n", r.first_error.c_str());
+}
+
+int RunDriver() {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return 1;
+  self[n] = '\0';
+  Driver driver(self);
+  const bool json = absl::GetFlag(FLAGS_json);
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+
+  testing::DaemonProcess daemon(
+      {"--sim_devices=4x16GiB", "--slab_size=256MiB", "--empty_slab_release_seconds=3600",
+       absl::StrCat("--stream_threads=", absl::GetFlag(FLAGS_stream_threads))});
+  if (!daemon.Start()) {
+    fprintf(stderr, "load_bench: daemon did not start:\n%s", daemon.Log().c_str());
+    return 1;
+  }
+  const std::string floor_socket = driver.dir() + "/floor.sock";
+  const std::string floor_fd_socket = driver.dir() + "/floor-fd.sock";
+  const std::string floor_async_socket = driver.dir() + "/floor-async.sock";
+  testing::ChildProcess floor({driver.self(), "--role=floor", "--target=" + floor_socket});
+  testing::ChildProcess floor_fd(
+      {driver.self(), "--role=floor_fd", "--target=" + floor_fd_socket});
+  testing::ChildProcess floor_async(
+      {driver.self(), "--role=floor_async", "--target=" + floor_async_socket});
+  if (floor.ReadLine() != "ready" || floor_fd.ReadLine() != "ready" ||
+      floor_async.ReadLine() != "ready") {
+    fprintf(stderr, "load_bench: floor server did not start\n");
+    return 1;
+  }
+  if (!json) {
+    printf("%-8s %-11s %-6s %4s %10s %8s %8s %9s %7s %8s   %s\n", "section", "target",
+           "via", "N", "pairs/s", "p50 us", "p99 us", "p999 us", "errors", "cpu us",
+           "x floor: pairs/s, p50");
+  }
+  std::vector<Row> rows;
+  auto emit = [&](Row r) {
+    if (r.target == "daemon") {
+      for (const Row& f : rows) {
+        if (f.section == r.section && f.target == "floor" && f.transport == r.transport &&
+            f.clients == r.clients && f.pairs_per_s > 0 && f.p50 > 0) {
+          r.x_floor_pairs = r.pairs_per_s / f.pairs_per_s;
+          r.x_floor_p50 = r.p50 / f.p50;
+        }
+      }
+    }
+    if (!json) PrintRow(r);
+    fflush(stdout);
+    rows.push_back(r);
+  };
+
+  std::vector<int> counts;
+  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_clients), ',')) {
+    int v = 0;
+    if (absl::SimpleAtoi(c, &v) && v > 0) counts.push_back(v);
+  }
+  for (int c : counts) {
+    for (const char* transport : {"stream", "unary"}) {
+      emit(driver.RunPhase("floor", floor_socket, floor.pid(), transport, c, seconds));
+      emit(driver.RunPhase("daemon", daemon.socket(), daemon.pid(), transport, c, seconds));
+    }
+  }
+  if (absl::GetFlag(FLAGS_anatomy)) {
+    for (const char* transport : {"unary", "stream"}) {
+      for (int round = 0; round < 1; ++round) {
+        Row a = driver.RunPhase("floor", floor_socket, floor.pid(), transport, 1, seconds);
+        a.section = "anatomy";
+        emit(a);
+        Row b = driver.RunPhase("floor_fd", floor_fd_socket, floor_fd.pid(), transport, 1,
+                                seconds);
+        b.section = "anatomy";
+        emit(b);
+        if (transport == std::string("unary")) {
+          Row c = driver.RunPhase("floor_async", floor_async_socket, floor_async.pid(),
+                                  transport, 1, seconds);
+          c.section = "anatomy";
+          emit(c);
+        }
+        Row d = driver.RunPhase("daemon", daemon.socket(), daemon.pid(), transport, 1, seconds);
+        d.section = "anatomy";
+        emit(d);
+      }
+    }
+  }
+  const double soak = absl::GetFlag(FLAGS_soak_seconds);
+  if (soak > 0) {
+    Row s = driver.RunPhase("daemon", daemon.socket(), daemon.pid(), "stream",
+                            absl::GetFlag(FLAGS_soak_clients), soak);
+    s.section = "soak";
+    emit(s);
+    if (!json) {
+      printf("soak: daemon RSS %.1f MiB at the start, %.1f MiB after %.0f s: %+.3f%%\n",
+             s.rss_start / 1048576.0, s.rss_end / 1048576.0, soak,
+             s.rss_start ? 100.0 * (double(s.rss_end) - double(s.rss_start)) / s.rss_start
+                         : 0.0);
+    }
+  }
+  for (testing::ChildProcess* f : {&floor, &floor_fd, &floor_async}) f->Kill(SIGTERM);
+  for (testing::ChildProcess* f : {&floor, &floor_fd, &floor_async}) f->Wait();
+  const int stopped = daemon.Stop();
+
+  ScaleFigures scale;
+  bool have_scale = false;
+  if (absl::GetFlag(FLAGS_scale_blocks) > 0) {
+    have_scale = RunScale(driver, &scale);
+    if (!json) {
+      printf("scale: %d devices, %llu live blocks (%llu errors, filled in %.1f s)\n",
+             scale.devices, static_cast<unsigned long long>(scale.blocks),
+             static_cast<unsigned long long>(scale.errors), scale.fill_seconds);
+      printf("scale: GetStats p50/p99 %.3f/%.3f ms empty, %.3f/%.3f ms with the blocks\n",
+             scale.stats_p50_empty_ms, scale.stats_p99_empty_ms, scale.stats_p50_full_ms,
+             scale.stats_p99_full_ms);
+      printf("scale: daemon RSS %.1f MiB empty, %.1f MiB with the blocks: %.0f bytes per "
+             "live block; reclaimed %.3f s after the holders were killed\n",
+             scale.rss_empty / 1048576.0, scale.rss_full / 1048576.0, scale.bytes_per_block,
+             scale.reclaim_seconds);
+    }
+  }
+  if (json) printf("%s\n", Json(rows, have_scale ? &scale : nullptr).c_str());
+  rmdir(driver.dir().c_str());
+  if (stopped != 0) {
+    fprintf(stderr, "load_bench: daemon exited with %d\n", stopped);
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_scale_blocks) > 0 && !have_scale) return 1;
+  return 0;
+}
+
+}  // namespace
+}  // namespace gpumem
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  signal(SIGPIPE, SIG_IGN);
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (role == "floor" || role == "floor_fd" || role == "floor_async") {
+    using gpumem::bench::FloorAccept;
+    using gpumem::bench::FloorUnary;
+    return gpumem::bench::RunFloorServer(
+        absl::GetFlag(FLAGS_target),
+        role == "floor_fd" ? FloorAccept::kOwnAccept : FloorAccept::kGrpcPort,
+        role == "floor_async" ? FloorUnary::kAsync : FloorUnary::kSync);
+  }
+  if (role == "client") return gpumem::RunClient();
+  if (role == "filler") return gpumem::RunFiller();
+  return gpumem::RunDriver();
+}

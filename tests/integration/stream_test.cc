@@ -1,0 +1,269 @@
+// GpuMemory.Stream against a real daemon: the same answers as the unary RPCs,
+// many threads on one stream, the transport's UNIMPLEMENTED against a server
+// without the stream (the client's cue to use unary), and bad input
+// from other processes (stream_abuser): garbage, a reused request id, a
+// client that stops reading, a stream closed mid-request. For each: a clear
+// status or a closed stream, the abuser's memory reclaimed when it dies, and
+// another client still served meanwhile.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/match.h"
+#include "client/client.h"
+#include "client/stream_transport.h"
+#include "gtest/gtest.h"
+#include "proto/gpumem/v1/gpumem.grpc.pb.h"
+#include "tests/integration/daemon_client_test.h"
+#include "tests/integration/daemon_fixture.h"
+
+namespace gpumem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using testing::ChildProcess;
+using testing::DaemonClientTest;
+
+class StreamTest : public DaemonClientTest {
+ protected:
+  StreamTest() : DaemonClientTest({"--sim_devices=2x4GiB", "--slab_size=64MiB"}) {}
+
+  std::unique_ptr<v1::GpuMemory::Stub> UnaryStub() {
+    return v1::GpuMemory::NewStub(grpc::CreateChannel(
+        "unix:" + daemon_->socket(), grpc::InsecureChannelCredentials()));
+  }
+
+  // Live allocations of the session of process `pid` (0 when it has none).
+  uint64_t AllocationsOf(pid_t pid) {
+    auto stats = client_->GetStats();
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    if (!stats.ok()) return 0;
+    for (const auto& s : stats->sessions()) {
+      if (s.pid() == pid) return s.allocation_count();
+    }
+    return 0;
+  }
+
+  // Median microseconds of 200 Allocate+Free pairs of this test's client.
+  double PairMedianUs() {
+    std::vector<double> us;
+    for (int i = 0; i < 200; ++i) {
+      auto t0 = Clock::now();
+      auto a = client_->AllocateRaw(Request(4096));
+      EXPECT_TRUE(a.ok()) << a.status();
+      if (!a.ok()) break;
+      EXPECT_TRUE(client_->Free(a->allocations(0).id()).ok());
+      us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
+    if (us.empty()) return 1e9;
+    std::sort(us.begin(), us.end());
+    return us[us.size() / 2];
+  }
+
+  static v1::AllocateRequest Request(uint64_t size) {
+    v1::AllocateRequest r;
+    r.set_size_bytes(size);
+    return r;
+  }
+
+  std::unique_ptr<ChildProcess> Abuser(const std::string& mode, const std::string& go = "") {
+    return std::make_unique<ChildProcess>(std::vector<std::string>{
+        testing::RunfilePath("tests/integration/stream_abuser"),
+        "--socket=" + daemon_->socket(), "--mode=" + mode, "--go_file=" + go});
+  }
+
+  // Other clients are served, not much slower than before the abuse (the
+  // bound is loose: this machine is shared; a daemon blocked on the abuser
+  // would not answer at all).
+  void ExpectOthersServed(double baseline_us) {
+    double during = PairMedianUs();
+    EXPECT_LT(during, 20 * baseline_us + 5000) << "baseline " << baseline_us << " us";
+  }
+
+  // Kills the abuser and expects its session's memory back within 5 s.
+  void KillAndExpectReclaimed(ChildProcess* abuser) {
+    pid_t pid = abuser->pid();
+    ASSERT_GT(AllocationsOf(pid), 0u);
+    abuser->Kill(SIGKILL);
+    abuser->Wait();
+    // The session's row and the devices' used bytes may be updated at
+    // different moments; both must come back.
+    auto all_back = [&] {
+      if (AllocationsOf(pid) != 0) return false;
+      for (uint64_t used : UsedPerDevice()) {
+        if (used != 0) return false;
+      }
+      return true;
+    };
+    auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (!all_back() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(AllocationsOf(pid), 0u);
+    for (uint64_t used : UsedPerDevice()) EXPECT_EQ(used, 0u);
+  }
+};
+
+TEST_F(StreamTest, AnswersAreTheUnaryAnswers) {
+  auto unary = UnaryStub();
+  // Unknown id.
+  absl::Status streamed = client_->Free(987654321);
+  v1::FreeRequest free;
+  free.set_id(987654321);
+  v1::FreeResponse free_resp;
+  grpc::ClientContext ctx;
+  grpc::Status direct = unary->Free(&ctx, free, &free_resp);
+  EXPECT_EQ(streamed.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(static_cast<int>(streamed.code()), static_cast<int>(direct.error_code()));
+  EXPECT_EQ(streamed.message(), direct.error_message());
+  // Placement refusal: its structured reasons travel on the stream too.
+  v1::AllocateRequest big = Request(3ull << 30);
+  big.mutable_placement()->add_devices("0");
+  absl::StatusOr<v1::AllocateResponse> first = client_->AllocateRaw(big);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<v1::AllocateResponse> refused = client_->AllocateRaw(big);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  std::optional<v1::PlacementRefusal> why = PlacementRefusalOf(refused.status());
+  ASSERT_TRUE(why.has_value());
+  ASSERT_EQ(why->devices_size(), 1);
+  EXPECT_EQ(why->devices(0).reason(), v1::DeviceRefusal::REASON_CAPACITY);
+  EXPECT_TRUE(client_->Free(first->allocations(0).id()).ok());
+  // Success: same shape.
+  auto a = client_->AllocateRaw(Request(1 << 20));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->allocations_size(), 1);
+  EXPECT_EQ(a->allocations(0).size_bytes(), 1u << 20);
+  auto session = client_->GetSession();
+  ASSERT_TRUE(session.ok());
+  EXPECT_EQ(session->pid(), getpid());
+  EXPECT_TRUE(client_->Free(a->allocations(0).id()).ok());
+  EXPECT_EQ(client_->Free(a->allocations(0).id()).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(StreamTest, ManyThreadsShareOneStream) {
+  constexpr int kThreads = 8, kPairs = 200;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPairs; ++i) {
+        // Distinct sizes per thread: each must get its own answer back.
+        const uint64_t size = 4096 * (t + 1);
+        auto a = client_->AllocateRaw(Request(size));
+        if (!a.ok() || a->allocations(0).size_bytes() != size ||
+            !client_->Free(a->allocations(0).id()).ok()) {
+          failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (uint64_t used : UsedPerDevice()) EXPECT_EQ(used, 0u);
+}
+
+// A daemon without the Stream method (an older one): only GetSession here.
+class OldDaemon final : public v1::GpuMemory::Service {
+ public:
+  grpc::Status GetSession(grpc::ServerContext*, const v1::GetSessionRequest*,
+                          v1::Session* resp) override {
+    resp->set_session_id(77);
+    return grpc::Status::OK;
+  }
+};
+
+// Client::Connect needs a real daemon (the slab channel's hello), so the
+// fall-back is checked at the transport: against a server without the
+// stream it reports UNIMPLEMENTED and unsupported(), which is what makes
+// Client use the unary stub, and that stub works on the same channel.
+TEST_F(StreamTest, TransportReportsAServerWithoutTheStream) {
+  const std::string socket = daemon_->dir() + "/old.sock";
+  OldDaemon old;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  builder.RegisterService(&old);
+  auto server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  {
+    auto stub = v1::GpuMemory::NewStub(
+        grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+    StreamTransport transport(stub.get());
+    EXPECT_FALSE(transport.unsupported());
+    EXPECT_EQ(transport.GetSession().status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_TRUE(transport.unsupported());
+    // Later calls fail at once, without a new stream.
+    EXPECT_EQ(transport.GetSession().status().code(), absl::StatusCode::kUnimplemented);
+    grpc::ClientContext ctx;
+    v1::Session session;
+    ASSERT_TRUE(stub->GetSession(&ctx, v1::GetSessionRequest(), &session).ok());
+    EXPECT_EQ(session.session_id(), 77u);
+  }
+  server->Shutdown();
+}
+
+TEST_F(StreamTest, GarbageEndsTheStreamWithInvalidArgument) {
+  const double baseline = PairMedianUs();
+  auto abuser = Abuser("garbage");
+  std::string line = abuser->ReadLine();
+  EXPECT_EQ(line.rfind("status 3 ", 0), 0u) << line;  // INVALID_ARGUMENT
+  EXPECT_TRUE(absl::StrContains(line, "is not a gpumem.v1.StreamRequest")) << line;
+  EXPECT_EQ(abuser->ReadLine(), "holding");
+  ExpectOthersServed(baseline);
+  KillAndExpectReclaimed(abuser.get());
+}
+
+TEST_F(StreamTest, RequestIdReusedInFlightEndsTheStream) {
+  const double baseline = PairMedianUs();
+  auto abuser = Abuser("reuse");
+  std::string line = abuser->ReadLine(30000);
+  EXPECT_EQ(line.rfind("status 3 ", 0), 0u) << line;
+  EXPECT_TRUE(absl::StrContains(line, "request id 7 reused while its request is in flight"))
+      << line;
+  EXPECT_EQ(abuser->ReadLine(), "holding");
+  ExpectOthersServed(baseline);
+  KillAndExpectReclaimed(abuser.get());
+}
+
+TEST_F(StreamTest, ClientThatStopsReadingIsThrottledAlone) {
+  const double baseline = PairMedianUs();
+  auto abuser = Abuser("stop_reading");
+  ASSERT_EQ(abuser->ReadLine(30000), "stalled");
+  // The daemon stopped taking its requests: far fewer than it sent
+  // (1,000,000) were carried out, and the count no longer grows.
+  const uint64_t held = AllocationsOf(abuser->pid());
+  EXPECT_LT(held, 100000u);
+  ExpectOthersServed(baseline);
+  EXPECT_EQ(AllocationsOf(abuser->pid()), held);
+  KillAndExpectReclaimed(abuser.get());
+}
+
+TEST_F(StreamTest, StreamClosedMidRequestFreesUndeliveredAnswers) {
+  const double baseline = PairMedianUs();
+  const std::string go = daemon_->dir() + "/cancel-now";
+  auto abuser = Abuser("close_mid_request", go);
+  ASSERT_EQ(abuser->ReadLine(30000), "stalled");
+  const uint64_t before = AllocationsOf(abuser->pid());
+  std::ofstream(go).put('\n');
+  ASSERT_EQ(abuser->ReadLine(), "cancelled");
+  EXPECT_EQ(abuser->ReadLine(), "holding");
+  // The answers queued in the daemon (64 by default) were never delivered:
+  // their blocks are freed although the process lives on.
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (AllocationsOf(abuser->pid()) + 64 > before && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_LE(AllocationsOf(abuser->pid()) + 64, before);
+  ExpectOthersServed(baseline);
+  KillAndExpectReclaimed(abuser.get());
+}
+
+}  // namespace
+}  // namespace gpumem
