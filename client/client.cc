@@ -121,8 +121,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path)
 
 absl::StatusOr<v1::AllocateResponse> Client::AllocateRaw(
     const v1::AllocateRequest& request) {
-  absl::StatusOr<v1::AllocateResponse> streamed = impl_->stream->Allocate(request);
-  if (!impl_->stream->unsupported()) return streamed;
+  // A request that may wait goes unary: the daemon serves waiting only
+  // there (a waiting request would hold up its stream's queue).
+  if (request.wait_ms() == 0) {
+    absl::StatusOr<v1::AllocateResponse> streamed = impl_->stream->Allocate(request);
+    if (!impl_->stream->unsupported()) return streamed;
+  }
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   v1::AllocateResponse response;

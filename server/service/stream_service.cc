@@ -142,6 +142,16 @@ class StreamService::Call {
     absl::Status status;
     switch (request.request_case()) {
       case v1::StreamRequest::kAllocate: {
+        if (request.allocate().wait_ms() != 0) {
+          // Broker calls run on this queue's thread: a request that waits
+          // for memory would hold up every stream on it (and the frees that
+          // would make room). Waiting is served by the unary Allocate.
+          status = absl::InvalidArgumentError(
+              "wait_ms is not served on the Stream RPC (a waiting request would "
+              "hold up the stream); send requests that may wait with the unary "
+              "Allocate RPC");
+          break;
+        }
         absl::StatusOr<v1::AllocateResponse> r =
             owner_->broker_->Allocate(caller_, request.allocate());
         status = r.status();
