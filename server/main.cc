@@ -360,6 +360,12 @@ int Run() {
   if (stream_options.threads < 1 || stream_options.threads > 64) {
     Die(absl::InvalidArgumentError("--stream_threads must be in [1, 64]"));
   }
+  if (call_metrics != nullptr) {  // the stream is metered like the unary calls
+    CallMetrics* m = call_metrics.get();
+    stream_options.on_allocate = [m](const absl::Status& s, const v1::AllocateResponse& r,
+                                     absl::Duration d) { m->RecordAllocate(ToGrpcStatus(s), r, d); };
+    stream_options.on_free = [m](const absl::Status& s) { m->RecordFree(ToGrpcStatus(s)); };
+  }
   StreamService streams(&broker, &peers, service.get(), stream_options);
   streams.AddCompletionQueues(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
