@@ -3,9 +3,19 @@
 // Reads flags and the optional textproto config (flags win), makes the
 // backend, the broker and the gRPC server (no listening port of its own:
 // connections arrive through SocketListener, which knows who the caller
-// is), and then waits for SIGTERM/SIGINT. Shutdown order: stop accepting
-// and remove the socket, drain gRPC, release every allocation and slab,
-// exit 0. Start-up errors are one line on stderr and exit status 1.
+// is, on a socket it binds or one systemd passed with LISTEN_FDS), tells
+// systemd it is ready (sd_notify; nothing without NOTIFY_SOCKET), and then
+// waits for signals:
+//  - SIGHUP: reload the config file. The whole file is parsed and validated
+//    first; a bad one is logged with file:line:column and reason and the
+//    config in force stays; a good one goes through ApplyReloadableConfig
+//    (server/config/reloadable.h) and affects new requests only.
+//  - SIGTERM/SIGINT: drain, then stop. Allocate answers UNAVAILABLE, other
+//    calls keep working, and the daemon waits up to --drain_seconds for live
+//    allocations to be freed (a second SIGTERM/SIGINT cuts the wait short).
+//    Then: stop accepting (and remove the socket unless systemd owns it),
+//    finish in-flight gRPC calls, release every allocation and slab, exit 0.
+// Start-up errors are one line on stderr and exit status 1.
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -17,7 +27,6 @@
 #include <sstream>
 #include <string>
 
-#include <google/protobuf/text_format.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
@@ -33,10 +42,17 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
+#include "absl/strings/str_join.h"
 #include "proto/gpumem/v1/config.pb.h"
 #include "server/backend/cuda_backend.h"
 #include "server/backend/sim_backend.h"
 #include "server/backend/sim_topology.h"
+#include "server/config/daemon_config.h"
+#include "server/config/reloadable.h"
+#include "server/metrics/call_metrics.h"
+#include "server/metrics/metered_service.h"
+#include "server/metrics/metrics_endpoint.h"
+#include "server/metrics/stats_collector.h"
 #include "server/ledger/tenant_ledger.h"
 #include "server/quota/quota_book.h"
 #include "server/service/gpumem_service.h"
@@ -45,6 +61,8 @@
 #include "server/service/socket_listener.h"
 #include "server/service/stream_service.h"
 #include "server/session/peer_credentials.h"
+#include "server/systemd/listen_fds.h"
+#include "server/systemd/notifier.h"
 #include "server/tenants/tenant_admin.h"
 #include "server/tenants/tenant_directory.h"
 
@@ -70,6 +88,12 @@ ABSL_FLAG(std::string, handle_kinds, "",
           "cuda_vmm_fd, cuda_ipc (cuda); default: all the backend makes");
 ABSL_FLAG(double, reserve_fraction, -1,
           "fraction of each device taken as slabs at start and kept (default 0)");
+ABSL_FLAG(double, drain_seconds, 0,
+          "on SIGTERM, wait up to this long for live allocations to be freed "
+          "(new allocations are refused meanwhile) before releasing everything");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus metrics over HTTP on HOST:PORT, e.g. 127.0.0.1:9464 "
+          "(default: off)");
 ABSL_FLAG(std::string, ledger, "",
           "the ledger file (SQLite; directory created), or none to keep no ledger "
           "(default /var/lib/gpumemd/ledger.db)");
@@ -82,20 +106,6 @@ namespace {
 [[noreturn]] void Die(const absl::Status& s) {
   std::cerr << "gpumemd: " << s.message() << std::endl;
   std::exit(1);
-}
-
-// `locations` records where each field was, for the tenant checks' errors.
-absl::StatusOr<v1::DaemonConfig> LoadConfig(
-    const std::string& path, google::protobuf::TextFormat::ParseInfoTree* locations) {
-  v1::DaemonConfig config;
-  if (path.empty()) return config;
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::Status parsed = tenants::ParseConfigText(text.str(), path, &config, locations);
-  if (!parsed.ok()) return parsed;
-  return config;
 }
 
 // The ledger at `path` ("none": off), its directory created if missing.
@@ -133,11 +143,79 @@ std::string Pick(const std::string& flag, const std::string& config,
   return fallback;
 }
 
+// Waits up to `limit` for live allocations to be freed (by their sessions,
+// or by their processes ending), keeping systemd's STATUS= current; a second
+// SIGTERM/SIGINT ends the wait at once.
+void Drain(MemoryBroker* broker, SystemdNotifier* notifier, absl::Duration limit) {
+  // SIGHUP stays pending (a reload while stopping means nothing).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  const absl::Time deadline = absl::Now() + limit;
+  while (broker->live_allocations() > 0) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      std::cerr << "gpumemd: drain time over; releasing " << broker->live_allocations()
+                << " live allocation(s)\n";
+      return;
+    }
+    if (broker->WaitUntilNoAllocations(std::min(left, absl::Milliseconds(200)))) break;
+    struct timespec now = {0, 0};
+    if (sigtimedwait(&stop_signals, nullptr, &now) > 0) {
+      std::cerr << "gpumemd: second signal; releasing " << broker->live_allocations()
+                << " live allocation(s) now\n";
+      return;
+    }
+    notifier->Status(absl::StrCat("draining: ", broker->live_allocations(),
+                                  " allocation(s) live, ",
+                                  absl::ToInt64Seconds(deadline - absl::Now()), " s left"));
+  }
+  if (limit > absl::ZeroDuration()) std::cerr << "gpumemd: drained: no live allocations\n";
+}
+
+// SIGHUP: the whole file is loaded and checked, then its reloadable settings
+// applied; `running` becomes the new config only if both succeed.
+absl::Status Reload(const std::string& path, const ReloadableFlags& flags,
+                    const std::vector<placement::DeviceView>& devices,
+                    quota::QuotaBook* quotas, ledger::TenantLedger* ledger,
+                    MemoryBroker* broker, v1::DaemonConfig* running) {
+  google::protobuf::TextFormat::ParseInfoTree locations;
+  absl::StatusOr<v1::DaemonConfig> next = LoadDaemonConfig(path, &locations);
+  if (!next.ok()) return next.status();
+  // The tenant section too, though it waits for a restart: a file accepted
+  // now must also start the next daemon.
+  absl::StatusOr<tenants::TenantDirectory> tenants =
+      tenants::TenantDirectory::Build(*next, &locations, path, devices);
+  if (!tenants.ok()) return tenants.status();
+  std::vector<std::string> restart_only = RestartOnlyChanges(*running, *next);
+  QuotaTargets quota_targets;
+  quota_targets.running = running;
+  quota_targets.devices = &devices;
+  quota_targets.quotas = quotas;
+  quota_targets.ledger = ledger;
+  absl::StatusOr<std::vector<std::string>> applied =
+      ApplyReloadableConfig(*next, flags, broker, &quota_targets);
+  if (!applied.ok()) return applied.status();
+  if (!restart_only.empty()) {
+    std::cerr << "gpumemd: reload: " << absl::StrJoin(restart_only, ", ")
+              << " changed; these take effect at the next start\n";
+  }
+  *running = *std::move(next);
+  std::cerr << "gpumemd: reloaded " << path << ": " << absl::StrJoin(*applied, "; ")
+            << "\n";
+  return absl::OkStatus();
+}
+
 int Run() {
+  const std::string config_path = absl::GetFlag(FLAGS_config);
   google::protobuf::TextFormat::ParseInfoTree config_locations;
-  absl::StatusOr<v1::DaemonConfig> config =
-      LoadConfig(absl::GetFlag(FLAGS_config), &config_locations);
+  absl::StatusOr<v1::DaemonConfig> config = LoadDaemonConfig(config_path, &config_locations);
   if (!config.ok()) Die(config.status());
+  const double drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  if (!(drain_seconds >= 0)) {
+    Die(absl::InvalidArgumentError("--drain_seconds must be >= 0"));
+  }
 
   const std::string backend_name =
       Pick(absl::GetFlag(FLAGS_backend), config->backend(), "sim");
@@ -150,12 +228,12 @@ int Run() {
   if (!slab.ok()) Die(slab.status());
   if (*slab == 0) Die(absl::InvalidArgumentError("--slab_size must be > 0"));
   options.pool.slab_size = *slab;
-  double release = absl::GetFlag(FLAGS_empty_slab_release_seconds);
-  if (release < 0) {
-    release = config->pool().empty_slab_release_seconds() > 0
-                  ? config->pool().empty_slab_release_seconds() : 30;
-  }
-  options.pool.empty_release_after = absl::Seconds(release);
+  // empty_slab_release_seconds and admin_group are reloadable:
+  // ApplyReloadableConfig sets them (the broker's Start checks the group).
+  ReloadableFlags reloadable_flags;
+  reloadable_flags.empty_slab_release_seconds =
+      absl::GetFlag(FLAGS_empty_slab_release_seconds);
+  reloadable_flags.admin_group = absl::GetFlag(FLAGS_admin_group);
   double reserve = absl::GetFlag(FLAGS_reserve_fraction);
   options.pool.reserve_fraction = reserve < 0 ? 0 : reserve;
   options.admin_group = Pick(absl::GetFlag(FLAGS_admin_group), config->admin_group(), "");
@@ -241,16 +319,38 @@ int Run() {
   MemoryBroker broker(backend.get(), options);
   absl::Status started = broker.Start();
   if (!started.ok()) Die(started);
+  absl::StatusOr<std::vector<std::string>> applied_at_start =
+      ApplyReloadableConfig(*config, reloadable_flags, &broker);
+  if (!applied_at_start.ok()) Die(applied_at_start.status());
+  for (const std::string& line : *applied_at_start) std::cerr << "gpumemd: " << line << "\n";
   PeerTable peers;
   tenants::TenantAdmin tenant_admin(
       &*tenant_directory, &quotas, ledger.get(), device_views,
       [&broker](const PeerCred& c) { return broker.IsAdmin(c); },
       [&broker] { broker.ServeWaiters(); });
-  GpuMemoryService service(&broker, &peers, &tenant_admin);
+
+  // Metrics are opt-in: without --metrics_listen the plain service is
+  // registered and nothing is counted.
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  std::unique_ptr<CallMetrics> call_metrics;
+  std::unique_ptr<GpuMemoryService> service;
+  std::unique_ptr<MetricsEndpoint> metrics;
+  if (!metrics_listen.empty()) {
+    call_metrics = std::make_unique<CallMetrics>();
+    service = std::make_unique<MeteredGpuMemoryService>(&broker, &peers, &tenant_admin,
+                                                         call_metrics.get());
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint = MetricsEndpoint::Start(
+        metrics_listen, {call_metrics->registry(),
+                         std::make_shared<StatsCollector>(&broker)});
+    if (!endpoint.ok()) Die(endpoint.status());
+    metrics = std::move(*endpoint);
+  } else {
+    service = std::make_unique<GpuMemoryService>(&broker, &peers, &tenant_admin);
+  }
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.RegisterService(&service);
+  builder.RegisterService(service.get());
   // Our own health service: gRPC's default one adds polling threads that
   // double the cost of a stream round trip (health_service.h).
   HealthService health;
@@ -260,21 +360,32 @@ int Run() {
   if (stream_options.threads < 1 || stream_options.threads > 64) {
     Die(absl::InvalidArgumentError("--stream_threads must be in [1, 64]"));
   }
-  StreamService streams(&broker, &peers, &service, stream_options);
+  if (call_metrics != nullptr) {  // the stream is metered like the unary calls
+    CallMetrics* m = call_metrics.get();
+    stream_options.on_allocate = [m](const absl::Status& s, const v1::AllocateResponse& r,
+                                     absl::Duration d) { m->RecordAllocate(ToGrpcStatus(s), r, d); };
+    stream_options.on_free = [m](const absl::Status& s) { m->RecordFree(ToGrpcStatus(s)); };
+  }
+  StreamService streams(&broker, &peers, service.get(), stream_options);
   streams.AddCompletionQueues(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) Die(absl::InternalError("gRPC server failed to start"));
   streams.Start();
   health.Start(streams.shared_queue());
 
+  absl::StatusOr<std::optional<int>> activation = TakeActivationSocket();
+  if (!activation.ok()) Die(activation.status());
   SocketListener listener(socket_path, &broker, &peers);
-  absl::Status bound = listener.Bind();
+  absl::Status bound = activation->has_value() ? listener.Adopt(**activation)
+                                               : listener.Bind();
   if (!bound.ok()) Die(bound);
   absl::Status listening = listener.Start(server.get());
   if (!listening.ok()) Die(listening);
 
-  std::cerr << "gpumemd: serving " << backend->devices().size() << " "
-            << backend->name() << " device(s) on " << socket_path << "\n";
+  const std::string serving = absl::StrCat(
+      "serving ", backend->devices().size(), " ", backend->name(), " device(s) on ",
+      listener.path(), activation->has_value() ? " (socket from systemd)" : "");
+  std::cerr << "gpumemd: " << serving << "\n";
   for (const DeviceInfo& d : backend->devices()) {
     std::cerr << "gpumemd:   device " << d.index << " " << d.uuid << " "
               << FormatBytes(d.total_bytes) << " " << d.name << "\n";
@@ -282,6 +393,11 @@ int Run() {
   std::cerr << "gpumemd: slab handle kinds offered:";
   for (HandleKind k : broker.handle_kinds()) std::cerr << " " << HandleKindName(k);
   std::cerr << "\n";
+  if (metrics != nullptr) {
+    std::cerr << "gpumemd: metrics on http://" << metrics_listen.substr(
+                     0, metrics_listen.rfind(':'))
+              << ":" << metrics->port() << "/metrics\n";
+  }
   if (tenant_directory->configured()) {
     std::cerr << "gpumemd: " << tenant_directory->tenants().size() << " tenant(s)";
     if (!config->default_tenant().empty()) {
@@ -292,20 +408,57 @@ int Run() {
     std::cerr << "\n";
   }
 
+  SystemdNotifier notifier;
+  notifier.Ready(serving);
+  // The watchdog pings only while the broker's lock can be taken: a daemon
+  // whose core is stuck stops pinging and systemd restarts it.
+  notifier.StartWatchdog([&broker] {
+    broker.live_allocations();
+    return true;
+  });
+  if (SystemdNotifier::WatchdogInterval() > absl::ZeroDuration()) {
+    std::cerr << "gpumemd: systemd watchdog every "
+              << SystemdNotifier::WatchdogInterval() / 2 << "\n";
+  }
+
+  v1::DaemonConfig running = *config;
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
-    std::cerr << "gpumemd: SIGHUP ignored (restart to reload the config)\n";
+    if (config_path.empty()) {
+      std::cerr << "gpumemd: SIGHUP: no --config file, nothing to reload\n";
+      continue;
+    }
+    notifier.Reloading(absl::StrCat("reloading ", config_path));
+    absl::Status reloaded =
+        Reload(config_path, reloadable_flags, device_views, &quotas, ledger.get(), &broker,
+               &running);
+    if (!reloaded.ok()) {
+      std::cerr << "gpumemd: reload refused, the config in force is unchanged: "
+                << reloaded.message() << "\n";
+    }
+    notifier.Ready(absl::StrCat(serving, reloaded.ok() ? "; config reloaded"
+                                                       : "; last reload refused: ",
+                                reloaded.message()));
   }
-  std::cerr << "gpumemd: signal " << sig << ", shutting down\n";
-  health.SetNotServing();
-  listener.Stop();
+
+  broker.BeginDrain();
   broker.StopWaiting();  // waiting Allocates answer now, not at their deadline
+  // Health checks (gpumemd_probe, Kubernetes readiness) see NOT_SERVING from
+  // now on, so nothing new is sent here while the daemon drains.
+  health.SetNotServing();
+  std::cerr << "gpumemd: signal " << sig << ": stopping; new allocations are refused\n";
+  notifier.Stopping(absl::StrCat("draining: ", broker.live_allocations(),
+                                 " allocation(s) live"));
+  Drain(&broker, &notifier, absl::Seconds(drain_seconds));
+  listener.Stop();
   // In-flight calls are sub-millisecond; idle client connections would
   // otherwise hold Shutdown until the deadline.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
+  metrics.reset();  // no scrape may reach the broker after this
   streams.Shutdown();
   broker.Shutdown();
   ledger->Close();  // commits the DAEMON_STOP events of the release above
+  notifier.StopWatchdog();
   std::cerr << "gpumemd: stopped; every slab released\n";
   return 0;
 }
@@ -320,6 +473,7 @@ int main(int argc, char** argv) {
       "[--sim_topology=nvlink:0-1,...] [--socket=PATH] [--config=FILE] "
       "[--slab_size=1GiB] [--empty_slab_release_seconds=30] "
       "[--reserve_fraction=0] [--handle_kinds=cuda_vmm_fd,cuda_ipc] [--admin_group=GROUP] "
+      "[--drain_seconds=0] [--metrics_listen=HOST:PORT] "
       "[--ledger=/var/lib/gpumemd/ledger.db|none] [--stream_threads=1]");
   // --help lists the flags of this file (Abseil's default looks for a file
   // named after the program, gpumemd.cc, and found none).

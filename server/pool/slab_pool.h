@@ -192,6 +192,11 @@ class SlabPool {
 
   // Gives back slabs empty since before now - empty_release_after.
   int ReleaseIdleSlabs(absl::Time now);
+  // Changes empty_release_after from now on (config reload).
+  void SetEmptyReleaseAfter(absl::Duration after) {
+    absl::MutexLock lock(&mu_);
+    options_.empty_release_after = after;  // read only under mu_
+  }
   // Gives back every slab now (daemon shutdown), retained ones too.
   void ReleaseAll();
 

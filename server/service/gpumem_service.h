@@ -7,6 +7,8 @@
 // A placement refusal travels as binary error details: a google.rpc.Status
 // whose details hold a gpumem.v1.PlacementRefusal. The Stream method is not
 // served here but asynchronously by StreamService (stream_service.h).
+// server/metrics/metered_service.h derives from it to count and time the
+// unary Allocate and Free.
 #ifndef GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
 
@@ -30,7 +32,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::StatusOr<PeerCred> CallerOf(grpc::ServerContext* ctx, const PeerTable& peers,
                                   const MemoryBroker& broker);
 
-class GpuMemoryService final : public GpuMemoryWithAsyncStream {
+class GpuMemoryService : public GpuMemoryWithAsyncStream {
  public:
   // `tenants` (GetUsage, GetLedger, SetQuota) may be null: those RPCs are
   // then UNIMPLEMENTED.

@@ -134,6 +134,47 @@ MemoryBroker::~MemoryBroker() {
   sessions_.reset();  // joins the watcher before the maps go
 }
 
+absl::Status MemoryBroker::SetAdminGroup(const std::string& group) {
+  if (group.empty()) {
+    admin_gid_.store(-1);
+    return absl::OkStatus();
+  }
+  struct group grp;
+  struct group* found = nullptr;
+  std::vector<char> buf(16384);
+  getgrnam_r(group.c_str(), &grp, buf.data(), buf.size(), &found);
+  if (found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "admin group \"", group, "\" does not exist on this machine"));
+  }
+  admin_gid_.store(found->gr_gid);
+  return absl::OkStatus();
+}
+
+void MemoryBroker::BeginDrain() { draining_.store(true); }
+
+bool MemoryBroker::WaitUntilNoAllocations(absl::Duration timeout) {
+  // Polled: a drain waits seconds, so 10 ms steps cost nothing, and no
+  // condition runs inside the lock's slow path (where TSan builds cannot
+  // see Debian's Abseil synchronize).
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    if (live_allocations() == 0) return true;
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    absl::SleepFor(std::min(left, absl::Milliseconds(10)));
+  }
+}
+
+size_t MemoryBroker::live_allocations() const {
+  absl::MutexLock lock(&table_mu_);
+  return allocations_.size();
+}
+
+void MemoryBroker::SetEmptySlabRelease(absl::Duration after) {
+  for (auto& pool : pools_) pool->SetEmptyReleaseAfter(after);
+}
+
 absl::Status MemoryBroker::Start() {
   const std::vector<HandleKind>& can = backend_->handle_kinds();
   if (options_.handle_kinds.empty()) options_.handle_kinds = can;
@@ -144,17 +185,8 @@ absl::Status MemoryBroker::Start() {
           " backend makes (it makes: ", KindList(can), ")"));
     }
   }
-  if (!options_.admin_group.empty()) {
-    struct group grp;
-    struct group* found = nullptr;
-    std::vector<char> buf(16384);
-    getgrnam_r(options_.admin_group.c_str(), &grp, buf.data(), buf.size(), &found);
-    if (found == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "admin group \"", options_.admin_group, "\" does not exist on this machine"));
-    }
-    admin_gid_ = found->gr_gid;
-  }
+  absl::Status admin = SetAdminGroup(options_.admin_group);
+  if (!admin.ok()) return admin;
   for (auto& pool : pools_) {
     absl::Status s = pool->Reserve();
     if (!s.ok()) return s;
@@ -165,8 +197,9 @@ absl::Status MemoryBroker::Start() {
 
 bool MemoryBroker::IsAdmin(const PeerCred& caller) const {
   if (caller.uid == 0) return true;
-  if (!admin_gid_.has_value()) return false;
-  if (caller.gid == *admin_gid_) return true;
+  const int64_t admin_gid = admin_gid_.load();
+  if (admin_gid < 0) return false;
+  if (caller.gid == static_cast<gid_t>(admin_gid)) return true;
   // Supplementary groups, as the system's group database says for the uid.
   struct passwd pw;
   struct passwd* found = nullptr;
@@ -182,7 +215,8 @@ bool MemoryBroker::IsAdmin(const PeerCred& caller) const {
     if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &n) < 0) return false;
   }
   groups.resize(n);
-  return std::find(groups.begin(), groups.end(), *admin_gid_) != groups.end();
+  return std::find(groups.begin(), groups.end(), static_cast<gid_t>(admin_gid)) !=
+         groups.end();
 }
 
 void MemoryBroker::Maintain() {
@@ -251,6 +285,10 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
     const PeerCred& caller, const v1::AllocateRequest& request) {
   absl::ReaderMutexLock gate(&gate_);
   if (shut_down_) return ShuttingDown();
+  if (draining_.load()) {
+    return absl::UnavailableError(
+        "gpumemd is stopping: it takes no new allocations; retry once it is back");
+  }
   if (request.shard_count() == 0 && request.shard_sizes_size() == 0 &&
       request.size_bytes() > largest_device_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat(

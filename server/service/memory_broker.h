@@ -28,6 +28,9 @@
 //  - Stats shows device figures to everyone, and sessions and tenants only
 //    of the caller's own uid unless the caller is an administrator (root, or
 //    a member of BrokerOptions::admin_group).
+//  - After BeginDrain (SIGTERM) Allocate is UNAVAILABLE "gpumemd is
+//    stopping"; Free, GetStats, GetSession and slab handles still work, so
+//    sessions can finish and let go.
 //  - With a QuotaBook, carving goes through the quota adaptor
 //    (server/quota/quota_carver.h): a tenant never holds more than its
 //    quota; an allocation's bytes are credited back after its block is
@@ -111,6 +114,18 @@ class MemoryBroker {
   absl::Status Start();
   // Releases every allocation and slab; later calls fail. Idempotent.
   void Shutdown();
+  // Refuses new allocations from now on (UNAVAILABLE); everything else keeps
+  // working. Calls already past their check finish. Idempotent.
+  void BeginDrain();
+  // Waits until no allocation is live or `timeout` passes; true if none is.
+  bool WaitUntilNoAllocations(absl::Duration timeout);
+  size_t live_allocations() const;
+
+  // Config reload. How long an empty slab is kept before it goes back:
+  void SetEmptySlabRelease(absl::Duration after);
+  // The admin group ("" for root only). INVALID_ARGUMENT if the group does
+  // not exist; the group in force stays then.
+  absl::Status SetAdminGroup(const std::string& group);
 
   absl::StatusOr<v1::AllocateResponse> Allocate(const PeerCred& caller,
                                                 const v1::AllocateRequest& request);
@@ -214,7 +229,11 @@ class MemoryBroker {
 
   Backend* backend_;
   BrokerOptions options_;
-  std::optional<gid_t> admin_gid_;  // set by Start
+  // The admin group's gid, -1 for none: set by Start and SetAdminGroup,
+  // read without locks by IsAdmin.
+  std::atomic<int64_t> admin_gid_{-1};
+  // Set by BeginDrain; read without locks at the top of Allocate.
+  std::atomic<bool> draining_{false};
   // Fixed at construction (devices never change), read without locks:
   uint64_t largest_device_bytes_ = 0;
   std::vector<placement::DeviceView> device_views_;  // index, UUID, total

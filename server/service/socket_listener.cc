@@ -118,6 +118,24 @@ absl::Status SocketListener::Bind() {
   return absl::OkStatus();
 }
 
+absl::Status SocketListener::Adopt(int fd) {
+  struct sockaddr_un addr;
+  socklen_t len = sizeof(addr);
+  memset(&addr, 0, sizeof(addr));
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return Errno("getsockname on the inherited socket");
+  }
+  if (addr.sun_family != AF_UNIX) {
+    return absl::FailedPreconditionError("the inherited socket is not a Unix socket");
+  }
+  const size_t path_len = len > offsetof(sockaddr_un, sun_path)
+                              ? len - offsetof(sockaddr_un, sun_path) : 0;
+  path_ = std::string(addr.sun_path, strnlen(addr.sun_path, path_len));
+  listen_fd_ = fd;
+  owns_path_ = false;
+  return absl::OkStatus();
+}
+
 absl::Status SocketListener::Start(grpc::Server* server) {
   server_ = server;
   int flags = fcntl(listen_fd_, F_GETFL);
@@ -360,7 +378,7 @@ void SocketListener::Stop() {
   if (listen_fd_ >= 0) {
     close(listen_fd_);
     listen_fd_ = -1;
-    unlink(path_.c_str());
+    if (owns_path_) unlink(path_.c_str());  // an adopted socket stays systemd's
   }
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);

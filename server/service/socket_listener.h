@@ -28,6 +28,8 @@
 // appears only once the socket is listening (it is bound under a temporary
 // name and renamed), so its existence means a connect will succeed. Stop()
 // closes the socket, removes the file and ends the loop, closing channels.
+// Adopt() takes a socket that someone else (systemd) bound instead; its
+// file is left alone at Stop().
 #ifndef GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 #define GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 
@@ -58,6 +60,11 @@ class SocketListener {
 
   // Binds and listens; creates the socket's directory if missing.
   absl::Status Bind();
+  // Instead of Bind(): serves on `fd`, a Unix stream socket that is already
+  // bound and listening (systemd socket activation). The listener owns the
+  // fd from now on; Stop() closes it but leaves the socket file, which
+  // belongs to whoever bound it. path() becomes the socket's bound path.
+  absl::Status Adopt(int fd);
   // Starts the loop; gRPC connections go to `server`.
   absl::Status Start(grpc::Server* server);
   void Stop();
@@ -87,6 +94,7 @@ class SocketListener {
   PeerTable* peers_;
   grpc::Server* server_ = nullptr;
   int listen_fd_ = -1;
+  bool owns_path_ = true;  // false for an adopted socket
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::thread loop_;

@@ -222,9 +222,14 @@ class StreamService::Call {
               "Allocate RPC");
           break;
         }
+        const absl::Time start = absl::Now();
         absl::StatusOr<v1::AllocateResponse> r =
             owner_->broker_->Allocate(caller_, request.allocate());
         status = r.status();
+        if (owner_->options_.on_allocate) {
+          owner_->options_.on_allocate(status, r.ok() ? *r : v1::AllocateResponse(),
+                                       absl::Now() - start);
+        }
         if (r.ok()) {
           for (const v1::Allocation& a : r->allocations()) {
             out.allocation_ids.push_back(a.id());
@@ -237,6 +242,7 @@ class StreamService::Call {
         absl::StatusOr<v1::FreeResponse> r =
             owner_->broker_->Free(caller_, request.free());
         status = r.status();
+        if (owner_->options_.on_free) owner_->options_.on_free(status);
         if (r.ok()) *answer->mutable_free() = std::move(*r);
         break;
       }

@@ -37,6 +37,7 @@
 #ifndef GPUMEMD_SERVER_SERVICE_STREAM_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_STREAM_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <thread>
 #include <unordered_map>
@@ -65,6 +66,12 @@ struct StreamServiceOptions {
   // Answers a stream may have waiting to be written before its requests are
   // no longer read.
   size_t max_queued_replies = 64;
+  // Observers of each Allocate (its status, answer and time taken) and Free
+  // (its status), as the unary service's metrics adaptor records them
+  // (server/metrics/); unset: nothing is observed. Called on the queue thread.
+  std::function<void(const absl::Status&, const v1::AllocateResponse&, absl::Duration)>
+      on_allocate;
+  std::function<void(const absl::Status&)> on_free;
 };
 
 class StreamService {

@@ -1,0 +1,112 @@
+// See stats_collector.h. One gauge family per figure; families are built in
+// a fixed order so the exposition is stable between scrapes.
+#include "server/metrics/stats_collector.h"
+
+#include <functional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace gpumem {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+MetricFamily Gauge(std::string name, std::string help) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = MetricType::Gauge;
+  return f;
+}
+
+void AddSample(MetricFamily* f, std::vector<ClientMetric::Label> labels, double value) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  m.gauge.value = value;
+  f->metric.push_back(std::move(m));
+}
+
+struct DeviceFigure {
+  const char* name;
+  const char* help;
+  std::function<double(const v1::DeviceStats&)> value;
+};
+
+}  // namespace
+
+std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& stats) {
+  const DeviceFigure figures[] = {
+      {"gpumemd_device_total_bytes", "Device memory size",
+       [](const v1::DeviceStats& d) { return double(d.total_bytes()); }},
+      {"gpumemd_device_used_bytes", "Bytes in live allocations",
+       [](const v1::DeviceStats& d) { return double(d.used_bytes()); }},
+      {"gpumemd_device_pooled_bytes", "Bytes held as pool slabs",
+       [](const v1::DeviceStats& d) { return double(d.pooled_bytes()); }},
+      {"gpumemd_device_free_bytes", "Bytes neither in live allocations nor retained",
+       [](const v1::DeviceStats& d) { return double(d.free_bytes()); }},
+      {"gpumemd_device_retained_bytes",
+       "Bytes of released slabs a live session may still hold",
+       [](const v1::DeviceStats& d) { return double(d.retained_bytes()); }},
+      {"gpumemd_device_largest_free_block_bytes", "Largest block Allocate could serve now",
+       [](const v1::DeviceStats& d) { return double(d.largest_free_block_bytes()); }},
+      {"gpumemd_device_fragmentation", "1 - largest free range / free pooled bytes",
+       [](const v1::DeviceStats& d) { return d.fragmentation(); }},
+      {"gpumemd_device_slabs", "Slabs held",
+       [](const v1::DeviceStats& d) { return double(d.slab_count()); }},
+      {"gpumemd_device_allocations", "Live allocations",
+       [](const v1::DeviceStats& d) { return double(d.allocation_count()); }},
+  };
+  std::vector<MetricFamily> out;
+  for (const DeviceFigure& fig : figures) {
+    MetricFamily f = Gauge(fig.name, fig.help);
+    for (const v1::DeviceStats& d : stats.devices()) {
+      AddSample(&f, {{"device", absl::StrCat(d.index())}, {"uuid", d.uuid()}},
+                fig.value(d));
+    }
+    out.push_back(std::move(f));
+  }
+
+  MetricFamily used = Gauge("gpumemd_tenant_used_bytes",
+                            "Bytes in the tenant's live allocations");
+  MetricFamily retained = Gauge("gpumemd_tenant_retained_bytes",
+                                "Bytes of the tenant's retained slabs");
+  MetricFamily count = Gauge("gpumemd_tenant_allocations", "The tenant's live allocations");
+  MetricFamily dev_used = Gauge("gpumemd_tenant_device_used_bytes",
+                                "Bytes in the tenant's live allocations on a device");
+  MetricFamily dev_retained = Gauge("gpumemd_tenant_device_retained_bytes",
+                                    "Bytes of the tenant's retained slabs on a device");
+  MetricFamily dev_slabs = Gauge("gpumemd_tenant_device_slabs",
+                                 "Slabs the tenant owns on a device (not retained)");
+  for (const v1::TenantStats& t : stats.tenants()) {
+    const std::string tenant = absl::StrCat("uid:", t.tenant());
+    AddSample(&used, {{"tenant", tenant}}, double(t.used_bytes()));
+    AddSample(&retained, {{"tenant", tenant}}, double(t.retained_bytes()));
+    AddSample(&count, {{"tenant", tenant}}, double(t.allocation_count()));
+    for (const v1::TenantDeviceStats& d : t.devices()) {
+      std::vector<ClientMetric::Label> labels = {
+          {"tenant", tenant}, {"device", absl::StrCat(d.device_index())}};
+      AddSample(&dev_used, labels, double(d.used_bytes()));
+      AddSample(&dev_retained, labels, double(d.retained_bytes()));
+      AddSample(&dev_slabs, labels, double(d.slab_count()));
+    }
+  }
+  for (MetricFamily* f : {&used, &retained, &count, &dev_used, &dev_retained, &dev_slabs}) {
+    out.push_back(std::move(*f));
+  }
+  MetricFamily sessions = Gauge("gpumemd_sessions", "Live client sessions");
+  AddSample(&sessions, {}, double(stats.sessions_size()));
+  out.push_back(std::move(sessions));
+  return out;
+}
+
+std::vector<MetricFamily> StatsCollector::Collect() const {
+  // As root: the endpoint shows every tenant (see metrics_endpoint.h on
+  // who may reach it).
+  const PeerCred root{/*pid=*/0, /*uid=*/0, /*gid=*/0};
+  return FromStats(broker_->Stats(root));
+}
+
+}  // namespace gpumem

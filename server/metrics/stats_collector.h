@@ -1,0 +1,47 @@
+// StatsCollector: Prometheus gauges read from MemoryBroker::Stats() at each
+// scrape, so they are exactly what GetStats answers at that moment (no
+// second bookkeeping that could drift).
+//
+// Families (labels device="<index>", uuid="GPU-..."):
+//   gpumemd_device_total_bytes, gpumemd_device_used_bytes,
+//   gpumemd_device_pooled_bytes, gpumemd_device_free_bytes,
+//   gpumemd_device_largest_free_block_bytes, gpumemd_device_fragmentation,
+//   gpumemd_device_slabs, gpumemd_device_allocations
+//   gpumemd_device_retained_bytes
+// per tenant (label tenant="uid:<n>": until configured tenants exist each
+// uid is its own tenant), GetStats' tenant rows:
+//   gpumemd_tenant_used_bytes, gpumemd_tenant_retained_bytes,
+//   gpumemd_tenant_allocations, and per device (labels tenant, device)
+//   gpumemd_tenant_device_used_bytes, gpumemd_tenant_device_retained_bytes,
+//   gpumemd_tenant_device_slabs
+// and gpumemd_sessions (live sessions). Scrapes see what root sees.
+// Thread-safety: Collect() may run on any thread; it only calls Stats().
+#ifndef GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_
+#define GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_
+
+#include <vector>
+
+#include <prometheus/collectable.h>
+#include <prometheus/metric_family.h>
+
+#include "server/service/memory_broker.h"
+
+namespace gpumem {
+
+class StatsCollector final : public prometheus::Collectable {
+ public:
+  // `broker` must outlive the collector's registration.
+  explicit StatsCollector(const MemoryBroker* broker) : broker_(broker) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+  // The same families from a GetStats answer (what Collect uses; tests too).
+  static std::vector<prometheus::MetricFamily> FromStats(const v1::GetStatsResponse& stats);
+
+ private:
+  const MemoryBroker* broker_;
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_

@@ -1,0 +1,149 @@
+#!/usr/bin/python3
+"""--metrics_listen: a Prometheus scrape agrees with GetStats.
+
+With allocations held on two devices by two processes, a refusal for
+capacity and one for a bad argument, and one Free, the scrape shows:
+per-device gauges equal to GetStats' figures, tenant gauges (totals and per
+device) equal to GetStats' tenant rows, gpumemd_allocations_total per device, refusals by
+reason, gpumemd_frees_total, and the latency histogram counting every
+Allocate, whether it came over the Stream RPC or unary. Without the flag no HTTP port is opened. A port in use is a
+start-up error.
+"""
+import os
+import re
+import signal
+import socket
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon_harness import Daemon, fail, parse_metrics, scrape, wait_for  # noqa: E402
+
+gpumemd, ctl = sys.argv[1], sys.argv[2]
+d = Daemon(gpumemd, ctl, ["--sim_devices=2x1GiB", "--slab_size=64MiB",
+                          "--metrics_listen=127.0.0.1:0"])
+d.wait_serving()
+m = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", d.log())
+if not m:
+    fail("the daemon did not log its metrics address", d)
+url = m.group(1)
+
+# The counters and the histogram see both paths: gpumemctl's library uses
+# the Stream RPC, and --wait makes it call Allocate unary.
+UNARY = "--wait=1ms"
+h1, a1 = d.hold("3MiB", "--gpus=0")                    # over the stream
+h2, a2 = d.hold("5MiB", "--shards=2", UNARY)          # one shard per device
+h3, a3 = d.hold("1MiB", "--gpus=1", UNARY)
+r = d.ctl("alloc", "900MiB", "--shards=2", "--gpus=0,1", UNARY, check=False)  # fits
+r = d.ctl("alloc", "1GiB", "--gpus=0", check=False)   # stream; a device holding 5.5 MiB
+if r.returncode != 1 or "RESOURCE_EXHAUSTED" not in r.stderr:
+    fail("expected a capacity refusal: %s" % r.stderr, d)
+r = d.ctl("alloc", "5GiB", UNARY, check=False)        # larger than any device
+if r.returncode != 1 or "INVALID_ARGUMENT" not in r.stderr:
+    fail("expected INVALID_ARGUMENT: %s" % r.stderr, d)
+d.ctl("free", a3["allocations"][0]["id"])
+
+# gpumemctl without --hold leaves its memory to session-end reclaim, which
+# is asynchronous: wait until only the held blocks remain, then read GetStats
+# on both sides of the scrape and use a reading where they agree.
+wait_for(lambda: [dev["allocation_count"] for dev in d.stats()["devices"]] == ["2", "1"],
+         "only the held allocations to remain", daemon=d)
+for attempt in range(10):
+    before = d.stats()
+    metrics = parse_metrics(scrape(url))
+    stats = d.stats()
+    if before == stats:
+        break
+else:
+    fail("GetStats never held still around a scrape", d)
+
+
+def metric(name, **labels):
+    key = (name, frozenset(labels.items()))
+    if key not in metrics:
+        fail("no sample %s%s in the scrape" % (name, labels), d)
+    return metrics[key]
+
+
+for dev in stats["devices"]:
+    labels = {"device": str(dev["index"]), "uuid": dev["uuid"]}
+    for field, name in [("total_bytes", "gpumemd_device_total_bytes"),
+                        ("used_bytes", "gpumemd_device_used_bytes"),
+                        ("pooled_bytes", "gpumemd_device_pooled_bytes"),
+                        ("free_bytes", "gpumemd_device_free_bytes"),
+                        ("retained_bytes", "gpumemd_device_retained_bytes"),
+                        ("largest_free_block_bytes", "gpumemd_device_largest_free_block_bytes"),
+                        ("slab_count", "gpumemd_device_slabs"),
+                        ("allocation_count", "gpumemd_device_allocations")]:
+        want = float(dev[field])
+        got = metric(name, **labels)
+        if got != want:
+            fail("%s device %s: scrape %s, GetStats %s" % (name, dev["index"], got, want), d)
+    if abs(metric("gpumemd_device_fragmentation", **labels) - dev["fragmentation"]) > 1e-9:
+        fail("fragmentation of device %s" % dev["index"], d)
+
+uid = os.getuid()
+mine = [t for t in stats["tenants"] if t["tenant"] == uid]
+if len(mine) != 1:
+    fail("GetStats has no tenant row for uid %d: %s" % (uid, stats["tenants"]), d)
+for t in stats["tenants"]:
+    tenant = "uid:%d" % t["tenant"]
+    for field, name in [("used_bytes", "gpumemd_tenant_used_bytes"),
+                        ("retained_bytes", "gpumemd_tenant_retained_bytes"),
+                        ("allocation_count", "gpumemd_tenant_allocations")]:
+        if metric(name, tenant=tenant) != float(t[field]):
+            fail("%s %s: scrape %s, GetStats %s" % (name, tenant, metric(name, tenant=tenant),
+                                                    t[field]), d)
+    for dev in t["devices"]:
+        labels = {"tenant": tenant, "device": str(dev["device_index"])}
+        for field, name in [("used_bytes", "gpumemd_tenant_device_used_bytes"),
+                            ("retained_bytes", "gpumemd_tenant_device_retained_bytes"),
+                            ("slab_count", "gpumemd_tenant_device_slabs")]:
+            if metric(name, **labels) != float(dev[field]):
+                fail("%s %s: scrape vs GetStats" % (name, labels), d)
+if int(mine[0]["used_bytes"]) != (3 << 20) + (5 << 20):
+    fail("held bytes: %s" % mine[0]["used_bytes"], d)
+if metric("gpumemd_sessions") != len(stats["sessions"]):
+    fail("sessions gauge", d)
+
+# Counters: device 0 got a1 + a shard of a2 + a shard of the 900 MiB call;
+# device 1 the other shards and a3.
+if metric("gpumemd_allocations_total", device="0") != 3:
+    fail("allocations on device 0: %s" % metric("gpumemd_allocations_total", device="0"), d)
+if metric("gpumemd_allocations_total", device="1") != 3:
+    fail("allocations on device 1", d)
+if metric("gpumemd_allocation_refusals_total", reason="capacity") != 1:
+    fail("capacity refusals", d)
+if metric("gpumemd_allocation_refusals_total", reason="invalid_argument") != 1:
+    fail("invalid_argument refusals", d)
+# The one explicit free (gpumemctl free, over the stream).
+if metric("gpumemd_frees_total") != 1:
+    fail("frees: %s" % metric("gpumemd_frees_total"), d)
+# 6 Allocate calls, every one timed.
+if metric("gpumemd_allocation_latency_seconds_count") != 6:
+    fail("latency histogram count: %s" % metric("gpumemd_allocation_latency_seconds_count"), d)
+if metric("gpumemd_allocation_latency_seconds_bucket", le="+Inf") != 6:
+    fail("latency histogram +Inf bucket", d)
+print("scrape matches GetStats for %d devices; counters as expected" % len(stats["devices"]))
+for h in (h1, h2, h3):
+    h.send_signal(signal.SIGINT)
+    h.wait(30)
+d.stop()
+
+# Off by default: no metrics line, no TCP listener of ours.
+plain = Daemon(gpumemd, ctl, ["--sim_devices=1x1GiB"])
+plain.wait_serving()
+if "metrics on" in plain.log():
+    fail("metrics served without --metrics_listen", plain)
+plain.stop()
+
+# A port in use is a one-line start-up error.
+busy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+busy.bind(("127.0.0.1", 0))
+busy.listen(1)
+port = busy.getsockname()[1]
+clash = Daemon(gpumemd, ctl, ["--sim_devices=1x1GiB",
+                              "--metrics_listen=127.0.0.1:%d" % port])
+rc = clash.wait_exit(30)
+if rc != 1 or "cannot serve metrics on 127.0.0.1:%d" % port not in clash.log():
+    fail("port in use: rc %d" % rc, clash)
+print("PASS")
