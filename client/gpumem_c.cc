@@ -131,17 +131,21 @@ int gpumem_close(gpumem_client* c) {
   return SetOk();
 }
 
-int gpumem_malloc(gpumem_client* c, size_t size, const gpumem_placement* where,
-                  void** out) {
+namespace {
+
+// The body of gpumem_malloc and gpumem_malloc_str; `placement` is null for
+// the client's default arena.
+int MallocWith(gpumem_client* c, size_t size,
+               const absl::StatusOr<gpumem::v1::PlacementRequest>* placement,
+               void** out) {
   if (out == nullptr) return SetError(absl::InvalidArgumentError("out is NULL"));
   *out = nullptr;
   absl::StatusOr<CachingPool*> pool = PoolOf(c);
   if (!pool.ok()) return SetError(pool.status());
   CachingPool::Arena* arena = c->default_arena;
-  if (where != nullptr) {
-    absl::StatusOr<gpumem::v1::PlacementRequest> p = gpumem::PlacementOf(where);
-    if (!p.ok()) return SetError(p.status());
-    absl::StatusOr<CachingPool::Arena*> a = (*pool)->ArenaFor(*p);
+  if (placement != nullptr) {
+    if (!placement->ok()) return SetError(placement->status());
+    absl::StatusOr<CachingPool::Arena*> a = (*pool)->ArenaFor(**placement);
     if (!a.ok()) return SetError(a.status());
     arena = *a;
   }
@@ -151,23 +155,20 @@ int gpumem_malloc(gpumem_client* c, size_t size, const gpumem_placement* where,
   return SetOk();
 }
 
+}  // namespace
+
+int gpumem_malloc(gpumem_client* c, size_t size, const gpumem_placement* where,
+                  void** out) {
+  if (where == nullptr) return MallocWith(c, size, nullptr, out);
+  const absl::StatusOr<gpumem::v1::PlacementRequest> p = gpumem::PlacementOf(where);
+  return MallocWith(c, size, &p, out);
+}
+
 int gpumem_malloc_str(gpumem_client* c, size_t size, const char* placement, void** out) {
-  if (out == nullptr) return SetError(absl::InvalidArgumentError("out is NULL"));
-  *out = nullptr;
-  absl::StatusOr<CachingPool*> pool = PoolOf(c);
-  if (!pool.ok()) return SetError(pool.status());
-  CachingPool::Arena* arena = c->default_arena;
-  if (placement != nullptr) {
-    absl::StatusOr<gpumem::v1::PlacementRequest> p = gpumem::ParsePlacementText(placement);
-    if (!p.ok()) return SetError(p.status());
-    absl::StatusOr<CachingPool::Arena*> a = (*pool)->ArenaFor(*p);
-    if (!a.ok()) return SetError(a.status());
-    arena = *a;
-  }
-  absl::StatusOr<void*> ptr = (*pool)->Allocate(size, arena);
-  if (!ptr.ok()) return SetError(ptr.status());
-  *out = *ptr;
-  return SetOk();
+  if (placement == nullptr) return MallocWith(c, size, nullptr, out);
+  const absl::StatusOr<gpumem::v1::PlacementRequest> p =
+      gpumem::ParsePlacementText(placement);
+  return MallocWith(c, size, &p, out);
 }
 
 int gpumem_malloc_sharded(gpumem_client* c, size_t total, unsigned shards,
