@@ -16,8 +16,9 @@
 // from each library (each name must match exactly one loaded library: the
 // list is `ldd` of gpumemd and gpumemctl on Debian 12). gRPC's header
 // templates compiled into our binaries are synchronized by gRPC's core, so
-// races inside grpc::internal are not ours either. Races in this project's
-// own code are still reported.
+// races inside grpc::internal are not ours either; nor are glibc's dynamic
+// TLS blocks of dlopen'ed libraries (freed by the uninstrumented loader).
+// Races in this project's own code are still reported.
 //
 // Linked, always, into the libraries that take an absl::Mutex or talk gRPC.
 #if defined(__SANITIZE_THREAD__)
@@ -186,10 +187,17 @@ extern "C" const char* __tsan_default_suppressions() {
     "called_from_lib:libgrpc++.so.1.51\n"
     "called_from_lib:libgrpc++_reflection.so.1.51\n"
     "called_from_lib:libgrpc.so.29\n"
+    "called_from_lib:libnss_systemd.so.2\n"  // getgrnam/getpwuid (admin group)
     "called_from_lib:libprotobuf.so.32\n"
     "called_from_lib:libre2.so.9\n"
     "called_from_lib:libupb.so.29\n"
-    "race:grpc::internal::\n";
+    "race:grpc::internal::\n"
+    // glibc's dynamic TLS (a dlopen'ed library's thread_local, e.g. the
+    // CUDA driver's or its fake's): the loader frees a finished thread's
+    // DTV block, which malloc may have handed to another thread; glibc's
+    // loader is not instrumented, so TSan sees the reuse as a race.
+    "race:_dl_deallocate_tls\n"
+    "race:allocate_dtv_entry\n";
 }
 
 #endif  // __SANITIZE_THREAD__
