@@ -1,15 +1,22 @@
 // MappedBuffer: a resizable run of host memory that never copies its
-// contents when it grows. It is an anonymous private mapping grown with
-// mremap(2): the kernel moves page table entries (and, when the address
-// range behind it is free, does not even move those), so growing costs a
-// system call and O(pages) page-table work, never a copy of the bytes.
-// Pages are faulted in when first written, not when the buffer grows, so a
-// large buffer that is mostly unused costs address space, not memory.
+// contents when it grows, and that can fault its pages in ahead of use.
+//
+// Reserve(n) takes n bytes of address space up front, inaccessible
+// (PROT_NONE: neither memory nor commit charge); Resize within the
+// reservation makes more of it usable in place (mprotect: data() does not
+// move, no page table is touched). Beyond the reservation (or without one)
+// the mapping grows with mremap(2): the kernel moves page table entries
+// (and, when the address range behind it is free, not even those), never
+// the bytes. Pages are faulted in when first written, or earlier, in one
+// batch, by Populate (MADV_POPULATE_WRITE; where the kernel lacks it, by
+// touching each page), so that a caller can pay for many fresh pages in one
+// place instead of one page fault at a time.
 //
 // Guarantees: after Resize(n) the first min(old, n) bytes keep their
-// contents (new bytes read as zero); data() may change on Resize and on
-// nothing else. Sizes are rounded up to whole pages. Failure to map aborts
-// the process (the caller cannot continue without its metadata).
+// contents (new bytes read as zero); bytes() <= reserved(); data() changes
+// only when Resize goes past reserved(). Sizes are rounded up to whole
+// pages. Failure to map aborts the process (the caller cannot continue
+// without its metadata); a failed Populate only means faults later.
 // OffsetAllocator keeps its node array and neighbour flags in two of these.
 #ifndef GPUMEMD_SERVER_POOL_MAPPED_BUFFER_H_
 #define GPUMEMD_SERVER_POOL_MAPPED_BUFFER_H_
@@ -25,11 +32,18 @@ class MappedBuffer {
   MappedBuffer& operator=(const MappedBuffer&) = delete;
   ~MappedBuffer();
 
-  // Grows (or shrinks) the buffer to at least `bytes`, rounded up to pages.
+  // Reserves address space for the buffer to grow into without moving.
+  // Only on a buffer that holds nothing yet (otherwise a no-op).
+  void Reserve(size_t bytes);
+  // Grows (or shrinks) the usable part to `bytes`, rounded up to pages.
   void Resize(size_t bytes);
+  // Faults in the pages of [offset, offset + len) (clipped to bytes()) for
+  // writing. Returns the number of pages it asked the kernel for.
+  size_t Populate(size_t offset, size_t len);
 
   void* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
+  size_t bytes() const { return bytes_; }        // usable
+  size_t reserved() const { return reserved_; }  // address space held
 
   static size_t PageSize();
   static size_t RoundUpToPage(size_t bytes);
@@ -37,6 +51,7 @@ class MappedBuffer {
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+  size_t reserved_ = 0;
 };
 
 }  // namespace gpumem

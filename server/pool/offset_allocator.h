@@ -14,8 +14,12 @@
 //   * Time: Free is O(1). Allocate is O(1): at most 2 * own_bin_probes()
 //     ranges looked at plus a few bit scans, except the exact fallback
 //     (step 3 below), which runs only when that found nothing fitting.
-//   * No stalls: metadata grows without copying anything (mremap), and in
-//     steady churn (no new peak of ranges) neither call allocates memory.
+//   * No stalls: node storage sits in address space reserved up front and
+//     grows in place (no copy, no move; past the reservation, for more than
+//     kReservedSlotsCap ranges, by mremap, which moves page tables, not
+//     bytes). Its fresh pages are faulted in ahead, kPopulateBatchBytes at a
+//     time, so one new range in ~1,000 pays for fresh memory, once. In
+//     steady churn (no new peak of ranges) neither call touches new memory.
 //   * Placement close to exact best fit (measured by allocator_bench,
 //     traces S, L, F, C, P; see its header for figures and tuning history).
 //   * 64-bit sizes and offsets; capacity up to 2^64 - 1; < 2^32 ranges.
@@ -63,13 +67,16 @@
 //   I5 Counters: used_bytes/live_blocks/free_ranges equal the sums over I1.
 //   I6 Node pool: every slot handed out is on the address list or on the
 //      spare list, never both.
-//   I7 Node storage: the slots handed out fit the two mappings, whose
-//      cached addresses are current.
+//   I7 Node storage: slots handed out <= slots populated <= slots usable,
+//      which fit the two mappings; each mapping's usable part lies within
+//      its reservation, and the cached addresses are current.
 //
 // Metadata: 33 bytes per range (node + neighbour-flag byte), resident only
-// for slots ever handed out (the peak number of ranges, rounded up to
-// pages; the mappings double, untouched), plus per slab 4 bytes per bin
-// (7.25 KiB for a 4 GiB slab) and 8 bytes per power of two.
+// for slots ever handed out (the peak number of ranges) and the batch
+// populated ahead of them (< kPopulateBatchBytes), plus per slab 4 bytes
+// per bin (7.25 KiB for a 4 GiB slab) and 8 bytes per power of two. Address
+// space: 33 bytes per possible range, at most 132 MiB, reserved
+// inaccessible (no memory, no commit charge) until used.
 #ifndef GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
 #define GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
 
@@ -97,8 +104,17 @@ class OffsetAllocator {
   static_assert(kMantissaBits >= 1 && kMantissaBits <= 6,
                 "a band's bins must fit one 64-bit bitmap word");
   static constexpr int kDefaultOwnBinProbes = 3;
+  // Address space reserved for node storage: a slot per possible range (a
+  // range holds >= 1 byte, so at most `capacity` of them), at most this many
+  // (128 MiB of nodes, 4 MiB of flags); storage grows past it by mremap.
+  static constexpr uint32_t kReservedSlotsCap = 1u << 22;
+  // Node pages are faulted in ahead of use, up to this many bytes at once.
+  static constexpr uint64_t kPopulateBatchBytes = 32 * 1024;
 
-  explicit OffsetAllocator(uint64_t capacity);
+  // `reserve_slots`: address space reserved for node storage, in ranges (0:
+  // the default, one per possible range up to kReservedSlotsCap); node
+  // storage grows in place up to it and by mremap past it.
+  explicit OffsetAllocator(uint64_t capacity, uint64_t reserve_slots = 0);
   OffsetAllocator(const OffsetAllocator&) = delete;
   OffsetAllocator& operator=(const OffsetAllocator&) = delete;
   ~OffsetAllocator();
@@ -134,6 +150,19 @@ class OffsetAllocator {
   // the header). More = closer to best fit, slower.
   void set_own_bin_probes(int n) { own_bin_probes_ = n < 0 ? 0 : n; }
   int own_bin_probes() const { return own_bin_probes_; }
+
+  // How often the cold paths ran (kept by the cold paths only, never by the
+  // hot path). Each is something a slow call can be blamed on:
+  // allocator_bench reads them around every timed Allocate.
+  struct ColdPathCounts {
+    uint64_t storage_grows = 0;      // node storage made larger
+    uint64_t storage_remaps = 0;     // of those, past the reservation (mremap)
+    uint64_t populate_batches = 0;   // node pages faulted in ahead, in batches
+    uint64_t pages_populated = 0;    // pages those batches asked for
+    uint64_t exact_searches = 0;     // step 3 (exact fallback) runs
+    uint64_t exact_ranges = 0;       // ranges step 3 tested
+  };
+  const ColdPathCounts& cold_path_counts() const { return cold_; }
 
   // Checks every invariant; returns INTERNAL describing the first broken one.
   absl::Status Validate() const;
@@ -200,6 +229,9 @@ class OffsetAllocator {
   uint32_t NewNode();
   uint32_t SplitAfter(uint32_t i, uint64_t keep);
   uint32_t GrowNodes();
+  static uint64_t BatchBytes(uint64_t have);
+  void GrowStorage();
+  void PopulateAhead();
   void ReleaseNode(uint32_t i);
   void Link(uint32_t i, uint32_t bin);
   void SetBinHead(uint32_t bin, uint32_t next);
@@ -243,18 +275,21 @@ class OffsetAllocator {
   // Node storage: slot i is nodes_[i], its neighbour flags (meaningful for
   // live blocks: kPrevIsFree / kNextIsFree say whether the range before /
   // after it is free) neighbours_free_[i]. Both arrays live in MappedBuffers
-  // (mremap: growing them copies nothing) sized for slot_capacity_ slots;
-  // slots [0, num_slots_) have been handed out (spare or in use), the rest
-  // have never been written (their pages are not resident). The pointers are
-  // cached here: they change only in GrowNodes.
+  // (reserved address space, growing in place; copying nothing past it)
+  // usable for slot_capacity_ slots; slots [0, num_slots_) have been handed
+  // out (spare or in use), [num_slots_, populated_slots_) are faulted in
+  // and never written, the rest are not resident. The pointers are cached
+  // here: they change only in GrowStorage, and only past the reservation.
   Node* nodes_ = nullptr;
   Flags* neighbours_free_ = nullptr;
   uint32_t num_slots_ = 0;
   uint32_t slot_capacity_ = 0;
+  uint32_t populated_slots_ = 0;  // slots whose pages PopulateAhead faulted in
   MappedBuffer node_buffer_;
   MappedBuffer flag_buffer_;
   // flags_scratch_ absorbs updates for a neighbour that does not exist.
   Flags flags_scratch_{};
+  ColdPathCounts cold_;
 };
 
 }  // namespace gpumem

@@ -1,5 +1,6 @@
 // Edge cases of gpumem::OffsetAllocator, the bounded best-of-K search's
-// choices, node storage growth, and the F trace no-refusal test.
+// choices, node storage growth (in place within the reservation, batched
+// page population, mremap past it), and the F trace no-refusal test.
 #include "server/pool/offset_allocator.h"
 
 #include <algorithm>
@@ -434,6 +435,50 @@ TEST(OffsetAllocatorStorage, GrowsThroughManyDoublings) {
   ExpectValid(a);
   const uint64_t ranges = a.live_blocks() + a.free_ranges();
   EXPECT_LE(a.metadata_bytes(), 34 * ranges + 64 * 1024);
+  for (size_t i = 0; i < blocks.size(); i += 2) a.Free(blocks[i]);
+  ExpectValid(a);
+  for (size_t i = 1; i < blocks.size(); i += 2) a.Free(blocks[i]);
+  ExpectValid(a);
+  EXPECT_EQ(a.FreeRangeList(), (Ranges{{0, uint64_t{1} << 40}}));
+}
+
+// Within its reservation node storage grows in place (no mremap) and faults
+// its pages in ahead, in batches: far fewer batches than pages, so that few
+// Allocate calls pay for fresh memory (allocator_bench measures the time).
+TEST(OffsetAllocatorStorage, GrowsInPlaceAndPopulatesInBatches) {
+  OffsetAllocator a(uint64_t{1} << 30);
+  std::vector<Block> blocks(200000);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_TRUE(a.Allocate(256 + i % 4096, 256, &blocks[i])) << i;
+  }
+  ExpectValid(a);
+  const OffsetAllocator::ColdPathCounts& c = a.cold_path_counts();
+  EXPECT_EQ(c.storage_remaps, 0u);
+  EXPECT_GT(c.storage_grows, 0u);
+  const uint64_t slots = a.live_blocks() + a.free_ranges();
+  const uint64_t batch_slots = OffsetAllocator::kPopulateBatchBytes / 32;
+  // Batches grow to full size after a few dozen slots' worth of pages; then
+  // one per batch_slots new slots.
+  EXPECT_LE(c.populate_batches, slots / batch_slots + 16);
+  EXPECT_GE(c.pages_populated, slots * 32 / 4096);
+  EXPECT_LE(a.metadata_bytes(),
+            33 * slots + 2 * OffsetAllocator::kPopulateBatchBytes + 64 * 1024);
+  for (const Block& b : blocks) a.Free(b);
+  ExpectValid(a);
+  EXPECT_EQ(a.FreeRangeList(), (Ranges{{0, uint64_t{1} << 30}}));
+}
+
+// Past the reserved address space node storage still grows (mremap moves the
+// arrays); handles stay valid and every invariant holds.
+TEST(OffsetAllocatorStorage, GrowsPastItsReservation) {
+  OffsetAllocator a(uint64_t{1} << 40, /*reserve_slots=*/256);
+  std::vector<Block> blocks(50000);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_TRUE(a.Allocate(1 + i % 1000, 1 + (i % 2) * 63, &blocks[i])) << i;
+    if (i % 9973 == 0) ExpectValid(a);
+  }
+  ExpectValid(a);
+  EXPECT_GT(a.cold_path_counts().storage_remaps, 0u);
   for (size_t i = 0; i < blocks.size(); i += 2) a.Free(blocks[i]);
   ExpectValid(a);
   for (size_t i = 1; i < blocks.size(); i += 2) a.Free(blocks[i]);
