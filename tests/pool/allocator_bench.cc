@@ -17,15 +17,30 @@
 //   * single Allocate calls: p99.9 and maximum in ns, from a second run of
 //     the same trace (first seed) with a clock read around every Allocate
 //     (LatencyRecorder; the values include one clock read, printed as the
-//     "timer floor" line), and the minor page faults taken during that run.
-//     Page faults of fresh memory cost ~15 us each on the development VMs;
-//     with --prefault (the default) the process first grows malloc's heap by
-//     --prefault_mib, touches it and keeps it (no trimming, no mmap for
-//     blocks below 32 MiB), so both allocators' metadata comes from resident
-//     memory and the figures show the allocator, not the kernel;
-//     --noprefault shows the cold figures (faults column > 0);
+//     "timer floor"), over all calls ("all") and over the calls that took
+//     no page fault and were not preempted ("a"), with the counts of calls
+//     that faulted / were preempted (getrusage of the thread around each
+//     call). Every call over 2 us and over 10 us is blamed on one cause, the
+//     first that applies: preemption, node storage growth (OffsetAllocator's
+//     cold-path counters moved: storage made larger or pages populated,
+//     page faults of that included), another page fault, the exact
+//     fallback search, or none of these ("unexplained"); the column
+//     ">10us p/g/f/x/u" counts them, and the lines under the table give the
+//     slowest of each. A third run of the same trace times the calls over
+//     10 us again (the traces and the allocator are deterministic, so it is
+//     the same call on the same state): a call slow for the allocator's own
+//     work is slow again, one that met a stall of the machine is not. The
+//     "environment" line gives the stalls of an empty clock interval (no
+//     fault, no preemption) over 2 million tries, the machine's own share.
+//     How page faults are measured around: with --prefault (the default)
+//     the process first grows malloc's heap by --prefault_mib, touches it
+//     and keeps it (no trimming, no mmap for blocks below 32 MiB), so the
+//     baseline's heap growth takes no page fault; OffsetAllocator's node
+//     storage is its own mapping and pays for its fresh pages in the
+//     calls blamed on growth, which the "all" columns include;
+//     --noprefault shows the baseline cold too;
 //   * host metadata bytes per live block: "held" = everything the allocator
-//     holds (node storage incl. unused slots of its last chunk, neighbour
+//     holds (resident node storage incl. the batch populated ahead, neighbour
 //     flags, bin tables, the object) / live blocks; "in use" = bytes of nodes
 //     describing a live block or a free range / live blocks;
 //   * a "harness floor" row (S, L): the same timed harness driving an
@@ -103,6 +118,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "server/pool/offset_allocator.h"
@@ -138,6 +154,11 @@ struct Row {
   uint64_t alloc_calls = 0, alloc_p999_ns = 0, alloc_max_ns = 0;
   uint64_t alloc_over_2us = 0, faults = 0;
   uint64_t all_p999_ns = 0, all_max_ns = 0, faulted_calls = 0, preempted_calls = 0;
+  SlowCalls slow2, slow10;  // calls over 2 us / 10 us by cause
+  // Calls over 10 us (not preempted) timed again on a rerun, by cause: how
+  // many, how many were over 10 us again, the slowest rerun time.
+  uint64_t rechecked[kNumCauses] = {}, recheck_slow[kNumCauses] = {},
+           recheck_max_ns[kNumCauses] = {};
   double meta_held = 0, meta_in_use = 0;
   bool has_in_use = false;
   bool has_meta = true;
@@ -224,6 +245,29 @@ void FillLatency(const LatencyRecorder<A>& rec, uint64_t faults, Row* row) {
   row->faulted_calls = rec.faulted_calls();
   row->preempted_calls = rec.preempted_calls();
   row->faults = faults;
+  row->slow2 = rec.slow(0);
+  row->slow10 = rec.slow(1);
+}
+
+template <class A>
+void FillRecheck(const LatencyRecorder<A>& rec, Row* row) {
+  for (size_t i = 0; i < rec.recheck_ns().size(); ++i) {
+    const int c = rec.rechecked()[i].cause;
+    const uint64_t ns = rec.recheck_ns()[i];
+    ++row->rechecked[c];
+    if (ns > 10000) ++row->recheck_slow[c];
+    row->recheck_max_ns[c] = std::max(row->recheck_max_ns[c], ns);
+  }
+}
+
+// "p/g/f/x/u": slow calls by cause (LatencyRecorder's SlowCause order).
+std::string CauseCounts(const SlowCalls& s) {
+  std::string out;
+  for (int c = 0; c < kNumCauses; ++c) {
+    if (c) out += "/";
+    out += absl::StrCat(s.by_cause[c]);
+  }
+  return out;
 }
 
 Row RunHarnessFloor(const traces::TraceSpec& t) {
@@ -253,6 +297,11 @@ Row RunChurnTrace(const traces::TraceSpec& t, const char* name) {
     const uint64_t f0 = MinorFaults();
     traces::RunTimed(rec, t, Scaled(t.ops), absl::GetFlag(FLAGS_seed));
     FillLatency(rec, MinorFaults() - f0, &row);
+    LatencyRecorder<A> again(t.capacity);
+    SetProbes(&again);
+    again.Recheck(rec.slow_calls());
+    traces::RunTimed(again, t, Scaled(t.ops), absl::GetFlag(FLAGS_seed));
+    FillRecheck(again, &row);
   }
   const int seeds = std::max(1, absl::GetFlag(FLAGS_util_seeds));
   double sum = 0, mn = 1, sum_req = 0, mn_req = 1;
@@ -310,6 +359,11 @@ Row RunRampTrace(const traces::RampSpec& t, const char* name) {
     const uint64_t f0 = MinorFaults();
     traces::RunRamp(rec, t, steps, absl::GetFlag(FLAGS_seed) + 2000);
     FillLatency(rec, MinorFaults() - f0, &row);
+    LatencyRecorder<A> again(t.capacity);
+    SetProbes(&again);
+    again.Recheck(rec.slow_calls());
+    traces::RunRamp(again, t, steps, absl::GetFlag(FLAGS_seed) + 2000);
+    FillRecheck(again, &row);
   }
   return row;
 }
@@ -327,6 +381,13 @@ Row RunF(const char* name) {
   const uint64_t f0 = MinorFaults();
   traces::FResult r = traces::RunFTrace(rec, cap, absl::GetFlag(FLAGS_seed));
   FillLatency(rec, MinorFaults() - f0, &row);
+  {
+    LatencyRecorder<A> again(cap);
+    SetProbes(&again);
+    again.Recheck(rec.slow_calls());
+    traces::RunFTrace(again, cap, absl::GetFlag(FLAGS_seed));
+    FillRecheck(again, &row);
+  }
   row.util_mean = row.util_min = r.utilization;
   row.util_req_mean = row.util_req_min = r.utilization_with_request;
   row.live = r.live_blocks;
@@ -335,16 +396,35 @@ Row RunF(const char* name) {
   return row;
 }
 
-// The cost of the clock reads LatencyRecorder adds to every value.
-uint64_t TimerFloorNs() {
+// Empty clock intervals, timed the way LatencyRecorder times a call (with
+// the same getrusage reads around each): the median is the cost of the
+// clock reads in every recorded value ("timer floor"); the intervals over 2
+// and 10 us, with no fault and no preemption, are what the machine itself
+// (interrupts, the hypervisor) adds to calls that do nothing ("environment"),
+// the yardstick for calls blamed on no cause.
+struct Environment {
+  uint64_t intervals = 0, timer_floor_ns = 0, over_2us = 0, over_10us = 0,
+           max_ns = 0;
+};
+Environment MeasureEnvironment(int intervals) {
   LatencyHistogram h;
-  for (int i = 0; i < 100000; ++i) {
+  for (int i = 0; i < intervals; ++i) {
+    uint64_t f0, p0, f1, p1;
+    ThreadFaultsAndPreemptions(&f0, &p0);
     const auto t0 = std::chrono::steady_clock::now();
     const auto t1 = std::chrono::steady_clock::now();
+    ThreadFaultsAndPreemptions(&f1, &p1);
+    if (f1 != f0 || p1 != p0) continue;
     h.Add(static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
   }
-  return h.Quantile(0.5);
+  Environment e;
+  e.intervals = h.count();
+  e.timer_floor_ns = h.Quantile(0.5);
+  e.over_2us = h.CountAbove(2000);
+  e.over_10us = h.CountAbove(10000);
+  e.max_ns = h.max();
+  return e;
 }
 
 // Grows malloc's heap by `bytes`, touches every page and keeps the memory in
@@ -366,12 +446,12 @@ void Prefault(uint64_t bytes) {
   for (void* p : pieces) std::free(p);
 }
 
-void PrintTable(const std::vector<Row>& rows, uint64_t timer_floor) {
-  absl::PrintF("%-5s %-15s %9s %9s %10s %8s %15s %15s %7s %7s %6s %8s %9s %7s %6s %8s %7s %7s\n",
+void PrintTable(const std::vector<Row>& rows, const Environment& env) {
+  absl::PrintF("%-5s %-15s %9s %9s %10s %8s %15s %15s %7s %7s %6s %8s %9s %7s %6s %14s %8s %7s %7s\n",
                "trace", "allocator", "med ns/pr", "p99 ns/pr", "ops",
                "refused", "util@fail(min)", "util+req(min)", "a p99.9",
                "a max", "a>2us", "all p99.9", "all max", "faulted", "preemp",
-               "meta B/l", "in-use", "live");
+               ">10us p/g/f/x/u", "meta B/l", "in-use", "live");
   for (const Row& r : rows) {
     std::string med = "-", p99 = "-", ops = "-";
     if (r.timed) {
@@ -390,7 +470,7 @@ void PrintTable(const std::vector<Row>& rows, uint64_t timer_floor) {
       if (r.has_meta) meta = absl::StrFormat("%.1f", r.meta_held);
     }
     std::string p999 = "-", amax = "-", over = "-", all_p999 = "-", all_max = "-",
-                faulted = "-", preempted = "-";
+                faulted = "-", preempted = "-", causes = "-";
     if (r.has_latency) {
       p999 = absl::StrFormat("%d", r.alloc_p999_ns);
       amax = absl::StrFormat("%d", r.alloc_max_ns);
@@ -399,29 +479,62 @@ void PrintTable(const std::vector<Row>& rows, uint64_t timer_floor) {
       all_max = absl::StrFormat("%d", r.all_max_ns);
       faulted = absl::StrFormat("%d", r.faulted_calls);
       preempted = absl::StrFormat("%d", r.preempted_calls);
+      causes = CauseCounts(r.slow10);
     }
     std::string in_use = r.has_in_use ? absl::StrFormat("%.1f", r.meta_in_use) : "-";
-    absl::PrintF("%-5s %-15s %9s %9s %10s %8d %15s %15s %7s %7s %6s %8s %9s %7s %6s %8s %7s %7d\n",
+    absl::PrintF("%-5s %-15s %9s %9s %10s %8d %15s %15s %7s %7s %6s %8s %9s %7s %6s %15s %8s %7s %7d\n",
                  r.trace.c_str(), r.allocator.c_str(), med.c_str(), p99.c_str(),
                  ops.c_str(), r.failures, util.c_str(), util_req.c_str(),
                  p999.c_str(), amax.c_str(), over.c_str(), all_p999.c_str(),
-                 all_max.c_str(), faulted.c_str(), preempted.c_str(), meta.c_str(),
-                 in_use.c_str(), r.live);
+                 all_max.c_str(), faulted.c_str(), preempted.c_str(), causes.c_str(),
+                 meta.c_str(), in_use.c_str(), r.live);
   }
   absl::PrintF("single Allocate calls, ns (first seed): a p99.9 / a max / a>2us over "
                "calls that took no page fault and were not preempted; all p99.9 / "
                "all max over every call; faulted / preemp: calls that took a page "
-               "fault / were preempted. Each includes the timer floor (median of an "
-               "empty clock interval): %d ns. prefault: %s\n",
-               timer_floor, absl::GetFlag(FLAGS_prefault) ? "on" : "off");
+               "fault / were preempted; >10us: calls over 10 us blamed on preemption / "
+               "node storage growth / a page fault / the exact fallback search / "
+               "nothing (unexplained), the first that applies (the slowest of each "
+               "below). Each includes the timer floor (median of an empty clock "
+               "interval): %d ns. prefault: %s\n",
+               env.timer_floor_ns, absl::GetFlag(FLAGS_prefault) ? "on" : "off");
+  for (const Row& r : rows) {
+    if (!r.has_latency) continue;
+    for (const SlowCalls* sc : {&r.slow2, &r.slow10}) {
+      std::string line;
+      for (int c = 0; c < kNumCauses; ++c) {
+        if (sc->by_cause[c] == 0) continue;
+        absl::StrAppend(&line, " ", SlowCauseName(c), " ", sc->by_cause[c], " (max ",
+                        sc->max_ns[c] / 1000, " us)");
+      }
+      absl::PrintF("  %s %s calls > %d us:%s\n", r.trace, r.allocator,
+                   sc->threshold_ns / 1000, line.empty() ? " none" : line);
+    }
+    std::string again;
+    for (int c = 0; c < kNumCauses; ++c) {
+      if (r.rechecked[c] == 0) continue;
+      absl::StrAppend(&again, " ", SlowCauseName(c), " ", r.recheck_slow[c], " of ",
+                      r.rechecked[c], " (slowest ", r.recheck_max_ns[c], " ns)");
+    }
+    if (!again.empty()) {
+      absl::PrintF("  %s %s calls > 10 us timed again on a rerun, over 10 us again:%s\n",
+                   r.trace, r.allocator, again);
+    }
+  }
+  absl::PrintF("environment: of %d empty clock intervals (no fault, no preemption) "
+               "%d took over 2 us, %d over 10 us, the longest %d ns\n",
+               env.intervals, env.over_2us, env.over_10us, env.max_ns);
 }
 
-void PrintJson(const std::vector<Row>& rows, uint64_t timer_floor) {
+void PrintJson(const std::vector<Row>& rows, const Environment& env) {
   absl::PrintF("{\"ops_scale\": %g, \"util_seeds\": %d, \"seed\": %d, "
-               "\"prefault\": %s, \"timer_floor_ns\": %d, \"rows\": [\n",
+               "\"prefault\": %s, \"timer_floor_ns\": %d, "
+               "\"environment\": {\"intervals\": %d, \"over_2us\": %d, "
+               "\"over_10us\": %d, \"max_ns\": %d}, \"rows\": [\n",
                absl::GetFlag(FLAGS_ops_scale), absl::GetFlag(FLAGS_util_seeds),
                absl::GetFlag(FLAGS_seed),
-               absl::GetFlag(FLAGS_prefault) ? "true" : "false", timer_floor);
+               absl::GetFlag(FLAGS_prefault) ? "true" : "false", env.timer_floor_ns,
+               env.intervals, env.over_2us, env.over_10us, env.max_ns);
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     absl::PrintF("  {\"trace\": \"%s\", \"allocator\": \"%s\"", r.trace.c_str(),
@@ -451,6 +564,20 @@ void PrintJson(const std::vector<Row>& rows, uint64_t timer_floor) {
                    r.alloc_calls, r.alloc_p999_ns, r.alloc_max_ns,
                    r.alloc_over_2us, r.all_p999_ns, r.all_max_ns,
                    r.faulted_calls, r.preempted_calls, r.faults);
+      for (const SlowCalls* sc : {&r.slow2, &r.slow10}) {
+        absl::PrintF(", \"slow_over_%dus\": {", sc->threshold_ns / 1000);
+        for (int c = 0; c < kNumCauses; ++c) {
+          absl::PrintF("%s\"%s\": [%d, %d]", c ? ", " : "", SlowCauseName(c),
+                       sc->by_cause[c], sc->max_ns[c]);
+        }
+        absl::PrintF("}");
+      }
+      absl::PrintF(", \"rechecked_over_10us\": {");
+      for (int c = 0; c < kNumCauses; ++c) {
+        absl::PrintF("%s\"%s\": [%d, %d, %d]", c ? ", " : "", SlowCauseName(c),
+                     r.rechecked[c], r.recheck_slow[c], r.recheck_max_ns[c]);
+      }
+      absl::PrintF("}");
     }
     if (r.has_in_use) absl::PrintF(", \"in_use_bytes_per_live_block\": %.2f", r.meta_in_use);
     absl::PrintF(", \"live_blocks\": %d}%s\n", r.live, i + 1 < rows.size() ? "," : "");
@@ -467,7 +594,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_prefault)) {
     Prefault(uint64_t(std::max(0, absl::GetFlag(FLAGS_prefault_mib))) << 20);
   }
-  const uint64_t timer_floor = TimerFloorNs();
+  const Environment env = MeasureEnvironment(2000000);
   std::vector<std::string> want = absl::StrSplit(absl::GetFlag(FLAGS_traces), ',');
   auto wanted = [&](const char* name) {
     return std::find(want.begin(), want.end(), name) != want.end();
@@ -489,8 +616,8 @@ int main(int argc, char** argv) {
     rows.push_back(RunRampTrace<OffsetAllocator>(t, "OffsetAllocator"));
     if (baseline) rows.push_back(RunRampTrace<BestFitBaseline>(t, "map best-fit"));
   }
-  if (absl::GetFlag(FLAGS_json)) PrintJson(rows, timer_floor);
-  else PrintTable(rows, timer_floor);
+  if (absl::GetFlag(FLAGS_json)) PrintJson(rows, env);
+  else PrintTable(rows, env);
   for (const Row& r : rows) {
     if (r.failures != 0 && r.timed && (r.trace == "S" || r.trace == "L")) {
       absl::FPrintF(stderr, "note: %s/%s refused %d requests in the timed run\n",

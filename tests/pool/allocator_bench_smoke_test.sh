@@ -12,10 +12,13 @@ for t in S L F C P; do
 done
 grep -q '^S  *harness floor' table.out || { echo "missing harness floor row"; exit 1; }
 grep -q '^single Allocate calls' table.out || { echo "missing legend line"; exit 1; }
+grep -q '^environment: ' table.out || { echo "missing environment line"; exit 1; }
+grep -q '^  F OffsetAllocator calls > 10 us' table.out || { echo "missing slow-call lines"; exit 1; }
 "$bench" --ops_scale=0.002 --util_seeds=1 --noprefault --traces=F,C --json > json.out
 for key in median_ns_per_pair util_at_first_failure \
     util_at_first_failure_with_request allocate_p999_ns allocate_max_ns \
-    allocate_all_max_ns allocate_faulted_calls minor_faults '"prefault": false'; do
+    allocate_all_max_ns allocate_faulted_calls minor_faults '"prefault": false' \
+    slow_over_10us rechecked_over_10us '"environment"'; do
   grep -q "$key" json.out || { echo "bad json: no $key"; cat json.out; exit 1; }
 done
 grep -q '"trace": "S"' json.out && { echo "--traces did not select"; exit 1; }
