@@ -252,6 +252,9 @@ class OffsetAllocator {
             Block* out);
   uint32_t BestOfFirst(uint32_t bin, int probes, uint64_t size,
                        uint64_t alignment) const;
+  template <int kProbes>
+  uint32_t BestOfFirstN(uint32_t bin, int probes, uint64_t size,
+                        uint64_t alignment) const;
   bool AllocateSlow(uint64_t size, uint64_t alignment, uint32_t own_bin,
                     uint32_t up_bin, Block* out);
 

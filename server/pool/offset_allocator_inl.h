@@ -243,14 +243,18 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
 
 // Of at most `probes` ranges of `bin`, starting at its head, the one that
 // fits (size, alignment) and is smallest, the lowest in the slab among equal
-// sizes; kNone if none of them fits.
-GPUMEM_POOL_INLINE uint32_t OffsetAllocator::BestOfFirst(uint32_t bin, int probes,
-                                                         uint64_t size,
-                                                         uint64_t alignment) const {
+// sizes; kNone if none of them fits. kProbes > 0: `probes` is known to be
+// kProbes, and the loop is unrolled (no trip counter, one exit test per
+// probe: measured, see allocator_bench's tuning history).
+template <int kProbes>
+GPUMEM_POOL_INLINE uint32_t OffsetAllocator::BestOfFirstN(uint32_t bin, int probes,
+                                                          uint64_t size,
+                                                          uint64_t alignment) const {
   uint32_t best = kNone;
   uint64_t best_size = ~uint64_t{0}, best_offset = ~uint64_t{0};
   uint32_t i = bin_head_[bin];
-  for (int k = probes; k > 0 && i != kNone; --k) {
+#pragma GCC unroll 8
+  for (int k = kProbes > 0 ? kProbes : probes; k > 0 && i != kNone; --k) {
     const Node& n = node(i);
     if (Fits(n, size, alignment) &&
         (n.size < best_size || (n.size == best_size && n.offset < best_offset))) {
@@ -261,6 +265,15 @@ GPUMEM_POOL_INLINE uint32_t OffsetAllocator::BestOfFirst(uint32_t bin, int probe
     i = n.next_free;
   }
   return best;
+}
+
+GPUMEM_POOL_INLINE uint32_t OffsetAllocator::BestOfFirst(uint32_t bin, int probes,
+                                                         uint64_t size,
+                                                         uint64_t alignment) const {
+  if (__builtin_expect(probes == kDefaultOwnBinProbes, 1)) {
+    return BestOfFirstN<kDefaultOwnBinProbes>(bin, probes, size, alignment);
+  }
+  return BestOfFirstN<0>(bin, probes, size, alignment);
 }
 
 GPUMEM_POOL_INLINE bool OffsetAllocator::Allocate(uint64_t size,
@@ -280,44 +293,41 @@ GPUMEM_POOL_INLINE bool OffsetAllocator::Allocate(uint64_t size,
   const uint32_t up = (size & ((uint64_t{1} << sh) - 1)) != 0;
   const int probes = own_bin_probes_;
   // 1. Own bin: the best of its first `probes` ranges.
-  if (__builtin_expect(probes != 0, 1)) {
-    const uint32_t i = BestOfFirst(own_bin, probes, size, alignment);
-    if (i != kNone) {
-      Take<false>(i, own_bin, size, alignment, out);
+  uint32_t bin = own_bin;
+  uint32_t i = kNone;
+  if (__builtin_expect(probes != 0, 1)) i = BestOfFirst(own_bin, probes, size, alignment);
+  if (i == kNone) {
+    // 2. Good fit: the first non-empty bin above the own bin (or, without
+    // probing, at or above size rounded up to the next bin boundary, up_bin
+    // = own_bin + up): every range there holds `size` bytes. The band
+    // bitmap shifted so that bit 0 is own_bin, then past the bins to skip.
+    const uint32_t band = own_bin >> kMantissaBits;  // < num_bands_: size <= capacity
+    const uint32_t skip = probes != 0 ? 1 : up;
+    const uint64_t rest = (bin_bitmap_[band] >> (own_bin & kBinMask)) >> skip;
+    if (rest != 0) {
+      bin = own_bin + skip + static_cast<uint32_t>(__builtin_ctzll(rest));
+    } else {
+      // band <= 58 (sizes < 2^64).
+      bin = FirstBinAboveBand(band);
+      if (__builtin_expect(bin == kNone, 0)) {
+        return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
+      }
+    }
+    if (__builtin_expect(probes == 0, 0)) {
+      i = bin_head_[bin];
+      if (__builtin_expect(!Fits(node(i), size, alignment), 0)) {
+        return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
+      }
+      Take<true>(i, bin, size, alignment, out);
       return true;
     }
-  }
-  // 2. Good fit: the first non-empty bin above the own bin (or, without
-  // probing, at or above size rounded up to the next bin boundary, up_bin =
-  // own_bin + up): every range there holds `size` bytes. The band bitmap
-  // shifted so that bit 0 is own_bin, then past the bins to skip.
-  const uint32_t band = own_bin >> kMantissaBits;  // < num_bands_: size <= capacity
-  const uint32_t skip = probes != 0 ? 1 : up;
-  const uint64_t rest = (bin_bitmap_[band] >> (own_bin & kBinMask)) >> skip;
-  uint32_t bin;
-  if (rest != 0) {
-    bin = own_bin + skip + static_cast<uint32_t>(__builtin_ctzll(rest));
-  } else {
-    // band <= 58 (sizes < 2^64).
-    bin = FirstBinAboveBand(band);
-    if (__builtin_expect(bin == kNone, 0)) {
-      return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
-    }
-  }
-  if (__builtin_expect(probes != 0, 1)) {
-    const uint32_t i = BestOfFirst(bin, probes, size, alignment);
+    i = BestOfFirst(bin, probes, size, alignment);
     if (__builtin_expect(i == kNone, 0)) {
       return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
     }
-    Take<false>(i, bin, size, alignment, out);
-    return true;
   }
-  const uint32_t i = bin_head_[bin];
-  if (__builtin_expect(!Fits(node(i), size, alignment), 0)) {
-    return AllocateSlow(size, alignment, own_bin, own_bin + up, out);
-  }
-  // Take is forced inline here (and in the slow path).
-  Take<true>(i, bin, size, alignment, out);
+  // One Take for both steps (forced inline here and in the slow path).
+  Take<false>(i, bin, size, alignment, out);
   return true;
 }
 
