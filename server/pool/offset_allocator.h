@@ -17,9 +17,10 @@
 //   * No stalls: node storage sits in address space reserved up front and
 //     grows in place (no copy, no move; past the reservation, for more than
 //     kReservedSlotsCap ranges, by mremap, which moves page tables, not
-//     bytes). Its fresh pages are faulted in ahead, kPopulateBatchBytes at a
-//     time, so one new range in ~1,000 pays for fresh memory, once. In
-//     steady churn (no new peak of ranges) neither call touches new memory.
+//     bytes). Its fresh pages are faulted in ahead, kPopulateBatchBytes (8
+//     pages) at a time, so at most one new range in 1,024 pays for fresh
+//     memory, once per batch instead of once per page. In steady churn (no
+//     new peak of ranges) neither call touches new memory.
 //   * Placement close to exact best fit (measured by allocator_bench,
 //     traces S, L, F, C, P; see its header for figures and tuning history).
 //   * 64-bit sizes and offsets; capacity up to 2^64 - 1; < 2^32 ranges.

@@ -107,6 +107,54 @@
 //     branch), two interleaved runs each: S 53.5 / 53.8 vs 58.1 / 58.5 ns
 //     per pair, L 34.6 / 34.6 vs 35.1 / 35.1, P 53.8 / 56.0 vs 56.5 / 57.0.
 //     It stays.
+//   Issue 15, second round (stalls, and margin on P). Full scale, one run
+//   per figure unless said, the 2-vCPU development VM (a Firecracker guest)
+//   with other builds running; speed figures are medians of 3-4 runs
+//   interleaved with the version compared against:
+//   * Where slow calls come from (the cause attribution and rerun check
+//     above were added for this). Unexplained calls over 10 us were never
+//     slow again when rerun (rerun times 50-800 ns, both allocators), and
+//     the environment line shows empty intervals stalling as long (10-25 of
+//     2 million over 10 us, up to 40-134 us): the 41-102 us "clean" maxima
+//     of the first round are the machine. The exact fallback never took
+//     over 2 us when rerun. The rest were page faults and node storage
+//     growth.
+//   * Page faults. On this VM a trap on a fresh page costs ~1.4 us (up to
+//     ~15-35 us when the host has to back the page, which the bench sees as
+//     growth calls slow again on the rerun), and MADV_POPULATE_WRITE costs
+//     about the same per page (1.3-1.4 us at 4-256 pages), so batching does
+//     not make pages cheaper; it makes fewer calls pay. Per-page faults: F
+//     had 4,099 faulting calls of ~770,000 (0.5%), all-call p99.9 2.1-2.8
+//     us. Batches of 64 KiB: 262 faulting calls, p99.9 0.3-0.5 us, but a
+//     batch took 25-35 us and up to 300 us when the host backed the pages
+//     slowly; 32 KiB: ~515 calls (0.07%, still under 0.1%), p99.9 ~0.3
+//     us, batches 12-25 us, worst 210-220 us (reproducible on the rerun).
+//     32 KiB kept. Smaller batches would put the populating calls inside
+//     p99.9.
+//   * Node storage growth. Doubling a mapping in place with mprotect costs
+//     more the larger the doubled part (1.3 us at 4 KiB, 16 us at 64 MiB);
+//     a fixed 32 KiB step costs ~1.3 us at any size, so storage grows by
+//     the populate batch inside an address range reserved up front (no
+//     mremap, data never moves below 4M ranges).
+//   * Speed on P (best-fit ratio 0.094-0.096 at the start of the round).
+//     Kept, same placement: the default K=3 probe unrolled at compile time
+//     (P 0.0945 -> 0.0913, C 0.0806 -> 0.0775), one inlined Take for steps
+//     1 and 2 instead of two (P -> 0.0899, C -> 0.0769, S 0.0683 ->
+//     0.0671). Measured and dropped: walking the own and the good-fit bin
+//     side by side (two independent load chains; P 54 -> 59 ns per pair);
+//     branch-free choice among the probed ranges (no gain); a per-bin cache
+//     of the first three ranges so their nodes load in parallel (52 -> 55:
+//     the probe is bound by instructions and mispredictions, not by the
+//     load chain); a sentinel node instead of the end-of-list test (P 0.0913
+//     -> 0.0943); Take's padding path out of line (P 0.0909 -> 0.0933, code
+//     layout); one re-binning in Free for all cases (no gain); inserting a
+//     freed range second when the head lies lower (refusals C 106,518 vs
+//     107,855, but +7 ns per pair). Placement trades measured and dropped
+//     (refusals / util@fail, best fit C 103,415 / 0.8827, P 22,134 /
+//     0.9791): K=2 in both steps, P 0.087 but C 111,152 / 0.8442; K=2 in
+//     step 1 only, P 0.090, C 110,133 / 0.8808, S util 0.9752 vs 0.9760;
+//     K=2 in step 2 only, C 108,069 / 0.8876, P 22,210, ~1 ns; stopping
+//     step 1 at an exact fit after 1 or 2 probes, C 114,913 / 110,487.
 #include <malloc.h>
 
 #include <algorithm>
