@@ -37,6 +37,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -100,6 +101,12 @@ ABSL_FLAG(std::string, ledger, "",
           "(default /var/lib/gpumemd/ledger.db)");
 ABSL_FLAG(int, stream_threads, 1,
           "threads (one completion queue each) serving the Stream RPC");
+ABSL_FLAG(std::string, sim_slab_create_delay, "",
+          "sim backend: slab creation on these devices sleeps first, as a slow "
+          "driver's would, e.g. 0:300ms,2:50ms (for tests and benchmarks)");
+ABSL_FLAG(int, stream_backend_threads, 2,
+          "threads that run the Stream's Allocates needing backend work (a new "
+          "slab), so a slow device holds up no stream");
 ABSL_FLAG(bool, mutex_deadlock_detection, false,
           "Abseil's lock-order checking on every absl::Mutex (gRPC's own locks "
           "included): a debugging aid that costs a global lock per acquisition in "
@@ -266,7 +273,22 @@ int Run() {
         Pick(absl::GetFlag(FLAGS_sim_topology), config->sim_topology(), ""),
         static_cast<uint32_t>(sizes->size()));
     if (!links.ok()) Die(links.status());
-    backend = std::make_unique<SimBackend>(*sizes, *links);
+    auto sim = std::make_unique<SimBackend>(*sizes, *links);
+    for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_sim_slab_create_delay),
+                                                 ',', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits(':', 1));
+      uint32_t device = 0;
+      absl::Duration delay;
+      if (!absl::SimpleAtoi(kv.first, &device) || device >= sizes->size() ||
+          !absl::ParseDuration(kv.second, &delay) || delay < absl::ZeroDuration()) {
+        Die(absl::InvalidArgumentError(absl::StrCat(
+            "--sim_slab_create_delay: bad entry \"", item,
+            "\" (want DEVICE:DURATION with a device below ", sizes->size(),
+            ", e.g. 0:300ms)")));
+      }
+      sim->SetCreateDelay(device, delay);
+    }
+    backend = std::move(sim);
     options.pool.granularity = 4096;
   } else if (backend_name == "cuda") {
     absl::StatusOr<std::unique_ptr<Backend>> cuda = CudaBackend::Create();
@@ -364,6 +386,10 @@ int Run() {
   stream_options.threads = absl::GetFlag(FLAGS_stream_threads);
   if (stream_options.threads < 1 || stream_options.threads > 64) {
     Die(absl::InvalidArgumentError("--stream_threads must be in [1, 64]"));
+  }
+  stream_options.backend_threads = absl::GetFlag(FLAGS_stream_backend_threads);
+  if (stream_options.backend_threads < 1 || stream_options.backend_threads > 64) {
+    Die(absl::InvalidArgumentError("--stream_backend_threads must be in [1, 64]"));
   }
   if (call_metrics != nullptr) {  // the stream is metered like the unary calls
     CallMetrics* m = call_metrics.get();

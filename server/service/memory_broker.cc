@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 #include "common/refusal_payload.h"
@@ -31,6 +32,17 @@ v1::HandleKind ToWire(HandleKind kind) {
   return v1::HANDLE_KIND_UNSPECIFIED;
 }
 
+// The payload that marks MemoryBroker::NeedsBackendWork statuses.
+constexpr absl::string_view kNeedsBackendWorkUrl = "gpumemd/needs-backend-work";
+
+absl::Status NeedsBackendWorkError(uint32_t device) {
+  absl::Status s = absl::UnavailableError(absl::StrCat(
+      "device ", device, ": serving this request needs backend work (a new slab or "
+      "releasing empty ones), not done on this thread"));
+  s.SetPayload(kNeedsBackendWorkUrl, absl::Cord("1"));
+  return s;
+}
+
 std::string KindList(const std::vector<HandleKind>& kinds) {
   std::string out;
   for (HandleKind k : kinds) {
@@ -43,16 +55,20 @@ std::string KindList(const std::vector<HandleKind>& kinds) {
 
 class MemoryBroker::PoolCarver : public placement::DeviceCarver {
  public:
-  PoolCarver(MemoryBroker* broker, uint32_t tenant, HandleKind kind)
-      : broker_(broker), tenant_(tenant), kind_(kind) {}
+  PoolCarver(MemoryBroker* broker, uint32_t tenant, HandleKind kind, bool backend_work)
+      : broker_(broker), tenant_(tenant), kind_(kind), backend_work_(backend_work) {}
 
   absl::StatusOr<placement::CarvedBlock> TryCarve(
       uint32_t device, uint64_t size, uint64_t alignment,
       placement::CarveRefusal* refusal) override {
-    CarveResult r = broker_->pools_[device]->Carve(size, alignment, tenant_, kind_);
+    CarveResult r =
+        broker_->pools_[device]->Carve(size, alignment, tenant_, kind_, backend_work_);
     switch (r.kind) {
       case CarveResult::Kind::kError:
         return r.error;
+      case CarveResult::Kind::kNeedsBackend:
+        // Not a refusal: the placer undoes what it carved and stops.
+        return NeedsBackendWorkError(device);
       case CarveResult::Kind::kRefused:
         refusal->refused = true;
         refusal->free_bytes = r.refusal.free_bytes;
@@ -87,6 +103,7 @@ class MemoryBroker::PoolCarver : public placement::DeviceCarver {
   MemoryBroker* broker_;
   uint32_t tenant_;
   HandleKind kind_;
+  bool backend_work_;
   absl::flat_hash_map<uint64_t, PoolBlock> pending_;
 };
 
@@ -281,8 +298,12 @@ absl::StatusOr<HandleKind> MemoryBroker::RequestedKind(
       " backend); it offers: ", KindList(offered)));
 }
 
+bool MemoryBroker::NeedsBackendWork(const absl::Status& status) {
+  return status.GetPayload(kNeedsBackendWorkUrl).has_value();
+}
+
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
-    const PeerCred& caller, const v1::AllocateRequest& request) {
+    const PeerCred& caller, const v1::AllocateRequest& request, BackendWork work) {
   absl::ReaderMutexLock gate(&gate_);
   if (shut_down_) return ShuttingDown();
   if (draining_.load()) {
@@ -319,7 +340,9 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
   bool asked_reclaim = false;
   for (;;) {
     const uint64_t releases = releases_.load();
-    absl::StatusOr<v1::AllocateResponse> placed = Place(caller, *tenant, session->id, *prepared, *kind);
+    absl::StatusOr<v1::AllocateResponse> placed =
+        Place(caller, *tenant, session->id, *prepared, *kind, work);
+    if (!placed.ok() && NeedsBackendWork(placed.status())) return placed;
     if (!placed.ok() && placed.status().code() == absl::StatusCode::kResourceExhausted &&
         !asked_reclaim) {
       asked_reclaim = true;
@@ -364,10 +387,10 @@ absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOf(const PeerCred& caller
 
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
     const PeerCred& caller, const tenants::TenantRef& tenant, uint64_t session,
-    const placement::PreparedRequest& prepared, HandleKind kind) {
+    const placement::PreparedRequest& prepared, HandleKind kind, BackendWork work) {
   // The pool carves from this tenant's slabs; the quota adaptor charges the
   // tenant before the pool carves.
-  PoolCarver pool_carver(this, tenant.id, kind);
+  PoolCarver pool_carver(this, tenant.id, kind, work == BackendWork::kAllowed);
   std::optional<quota::QuotaCarver> quota_carver;
   placement::DeviceCarver* carver = &pool_carver;
   if (options_.quotas != nullptr) {

@@ -127,8 +127,18 @@ class MemoryBroker {
   // not exist; the group in force stays then.
   absl::Status SetAdminGroup(const std::string& group);
 
+  // Where an Allocate may do backend work (create a slab, release empty
+  // ones to make room). kNotHere is for a thread that serves many clients
+  // (the Stream's completion-queue thread): a request that would need backend
+  // work returns NeedsBackendWork() having changed nothing (no block, no
+  // charge, no event, no reclaim request), to be run again kAllowed on a
+  // thread of its own; everything else gets the answer kAllowed would give.
+  enum class BackendWork { kAllowed, kNotHere };
+  static bool NeedsBackendWork(const absl::Status& status);
+
   absl::StatusOr<v1::AllocateResponse> Allocate(const PeerCred& caller,
-                                                const v1::AllocateRequest& request);
+                                                const v1::AllocateRequest& request,
+                                                BackendWork work = BackendWork::kAllowed);
   absl::StatusOr<v1::FreeResponse> Free(const PeerCred& caller,
                                         const v1::FreeRequest& request);
   // Memory pressure. When an Allocate is refused for capacity (placement
@@ -216,7 +226,8 @@ class MemoryBroker {
                                              const tenants::TenantRef& tenant,
                                              uint64_t session,
                                              const placement::PreparedRequest& prepared,
-                                             HandleKind kind);
+                                             HandleKind kind,
+                                             BackendWork work = BackendWork::kAllowed);
   // Removes a record under table_mu_ and appends its ending event `why`;
   // the caller releases its block and credits it after (Return).
   Record TakeRecordLocked(absl::flat_hash_map<uint64_t, Record>::iterator it,
