@@ -522,7 +522,8 @@ MemoryBroker::Record MemoryBroker::TakeRecordLocked(
 }
 
 absl::StatusOr<v1::FreeResponse> MemoryBroker::Free(const PeerCred& caller,
-                                                    const v1::FreeRequest& request) {
+                                                    const v1::FreeRequest& request,
+                                                    BackendWork work) {
   absl::ReaderMutexLock gate(&gate_);
   if (shut_down_) return ShuttingDown();
   if (request.id() == 0) {
@@ -545,6 +546,12 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::Free(const PeerCred& caller,
       return absl::PermissionDeniedError(absl::StrCat(
           "allocation ", request.id(), " belongs to uid ", it->second.uid,
           "; uid ", caller.uid, " may not free it"));
+    }
+    // A dedicated slab goes back to the backend with its block, and waiters
+    // are placed (maybe in new slabs) on the releasing thread.
+    if (work == BackendWork::kNotHere &&
+        (it->second.block.slab_size > options_.pool.slab_size || waiting_.load() > 0)) {
+      return NeedsBackendWorkError(it->second.device);
     }
     r = TakeRecordLocked(it, ledger::EventKind::kFree);
   }

@@ -127,8 +127,8 @@ class MemoryBroker {
   // not exist; the group in force stays then.
   absl::Status SetAdminGroup(const std::string& group);
 
-  // Where an Allocate may do backend work (create a slab, release empty
-  // ones to make room). kNotHere is for a thread that serves many clients
+  // Where an Allocate (or Free) may do backend work (create a slab, release
+  // empty ones to make room). kNotHere is for a thread that serves many clients
   // (the Stream's completion-queue thread): a request that would need backend
   // work returns NeedsBackendWork() having changed nothing (no block, no
   // charge, no event, no reclaim request), to be run again kAllowed on a
@@ -139,8 +139,13 @@ class MemoryBroker {
   absl::StatusOr<v1::AllocateResponse> Allocate(const PeerCred& caller,
                                                 const v1::AllocateRequest& request,
                                                 BackendWork work = BackendWork::kAllowed);
+  // kNotHere: NeedsBackendWork(), with nothing changed, when the block's
+  // slab is dedicated (it goes back to the backend) or requests are waiting
+  // (a release places them). A waiter that starts waiting just after that
+  // check is still placed by this Free.
   absl::StatusOr<v1::FreeResponse> Free(const PeerCred& caller,
-                                        const v1::FreeRequest& request);
+                                        const v1::FreeRequest& request,
+                                        BackendWork work = BackendWork::kAllowed);
   // Memory pressure. When an Allocate is refused for capacity (placement
   // found no room; quota refusals are the tenant's own affair), `sender` is
   // called once for each other session whose last UsageReport shows idle

@@ -116,10 +116,11 @@ class StreamService::Call {
     grpc::ByteBuffer bytes;
     std::vector<uint64_t> allocation_ids;  // freed if never delivered
   };
-  // An Allocate a backend worker ran (see Offload).
+  // A request a backend worker ran (see Offload), and its answer.
   struct Offloaded {
     uint64_t request_id = 0;
-    absl::StatusOr<v1::AllocateResponse> result;
+    v1::StreamReply reply;
+    std::vector<uint64_t> allocation_ids;  // freed if never delivered
   };
 
   void OnAccepted() {
@@ -261,8 +262,13 @@ class StreamService::Call {
         break;
       }
       case v1::StreamRequest::kFree: {
-        absl::StatusOr<v1::FreeResponse> r =
-            owner_->broker_->Free(caller_, request.free());
+        absl::StatusOr<v1::FreeResponse> r = owner_->broker_->Free(
+            caller_, request.free(), MemoryBroker::BackendWork::kNotHere);
+        if (!r.ok() && MemoryBroker::NeedsBackendWork(r.status())) {
+          // A dedicated slab goes back, or waiters get placed: not here.
+          if (Offload(request, absl::Now())) return;
+          r = owner_->broker_->Free(caller_, request.free());  // stopping: inline
+        }
         status = r.status();
         if (owner_->options_.on_free) owner_->options_.on_free(status);
         if (r.ok()) *answer->mutable_free() = std::move(*r);
@@ -290,22 +296,41 @@ class StreamService::Call {
     outbox_.push_back(std::move(out));
   }
 
-  // Runs an Allocate that needs backend work on a backend worker; its answer
-  // comes back through offload_alarm_ (OnOffloaded). False if the workers
-  // are stopping (nothing was started).
+  // Runs an Allocate or Free that needs backend work on a backend worker;
+  // its answer comes back through offload_alarm_ (OnOffloaded). False if the
+  // workers are stopping (nothing was started).
   bool Offload(const v1::StreamRequest& request, absl::Time start) {
     StreamService* owner = owner_;
-    const PeerCred caller = caller_;
-    const uint64_t id = request.request_id();
     const bool submitted = owner->workers_->Submit(
-        [this, owner, caller, id, start, allocate = request.allocate()] {
-          absl::StatusOr<v1::AllocateResponse> r = owner->broker_->Allocate(caller, allocate);
-          if (owner->options_.on_allocate) {
-            owner->options_.on_allocate(r.status(), r.ok() ? *r : v1::AllocateResponse(),
-                                        absl::Now() - start);
+        [this, owner, caller = caller_, start, request] {
+          Offloaded done;
+          done.request_id = request.request_id();
+          v1::StreamAnswer* answer = done.reply.mutable_answer();
+          answer->set_request_id(request.request_id());
+          absl::Status status;
+          if (request.has_allocate()) {
+            absl::StatusOr<v1::AllocateResponse> r =
+                owner->broker_->Allocate(caller, request.allocate());
+            status = r.status();
+            if (owner->options_.on_allocate) {
+              owner->options_.on_allocate(status, r.ok() ? *r : v1::AllocateResponse(),
+                                          absl::Now() - start);
+            }
+            if (r.ok()) {
+              for (const v1::Allocation& a : r->allocations()) {
+                done.allocation_ids.push_back(a.id());
+              }
+              *answer->mutable_allocate() = *std::move(r);
+            }
+          } else {
+            absl::StatusOr<v1::FreeResponse> r = owner->broker_->Free(caller, request.free());
+            status = r.status();
+            if (owner->options_.on_free) owner->options_.on_free(status);
+            if (r.ok()) *answer->mutable_free() = *std::move(r);
           }
+          if (!status.ok()) *answer->mutable_status() = ToRpcStatus(status);
           std::lock_guard<std::mutex> lock(push_mu_);
-          offload_done_.push_back(Offloaded{id, std::move(r)});
+          offload_done_.push_back(std::move(done));
           if (!offload_wake_pending_) {
             offload_wake_pending_ = true;
             offload_alarm_.Set(cq_, gpr_now(GPR_CLOCK_MONOTONIC), offload_tag_.tag());
@@ -315,8 +340,8 @@ class StreamService::Call {
     return submitted;
   }
 
-  // The queue thread's half of Offload: finished Allocates join the outbox,
-  // or are freed if their stream can no longer carry the answer.
+  // The queue thread's half of Offload: finished requests' answers join the
+  // outbox, or (Allocates) are freed if their stream can no longer carry them.
   void OnOffloaded() {
     std::vector<Offloaded> done;
     {
@@ -326,19 +351,9 @@ class StreamService::Call {
     }
     offloads_ -= static_cast<int>(done.size());
     for (Offloaded& d : done) {
-      v1::StreamReply reply;
-      v1::StreamAnswer* answer = reply.mutable_answer();
-      answer->set_request_id(d.request_id);
       Outgoing out;
       out.request_id = d.request_id;
-      if (d.result.ok()) {
-        for (const v1::Allocation& a : d.result->allocations()) {
-          out.allocation_ids.push_back(a.id());
-        }
-        *answer->mutable_allocate() = *std::move(d.result);
-      } else {
-        *answer->mutable_status() = ToRpcStatus(d.result.status());
-      }
+      out.allocation_ids = std::move(d.allocation_ids);
       if (broken_ || finish_started_ || queue_->stopping) {
         in_flight_.erase(d.request_id);
         FreeAllocations(out);
@@ -346,7 +361,7 @@ class StreamService::Call {
       }
       bool own_buffer = false;
       grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::StreamReply>(
-          reply, &out.bytes, &own_buffer);
+          d.reply, &out.bytes, &own_buffer);
       outbox_.push_back(std::move(out));
     }
     StartWriteIfIdle();

@@ -9,9 +9,10 @@
 // Shape (measured to be the fastest here, see README "Hot path"): a fixed
 // number of completion queues, each drained by one thread; every stream lives
 // on one queue, so its state is touched by one thread only and needs no lock.
-// Broker calls run inline on that thread, except an Allocate that needs
-// backend work (a new slab: on CUDA, milliseconds of cuMemCreate, map and
-// memset): the broker says so without changing anything
+// Broker calls run inline on that thread, except an Allocate or Free that
+// needs backend work (a new slab: on CUDA, milliseconds of cuMemCreate, map
+// and memset; a dedicated slab given back; waiters placed by a release): the
+// broker says so without changing anything
 // (MemoryBroker::BackendWork::kNotHere), and the request runs on one of
 // `backend_threads` BackendWorkers; its answer comes back to the queue
 // thread through a grpc::Alarm. So a slow device holds up neither the other
@@ -40,10 +41,8 @@
 //    stream. A client answers with a StreamRequest.reclaimed (answered like
 //    any request).
 //  - Threads: `threads` + `backend_threads`, whatever the number of streams.
-//  - Answers may come back out of order (an offloaded Allocate's answer
+//  - Answers may come back out of order (an offloaded request's answer
 //    after those of later requests); each carries its request id.
-//  - Limit: a Free that releases a dedicated slab (a block larger than the
-//    slab size) gives it back to the backend inline.
 #ifndef GPUMEMD_SERVER_SERVICE_STREAM_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_STREAM_SERVICE_H_
 

@@ -394,6 +394,26 @@ TEST_F(SlowDeviceStreamTest, ASlowSlabCreationHoldsUpNoOtherRequest) {
   for (auto [client, id] : held) EXPECT_TRUE(client->Free(id).ok());
 }
 
+TEST_F(SlowDeviceStreamTest, DedicatedSlabsComeAndGoThroughTheWorkers) {
+  // 128 MiB > the 64 MiB slab size: a dedicated slab, made on a worker, and
+  // given back on a worker when its block is freed.
+  for (uint32_t device : {0u, 1u}) {
+    auto a = client_->AllocateRaw(On(device, 128 << 20));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->allocations(0).slab_size_bytes(), 128u << 20);
+    auto stats = client_->GetStats();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->devices(device).used_bytes(), 128u << 20);
+    ASSERT_TRUE(client_->Free(a->allocations(0).id()).ok());
+    stats = client_->GetStats();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->devices(device).used_bytes(), 0u);
+    EXPECT_EQ(stats->devices(device).pooled_bytes(), 0u);
+    // A second free of it: NOT_FOUND, as ever.
+    EXPECT_EQ(client_->Free(a->allocations(0).id()).code(), absl::StatusCode::kNotFound);
+  }
+}
+
 TEST_F(SlowDeviceStreamTest, AStreamEndingWhileItsSlowAllocateRunsGetsItFreed) {
   // A process sends an Allocate that needs a slow new slab, then dies before
   // the answer: the block is freed (nobody learned its id), and the daemon

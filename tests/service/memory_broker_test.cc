@@ -358,6 +358,23 @@ TEST_F(MemoryBrokerTest, AllocateWithoutBackendWorkNeedsItOrChangesNothing) {
   r = broker_->Allocate(Self(), Request(kDevice + 1), kNotHere);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(MemoryBroker::NeedsBackendWork(r.status()));
+
+  // Free: a block in a shared slab is freed inline; a dedicated slab's block
+  // (its slab goes back with it) needs backend work and stays live.
+  v1::FreeRequest free;
+  free.set_id(first->allocations(0).id());
+  EXPECT_TRUE(broker_->Free(Self(), free, kNotHere).ok());
+  absl::StatusOr<AllocateResponse> big = broker_->Allocate(Self(), Request(kSlab + kMiB));
+  ASSERT_TRUE(big.ok()) << big.status();
+  const std::string with_big = Canonical(broker_->Stats(Root()));
+  free.set_id(big->allocations(0).id());
+  absl::StatusOr<v1::FreeResponse> f = broker_->Free(Self(), free, kNotHere);
+  ASSERT_FALSE(f.ok());
+  EXPECT_TRUE(MemoryBroker::NeedsBackendWork(f.status())) << f.status();
+  EXPECT_EQ(Canonical(broker_->Stats(Root())), with_big);
+  f = broker_->Free(Self(), free);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->freed_bytes(), kSlab + kMiB);
 }
 
 // ---------------------------------------------------------------------------
