@@ -12,7 +12,9 @@
 //    the daemon loads its config again (SIGHUP or restart). It names a
 //    tenant of the directory in force (NOT_FOUND for a removed one).
 //  - Each call reads the tenant directory in force once (it is replaced
-//    by config reloads). GetUsage lists, for an administrator, the
+//    by config reloads). "The caller's tenant" is the one that directory
+//    gives its uid/gid now (a live session fixed to an earlier tenant
+//    before a reload does not change that). GetUsage lists, for an administrator, the
 //    configured tenants and the tenants a reload removed that still hold
 //    allocations (their names, no priority, the quota still enforced on
 //    them) until those are freed.
