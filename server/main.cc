@@ -40,6 +40,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
@@ -100,6 +101,10 @@ ABSL_FLAG(std::string, ledger, "",
           "(default /var/lib/gpumemd/ledger.db)");
 ABSL_FLAG(int, stream_threads, 1,
           "threads (one completion queue each) serving the Stream RPC");
+ABSL_FLAG(bool, mutex_deadlock_detection, false,
+          "Abseil's lock-order checking on every absl::Mutex (gRPC's own locks "
+          "included): a debugging aid that costs a global lock per acquisition in "
+          "Debian's Abseil build; the test fixtures turn it on");
 
 namespace gpumem {
 namespace {
@@ -494,6 +499,9 @@ int main(int argc, char** argv) {
   if (rest.size() > 1) {
     std::cerr << "gpumemd: unexpected argument \"" << rest[1] << "\" (see --help)\n";
     return 1;
+  }
+  if (!absl::GetFlag(FLAGS_mutex_deadlock_detection)) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   }
   return gpumem::Run();
 }
