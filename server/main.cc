@@ -9,7 +9,8 @@
 //  - SIGHUP: reload the config file. The whole file is parsed and validated
 //    first; a bad one is logged with file:line:column and reason and the
 //    config in force stays; a good one goes through ApplyReloadableConfig
-//    (server/config/reloadable.h) and affects new requests only.
+//    (server/config/reloadable.h) and affects new requests only (tenants:
+//    new sessions; live ones keep their tenant).
 //  - SIGTERM/SIGINT: drain, then stop. Allocate answers UNAVAILABLE, other
 //    calls keep working, and the daemon waits up to --drain_seconds for live
 //    allocations to be freed (a second SIGTERM/SIGINT cuts the wait short).
@@ -186,35 +187,36 @@ void Drain(MemoryBroker* broker, SystemdNotifier* notifier, absl::Duration limit
   if (limit > absl::ZeroDuration()) std::cerr << "gpumemd: drained: no live allocations\n";
 }
 
-// SIGHUP: the whole file is loaded and checked, then its reloadable settings
-// applied; `running` becomes the new config only if both succeed.
+// SIGHUP: the whole file is loaded and checked (the tenant section too,
+// with its lines), then its reloadable settings applied; `running` becomes
+// the new config only if both succeed.
 absl::Status Reload(const std::string& path, const ReloadableFlags& flags,
                     const std::vector<placement::DeviceView>& devices,
-                    quota::QuotaBook* quotas, ledger::TenantLedger* ledger,
-                    MemoryBroker* broker, v1::DaemonConfig* running) {
+                    tenants::TenantDirectoryHolder* directory, quota::QuotaBook* quotas,
+                    ledger::TenantLedger* ledger, MemoryBroker* broker,
+                    v1::DaemonConfig* running) {
   google::protobuf::TextFormat::ParseInfoTree locations;
   absl::StatusOr<v1::DaemonConfig> next = LoadDaemonConfig(path, &locations);
   if (!next.ok()) return next.status();
-  // The tenant section too, though it waits for a restart: a file accepted
-  // now must also start the next daemon.
-  absl::StatusOr<tenants::TenantDirectory> tenants =
-      tenants::TenantDirectory::Build(*next, &locations, path, devices);
-  if (!tenants.ok()) return tenants.status();
   std::vector<std::string> restart_only = RestartOnlyChanges(*running, *next);
-  QuotaTargets quota_targets;
-  quota_targets.running = running;
-  quota_targets.devices = &devices;
-  quota_targets.quotas = quotas;
-  quota_targets.ledger = ledger;
-  absl::StatusOr<std::vector<std::string>> applied =
-      ApplyReloadableConfig(*next, flags, broker, &quota_targets);
-  if (!applied.ok()) return applied.status();
+  TenantTargets tenant_targets;
+  tenant_targets.devices = &devices;
+  tenant_targets.directory = directory;
+  tenant_targets.quotas = quotas;
+  tenant_targets.ledger = ledger;
+  tenant_targets.locations = &locations;
+  tenant_targets.config_path = path;
+  absl::StatusOr<ReloadOutcome> outcome =
+      ApplyReloadableConfig(*next, flags, broker, &tenant_targets);
+  if (!outcome.ok()) return outcome.status();
+  restart_only.insert(restart_only.end(), outcome->restart_only.begin(),
+                      outcome->restart_only.end());
   if (!restart_only.empty()) {
     std::cerr << "gpumemd: reload: " << absl::StrJoin(restart_only, ", ")
               << " changed; these take effect at the next start\n";
   }
   *running = *std::move(next);
-  std::cerr << "gpumemd: reloaded " << path << ": " << absl::StrJoin(*applied, "; ")
+  std::cerr << "gpumemd: reloaded " << path << ": " << absl::StrJoin(outcome->applied, "; ")
             << "\n";
   return absl::OkStatus();
 }
@@ -325,9 +327,13 @@ int Run() {
     v.total_bytes = d.total_bytes;
     device_views.push_back(std::move(v));
   }
-  absl::StatusOr<tenants::TenantDirectory> tenant_directory = tenants::TenantDirectory::Build(
+  absl::StatusOr<tenants::TenantDirectory> built_directory = tenants::TenantDirectory::Build(
       *config, &config_locations, absl::GetFlag(FLAGS_config), device_views);
-  if (!tenant_directory.ok()) Die(tenant_directory.status());
+  if (!built_directory.ok()) Die(built_directory.status());
+  // The directory in force; SIGHUP replaces it (Reload).
+  tenants::TenantDirectoryHolder tenant_directories(*std::move(built_directory));
+  const std::shared_ptr<const tenants::TenantDirectory> tenant_directory =
+      tenant_directories.Get();
   std::unique_ptr<ledger::TenantLedger> ledger = OpenLedger(
       Pick(absl::GetFlag(FLAGS_ledger), config->ledger(), "/var/lib/gpumemd/ledger.db"));
   quota::QuotaBook quotas(static_cast<uint32_t>(device_views.size()));
@@ -339,20 +345,22 @@ int Run() {
     }
   }
   if (absl::Status s = ledger->ReplaceQuotas(quota_rows); !s.ok()) Die(s);
-  options.tenants = &*tenant_directory;
+  options.tenants = &tenant_directories;
   options.quotas = &quotas;
   options.ledger = ledger.get();
 
   MemoryBroker broker(backend.get(), options);
   absl::Status started = broker.Start();
   if (!started.ok()) Die(started);
-  absl::StatusOr<std::vector<std::string>> applied_at_start =
+  absl::StatusOr<ReloadOutcome> applied_at_start =
       ApplyReloadableConfig(*config, reloadable_flags, &broker);
   if (!applied_at_start.ok()) Die(applied_at_start.status());
-  for (const std::string& line : *applied_at_start) std::cerr << "gpumemd: " << line << "\n";
+  for (const std::string& line : applied_at_start->applied) {
+    std::cerr << "gpumemd: " << line << "\n";
+  }
   PeerTable peers;
   tenants::TenantAdmin tenant_admin(
-      &*tenant_directory, &quotas, ledger.get(), device_views,
+      &tenant_directories, &quotas, ledger.get(), device_views,
       [&broker](const PeerCred& c) { return broker.IsAdmin(c); },
       [&broker] { broker.ServeWaiters(); });
 
@@ -461,8 +469,8 @@ int Run() {
     }
     notifier.Reloading(absl::StrCat("reloading ", config_path));
     absl::Status reloaded =
-        Reload(config_path, reloadable_flags, device_views, &quotas, ledger.get(), &broker,
-               &running);
+        Reload(config_path, reloadable_flags, device_views, &tenant_directories, &quotas,
+               ledger.get(), &broker, &running);
     if (!reloaded.ok()) {
       std::cerr << "gpumemd: reload refused, the config in force is unchanged: "
                 << reloaded.message() << "\n";

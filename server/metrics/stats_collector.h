@@ -14,7 +14,14 @@
 //   gpumemd_tenant_allocations, and per device (labels tenant, device)
 //   gpumemd_tenant_device_used_bytes, gpumemd_tenant_device_retained_bytes,
 //   gpumemd_tenant_device_slabs
-// and gpumemd_sessions (live sessions). Scrapes see what root sees.
+// and the tenant's quota as GetStats' tenant row gives it (the quota book's,
+// config or SetQuota): gpumemd_tenant_quota_bytes (total_bytes),
+// gpumemd_tenant_quota_allocations (max_allocations), and
+// gpumemd_tenant_device_quota_bytes (labels tenant, device); a limit that is
+// not set has no sample (an unlimited tenant has none of the three).
+// Like the other tenant gauges they cover GetStats' tenant rows: tenants
+// that hold slabs or retained bytes now.
+// Also gpumemd_sessions (live sessions). Scrapes see what root sees.
 // Thread-safety: Collect() may run on any thread; it only calls Stats().
 #ifndef GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_
 #define GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_

@@ -334,7 +334,7 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
       placement::PrepareRequest(request, device_views_, placer_options_);
   if (!prepared.ok()) return prepared.status();
 
-  absl::StatusOr<tenants::TenantRef> tenant = TenantOf(caller);
+  absl::StatusOr<tenants::TenantRef> tenant = TenantOfSession(session->id, caller);
   if (!tenant.ok()) return tenant.status();
 
   bool asked_reclaim = false;
@@ -381,8 +381,41 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
 }
 
 absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOf(const PeerCred& caller) const {
-  if (options_.tenants != nullptr) return options_.tenants->Resolve(caller.uid, caller.gid);
+  if (options_.tenants != nullptr) return options_.tenants->Get()->Resolve(caller.uid, caller.gid);
   return tenants::TenantRef{caller.uid, absl::StrCat("uid-", caller.uid), 0};
+}
+
+absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOfSession(uint64_t session,
+                                                                 const PeerCred& caller) {
+  if (options_.tenants == nullptr) return TenantOf(caller);  // by uid: never changes
+  const std::shared_ptr<const tenants::TenantDirectory> dir = options_.tenants->Get();
+  // Its priority now, if the directory in force still has the tenant.
+  auto current = [&dir](tenants::TenantRef t) {
+    if (const tenants::Tenant* c = dir->FindId(t.id)) t.priority = c->priority;
+    return t;
+  };
+  {
+    absl::MutexLock lock(&tenant_mu_);
+    auto it = session_tenants_.find(session);
+    if (it != session_tenants_.end()) return current(it->second.tenant);
+  }
+  // A refusal is not kept: a later reload may give the uid a tenant.
+  absl::StatusOr<tenants::TenantRef> resolved = dir->Resolve(caller.uid, caller.gid);
+  if (!resolved.ok()) return resolved;
+  tenants::TenantRef fixed;
+  {
+    absl::MutexLock lock(&tenant_mu_);
+    // Threads of one process may race here; the first to fix it wins.
+    auto [it, fresh] = session_tenants_.try_emplace(session, SessionTenant{caller.uid, *resolved});
+    fixed = it->second.tenant;
+  }
+  // A session that ended meanwhile may have been cleaned up before the entry
+  // was made (OnSessionEnd runs once IsLive is false): drop it here then.
+  if (!sessions_->IsLive(session)) {
+    absl::MutexLock lock(&tenant_mu_);
+    session_tenants_.erase(session);
+  }
+  return current(fixed);
 }
 
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
@@ -639,6 +672,10 @@ void MemoryBroker::OnSessionEnd(uint64_t session_id) {
     absl::MutexLock lock(&table_mu_);
     usage_reports_.erase(session_id);
   }
+  {
+    absl::MutexLock lock(&tenant_mu_);
+    session_tenants_.erase(session_id);
+  }
   Return(records);
   // The process is gone, and with it every handle it held.
   for (auto& pool : pools_) pool->ForgetSession(session_id);
@@ -664,7 +701,7 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller,
   if (shut_down_) return ShuttingDown();
   absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
   if (!session.ok()) return session.status();
-  absl::StatusOr<tenants::TenantRef> tenant = TenantOf(caller);
+  absl::StatusOr<tenants::TenantRef> tenant = TenantOfSession(session->id, caller);
   if (!tenant.ok()) return tenant.status();
   for (auto& pool : pools_) {
     absl::StatusOr<SlabPool::Export> e =
@@ -721,10 +758,23 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
                                          bool include_slabs) const {
   const std::vector<DeviceInfo>& devices = backend_->devices();
   const bool admin = IsAdmin(caller);
-  // A caller the config gives no tenant sees no tenant's figures.
-  absl::StatusOr<tenants::TenantRef> caller_tenant = TenantOf(caller);
-  const std::optional<uint32_t> own_tenant =
-      caller_tenant.ok() ? std::optional<uint32_t>(caller_tenant->id) : std::nullopt;
+  // One snapshot of the directory for the whole answer (names, own tenant).
+  const std::shared_ptr<const tenants::TenantDirectory> dir =
+      options_.tenants != nullptr ? options_.tenants->Get() : nullptr;
+  // The caller's own tenants: the one the directory in force gives it, and
+  // those its uid's live sessions are charged to (they may differ after a
+  // reload). A caller the config gives no tenant, and no session, sees no
+  // tenant's figures.
+  absl::flat_hash_set<uint32_t> own_tenants;
+  if (!admin) {
+    absl::StatusOr<tenants::TenantRef> caller_tenant =
+        dir != nullptr ? dir->Resolve(caller.uid, caller.gid) : TenantOf(caller);
+    if (caller_tenant.ok()) own_tenants.insert(caller_tenant->id);
+    absl::MutexLock lock(&tenant_mu_);
+    for (const auto& [session, st] : session_tenants_) {
+      if (st.uid == caller.uid) own_tenants.insert(st.tenant.id);
+    }
+  }
   v1::GetStatsResponse out;
   out.set_backend(backend_->name());
   absl::ReaderMutexLock gate(&gate_);
@@ -741,7 +791,7 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
       stats = pool.Stats();
       if (include_slabs) slabs = pool.Slabs();
       for (const auto& [tenant, t] : pool.TenantStats()) {
-        if (!admin && tenant != own_tenant) continue;
+        if (!admin && !own_tenants.contains(tenant)) continue;
         auto& row = tenants[tenant];
         row.resize(devices.size());
         row[d.index] = t;
@@ -787,7 +837,7 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
       out_slab->set_dedicated(slab.dedicated);
       out_slab->set_reserved(slab.reserved);
       out_slab->set_retained(slab.retained);
-      if (admin || slab.tenant == own_tenant) {
+      if (admin || own_tenants.contains(slab.tenant)) {
         out_slab->set_tenant(slab.tenant);
         out_slab->set_holders(slab.holders);
       }
@@ -796,8 +846,21 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
   for (const auto& [tenant, rows] : tenants) {
     v1::TenantStats* ts = out.add_tenants();
     ts->set_tenant(tenant);
-    ts->set_name(options_.tenants != nullptr ? options_.tenants->NameOf(tenant)
-                                             : absl::StrCat("uid-", tenant));
+    ts->set_name(dir != nullptr ? dir->NameOf(tenant) : absl::StrCat("uid-", tenant));
+    if (options_.quotas != nullptr) {  // absent: no quota
+      const tenants::Quota quota = options_.quotas->GetQuota(tenant);
+      if (!quota.unlimited()) {
+        v1::Quota* q = ts->mutable_quota();
+        if (quota.total_bytes) q->set_total_bytes(*quota.total_bytes);
+        if (quota.max_allocations) q->set_max_allocations(*quota.max_allocations);
+        for (size_t d = 0; d < quota.device_bytes.size(); ++d) {
+          if (!quota.device_bytes[d]) continue;
+          v1::DeviceQuota* dq = q->add_devices();
+          dq->set_device(absl::StrCat(d));
+          dq->set_bytes(*quota.device_bytes[d]);
+        }
+      }
+    }
     uint64_t used = 0, retained = 0, blocks = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       const TenantPoolStats& t = rows[i];

@@ -15,6 +15,16 @@
 //    sessions of its tenant, and the sessions given it are recorded, so a
 //    slab released while one of them lives stays counted as retained (see
 //    server/pool/slab_pool.h) until they end or close it.
+//  - A session's tenant is fixed the first time the session needs one (its
+//    first Allocate or slab export), from the tenant directory in force
+//    then, and kept for the session's life: a config reload that moves the
+//    caller's uid to another tenant, or removes its tenant, changes nothing
+//    for a live session (its allocations and slabs stay its tenant's; a
+//    removed tenant's quota stays enforced on them); new sessions resolve
+//    with the new directory. The priority a waiting Allocate queues with
+//    is its tenant's priority in the directory in force when it queues.
+//    Each request reads the directory once (a snapshot; no lock is held
+//    across placement or backend work).
 //  - An Allocate that fails leaves the pools as they were: blocks carved for
 //    it are released and slabs created for it go back to the device. A
 //    backend failure reaches the caller with the backend's code, naming the
@@ -94,9 +104,10 @@ struct BrokerOptions {
   // Members of this group (besides root) see every session and tenant in
   // Stats. Empty: root only. Resolved at Start; an unknown group fails it.
   std::string admin_group;
-  // Tenants, quotas and the ledger; each may be null (each uid its own
-  // tenant, no quota, no ledger). They must outlive the broker.
-  const tenants::TenantDirectory* tenants = nullptr;
+  // Tenants (the directory in force, replaced by reloads), quotas and the
+  // ledger; each may be null (each uid its own tenant, no quota, no
+  // ledger). They must outlive the broker.
+  const tenants::TenantDirectoryHolder* tenants = nullptr;
   quota::QuotaBook* quotas = nullptr;
   ledger::TenantLedger* ledger = nullptr;
 };
@@ -178,8 +189,8 @@ class MemoryBroker {
   const Backend& backend() const { return *backend_; }
   // The kinds offered, the default first (valid after Start).
   const std::vector<HandleKind>& handle_kinds() const { return options_.handle_kinds; }
-  // The tenant a caller's allocations are charged to (PERMISSION_DENIED
-  // when the config gives it none).
+  // The tenant the directory in force gives a caller (PERMISSION_DENIED
+  // when the config gives it none): what a new session of it is charged to.
   absl::StatusOr<tenants::TenantRef> TenantOf(const PeerCred& caller) const;
   // Tries the waiting Allocates again (after a quota change).
   void ServeWaiters();
@@ -212,6 +223,13 @@ class MemoryBroker {
     absl::flat_hash_set<uint64_t> ids;
     uint64_t bytes = 0;
   };
+  struct SessionTenant {
+    uid_t uid = 0;
+    tenants::TenantRef tenant;
+  };
+  // The tenant `session` is charged to (fixed at its first call; see the
+  // class comment), its priority as the directory in force says.
+  absl::StatusOr<tenants::TenantRef> TenantOfSession(uint64_t session, const PeerCred& caller);
   class PoolCarver;
   // The offered kind a request asks for, or FAILED_PRECONDITION.
   absl::StatusOr<HandleKind> RequestedKind(const v1::AllocateRequest& request) const;
@@ -269,6 +287,10 @@ class MemoryBroker {
   absl::flat_hash_map<uint64_t, SessionUse> by_session_ ABSL_GUARDED_BY(table_mu_);
   // Each live session's last usage report; erased when the session ends.
   absl::flat_hash_map<uint64_t, v1::UsageReport> usage_reports_ ABSL_GUARDED_BY(table_mu_);
+  // Each live session's tenant once fixed; erased when the session ends.
+  // A leaf lock (nothing is taken under it).
+  mutable absl::Mutex tenant_mu_;
+  absl::flat_hash_map<uint64_t, SessionTenant> session_tenants_ ABSL_GUARDED_BY(tenant_mu_);
 
   // Waiting admission. A release bumps releases_ and, if waiting_ > 0,
   // serves the waiters; a request about to wait re-checks releases_ after
