@@ -8,8 +8,9 @@
 //   gpumemd_device_largest_free_block_bytes, gpumemd_device_fragmentation,
 //   gpumemd_device_slabs, gpumemd_device_allocations
 //   gpumemd_device_retained_bytes
-// per tenant (label tenant="uid:<n>": until configured tenants exist each
-// uid is its own tenant), GetStats' tenant rows:
+// per tenant (labels tenant="<name>", as GetStats names it: "ml", or
+// "uid-1000" when no tenants are configured; tenant_id="<id>"), GetStats'
+// tenant rows:
 //   gpumemd_tenant_used_bytes, gpumemd_tenant_retained_bytes,
 //   gpumemd_tenant_allocations, and per device (labels tenant, device)
 //   gpumemd_tenant_device_used_bytes, gpumemd_tenant_device_retained_bytes,

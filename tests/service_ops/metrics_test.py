@@ -95,15 +95,18 @@ mine = [t for t in stats["tenants"] if t["tenant"] == uid]
 if len(mine) != 1:
     fail("GetStats has no tenant row for uid %d: %s" % (uid, stats["tenants"]), d)
 for t in stats["tenants"]:
-    tenant = "uid:%d" % t["tenant"]
+    tenant = t["name"]
+    tenant_id = str(t["tenant"])
+    if tenant != "uid-%d" % t["tenant"]:
+        fail("uid tenant named %r" % tenant, d)
     for field, name in [("used_bytes", "gpumemd_tenant_used_bytes"),
                         ("retained_bytes", "gpumemd_tenant_retained_bytes"),
                         ("allocation_count", "gpumemd_tenant_allocations")]:
-        if metric(name, tenant=tenant) != float(t[field]):
-            fail("%s %s: scrape %s, GetStats %s" % (name, tenant, metric(name, tenant=tenant),
-                                                    t[field]), d)
+        got = metric(name, tenant=tenant, tenant_id=tenant_id)
+        if got != float(t[field]):
+            fail("%s %s: scrape %s, GetStats %s" % (name, tenant, got, t[field]), d)
     for dev in t["devices"]:
-        labels = {"tenant": tenant, "device": str(dev["device_index"])}
+        labels = {"tenant": tenant, "tenant_id": tenant_id, "device": str(dev["device_index"])}
         for field, name in [("used_bytes", "gpumemd_tenant_device_used_bytes"),
                             ("retained_bytes", "gpumemd_tenant_device_retained_bytes"),
                             ("slab_count", "gpumemd_tenant_device_slabs")]:
@@ -143,7 +146,7 @@ def quota_samples(metrics, tenant):
     out = {}
     for (name, labels), value in metrics.items():
         labels = dict(labels)
-        if name in QUOTA and labels.get("tenant") == tenant:
+        if name in QUOTA and labels.get("tenant_id") == tenant:
             out[(name, labels.get("device"))] = value
     return out
 
@@ -170,7 +173,12 @@ def check_quota(daemon, url, tenant_id, want):
         from_stats[("gpumemd_tenant_quota_allocations", None)] = float(q["max_allocations"])
     for dq in q.get("devices", []):
         from_stats[("gpumemd_tenant_device_quota_bytes", dq["device"])] = float(dq["bytes"])
-    got = quota_samples(metrics, "uid:%d" % tenant_id)
+    got = quota_samples(metrics, str(tenant_id))
+    names = set(dict(labels).get("tenant") for (name, labels) in metrics
+                if name in QUOTA and dict(labels).get("tenant_id") == str(tenant_id))
+    if got and names != {row[0]["name"]}:
+        fail("quota gauges of tenant %d labelled %s, GetStats names it %r"
+             % (tenant_id, names, row[0]["name"]), daemon)
     if got != from_stats:
         fail("quota gauges %s differ from GetStats' quota %s" % (got, q), daemon)
     if got != want:
