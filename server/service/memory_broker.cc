@@ -18,6 +18,7 @@
 #include "common/byte_size.h"
 #include "common/refusal_payload.h"
 #include "server/quota/quota_carver.h"
+#include "server/tenants/quota_proto.h"
 
 namespace gpumem {
 
@@ -849,17 +850,7 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
     ts->set_name(dir != nullptr ? dir->NameOf(tenant) : absl::StrCat("uid-", tenant));
     if (options_.quotas != nullptr) {  // absent: no quota
       const tenants::Quota quota = options_.quotas->GetQuota(tenant);
-      if (!quota.unlimited()) {
-        v1::Quota* q = ts->mutable_quota();
-        if (quota.total_bytes) q->set_total_bytes(*quota.total_bytes);
-        if (quota.max_allocations) q->set_max_allocations(*quota.max_allocations);
-        for (size_t d = 0; d < quota.device_bytes.size(); ++d) {
-          if (!quota.device_bytes[d]) continue;
-          v1::DeviceQuota* dq = q->add_devices();
-          dq->set_device(absl::StrCat(d));
-          dq->set_bytes(*quota.device_bytes[d]);
-        }
-      }
+      if (!quota.unlimited()) tenants::QuotaToProto(quota, ts->mutable_quota());
     }
     uint64_t used = 0, retained = 0, blocks = 0;
     for (size_t i = 0; i < rows.size(); ++i) {

@@ -248,17 +248,7 @@ class StreamService::Call {
               "gpumemd is stopping: it takes no new allocations; retry once it is back");
           break;
         }
-        status = r.status();
-        if (owner_->options_.on_allocate) {
-          owner_->options_.on_allocate(status, r.ok() ? *r : v1::AllocateResponse(),
-                                       absl::Now() - start);
-        }
-        if (r.ok()) {
-          for (const v1::Allocation& a : r->allocations()) {
-            out.allocation_ids.push_back(a.id());
-          }
-          *answer->mutable_allocate() = std::move(*r);
-        }
+        status = AnswerAllocate(owner_, std::move(r), start, answer, &out.allocation_ids);
         break;
       }
       case v1::StreamRequest::kFree: {
@@ -296,6 +286,21 @@ class StreamService::Call {
     outbox_.push_back(std::move(out));
   }
 
+  // Puts an Allocate's result in `answer` (the ids it allocated in `ids`)
+  // and tells the observer; returns its status.
+  static absl::Status AnswerAllocate(StreamService* owner,
+                                     absl::StatusOr<v1::AllocateResponse> r, absl::Time start,
+                                     v1::StreamAnswer* answer, std::vector<uint64_t>* ids) {
+    if (owner->options_.on_allocate) {
+      owner->options_.on_allocate(r.status(), r.ok() ? *r : v1::AllocateResponse(),
+                                  absl::Now() - start);
+    }
+    if (!r.ok()) return r.status();
+    for (const v1::Allocation& a : r->allocations()) ids->push_back(a.id());
+    *answer->mutable_allocate() = *std::move(r);
+    return absl::OkStatus();
+  }
+
   // Runs an Allocate or Free that needs backend work on a backend worker;
   // its answer comes back through offload_alarm_ (OnOffloaded). False if the
   // workers are stopping (nothing was started).
@@ -309,19 +314,8 @@ class StreamService::Call {
           answer->set_request_id(request.request_id());
           absl::Status status;
           if (request.has_allocate()) {
-            absl::StatusOr<v1::AllocateResponse> r =
-                owner->broker_->Allocate(caller, request.allocate());
-            status = r.status();
-            if (owner->options_.on_allocate) {
-              owner->options_.on_allocate(status, r.ok() ? *r : v1::AllocateResponse(),
-                                          absl::Now() - start);
-            }
-            if (r.ok()) {
-              for (const v1::Allocation& a : r->allocations()) {
-                done.allocation_ids.push_back(a.id());
-              }
-              *answer->mutable_allocate() = *std::move(r);
-            }
+            status = AnswerAllocate(owner, owner->broker_->Allocate(caller, request.allocate()),
+                                    start, answer, &done.allocation_ids);
           } else {
             absl::StatusOr<v1::FreeResponse> r = owner->broker_->Free(caller, request.free());
             status = r.status();

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/byte_size.h"
+#include "server/tenants/quota_proto.h"
 
 namespace gpumem {
 namespace tenants {
@@ -42,16 +43,6 @@ std::string DescribeQuota(const Quota& quota) {
   return parts.empty() ? "no limit" : absl::StrJoin(parts, "; ");
 }
 
-void TenantAdmin::FillQuota(const Quota& quota, v1::Quota* out) const {
-  if (quota.total_bytes) out->set_total_bytes(*quota.total_bytes);
-  if (quota.max_allocations) out->set_max_allocations(*quota.max_allocations);
-  for (size_t d = 0; d < quota.device_bytes.size(); ++d) {
-    if (!quota.device_bytes[d]) continue;
-    v1::DeviceQuota* dq = out->add_devices();
-    dq->set_device(absl::StrCat(d));
-    dq->set_bytes(*quota.device_bytes[d]);
-  }
-}
 
 absl::StatusOr<v1::GetUsageResponse> TenantAdmin::GetUsage(const PeerCred& caller) const {
   const std::shared_ptr<const TenantDirectory> directory = directory_->Get();
@@ -88,7 +79,7 @@ absl::StatusOr<v1::GetUsageResponse> TenantAdmin::GetUsage(const PeerCred& calle
     tu->set_name(name);
     if (const Tenant* t = directory->FindId(tenant_id)) tu->set_priority(t->priority);
     const Quota quota = quotas_->GetQuota(tenant_id);
-    if (!quota.unlimited()) FillQuota(quota, tu->mutable_quota());
+    if (!quota.unlimited()) QuotaToProto(quota, tu->mutable_quota());
     const quota::TenantHoldings held = quotas_->Holdings(tenant_id);
     auto row = [&](int32_t device) {
       auto it = usage.find({name, device});
@@ -209,7 +200,7 @@ absl::StatusOr<v1::SetQuotaResponse> TenantAdmin::SetQuota(const PeerCred& calle
   ledger_->SetQuota(std::move(row));
   if (quota_changed_) quota_changed_();
   v1::SetQuotaResponse out;
-  FillQuota(quota, out.mutable_quota());
+  QuotaToProto(quota, out.mutable_quota());
   return out;
 }
 

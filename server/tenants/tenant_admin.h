@@ -58,7 +58,6 @@ class TenantAdmin {
                                                 const v1::SetQuotaRequest& request);
 
  private:
-  void FillQuota(const Quota& quota, v1::Quota* out) const;
 
   const TenantDirectoryHolder* directory_;
   quota::QuotaBook* quotas_;
