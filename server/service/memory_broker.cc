@@ -462,7 +462,6 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
         r.uid = caller.uid;
         r.pid = caller.pid;
         r.tenant = tenant.id;
-        r.tenant_name = tenant.name;
         r.device = b.device;
         r.charged = b.size_bytes;
         r.block = pool_carver.pool_block(b.id);
@@ -491,11 +490,16 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
   return absl::FailedPreconditionError("the calling process has exited");
 }
 
+std::string MemoryBroker::TenantName(uint32_t id) const {
+  if (options_.tenants == nullptr) return absl::StrCat("uid-", id);
+  return options_.tenants->Get()->NameOf(id);
+}
+
 void MemoryBroker::AppendEvent(ledger::EventKind kind, uint64_t id, const Record& r) {
   if (options_.ledger == nullptr) return;
   ledger::LedgerEvent e;
   e.kind = kind;
-  e.tenant = r.tenant_name;
+  e.tenant = TenantName(r.tenant);
   e.uid = r.uid;
   e.pid = r.pid;
   e.session = r.session;

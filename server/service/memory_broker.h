@@ -199,16 +199,20 @@ class MemoryBroker {
   void StopWaiting();
 
  private:
+  // One live allocation (a million of them is a normal day: keep it small;
+  // the tenant's name is looked up when an event needs it).
   struct Record {
     uint64_t session = 0;
+    uint64_t charged = 0;  // bytes charged to the quota and the ledger
+    PoolBlock block;
     uid_t uid = 0;
     pid_t pid = 0;
     uint32_t tenant = 0;
-    std::string tenant_name;
     uint32_t device = 0;
-    uint64_t charged = 0;  // bytes charged to the quota and the ledger
-    PoolBlock block;
   };
+  // Tenant `id`'s name in the directory in force (removed tenants
+  // included), or "uid-N" without configured tenants.
+  std::string TenantName(uint32_t id) const;
   // An Allocate waiting for memory (wait_ms); lives on its caller's stack.
   struct Waiter {
     PeerCred caller;
