@@ -9,7 +9,8 @@
 //  - SIGHUP: reload the config file. The whole file is parsed and validated
 //    first; a bad one is logged with file:line:column and reason and the
 //    config in force stays; a good one goes through ApplyReloadableConfig
-//    (server/config/reloadable.h) and affects new requests only.
+//    (server/config/reloadable.h) and affects new requests only (tenants:
+//    new sessions; live ones keep their tenant).
 //  - SIGTERM/SIGINT: drain, then stop. Allocate answers UNAVAILABLE, other
 //    calls keep working, and the daemon waits up to --drain_seconds for live
 //    allocations to be freed (a second SIGTERM/SIGINT cuts the wait short).
@@ -37,8 +38,10 @@
 #include "absl/flags/usage_config.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
@@ -99,6 +102,16 @@ ABSL_FLAG(std::string, ledger, "",
           "(default /var/lib/gpumemd/ledger.db)");
 ABSL_FLAG(int, stream_threads, 1,
           "threads (one completion queue each) serving the Stream RPC");
+ABSL_FLAG(std::string, sim_slab_create_delay, "",
+          "sim backend: slab creation on these devices sleeps first, as a slow "
+          "driver's would, e.g. 0:300ms,2:50ms (for tests and benchmarks)");
+ABSL_FLAG(int, stream_backend_threads, 2,
+          "threads that run the Stream's Allocates needing backend work (a new "
+          "slab), so a slow device holds up no stream");
+ABSL_FLAG(bool, mutex_deadlock_detection, false,
+          "Abseil's lock-order checking on every absl::Mutex (gRPC's own locks "
+          "included): a debugging aid that costs a global lock per acquisition in "
+          "Debian's Abseil build; the test fixtures turn it on");
 
 namespace gpumem {
 namespace {
@@ -174,35 +187,36 @@ void Drain(MemoryBroker* broker, SystemdNotifier* notifier, absl::Duration limit
   if (limit > absl::ZeroDuration()) std::cerr << "gpumemd: drained: no live allocations\n";
 }
 
-// SIGHUP: the whole file is loaded and checked, then its reloadable settings
-// applied; `running` becomes the new config only if both succeed.
+// SIGHUP: the whole file is loaded and checked (the tenant section too,
+// with its lines), then its reloadable settings applied; `running` becomes
+// the new config only if both succeed.
 absl::Status Reload(const std::string& path, const ReloadableFlags& flags,
                     const std::vector<placement::DeviceView>& devices,
-                    quota::QuotaBook* quotas, ledger::TenantLedger* ledger,
-                    MemoryBroker* broker, v1::DaemonConfig* running) {
+                    tenants::TenantDirectoryHolder* directory, quota::QuotaBook* quotas,
+                    ledger::TenantLedger* ledger, MemoryBroker* broker,
+                    v1::DaemonConfig* running) {
   google::protobuf::TextFormat::ParseInfoTree locations;
   absl::StatusOr<v1::DaemonConfig> next = LoadDaemonConfig(path, &locations);
   if (!next.ok()) return next.status();
-  // The tenant section too, though it waits for a restart: a file accepted
-  // now must also start the next daemon.
-  absl::StatusOr<tenants::TenantDirectory> tenants =
-      tenants::TenantDirectory::Build(*next, &locations, path, devices);
-  if (!tenants.ok()) return tenants.status();
   std::vector<std::string> restart_only = RestartOnlyChanges(*running, *next);
-  QuotaTargets quota_targets;
-  quota_targets.running = running;
-  quota_targets.devices = &devices;
-  quota_targets.quotas = quotas;
-  quota_targets.ledger = ledger;
-  absl::StatusOr<std::vector<std::string>> applied =
-      ApplyReloadableConfig(*next, flags, broker, &quota_targets);
-  if (!applied.ok()) return applied.status();
+  TenantTargets tenant_targets;
+  tenant_targets.devices = &devices;
+  tenant_targets.directory = directory;
+  tenant_targets.quotas = quotas;
+  tenant_targets.ledger = ledger;
+  tenant_targets.locations = &locations;
+  tenant_targets.config_path = path;
+  absl::StatusOr<ReloadOutcome> outcome =
+      ApplyReloadableConfig(*next, flags, broker, &tenant_targets);
+  if (!outcome.ok()) return outcome.status();
+  restart_only.insert(restart_only.end(), outcome->restart_only.begin(),
+                      outcome->restart_only.end());
   if (!restart_only.empty()) {
     std::cerr << "gpumemd: reload: " << absl::StrJoin(restart_only, ", ")
               << " changed; these take effect at the next start\n";
   }
   *running = *std::move(next);
-  std::cerr << "gpumemd: reloaded " << path << ": " << absl::StrJoin(*applied, "; ")
+  std::cerr << "gpumemd: reloaded " << path << ": " << absl::StrJoin(outcome->applied, "; ")
             << "\n";
   return absl::OkStatus();
 }
@@ -261,7 +275,22 @@ int Run() {
         Pick(absl::GetFlag(FLAGS_sim_topology), config->sim_topology(), ""),
         static_cast<uint32_t>(sizes->size()));
     if (!links.ok()) Die(links.status());
-    backend = std::make_unique<SimBackend>(*sizes, *links);
+    auto sim = std::make_unique<SimBackend>(*sizes, *links);
+    for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_sim_slab_create_delay),
+                                                 ',', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits(':', 1));
+      uint32_t device = 0;
+      absl::Duration delay;
+      if (!absl::SimpleAtoi(kv.first, &device) || device >= sizes->size() ||
+          !absl::ParseDuration(kv.second, &delay) || delay < absl::ZeroDuration()) {
+        Die(absl::InvalidArgumentError(absl::StrCat(
+            "--sim_slab_create_delay: bad entry \"", item,
+            "\" (want DEVICE:DURATION with a device below ", sizes->size(),
+            ", e.g. 0:300ms)")));
+      }
+      sim->SetCreateDelay(device, delay);
+    }
+    backend = std::move(sim);
     options.pool.granularity = 4096;
   } else if (backend_name == "cuda") {
     absl::StatusOr<std::unique_ptr<Backend>> cuda = CudaBackend::Create();
@@ -298,9 +327,13 @@ int Run() {
     v.total_bytes = d.total_bytes;
     device_views.push_back(std::move(v));
   }
-  absl::StatusOr<tenants::TenantDirectory> tenant_directory = tenants::TenantDirectory::Build(
+  absl::StatusOr<tenants::TenantDirectory> built_directory = tenants::TenantDirectory::Build(
       *config, &config_locations, absl::GetFlag(FLAGS_config), device_views);
-  if (!tenant_directory.ok()) Die(tenant_directory.status());
+  if (!built_directory.ok()) Die(built_directory.status());
+  // The directory in force; SIGHUP replaces it (Reload).
+  tenants::TenantDirectoryHolder tenant_directories(*std::move(built_directory));
+  const std::shared_ptr<const tenants::TenantDirectory> tenant_directory =
+      tenant_directories.Get();
   std::unique_ptr<ledger::TenantLedger> ledger = OpenLedger(
       Pick(absl::GetFlag(FLAGS_ledger), config->ledger(), "/var/lib/gpumemd/ledger.db"));
   quota::QuotaBook quotas(static_cast<uint32_t>(device_views.size()));
@@ -312,20 +345,22 @@ int Run() {
     }
   }
   if (absl::Status s = ledger->ReplaceQuotas(quota_rows); !s.ok()) Die(s);
-  options.tenants = &*tenant_directory;
+  options.tenants = &tenant_directories;
   options.quotas = &quotas;
   options.ledger = ledger.get();
 
   MemoryBroker broker(backend.get(), options);
   absl::Status started = broker.Start();
   if (!started.ok()) Die(started);
-  absl::StatusOr<std::vector<std::string>> applied_at_start =
+  absl::StatusOr<ReloadOutcome> applied_at_start =
       ApplyReloadableConfig(*config, reloadable_flags, &broker);
   if (!applied_at_start.ok()) Die(applied_at_start.status());
-  for (const std::string& line : *applied_at_start) std::cerr << "gpumemd: " << line << "\n";
+  for (const std::string& line : applied_at_start->applied) {
+    std::cerr << "gpumemd: " << line << "\n";
+  }
   PeerTable peers;
   tenants::TenantAdmin tenant_admin(
-      &*tenant_directory, &quotas, ledger.get(), device_views,
+      &tenant_directories, &quotas, ledger.get(), device_views,
       [&broker](const PeerCred& c) { return broker.IsAdmin(c); },
       [&broker] { broker.ServeWaiters(); });
 
@@ -359,6 +394,10 @@ int Run() {
   stream_options.threads = absl::GetFlag(FLAGS_stream_threads);
   if (stream_options.threads < 1 || stream_options.threads > 64) {
     Die(absl::InvalidArgumentError("--stream_threads must be in [1, 64]"));
+  }
+  stream_options.backend_threads = absl::GetFlag(FLAGS_stream_backend_threads);
+  if (stream_options.backend_threads < 1 || stream_options.backend_threads > 64) {
+    Die(absl::InvalidArgumentError("--stream_backend_threads must be in [1, 64]"));
   }
   if (call_metrics != nullptr) {  // the stream is metered like the unary calls
     CallMetrics* m = call_metrics.get();
@@ -430,8 +469,8 @@ int Run() {
     }
     notifier.Reloading(absl::StrCat("reloading ", config_path));
     absl::Status reloaded =
-        Reload(config_path, reloadable_flags, device_views, &quotas, ledger.get(), &broker,
-               &running);
+        Reload(config_path, reloadable_flags, device_views, &tenant_directories, &quotas,
+               ledger.get(), &broker, &running);
     if (!reloaded.ok()) {
       std::cerr << "gpumemd: reload refused, the config in force is unchanged: "
                 << reloaded.message() << "\n";
@@ -486,6 +525,9 @@ int main(int argc, char** argv) {
   if (rest.size() > 1) {
     std::cerr << "gpumemd: unexpected argument \"" << rest[1] << "\" (see --help)\n";
     return 1;
+  }
+  if (!absl::GetFlag(FLAGS_mutex_deadlock_detection)) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   }
   return gpumem::Run();
 }

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/byte_size.h"
 #include "server/backend/sim_topology.h"
 
@@ -92,6 +93,12 @@ const std::vector<HandleKind>& SimBackend::handle_kinds() const {
   return *kinds;
 }
 
+void SimBackend::SetCreateDelay(uint32_t device, absl::Duration delay) {
+  if (device >= devices_.size()) return;
+  create_delay_.resize(devices_.size());
+  create_delay_[device] = delay;
+}
+
 absl::StatusOr<std::unique_ptr<Slab>> SimBackend::CreateSlab(uint32_t device,
                                                              uint64_t bytes,
                                                              HandleKind kind) {
@@ -103,6 +110,9 @@ absl::StatusOr<std::unique_ptr<Slab>> SimBackend::CreateSlab(uint32_t device,
         "the sim backend makes memfd slabs only, not ", HandleKindName(kind)));
   }
   if (bytes == 0) return absl::InvalidArgumentError("empty slab");
+  if (device < create_delay_.size() && create_delay_[device] > absl::ZeroDuration()) {
+    absl::SleepFor(create_delay_[device]);
+  }
   const uint64_t total = devices_[device].total_bytes;
   std::atomic<uint64_t>& used = slab_bytes_[device];
   uint64_t cur = used.load();

@@ -17,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "server/backend/backend.h"
 
 namespace gpumem {
@@ -41,12 +42,18 @@ class SimBackend : public Backend {
                                                    HandleKind kind) override;
   uint64_t SlabBytes(uint32_t device) const override;
 
+  // Simulates a slow driver: CreateSlab on `device` sleeps `delay` first (a
+  // real one spends milliseconds in cuMemCreate, map and memset). Call
+  // before the backend is shared between threads.
+  void SetCreateDelay(uint32_t device, absl::Duration delay);
+
  private:
   class SimSlab;
   std::vector<DeviceInfo> devices_;
   std::vector<PeerLink> links_;  // [a * n + b], always n * n
   // Bytes in live slabs per device; a slab's destructor gives its bytes back.
   std::unique_ptr<std::atomic<uint64_t>[]> slab_bytes_;
+  std::vector<absl::Duration> create_delay_;  // per device; zero: none
 };
 
 }  // namespace gpumem

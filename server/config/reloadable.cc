@@ -1,53 +1,81 @@
 // See reloadable.h. Each reloadable setting: resolve flag > file > default,
-// apply, describe. The fallible one goes first.
+// apply, describe. The fallible ones go first.
 #include "server/config/reloadable.h"
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "server/tenants/tenant_directory.h"
 
 namespace gpumem {
 
-namespace {
-
-v1::DaemonConfig TenantsWithoutQuotas(const v1::DaemonConfig& c) {
-  v1::DaemonConfig out;
-  *out.mutable_tenant() = c.tenant();
-  out.set_default_tenant(c.default_tenant());
-  for (v1::TenantConfig& t : *out.mutable_tenant()) t.clear_quota();
+std::string DescribeTenantChange(const tenants::TenantDirectory& before,
+                                 const tenants::TenantDirectory& after) {
+  std::vector<std::string> kept, added, removed, changed;
+  for (const tenants::Tenant& t : after.tenants()) {
+    const tenants::Tenant* old = before.FindId(t.id);
+    if (old == nullptr) {
+      added.push_back(absl::StrCat("\"", t.name, "\" (id ", t.id, ")"));
+    } else if (old->priority != t.priority || old->uids != t.uids || old->gids != t.gids) {
+      changed.push_back(absl::StrCat("\"", t.name, "\" (id ", t.id, ")"));
+    } else {
+      kept.push_back(absl::StrCat("\"", t.name, "\" (id ", t.id, ")"));
+    }
+  }
+  for (const tenants::Tenant& t : before.tenants()) {
+    if (after.FindId(t.id) == nullptr) {
+      removed.push_back(absl::StrCat("\"", t.name, "\" (id ", t.id, ")"));
+    }
+  }
+  std::string out = absl::StrCat(after.tenants().size(), " tenant(s)");
+  auto part = [&out](const char* what, const std::vector<std::string>& names) {
+    if (!names.empty()) absl::StrAppend(&out, "; ", what, " ", absl::StrJoin(names, ", "));
+  };
+  part("kept", kept);
+  part("changed (members or priority)", changed);
+  part("added", added);
+  part("removed", removed);
+  if (!removed.empty()) {
+    absl::StrAppend(&out, " (live allocations of removed tenants stay charged to them "
+                          "until freed)");
+  }
   return out;
 }
 
-}  // namespace
-
-bool TenantMembershipChanged(const v1::DaemonConfig& running, const v1::DaemonConfig& next) {
-  return TenantsWithoutQuotas(running).SerializeAsString() !=
-         TenantsWithoutQuotas(next).SerializeAsString();
-}
-
-absl::StatusOr<std::vector<std::string>> ApplyReloadableConfig(
+absl::StatusOr<ReloadOutcome> ApplyReloadableConfig(
     const v1::DaemonConfig& config, const ReloadableFlags& flags, MemoryBroker* broker,
-    const QuotaTargets* quota_targets) {
-  std::vector<std::string> applied;
+    const TenantTargets* tenant_targets) {
+  ReloadOutcome out;
 
-  // Quotas first with the admin group: both can fail; nothing is changed
-  // before they are known to apply.
+  // The tenant directory and the admin group first: both can fail, and
+  // nothing is changed before they are known to apply.
+  std::shared_ptr<const tenants::TenantDirectory> in_force;
   std::optional<tenants::TenantDirectory> next_tenants;
-  if (quota_targets != nullptr && !TenantMembershipChanged(*quota_targets->running, config)) {
+  if (tenant_targets != nullptr) {
+    in_force = tenant_targets->directory->Get();
     absl::StatusOr<tenants::TenantDirectory> built = tenants::TenantDirectory::Build(
-        config, nullptr, "config", *quota_targets->devices);
+        config, tenant_targets->locations, tenant_targets->config_path,
+        *tenant_targets->devices, in_force.get());
     if (!built.ok()) return built.status();
-    next_tenants = *std::move(built);
+    if (built->configured() != in_force->configured()) {
+      out.restart_only.push_back(
+          built->configured()
+              ? "tenants (configured now, none in force: uid tenants and configured ids "
+                "could collide)"
+              : "tenants (none configured now: each uid its own tenant again)");
+    } else if (built->configured()) {
+      next_tenants = *std::move(built);
+    }
   }
 
   const bool admin_from_flag = !flags.admin_group.empty();
   const std::string& admin = admin_from_flag ? flags.admin_group : config.admin_group();
   absl::Status admin_set = broker->SetAdminGroup(admin);
   if (!admin_set.ok()) return admin_set;
-  applied.push_back(absl::StrCat(
+  out.applied.push_back(absl::StrCat(
       "admin_group = \"", admin, "\" (",
       admin_from_flag ? "flag" : (admin.empty() ? "default: root only" : "config"), ")"));
 
@@ -59,25 +87,30 @@ absl::StatusOr<std::vector<std::string>> ApplyReloadableConfig(
     from = config.pool().empty_slab_release_seconds() > 0 ? "config" : "default";
   }
   broker->SetEmptySlabRelease(absl::Seconds(release));
-  applied.push_back(absl::StrCat("pool.empty_slab_release_seconds = ", release,
-                                 " (", from, ")"));
+  out.applied.push_back(absl::StrCat("pool.empty_slab_release_seconds = ", release,
+                                     " (", from, ")"));
 
-  if (next_tenants.has_value() && next_tenants->configured()) {
+  if (next_tenants.has_value()) {
+    // Quotas before the swap: a session resolved with the new directory
+    // finds its tenant's quota in the book already.
     std::vector<ledger::QuotaRow> rows;
     for (const tenants::Tenant& t : next_tenants->tenants()) {
-      quota_targets->quotas->SetQuota(t.id, t.quota);
+      tenant_targets->quotas->SetQuota(t.id, t.quota);
       if (!t.quota.unlimited()) {
         rows.push_back({t.name, t.quota, "config (reload)", absl::GetCurrentTimeNanos()});
       }
     }
-    absl::Status recorded = quota_targets->ledger->ReplaceQuotas(rows);
+    const std::string change = DescribeTenantChange(*in_force, *next_tenants);
+    const size_t count = next_tenants->tenants().size();
+    tenant_targets->directory->Replace(*std::move(next_tenants));
+    absl::Status recorded = tenant_targets->ledger->ReplaceQuotas(rows);
     broker->ServeWaiters();  // a raised quota may admit a waiting request
-    applied.push_back(absl::StrCat("quotas of ", next_tenants->tenants().size(),
-                                   " tenant(s) from the config",
-                                   recorded.ok() ? "" : absl::StrCat(
-                                       " (ledger not updated: ", recorded.message(), ")")));
+    out.applied.push_back(absl::StrCat("tenants: ", change));
+    out.applied.push_back(absl::StrCat("quotas of ", count, " tenant(s) from the config",
+                                       recorded.ok() ? "" : absl::StrCat(
+                                           " (ledger not updated: ", recorded.message(), ")")));
   }
-  return applied;
+  return out;
 }
 
 std::vector<std::string> RestartOnlyChanges(const v1::DaemonConfig& running,
@@ -95,9 +128,6 @@ std::vector<std::string> RestartOnlyChanges(const v1::DaemonConfig& running,
     changed.push_back("pool.slab_size");
   }
   if (running.ledger() != next.ledger()) changed.push_back("ledger");
-  if (TenantMembershipChanged(running, next)) {
-    changed.push_back("tenants (members, priorities, default_tenant; quotas not applied)");
-  }
   return changed;
 }
 

@@ -8,25 +8,43 @@
 //  - It changes only what affects new requests and future maintenance;
 //    no session, allocation or slab is dropped or moved.
 //  - All or nothing: what can still fail at apply time (building the new
-//    quotas; the admin group, if it vanished from the system since
-//    validation) is done first, and on failure nothing is changed. Writing
-//    the reloaded quotas to the ledger's quota table is best effort (a
-//    failure is reported in the returned line; the quotas apply anyway).
+//    tenant directory, whose errors name FILE:LINE; the admin group, if it
+//    vanished from the system since validation) is done first, and on
+//    failure nothing is changed. Writing the reloaded quotas to the ledger's
+//    quota table is best effort (a failure is reported in the returned
+//    line; the quotas apply anyway).
 //  - A setting also given as a command-line flag keeps the flag's value
 //    (flags win over the file, at start and on reload).
 //
-// Reloadable today: admin_group, pool.empty_slab_release_seconds, and
-// tenant quotas when the rest of the tenant section is unchanged.
+// Reloadable: admin_group, pool.empty_slab_release_seconds, and the tenant
+// section (tenants, their uids/gids, priorities, quotas, default_tenant).
+// A reloaded tenant section is a new TenantDirectory built from the one in
+// force (server/tenants/tenant_directory.h): a tenant kept by name keeps
+// its id; a new one gets an id never used before in the daemon's life; the
+// quota book gets every configured tenant's quota (replacing SetQuota's)
+// before the directory is swapped in, so a new session never sees a tenant
+// without its quota. Then:
+//  - new sessions resolve with the new directory; live sessions keep the
+//    tenant they were fixed to (server/service/memory_broker.h), so their
+//    allocations stay charged there until freed;
+//  - a removed tenant's live allocations stay charged to it, under its
+//    name, with its last quota still enforced on its live sessions, and it
+//    is listed by GetStats and (for admins) GetUsage until they are freed;
+//    SetQuota no longer names it, and the ledger's quota table drops it;
+//  - priorities apply to Allocates that queue to wait after the reload.
 // Restart-only: backend, socket, sim_devices, sim_topology, handle_kinds,
 // pool.slab_size (devices, the listening socket, handle kinds and slab
-// geometry are fixed for the daemon's life), ledger, and the tenant section
-// (tenants, their uids/gids, priorities and default_tenant: the tenant
-// directory is immutable). Quotas of an unchanged tenant section reload.
+// geometry are fixed for the daemon's life), ledger, and switching between
+// no tenants (each uid its own tenant, id = uid) and configured tenants
+// (ids 1..N), whose ids could collide: then the whole tenant section waits
+// for a restart (it is still checked).
 #ifndef GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
 #define GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
 
 #include <string>
 #include <vector>
+
+#include <google/protobuf/text_format.h>
 
 #include "absl/status/statusor.h"
 #include "proto/gpumem/v1/config.pb.h"
@@ -34,6 +52,7 @@
 #include "server/placement/device_view.h"
 #include "server/quota/quota_book.h"
 #include "server/service/memory_broker.h"
+#include "server/tenants/tenant_directory.h"
 
 namespace gpumem {
 
@@ -43,29 +62,43 @@ struct ReloadableFlags {
   std::string admin_group;                 // empty: not given
 };
 
-// Where tenant quotas live, for a reload. Quotas are applied only when the
-// tenant section differs from the running one in quotas alone (same
-// tenants, uids, gids, priorities, default): tenant ids then stay the same.
-struct QuotaTargets {
-  const v1::DaemonConfig* running = nullptr;  // the config in force
+// Where the tenant section goes on a reload.
+struct TenantTargets {
   const std::vector<placement::DeviceView>* devices = nullptr;
+  tenants::TenantDirectoryHolder* directory = nullptr;  // the one in force
   quota::QuotaBook* quotas = nullptr;
   ledger::TenantLedger* ledger = nullptr;
+  // The parse tree the config was read with (may be null) and its file,
+  // for FILE:LINE in tenant errors.
+  const google::protobuf::TextFormat::ParseInfoTree* locations = nullptr;
+  std::string config_path;
 };
 
-// One human-readable line per setting applied, e.g.
-// "pool.empty_slab_release_seconds = 5 (config)". `quota_targets` null: at
-// start (quotas were set from the same config already).
-absl::StatusOr<std::vector<std::string>> ApplyReloadableConfig(
+struct ReloadOutcome {
+  // One human-readable line per setting applied, e.g.
+  // "pool.empty_slab_release_seconds = 5 (config)".
+  std::vector<std::string> applied;
+  // Parts of the file that wait for the next start (the tenant mode switch).
+  std::vector<std::string> restart_only;
+};
+
+// `tenant_targets` null: at start (the tenant directory and quotas were made
+// from the same config already).
+absl::StatusOr<ReloadOutcome> ApplyReloadableConfig(
     const v1::DaemonConfig& config, const ReloadableFlags& flags, MemoryBroker* broker,
-    const QuotaTargets* quota_targets = nullptr);
+    const TenantTargets* tenant_targets = nullptr);
 
-// Whether the tenant sections differ in anything but quotas.
-bool TenantMembershipChanged(const v1::DaemonConfig& running, const v1::DaemonConfig& next);
-
-// Names of restart-only fields whose value differs between the two configs.
+// Names of restart-only fields whose value differs between the two configs
+// (the tenant mode switch is ApplyReloadableConfig's to report: it depends
+// on the directory in force).
 std::vector<std::string> RestartOnlyChanges(const v1::DaemonConfig& running,
                                             const v1::DaemonConfig& next);
+
+// What a reload does to the tenants, e.g. `3 tenant(s): kept "a" (id 1);
+// added "c" (id 4); removed "b" (id 2; its live allocations stay charged to
+// it until freed)`.
+std::string DescribeTenantChange(const tenants::TenantDirectory& before,
+                                 const tenants::TenantDirectory& after);
 
 }  // namespace gpumem
 

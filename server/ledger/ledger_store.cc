@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace gpumem {
@@ -354,9 +355,22 @@ absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
     Exec("ROLLBACK").IgnoreError();
     return status;
   };
+  // An allocation made and freed within this batch never touches `live`:
+  // the table holds what is live at the commit, and the pair nets to
+  // nothing (warm Allocate+Free churn then costs two event rows only).
+  absl::flat_hash_set<uint64_t> made_here, net_zero;
+  for (const LedgerEvent& e : events) {
+    const int sign = UsageSign(e.kind);
+    if (sign > 0) {
+      made_here.insert(e.allocation_id);
+    } else if (sign < 0 && made_here.contains(e.allocation_id)) {
+      net_zero.insert(e.allocation_id);
+    }
+  }
   for (const LedgerEvent& e : events) {
     if (s = InsertEvent(e); !s.ok()) return fail(s);
     const int sign = UsageSign(e.kind);
+    if (sign != 0 && net_zero.contains(e.allocation_id)) continue;
     if (sign > 0) {
       sqlite3_stmt* l = insert_live_;
       sqlite3_reset(l);

@@ -80,20 +80,43 @@ std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& 
                                     "Bytes of the tenant's retained slabs on a device");
   MetricFamily dev_slabs = Gauge("gpumemd_tenant_device_slabs",
                                  "Slabs the tenant owns on a device (not retained)");
+  // Quotas: a sample only for a limit that is set (no sample: no limit).
+  MetricFamily quota = Gauge("gpumemd_tenant_quota_bytes",
+                             "The tenant's total_bytes quota (no sample: no limit)");
+  MetricFamily dev_quota = Gauge("gpumemd_tenant_device_quota_bytes",
+                                 "The tenant's quota on a device (no sample: no limit)");
+  MetricFamily quota_count = Gauge("gpumemd_tenant_quota_allocations",
+                                   "The tenant's max_allocations quota (no sample: no limit)");
   for (const v1::TenantStats& t : stats.tenants()) {
-    const std::string tenant = absl::StrCat("uid:", t.tenant());
-    AddSample(&used, {{"tenant", tenant}}, double(t.used_bytes()));
-    AddSample(&retained, {{"tenant", tenant}}, double(t.retained_bytes()));
-    AddSample(&count, {{"tenant", tenant}}, double(t.allocation_count()));
+    // The name says who; the id keeps two rows apart when a tenant removed
+    // by a reload and one added under its name both still hold memory.
+    const std::vector<ClientMetric::Label> who = {{"tenant", t.name()},
+                                                  {"tenant_id", absl::StrCat(t.tenant())}};
+    auto with = [&who](std::string key, std::string value) {
+      std::vector<ClientMetric::Label> labels = who;
+      labels.push_back({std::move(key), std::move(value)});
+      return labels;
+    };
+    AddSample(&used, who, double(t.used_bytes()));
+    AddSample(&retained, who, double(t.retained_bytes()));
+    AddSample(&count, who, double(t.allocation_count()));
+    if (t.has_quota()) {
+      const v1::Quota& q = t.quota();
+      if (q.has_total_bytes()) AddSample(&quota, who, double(q.total_bytes()));
+      if (q.has_max_allocations()) AddSample(&quota_count, who, double(q.max_allocations()));
+      for (const v1::DeviceQuota& dq : q.devices()) {
+        AddSample(&dev_quota, with("device", dq.device()), double(dq.bytes()));
+      }
+    }
     for (const v1::TenantDeviceStats& d : t.devices()) {
-      std::vector<ClientMetric::Label> labels = {
-          {"tenant", tenant}, {"device", absl::StrCat(d.device_index())}};
+      std::vector<ClientMetric::Label> labels = with("device", absl::StrCat(d.device_index()));
       AddSample(&dev_used, labels, double(d.used_bytes()));
       AddSample(&dev_retained, labels, double(d.retained_bytes()));
       AddSample(&dev_slabs, labels, double(d.slab_count()));
     }
   }
-  for (MetricFamily* f : {&used, &retained, &count, &dev_used, &dev_retained, &dev_slabs}) {
+  for (MetricFamily* f : {&used, &retained, &count, &dev_used, &dev_retained, &dev_slabs,
+                          &quota, &dev_quota, &quota_count}) {
     out.push_back(std::move(*f));
   }
   MetricFamily sessions = Gauge("gpumemd_sessions", "Live client sessions");

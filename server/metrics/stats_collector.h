@@ -8,13 +8,21 @@
 //   gpumemd_device_largest_free_block_bytes, gpumemd_device_fragmentation,
 //   gpumemd_device_slabs, gpumemd_device_allocations
 //   gpumemd_device_retained_bytes
-// per tenant (label tenant="uid:<n>": until configured tenants exist each
-// uid is its own tenant), GetStats' tenant rows:
+// per tenant (labels tenant="<name>", as GetStats names it: "ml", or
+// "uid-1000" when no tenants are configured; tenant_id="<id>"), GetStats'
+// tenant rows:
 //   gpumemd_tenant_used_bytes, gpumemd_tenant_retained_bytes,
 //   gpumemd_tenant_allocations, and per device (labels tenant, device)
 //   gpumemd_tenant_device_used_bytes, gpumemd_tenant_device_retained_bytes,
 //   gpumemd_tenant_device_slabs
-// and gpumemd_sessions (live sessions). Scrapes see what root sees.
+// and the tenant's quota as GetStats' tenant row gives it (the quota book's,
+// config or SetQuota): gpumemd_tenant_quota_bytes (total_bytes),
+// gpumemd_tenant_quota_allocations (max_allocations), and
+// gpumemd_tenant_device_quota_bytes (labels tenant, device); a limit that is
+// not set has no sample (an unlimited tenant has none of the three).
+// Like the other tenant gauges they cover GetStats' tenant rows: tenants
+// that hold slabs or retained bytes now.
+// Also gpumemd_sessions (live sessions). Scrapes see what root sees.
 // Thread-safety: Collect() may run on any thread; it only calls Stats().
 #ifndef GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_
 #define GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_

@@ -106,7 +106,7 @@ bool SlabPool::TakeLocked(uint64_t id, SlabEntry& e, uint64_t size,
 }
 
 CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant,
-                            HandleKind kind) {
+                            HandleKind kind, bool backend_work) {
   CarveResult r;
   if (size == 0) {
     r.error = absl::InvalidArgumentError("size must be > 0");
@@ -156,6 +156,10 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant,
       return bytes >= need && bytes <= UnpooledLocked();
     };
     if (!fits() && RoundDown(UnpooledLocked() + ReleasableLocked()) >= need) {
+      if (!backend_work) {
+        r.kind = CarveResult::Kind::kNeedsBackend;
+        return r;
+      }
       // Capacity sits in empty slabs nobody holds: release them. (A held
       // empty slab would only become retained and free nothing.)
       for (auto it = slabs_.begin(); it != slabs_.end();) {
@@ -172,6 +176,10 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant,
     if (!fits()) {
       r.kind = CarveResult::Kind::kRefused;
       r.refusal = RefuseLocked(size, alignment, tenant);
+      return r;
+    }
+    if (!backend_work) {
+      r.kind = CarveResult::Kind::kNeedsBackend;
       return r;
     }
     creating_bytes_ += bytes;

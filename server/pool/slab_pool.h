@@ -96,9 +96,10 @@ struct PoolRefusal {
   std::string message;              // the same in words, naming the device
 };
 
-// What Carve did: exactly one of block (ok), refusal (refused), error.
+// What Carve did: exactly one of block (ok), refusal (refused), error, or
+// (only when the caller forbade backend work) that serving it needs some.
 struct CarveResult {
-  enum class Kind { kBlock, kRefused, kError };
+  enum class Kind { kBlock, kRefused, kError, kNeedsBackend };
   Kind kind = Kind::kError;
   PoolBlock block;
   PoolRefusal refusal;
@@ -157,8 +158,12 @@ class SlabPool {
   absl::Status Reserve();
 
   // A block of `size` bytes at `alignment` (power of two) for `tenant`, in
-  // a slab of `kind` (one the backend makes).
-  CarveResult Carve(uint64_t size, uint64_t alignment, uint32_t tenant, HandleKind kind);
+  // a slab of `kind` (one the backend makes). With `backend_work` false the
+  // carve uses existing slabs only: where it would create a slab or release
+  // empty ones to make room it answers kNeedsBackend and changes nothing
+  // (a refusal or a block is the same answer it would give with true).
+  CarveResult Carve(uint64_t size, uint64_t alignment, uint32_t tenant, HandleKind kind,
+                    bool backend_work = true);
   // The same, in the backend's default kind.
   CarveResult Carve(uint64_t size, uint64_t alignment, uint32_t tenant) {
     return Carve(size, alignment, tenant, backend_->handle_kinds().front());

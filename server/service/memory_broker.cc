@@ -13,10 +13,12 @@
 #include <algorithm>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 #include "common/refusal_payload.h"
 #include "server/quota/quota_carver.h"
+#include "server/tenants/quota_proto.h"
 
 namespace gpumem {
 
@@ -31,6 +33,17 @@ v1::HandleKind ToWire(HandleKind kind) {
   return v1::HANDLE_KIND_UNSPECIFIED;
 }
 
+// The payload that marks MemoryBroker::NeedsBackendWork statuses.
+constexpr absl::string_view kNeedsBackendWorkUrl = "gpumemd/needs-backend-work";
+
+absl::Status NeedsBackendWorkError(uint32_t device) {
+  absl::Status s = absl::UnavailableError(absl::StrCat(
+      "device ", device, ": serving this request needs backend work (a new slab or "
+      "releasing empty ones), not done on this thread"));
+  s.SetPayload(kNeedsBackendWorkUrl, absl::Cord("1"));
+  return s;
+}
+
 std::string KindList(const std::vector<HandleKind>& kinds) {
   std::string out;
   for (HandleKind k : kinds) {
@@ -43,16 +56,20 @@ std::string KindList(const std::vector<HandleKind>& kinds) {
 
 class MemoryBroker::PoolCarver : public placement::DeviceCarver {
  public:
-  PoolCarver(MemoryBroker* broker, uint32_t tenant, HandleKind kind)
-      : broker_(broker), tenant_(tenant), kind_(kind) {}
+  PoolCarver(MemoryBroker* broker, uint32_t tenant, HandleKind kind, bool backend_work)
+      : broker_(broker), tenant_(tenant), kind_(kind), backend_work_(backend_work) {}
 
   absl::StatusOr<placement::CarvedBlock> TryCarve(
       uint32_t device, uint64_t size, uint64_t alignment,
       placement::CarveRefusal* refusal) override {
-    CarveResult r = broker_->pools_[device]->Carve(size, alignment, tenant_, kind_);
+    CarveResult r =
+        broker_->pools_[device]->Carve(size, alignment, tenant_, kind_, backend_work_);
     switch (r.kind) {
       case CarveResult::Kind::kError:
         return r.error;
+      case CarveResult::Kind::kNeedsBackend:
+        // Not a refusal: the placer undoes what it carved and stops.
+        return NeedsBackendWorkError(device);
       case CarveResult::Kind::kRefused:
         refusal->refused = true;
         refusal->free_bytes = r.refusal.free_bytes;
@@ -87,6 +104,7 @@ class MemoryBroker::PoolCarver : public placement::DeviceCarver {
   MemoryBroker* broker_;
   uint32_t tenant_;
   HandleKind kind_;
+  bool backend_work_;
   absl::flat_hash_map<uint64_t, PoolBlock> pending_;
 };
 
@@ -281,8 +299,12 @@ absl::StatusOr<HandleKind> MemoryBroker::RequestedKind(
       " backend); it offers: ", KindList(offered)));
 }
 
+bool MemoryBroker::NeedsBackendWork(const absl::Status& status) {
+  return status.GetPayload(kNeedsBackendWorkUrl).has_value();
+}
+
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
-    const PeerCred& caller, const v1::AllocateRequest& request) {
+    const PeerCred& caller, const v1::AllocateRequest& request, BackendWork work) {
   absl::ReaderMutexLock gate(&gate_);
   if (shut_down_) return ShuttingDown();
   if (draining_.load()) {
@@ -313,13 +335,15 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
       placement::PrepareRequest(request, device_views_, placer_options_);
   if (!prepared.ok()) return prepared.status();
 
-  absl::StatusOr<tenants::TenantRef> tenant = TenantOf(caller);
+  absl::StatusOr<tenants::TenantRef> tenant = TenantOfSession(session->id, caller);
   if (!tenant.ok()) return tenant.status();
 
   bool asked_reclaim = false;
   for (;;) {
     const uint64_t releases = releases_.load();
-    absl::StatusOr<v1::AllocateResponse> placed = Place(caller, *tenant, session->id, *prepared, *kind);
+    absl::StatusOr<v1::AllocateResponse> placed =
+        Place(caller, *tenant, session->id, *prepared, *kind, work);
+    if (!placed.ok() && NeedsBackendWork(placed.status())) return placed;
     if (!placed.ok() && placed.status().code() == absl::StatusCode::kResourceExhausted &&
         !asked_reclaim) {
       asked_reclaim = true;
@@ -358,16 +382,49 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
 }
 
 absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOf(const PeerCred& caller) const {
-  if (options_.tenants != nullptr) return options_.tenants->Resolve(caller.uid, caller.gid);
+  if (options_.tenants != nullptr) return options_.tenants->Get()->Resolve(caller.uid, caller.gid);
   return tenants::TenantRef{caller.uid, absl::StrCat("uid-", caller.uid), 0};
+}
+
+absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOfSession(uint64_t session,
+                                                                 const PeerCred& caller) {
+  if (options_.tenants == nullptr) return TenantOf(caller);  // by uid: never changes
+  const std::shared_ptr<const tenants::TenantDirectory> dir = options_.tenants->Get();
+  // Its priority now, if the directory in force still has the tenant.
+  auto current = [&dir](tenants::TenantRef t) {
+    if (const tenants::Tenant* c = dir->FindId(t.id)) t.priority = c->priority;
+    return t;
+  };
+  {
+    absl::MutexLock lock(&tenant_mu_);
+    auto it = session_tenants_.find(session);
+    if (it != session_tenants_.end()) return current(it->second.tenant);
+  }
+  // A refusal is not kept: a later reload may give the uid a tenant.
+  absl::StatusOr<tenants::TenantRef> resolved = dir->Resolve(caller.uid, caller.gid);
+  if (!resolved.ok()) return resolved;
+  tenants::TenantRef fixed;
+  {
+    absl::MutexLock lock(&tenant_mu_);
+    // Threads of one process may race here; the first to fix it wins.
+    auto [it, fresh] = session_tenants_.try_emplace(session, SessionTenant{caller.uid, *resolved});
+    fixed = it->second.tenant;
+  }
+  // A session that ended meanwhile may have been cleaned up before the entry
+  // was made (OnSessionEnd runs once IsLive is false): drop it here then.
+  if (!sessions_->IsLive(session)) {
+    absl::MutexLock lock(&tenant_mu_);
+    session_tenants_.erase(session);
+  }
+  return current(fixed);
 }
 
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
     const PeerCred& caller, const tenants::TenantRef& tenant, uint64_t session,
-    const placement::PreparedRequest& prepared, HandleKind kind) {
+    const placement::PreparedRequest& prepared, HandleKind kind, BackendWork work) {
   // The pool carves from this tenant's slabs; the quota adaptor charges the
   // tenant before the pool carves.
-  PoolCarver pool_carver(this, tenant.id, kind);
+  PoolCarver pool_carver(this, tenant.id, kind, work == BackendWork::kAllowed);
   std::optional<quota::QuotaCarver> quota_carver;
   placement::DeviceCarver* carver = &pool_carver;
   if (options_.quotas != nullptr) {
@@ -405,7 +462,6 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
         r.uid = caller.uid;
         r.pid = caller.pid;
         r.tenant = tenant.id;
-        r.tenant_name = tenant.name;
         r.device = b.device;
         r.charged = b.size_bytes;
         r.block = pool_carver.pool_block(b.id);
@@ -434,11 +490,16 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
   return absl::FailedPreconditionError("the calling process has exited");
 }
 
+std::string MemoryBroker::TenantName(uint32_t id) const {
+  if (options_.tenants == nullptr) return absl::StrCat("uid-", id);
+  return options_.tenants->Get()->NameOf(id);
+}
+
 void MemoryBroker::AppendEvent(ledger::EventKind kind, uint64_t id, const Record& r) {
   if (options_.ledger == nullptr) return;
   ledger::LedgerEvent e;
   e.kind = kind;
-  e.tenant = r.tenant_name;
+  e.tenant = TenantName(r.tenant);
   e.uid = r.uid;
   e.pid = r.pid;
   e.session = r.session;
@@ -499,7 +560,8 @@ MemoryBroker::Record MemoryBroker::TakeRecordLocked(
 }
 
 absl::StatusOr<v1::FreeResponse> MemoryBroker::Free(const PeerCred& caller,
-                                                    const v1::FreeRequest& request) {
+                                                    const v1::FreeRequest& request,
+                                                    BackendWork work) {
   absl::ReaderMutexLock gate(&gate_);
   if (shut_down_) return ShuttingDown();
   if (request.id() == 0) {
@@ -522,6 +584,12 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::Free(const PeerCred& caller,
       return absl::PermissionDeniedError(absl::StrCat(
           "allocation ", request.id(), " belongs to uid ", it->second.uid,
           "; uid ", caller.uid, " may not free it"));
+    }
+    // A dedicated slab goes back to the backend with its block, and waiters
+    // are placed (maybe in new slabs) on the releasing thread.
+    if (work == BackendWork::kNotHere &&
+        (it->second.block.slab_size > options_.pool.slab_size || waiting_.load() > 0)) {
+      return NeedsBackendWorkError(it->second.device);
     }
     r = TakeRecordLocked(it, ledger::EventKind::kFree);
   }
@@ -609,6 +677,10 @@ void MemoryBroker::OnSessionEnd(uint64_t session_id) {
     absl::MutexLock lock(&table_mu_);
     usage_reports_.erase(session_id);
   }
+  {
+    absl::MutexLock lock(&tenant_mu_);
+    session_tenants_.erase(session_id);
+  }
   Return(records);
   // The process is gone, and with it every handle it held.
   for (auto& pool : pools_) pool->ForgetSession(session_id);
@@ -634,7 +706,7 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller,
   if (shut_down_) return ShuttingDown();
   absl::StatusOr<SessionInfo> session = sessions_->Attach(caller);
   if (!session.ok()) return session.status();
-  absl::StatusOr<tenants::TenantRef> tenant = TenantOf(caller);
+  absl::StatusOr<tenants::TenantRef> tenant = TenantOfSession(session->id, caller);
   if (!tenant.ok()) return tenant.status();
   for (auto& pool : pools_) {
     absl::StatusOr<SlabPool::Export> e =
@@ -691,10 +763,23 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
                                          bool include_slabs) const {
   const std::vector<DeviceInfo>& devices = backend_->devices();
   const bool admin = IsAdmin(caller);
-  // A caller the config gives no tenant sees no tenant's figures.
-  absl::StatusOr<tenants::TenantRef> caller_tenant = TenantOf(caller);
-  const std::optional<uint32_t> own_tenant =
-      caller_tenant.ok() ? std::optional<uint32_t>(caller_tenant->id) : std::nullopt;
+  // One snapshot of the directory for the whole answer (names, own tenant).
+  const std::shared_ptr<const tenants::TenantDirectory> dir =
+      options_.tenants != nullptr ? options_.tenants->Get() : nullptr;
+  // The caller's own tenants: the one the directory in force gives it, and
+  // those its uid's live sessions are charged to (they may differ after a
+  // reload). A caller the config gives no tenant, and no session, sees no
+  // tenant's figures.
+  absl::flat_hash_set<uint32_t> own_tenants;
+  if (!admin) {
+    absl::StatusOr<tenants::TenantRef> caller_tenant =
+        dir != nullptr ? dir->Resolve(caller.uid, caller.gid) : TenantOf(caller);
+    if (caller_tenant.ok()) own_tenants.insert(caller_tenant->id);
+    absl::MutexLock lock(&tenant_mu_);
+    for (const auto& [session, st] : session_tenants_) {
+      if (st.uid == caller.uid) own_tenants.insert(st.tenant.id);
+    }
+  }
   v1::GetStatsResponse out;
   out.set_backend(backend_->name());
   absl::ReaderMutexLock gate(&gate_);
@@ -711,7 +796,7 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
       stats = pool.Stats();
       if (include_slabs) slabs = pool.Slabs();
       for (const auto& [tenant, t] : pool.TenantStats()) {
-        if (!admin && tenant != own_tenant) continue;
+        if (!admin && !own_tenants.contains(tenant)) continue;
         auto& row = tenants[tenant];
         row.resize(devices.size());
         row[d.index] = t;
@@ -757,7 +842,7 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
       out_slab->set_dedicated(slab.dedicated);
       out_slab->set_reserved(slab.reserved);
       out_slab->set_retained(slab.retained);
-      if (admin || slab.tenant == own_tenant) {
+      if (admin || own_tenants.contains(slab.tenant)) {
         out_slab->set_tenant(slab.tenant);
         out_slab->set_holders(slab.holders);
       }
@@ -766,8 +851,11 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
   for (const auto& [tenant, rows] : tenants) {
     v1::TenantStats* ts = out.add_tenants();
     ts->set_tenant(tenant);
-    ts->set_name(options_.tenants != nullptr ? options_.tenants->NameOf(tenant)
-                                             : absl::StrCat("uid-", tenant));
+    ts->set_name(dir != nullptr ? dir->NameOf(tenant) : absl::StrCat("uid-", tenant));
+    if (options_.quotas != nullptr) {  // absent: no quota
+      const tenants::Quota quota = options_.quotas->GetQuota(tenant);
+      if (!quota.unlimited()) tenants::QuotaToProto(quota, ts->mutable_quota());
+    }
     uint64_t used = 0, retained = 0, blocks = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       const TenantPoolStats& t = rows[i];

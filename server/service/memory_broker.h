@@ -15,6 +15,16 @@
 //    sessions of its tenant, and the sessions given it are recorded, so a
 //    slab released while one of them lives stays counted as retained (see
 //    server/pool/slab_pool.h) until they end or close it.
+//  - A session's tenant is fixed the first time the session needs one (its
+//    first Allocate or slab export), from the tenant directory in force
+//    then, and kept for the session's life: a config reload that moves the
+//    caller's uid to another tenant, or removes its tenant, changes nothing
+//    for a live session (its allocations and slabs stay its tenant's; a
+//    removed tenant's quota stays enforced on them); new sessions resolve
+//    with the new directory. The priority a waiting Allocate queues with
+//    is its tenant's priority in the directory in force when it queues.
+//    Each request reads the directory once (a snapshot; no lock is held
+//    across placement or backend work).
 //  - An Allocate that fails leaves the pools as they were: blocks carved for
 //    it are released and slabs created for it go back to the device. A
 //    backend failure reaches the caller with the backend's code, naming the
@@ -94,9 +104,10 @@ struct BrokerOptions {
   // Members of this group (besides root) see every session and tenant in
   // Stats. Empty: root only. Resolved at Start; an unknown group fails it.
   std::string admin_group;
-  // Tenants, quotas and the ledger; each may be null (each uid its own
-  // tenant, no quota, no ledger). They must outlive the broker.
-  const tenants::TenantDirectory* tenants = nullptr;
+  // Tenants (the directory in force, replaced by reloads), quotas and the
+  // ledger; each may be null (each uid its own tenant, no quota, no
+  // ledger). They must outlive the broker.
+  const tenants::TenantDirectoryHolder* tenants = nullptr;
   quota::QuotaBook* quotas = nullptr;
   ledger::TenantLedger* ledger = nullptr;
 };
@@ -127,10 +138,25 @@ class MemoryBroker {
   // not exist; the group in force stays then.
   absl::Status SetAdminGroup(const std::string& group);
 
+  // Where an Allocate (or Free) may do backend work (create a slab, release
+  // empty ones to make room). kNotHere is for a thread that serves many clients
+  // (the Stream's completion-queue thread): a request that would need backend
+  // work returns NeedsBackendWork() having changed nothing (no block, no
+  // charge, no event, no reclaim request), to be run again kAllowed on a
+  // thread of its own; everything else gets the answer kAllowed would give.
+  enum class BackendWork { kAllowed, kNotHere };
+  static bool NeedsBackendWork(const absl::Status& status);
+
   absl::StatusOr<v1::AllocateResponse> Allocate(const PeerCred& caller,
-                                                const v1::AllocateRequest& request);
+                                                const v1::AllocateRequest& request,
+                                                BackendWork work = BackendWork::kAllowed);
+  // kNotHere: NeedsBackendWork(), with nothing changed, when the block's
+  // slab is dedicated (it goes back to the backend) or requests are waiting
+  // (a release places them). A waiter that starts waiting just after that
+  // check is still placed by this Free.
   absl::StatusOr<v1::FreeResponse> Free(const PeerCred& caller,
-                                        const v1::FreeRequest& request);
+                                        const v1::FreeRequest& request,
+                                        BackendWork work = BackendWork::kAllowed);
   // Memory pressure. When an Allocate is refused for capacity (placement
   // found no room; quota refusals are the tenant's own affair), `sender` is
   // called once for each other session whose last UsageReport shows idle
@@ -163,8 +189,8 @@ class MemoryBroker {
   const Backend& backend() const { return *backend_; }
   // The kinds offered, the default first (valid after Start).
   const std::vector<HandleKind>& handle_kinds() const { return options_.handle_kinds; }
-  // The tenant a caller's allocations are charged to (PERMISSION_DENIED
-  // when the config gives it none).
+  // The tenant the directory in force gives a caller (PERMISSION_DENIED
+  // when the config gives it none): what a new session of it is charged to.
   absl::StatusOr<tenants::TenantRef> TenantOf(const PeerCred& caller) const;
   // Tries the waiting Allocates again (after a quota change).
   void ServeWaiters();
@@ -173,16 +199,20 @@ class MemoryBroker {
   void StopWaiting();
 
  private:
+  // One live allocation (a million of them is a normal day: keep it small;
+  // the tenant's name is looked up when an event needs it).
   struct Record {
     uint64_t session = 0;
+    uint64_t charged = 0;  // bytes charged to the quota and the ledger
+    PoolBlock block;
     uid_t uid = 0;
     pid_t pid = 0;
     uint32_t tenant = 0;
-    std::string tenant_name;
     uint32_t device = 0;
-    uint64_t charged = 0;  // bytes charged to the quota and the ledger
-    PoolBlock block;
   };
+  // Tenant `id`'s name in the directory in force (removed tenants
+  // included), or "uid-N" without configured tenants.
+  std::string TenantName(uint32_t id) const;
   // An Allocate waiting for memory (wait_ms); lives on its caller's stack.
   struct Waiter {
     PeerCred caller;
@@ -197,6 +227,13 @@ class MemoryBroker {
     absl::flat_hash_set<uint64_t> ids;
     uint64_t bytes = 0;
   };
+  struct SessionTenant {
+    uid_t uid = 0;
+    tenants::TenantRef tenant;
+  };
+  // The tenant `session` is charged to (fixed at its first call; see the
+  // class comment), its priority as the directory in force says.
+  absl::StatusOr<tenants::TenantRef> TenantOfSession(uint64_t session, const PeerCred& caller);
   class PoolCarver;
   // The offered kind a request asks for, or FAILED_PRECONDITION.
   absl::StatusOr<HandleKind> RequestedKind(const v1::AllocateRequest& request) const;
@@ -216,7 +253,8 @@ class MemoryBroker {
                                              const tenants::TenantRef& tenant,
                                              uint64_t session,
                                              const placement::PreparedRequest& prepared,
-                                             HandleKind kind);
+                                             HandleKind kind,
+                                             BackendWork work = BackendWork::kAllowed);
   // Removes a record under table_mu_ and appends its ending event `why`;
   // the caller releases its block and credits it after (Return).
   Record TakeRecordLocked(absl::flat_hash_map<uint64_t, Record>::iterator it,
@@ -253,6 +291,10 @@ class MemoryBroker {
   absl::flat_hash_map<uint64_t, SessionUse> by_session_ ABSL_GUARDED_BY(table_mu_);
   // Each live session's last usage report; erased when the session ends.
   absl::flat_hash_map<uint64_t, v1::UsageReport> usage_reports_ ABSL_GUARDED_BY(table_mu_);
+  // Each live session's tenant once fixed; erased when the session ends.
+  // A leaf lock (nothing is taken under it).
+  mutable absl::Mutex tenant_mu_;
+  absl::flat_hash_map<uint64_t, SessionTenant> session_tenants_ ABSL_GUARDED_BY(tenant_mu_);
 
   // Waiting admission. A release bumps releases_ and, if waiting_ > 0,
   // serves the waiters; a request about to wait re-checks releases_ after

@@ -31,7 +31,7 @@ namespace gpumem {
 
 class StreamService::Call {
   // A tag handed to gRPC: which call, which event. Passed as CqEvent*.
-  enum class Event { kAccepted, kRead, kWritten, kFinished, kDone, kPush };
+  enum class Event { kAccepted, kRead, kWritten, kFinished, kDone, kPush, kOffloaded };
   struct Tag final : CqEvent {
     Tag(Call* c, Event e) : call(c), event(e) {}
     void OnEvent(bool ok) override { Call::OnEvent(this, ok); }
@@ -77,15 +77,21 @@ class StreamService::Call {
       case Event::kPush:
         call->OnPush(ok);
         break;
+      case Event::kOffloaded:
+        call->OnOffloaded();
+        break;
     }
     call->MaybeFinish();
     if (call->finished_ && call->done_ && !call->reading_ && !call->writing_) {
       // No push can be started once unregistered; one already started
       // brings its event later, and the call is deleted then.
       call->Unregister();
+      // An Allocate still on a backend worker brings its answer (and an
+      // event) later; the call is deleted once that is handled.
+      if (call->offloads_ > 0) return;
       {
         std::lock_guard<std::mutex> lock(call->push_mu_);
-        if (call->push_pending_) return;
+        if (call->push_pending_ || call->offload_wake_pending_) return;
       }
       delete call;
     }
@@ -108,6 +114,12 @@ class StreamService::Call {
     bool push = false;  // daemon-initiated: no request id in flight
     uint64_t request_id = 0;
     grpc::ByteBuffer bytes;
+    std::vector<uint64_t> allocation_ids;  // freed if never delivered
+  };
+  // A request a backend worker ran (see Offload), and its answer.
+  struct Offloaded {
+    uint64_t request_id = 0;
+    v1::StreamReply reply;
     std::vector<uint64_t> allocation_ids;  // freed if never delivered
   };
 
@@ -199,8 +211,11 @@ class StreamService::Call {
     }
     Answer(request);
     StartWriteIfIdle();
-    if (outbox_.size() < owner_->options_.max_queued_replies) StartRead();
+    if (Queued() < owner_->options_.max_queued_replies) StartRead();
   }
+
+  // Answers waiting to be written, and Allocates on a backend worker.
+  size_t Queued() const { return outbox_.size() + static_cast<size_t>(offloads_); }
 
   // Runs the request against the broker and queues its answer.
   void Answer(const v1::StreamRequest& request) {
@@ -223,24 +238,27 @@ class StreamService::Call {
           break;
         }
         const absl::Time start = absl::Now();
-        absl::StatusOr<v1::AllocateResponse> r =
-            owner_->broker_->Allocate(caller_, request.allocate());
-        status = r.status();
-        if (owner_->options_.on_allocate) {
-          owner_->options_.on_allocate(status, r.ok() ? *r : v1::AllocateResponse(),
-                                       absl::Now() - start);
+        absl::StatusOr<v1::AllocateResponse> r = owner_->broker_->Allocate(
+            caller_, request.allocate(), MemoryBroker::BackendWork::kNotHere);
+        if (!r.ok() && MemoryBroker::NeedsBackendWork(r.status())) {
+          // A new slab (or releasing empty ones): not on this thread, which
+          // serves every stream of the queue. Answered when it is done.
+          if (Offload(request, start)) return;
+          status = absl::UnavailableError(
+              "gpumemd is stopping: it takes no new allocations; retry once it is back");
+          break;
         }
-        if (r.ok()) {
-          for (const v1::Allocation& a : r->allocations()) {
-            out.allocation_ids.push_back(a.id());
-          }
-          *answer->mutable_allocate() = std::move(*r);
-        }
+        status = AnswerAllocate(owner_, std::move(r), start, answer, &out.allocation_ids);
         break;
       }
       case v1::StreamRequest::kFree: {
-        absl::StatusOr<v1::FreeResponse> r =
-            owner_->broker_->Free(caller_, request.free());
+        absl::StatusOr<v1::FreeResponse> r = owner_->broker_->Free(
+            caller_, request.free(), MemoryBroker::BackendWork::kNotHere);
+        if (!r.ok() && MemoryBroker::NeedsBackendWork(r.status())) {
+          // A dedicated slab goes back, or waiters get placed: not here.
+          if (Offload(request, absl::Now())) return;
+          r = owner_->broker_->Free(caller_, request.free());  // stopping: inline
+        }
         status = r.status();
         if (owner_->options_.on_free) owner_->options_.on_free(status);
         if (r.ok()) *answer->mutable_free() = std::move(*r);
@@ -268,6 +286,85 @@ class StreamService::Call {
     outbox_.push_back(std::move(out));
   }
 
+  // Puts an Allocate's result in `answer` (the ids it allocated in `ids`)
+  // and tells the observer; returns its status.
+  static absl::Status AnswerAllocate(StreamService* owner,
+                                     absl::StatusOr<v1::AllocateResponse> r, absl::Time start,
+                                     v1::StreamAnswer* answer, std::vector<uint64_t>* ids) {
+    if (owner->options_.on_allocate) {
+      owner->options_.on_allocate(r.status(), r.ok() ? *r : v1::AllocateResponse(),
+                                  absl::Now() - start);
+    }
+    if (!r.ok()) return r.status();
+    for (const v1::Allocation& a : r->allocations()) ids->push_back(a.id());
+    *answer->mutable_allocate() = *std::move(r);
+    return absl::OkStatus();
+  }
+
+  // Runs an Allocate or Free that needs backend work on a backend worker;
+  // its answer comes back through offload_alarm_ (OnOffloaded). False if the
+  // workers are stopping (nothing was started).
+  bool Offload(const v1::StreamRequest& request, absl::Time start) {
+    StreamService* owner = owner_;
+    const bool submitted = owner->workers_->Submit(
+        [this, owner, caller = caller_, start, request] {
+          Offloaded done;
+          done.request_id = request.request_id();
+          v1::StreamAnswer* answer = done.reply.mutable_answer();
+          answer->set_request_id(request.request_id());
+          absl::Status status;
+          if (request.has_allocate()) {
+            status = AnswerAllocate(owner, owner->broker_->Allocate(caller, request.allocate()),
+                                    start, answer, &done.allocation_ids);
+          } else {
+            absl::StatusOr<v1::FreeResponse> r = owner->broker_->Free(caller, request.free());
+            status = r.status();
+            if (owner->options_.on_free) owner->options_.on_free(status);
+            if (r.ok()) *answer->mutable_free() = *std::move(r);
+          }
+          if (!status.ok()) *answer->mutable_status() = ToRpcStatus(status);
+          std::lock_guard<std::mutex> lock(push_mu_);
+          offload_done_.push_back(std::move(done));
+          if (!offload_wake_pending_) {
+            offload_wake_pending_ = true;
+            offload_alarm_.Set(cq_, gpr_now(GPR_CLOCK_MONOTONIC), offload_tag_.tag());
+          }
+        });
+    if (submitted) ++offloads_;
+    return submitted;
+  }
+
+  // The queue thread's half of Offload: finished requests' answers join the
+  // outbox, or (Allocates) are freed if their stream can no longer carry them.
+  void OnOffloaded() {
+    std::vector<Offloaded> done;
+    {
+      std::lock_guard<std::mutex> lock(push_mu_);
+      offload_wake_pending_ = false;
+      done.swap(offload_done_);
+    }
+    offloads_ -= static_cast<int>(done.size());
+    for (Offloaded& d : done) {
+      Outgoing out;
+      out.request_id = d.request_id;
+      out.allocation_ids = std::move(d.allocation_ids);
+      if (broken_ || finish_started_ || queue_->stopping) {
+        in_flight_.erase(d.request_id);
+        FreeAllocations(out);
+        continue;
+      }
+      bool own_buffer = false;
+      grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::StreamReply>(
+          d.reply, &out.bytes, &own_buffer);
+      outbox_.push_back(std::move(out));
+    }
+    StartWriteIfIdle();
+    if (!reading_ && !reads_closed_ && !failed_ && !broken_ && !queue_->stopping &&
+        Queued() < owner_->options_.max_queued_replies) {
+      StartRead();
+    }
+  }
+
   void StartWriteIfIdle() {
     if (writing_ || outbox_.empty() || broken_ || queue_->stopping) return;
     writing_ = true;
@@ -288,7 +385,7 @@ class StreamService::Call {
     outbox_.pop_front();
     StartWriteIfIdle();
     if (!reading_ && !reads_closed_ && !failed_ && !broken_ &&
-        outbox_.size() < owner_->options_.max_queued_replies) {
+        Queued() < owner_->options_.max_queued_replies) {
       StartRead();
     }
   }
@@ -309,22 +406,25 @@ class StreamService::Call {
       return;
     }
     if (!reads_closed_ && !failed_ && !broken_) return;
-    if (!outbox_.empty() && !broken_) return;
+    if ((!outbox_.empty() || offloads_ > 0) && !broken_) return;
     FreeUndelivered();
     finish_started_ = true;
     stream_.Finish(final_status_, finish_tag_.tag());
   }
 
   void FreeUndelivered() {
-    for (const Outgoing& out : outbox_) {
-      for (uint64_t id : out.allocation_ids) {
-        v1::FreeRequest free;
-        free.set_id(id);
-        owner_->broker_->Free(caller_, free).IgnoreError();
-      }
-    }
+    for (const Outgoing& out : outbox_) FreeAllocations(out);
     outbox_.clear();
     in_flight_.clear();
+  }
+
+  // Frees what an answer that will never be delivered had allocated.
+  void FreeAllocations(const Outgoing& out) {
+    for (uint64_t id : out.allocation_ids) {
+      v1::FreeRequest free;
+      free.set_id(id);
+      owner_->broker_->Free(caller_, free).IgnoreError();
+    }
   }
 
   StreamService* owner_;
@@ -338,10 +438,17 @@ class StreamService::Call {
   Tag finish_tag_{this, Event::kFinished};
   Tag done_tag_{this, Event::kDone};
   Tag push_tag_{this, Event::kPush};
+  Tag offload_tag_{this, Event::kOffloaded};
   grpc::Alarm push_alarm_;
+  grpc::Alarm offload_alarm_;
   std::mutex push_mu_;
   bool push_pending_ = false;  // guarded by push_mu_
   v1::StreamReply pushed_;     // guarded by push_mu_
+  // Finished offloaded Allocates, and whether offload_alarm_ is set for
+  // them; guarded by push_mu_.
+  std::vector<Offloaded> offload_done_;
+  bool offload_wake_pending_ = false;
+  int offloads_ = 0;  // submitted, not yet handled by OnOffloaded (queue thread only)
   uint64_t session_id_ = 0;
   bool registered_ = false;    // queue thread only
   bool push_queued_ = false;   // a push is in outbox_ (queue thread only)
@@ -367,6 +474,7 @@ StreamService::StreamService(MemoryBroker* broker, const PeerTable* peers,
                              StreamServiceOptions options)
     : broker_(broker), peers_(peers), service_(service), options_(options) {
   if (options_.threads < 1) options_.threads = 1;
+  workers_ = std::make_unique<BackendWorkers>(options_.backend_threads);
   if (options_.max_queued_replies < 1) options_.max_queued_replies = 1;
   broker_->SetReclaimSender([this](uint64_t session, const v1::ReclaimRequest& r) {
     v1::StreamReply reply;
@@ -407,6 +515,9 @@ void StreamService::Start() {
 void StreamService::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  // Offloaded Allocates finish first: their answers go through alarms on
+  // the queues, which must still be running.
+  workers_->Shutdown();
   {
     // No alarm is set on a queue from now on (gRPC aborts on an operation
     // started on a queue that is shut down).

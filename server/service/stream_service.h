@@ -9,8 +9,15 @@
 // Shape (measured to be the fastest here, see README "Hot path"): a fixed
 // number of completion queues, each drained by one thread; every stream lives
 // on one queue, so its state is touched by one thread only and needs no lock.
-// Broker calls run inline on that thread. Nothing ever blocks on a client:
-// reads and writes are asynchronous.
+// Broker calls run inline on that thread, except an Allocate or Free that
+// needs backend work (a new slab: on CUDA, milliseconds of cuMemCreate, map
+// and memset; a dedicated slab given back; waiters placed by a release): the
+// broker says so without changing anything
+// (MemoryBroker::BackendWork::kNotHere), and the request runs on one of
+// `backend_threads` BackendWorkers; its answer comes back to the queue
+// thread through a grpc::Alarm. So a slow device holds up neither the other
+// streams of the queue nor allocations on other devices. Nothing ever blocks
+// on a client: reads and writes are asynchronous.
 //
 // What it guarantees:
 //  - Identity is the connection's: the caller is looked up once per stream,
@@ -33,7 +40,9 @@
 //    stream's queue, whose thread writes it. At most one push waits per
 //    stream. A client answers with a StreamRequest.reclaimed (answered like
 //    any request).
-//  - Threads: `threads`, whatever the number of streams.
+//  - Threads: `threads` + `backend_threads`, whatever the number of streams.
+//  - Answers may come back out of order (an offloaded request's answer
+//    after those of later requests); each carries its request id.
 #ifndef GPUMEMD_SERVER_SERVICE_STREAM_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_STREAM_SERVICE_H_
 
@@ -49,6 +58,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
+#include "server/service/backend_workers.h"
 #include "server/service/cq_event.h"
 #include "server/service/memory_broker.h"
 #include "server/session/peer_credentials.h"
@@ -63,12 +73,15 @@ using GpuMemoryWithAsyncStream =
 struct StreamServiceOptions {
   // Completion queues, one thread each.
   int threads = 1;
+  // Threads that run Allocates needing backend work (BackendWorkers).
+  int backend_threads = 2;
   // Answers a stream may have waiting to be written before its requests are
   // no longer read.
   size_t max_queued_replies = 64;
   // Observers of each Allocate (its status, answer and time taken) and Free
   // (its status), as the unary service's metrics adaptor records them
-  // (server/metrics/); unset: nothing is observed. Called on the queue thread.
+  // (server/metrics/); unset: nothing is observed. Called on the queue thread
+  // (on a backend worker for an offloaded Allocate).
   std::function<void(const absl::Status&, const v1::AllocateResponse&, absl::Duration)>
       on_allocate;
   std::function<void(const absl::Status&)> on_free;
@@ -120,6 +133,7 @@ class StreamService {
   GpuMemoryWithAsyncStream* service_;
   StreamServiceOptions options_;
   std::vector<std::unique_ptr<Queue>> queues_;
+  std::unique_ptr<BackendWorkers> workers_;
   bool shut_down_ = false;
   // Live streams by session, for pushes. A Call registers once accepted and
   // unregisters before it is deleted.

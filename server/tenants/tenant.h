@@ -1,9 +1,11 @@
 // Tenant and Quota: who memory is charged to, and the limits it has.
 //
 // A tenant id is what the pool stamps on a slab (a slab belongs to one tenant
-// for life) and what quotas and the ledger are keyed by. With tenants in the
-// config, ids are 1..N in config order; without, each uid is its own tenant
-// and the id is the uid (today's behaviour, no quota).
+// for life) and what the quota book is keyed by; the ledger keys on names.
+// With tenants in the config, ids are 1..N in config order at start, kept
+// by name across reloads, and a tenant added by a reload gets an id never
+// used before in the daemon's life (tenant_directory.h); without, each uid
+// is its own tenant and the id is the uid (no quota unless SetQuota).
 #ifndef GPUMEMD_SERVER_TENANTS_TENANT_H_
 #define GPUMEMD_SERVER_TENANTS_TENANT_H_
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/byte_size.h"
+#include "server/tenants/quota_proto.h"
 
 namespace gpumem {
 namespace tenants {
@@ -42,43 +43,44 @@ std::string DescribeQuota(const Quota& quota) {
   return parts.empty() ? "no limit" : absl::StrJoin(parts, "; ");
 }
 
-void TenantAdmin::FillQuota(const Quota& quota, v1::Quota* out) const {
-  if (quota.total_bytes) out->set_total_bytes(*quota.total_bytes);
-  if (quota.max_allocations) out->set_max_allocations(*quota.max_allocations);
-  for (size_t d = 0; d < quota.device_bytes.size(); ++d) {
-    if (!quota.device_bytes[d]) continue;
-    v1::DeviceQuota* dq = out->add_devices();
-    dq->set_device(absl::StrCat(d));
-    dq->set_bytes(*quota.device_bytes[d]);
-  }
-}
 
 absl::StatusOr<v1::GetUsageResponse> TenantAdmin::GetUsage(const PeerCred& caller) const {
-  absl::StatusOr<TenantRef> self = directory_->Resolve(caller.uid, caller.gid);
+  const std::shared_ptr<const TenantDirectory> directory = directory_->Get();
+  absl::StatusOr<TenantRef> self = directory->Resolve(caller.uid, caller.gid);
   const bool admin = is_admin_(caller);
   if (!admin && !self.ok()) return self.status();
-  // Which tenants: the configured ones, or (one tenant per uid) those the
+  // Which tenants: the configured ones (and, for an administrator, removed
+  // ones still holding allocations), or (one tenant per uid) those the
   // ledger has seen; never others' for a non-admin.
-  std::set<std::string> names;
-  if (directory_->configured()) {
-    for (const Tenant& t : directory_->tenants()) names.insert(t.name);
+  std::map<std::string, uint32_t> ids;  // name -> id
+  if (directory->configured()) {
+    for (const Tenant& t : directory->tenants()) ids[t.name] = t.id;
+    if (admin) {
+      for (const auto& [id, name] : directory->retired()) {
+        // A name configured again is shown as the configured tenant.
+        if (ids.count(name) > 0) continue;
+        const quota::TenantHoldings held = quotas_->Holdings(id);
+        if (held.allocations > 0 || held.total_bytes > 0) ids[name] = id;
+      }
+    }
   }
   const auto usage = ledger_->Usage();
-  if (!directory_->configured()) {
-    for (const auto& [key, row] : usage) names.insert(key.first);
+  if (!directory->configured()) {
+    for (const auto& [key, row] : usage) {
+      // Not a tenant of this mode (e.g. an earlier config's): only in the ledger.
+      if (std::optional<uint32_t> id = directory->IdOf(key.first)) ids[key.first] = *id;
+    }
   }
-  if (self.ok()) names.insert(self->name);
+  if (self.ok()) ids[self->name] = self->id;
   v1::GetUsageResponse out;
-  for (const std::string& name : names) {
+  for (const auto& [name, tenant_id] : ids) {
     if (!admin && name != self->name) continue;
-    std::optional<uint32_t> id = directory_->IdOf(name);
-    if (!id) continue;  // a tenant of an earlier config, only in the ledger
     v1::TenantUsage* tu = out.add_tenants();
     tu->set_name(name);
-    if (const Tenant* t = directory_->Find(name)) tu->set_priority(t->priority);
-    const Quota quota = quotas_->GetQuota(*id);
-    if (!quota.unlimited()) FillQuota(quota, tu->mutable_quota());
-    const quota::TenantHoldings held = quotas_->Holdings(*id);
+    if (const Tenant* t = directory->FindId(tenant_id)) tu->set_priority(t->priority);
+    const Quota quota = quotas_->GetQuota(tenant_id);
+    if (!quota.unlimited()) QuotaToProto(quota, tu->mutable_quota());
+    const quota::TenantHoldings held = quotas_->Holdings(tenant_id);
     auto row = [&](int32_t device) {
       auto it = usage.find({name, device});
       return it == usage.end() ? ledger::UsageRow{} : it->second;
@@ -106,7 +108,7 @@ absl::StatusOr<v1::GetLedgerResponse> TenantAdmin::GetLedger(
   ledger::EventQuery q;
   q.tenant = request.tenant();
   if (!is_admin_(caller)) {
-    absl::StatusOr<TenantRef> self = directory_->Resolve(caller.uid, caller.gid);
+    absl::StatusOr<TenantRef> self = directory_->Get()->Resolve(caller.uid, caller.gid);
     if (!self.ok()) return self.status();
     if (!q.tenant.empty() && q.tenant != self->name) {
       return absl::PermissionDeniedError(absl::StrCat(
@@ -151,12 +153,13 @@ absl::StatusOr<v1::SetQuotaResponse> TenantAdmin::SetQuota(const PeerCred& calle
         "SetQuota is for root and the admin group; uid ", caller.uid,
         " may not change quotas"));
   }
-  std::optional<uint32_t> id = directory_->IdOf(request.tenant());
+  const std::shared_ptr<const TenantDirectory> directory = directory_->Get();
+  std::optional<uint32_t> id = directory->IdOf(request.tenant());
   if (!id) {
     return absl::NotFoundError(absl::StrCat(
         "no tenant \"", request.tenant(), "\"",
-        directory_->configured() ? " in the daemon's config"
-                                 : " (without tenants in the config, tenants are named uid-N)"));
+        directory->configured() ? " in the daemon's config"
+                                : " (without tenants in the config, tenants are named uid-N)"));
   }
   Quota quota;
   const v1::Quota& q = request.quota();
@@ -197,7 +200,7 @@ absl::StatusOr<v1::SetQuotaResponse> TenantAdmin::SetQuota(const PeerCred& calle
   ledger_->SetQuota(std::move(row));
   if (quota_changed_) quota_changed_();
   v1::SetQuotaResponse out;
-  FillQuota(quota, out.mutable_quota());
+  QuotaToProto(quota, out.mutable_quota());
   return out;
 }
 

@@ -9,7 +9,15 @@
 //  - SetQuota is for administrators only (PERMISSION_DENIED otherwise). The new quota
 //    replaces the old one whole, takes effect for the next carve, is recorded
 //    as a QUOTA_SET event and in the ledger's quotas table, and lasts until
-//    the daemon loads its config again (restart).
+//    the daemon loads its config again (SIGHUP or restart). It names a
+//    tenant of the directory in force (NOT_FOUND for a removed one).
+//  - Each call reads the tenant directory in force once (it is replaced
+//    by config reloads). "The caller's tenant" is the one that directory
+//    gives its uid/gid now (a live session fixed to an earlier tenant
+//    before a reload does not change that). GetUsage lists, for an administrator, the
+//    configured tenants and the tenants a reload removed that still hold
+//    allocations (their names, no priority, the quota still enforced on
+//    them) until those are freed.
 // Figures: current bytes and allocation counts come from the quota book (exact
 // now); peak and byte-seconds from the ledger's fold of its events (at most
 // one writer cycle, 100 ms, behind), over the ledger file's whole life.
@@ -35,7 +43,7 @@ class TenantAdmin {
  public:
   // Everything must outlive the admin. `quota_changed` runs after SetQuota
   // (the broker tries its waiters again).
-  TenantAdmin(const TenantDirectory* directory, quota::QuotaBook* quotas,
+  TenantAdmin(const TenantDirectoryHolder* directory, quota::QuotaBook* quotas,
               ledger::TenantLedger* ledger, std::vector<placement::DeviceView> devices,
               std::function<bool(const PeerCred&)> is_admin,
               std::function<void()> quota_changed)
@@ -50,9 +58,8 @@ class TenantAdmin {
                                                 const v1::SetQuotaRequest& request);
 
  private:
-  void FillQuota(const Quota& quota, v1::Quota* out) const;
 
-  const TenantDirectory* directory_;
+  const TenantDirectoryHolder* directory_;
   quota::QuotaBook* quotas_;
   ledger::TenantLedger* ledger_;
   const std::vector<placement::DeviceView> devices_;

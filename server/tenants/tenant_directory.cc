@@ -71,15 +71,23 @@ absl::Status ParseConfigText(absl::string_view text, absl::string_view path,
 
 absl::StatusOr<TenantDirectory> TenantDirectory::Build(
     const v1::DaemonConfig& config, const TextFormat::ParseInfoTree* locations,
-    absl::string_view path, const std::vector<placement::DeviceView>& devices) {
+    absl::string_view path, const std::vector<placement::DeviceView>& devices,
+    const TenantDirectory* previous) {
   TenantDirectory dir;
+  // Ids: kept by name from a configured `previous`, new ones above all it
+  // ever gave. Without one, 1..N in config order.
+  const bool carry =
+      previous != nullptr && previous->configured() && config.tenant_size() > 0;
+  if (carry) {
+    dir.next_id_ = previous->next_id_;
+    dir.retired_ = previous->retired_;
+  }
   absl::flat_hash_map<std::string, uint32_t> by_name;
   for (int i = 0; i < config.tenant_size(); ++i) {
     const v1::TenantConfig& tc = config.tenant(i);
     const TextFormat::ParseInfoTree* tree = Nested(locations, config, "tenant", i);
     const std::string at = Where(path, locations, config, "tenant", i);
     Tenant t;
-    t.id = static_cast<uint32_t>(i + 1);
     t.name = tc.name();
     t.priority = tc.priority();
     if (t.name.empty()) {
@@ -147,6 +155,28 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
     }
     dir.tenants_.push_back(std::move(t));
   }
+  // Ids once the section is known good (a refused build gives none away).
+  for (uint32_t i = 0; i < dir.tenants_.size(); ++i) {
+    Tenant& t = dir.tenants_[i];
+    const Tenant* kept = carry ? previous->Find(t.name) : nullptr;
+    if (kept != nullptr) {
+      t.id = kept->id;
+    } else {
+      // kNoTenant (UINT32_MAX) is the pool's "nobody": never a tenant id.
+      if (dir.next_id_ >= UINT32_MAX - 1) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            path, ": tenant \"", t.name, "\": no tenant id left in this daemon's life "
+            "(restart it to number tenants from 1 again)"));
+      }
+      t.id = dir.next_id_++;
+    }
+    dir.by_id_[t.id] = i;
+  }
+  if (carry) {
+    for (const Tenant& old : previous->tenants_) {
+      if (!dir.by_id_.contains(old.id)) dir.retired_[old.id] = old.name;
+    }
+  }
   if (!config.default_tenant().empty()) {
     auto it = by_name.find(config.default_tenant());
     if (it == by_name.end()) {
@@ -185,6 +215,11 @@ const Tenant* TenantDirectory::Find(absl::string_view name) const {
   return nullptr;
 }
 
+const Tenant* TenantDirectory::FindId(uint32_t id) const {
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : &tenants_[it->second];
+}
+
 std::optional<uint32_t> TenantDirectory::IdOf(absl::string_view name) const {
   if (!tenants_.empty()) {
     const Tenant* t = Find(name);
@@ -197,7 +232,8 @@ std::optional<uint32_t> TenantDirectory::IdOf(absl::string_view name) const {
 
 std::string TenantDirectory::NameOf(uint32_t id) const {
   if (tenants_.empty()) return absl::StrCat("uid-", id);
-  if (id >= 1 && id <= tenants_.size()) return tenants_[id - 1].name;
+  if (const Tenant* t = FindId(id)) return t->name;
+  if (auto r = retired_.find(id); r != retired_.end()) return r->second;
   return absl::StrCat("tenant-", id);
 }
 

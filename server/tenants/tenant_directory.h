@@ -1,9 +1,10 @@
 // TenantDirectory: which tenant a caller belongs to, from the kernel's
-// uid/gid, as the config says.
+// uid/gid, as the config says; TenantDirectoryHolder: the directory in force,
+// replaced whole when SIGHUP reloads the config.
 //
 // Guarantees:
-//  - Built once at start from the config; immutable afterwards, so Resolve
-//    needs no lock. Building it checks the whole tenant section and refuses
+//  - A TenantDirectory is immutable once built, so Resolve needs no lock.
+//    Building it checks the whole tenant section and refuses
 //    (INVALID_ARGUMENT naming the config file and line) a uid or gid listed
 //    under two tenants, two tenants of one name, an empty name, an unknown
 //    device in a quota, a size that does not parse (negative included), a
@@ -13,11 +14,23 @@
 //    naming the uid. Root is treated like any other uid.
 //  - With no tenants: each uid is its own tenant ("uid-1000", id = uid), no
 //    quota, priority 0.
+//  - Tenant ids (what slabs, the quota book and GetStats key on; the ledger
+//    keys on names) are for this daemon's life. At start they are 1..N in
+//    config order. A directory built for a reload from the one in force
+//    (`previous`) keeps the id of every tenant it still has by name and
+//    gives each new name an id above every id `previous` ever gave
+//    (next_id()), so a removed tenant's id is never reused, not even when
+//    its name comes back. Removed tenants are remembered (retired()) so
+//    that their live allocations keep their name until freed.
+//  - TenantDirectoryHolder::Get is a shared_ptr copy under a small lock;
+//    a request takes one snapshot and resolves with it, holding no lock,
+//    and a Replace never waits for readers (they keep the old snapshot).
 #ifndef GPUMEMD_SERVER_TENANTS_TENANT_DIRECTORY_H_
 #define GPUMEMD_SERVER_TENANTS_TENANT_DIRECTORY_H_
 
 #include <sys/types.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +39,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/string_view.h"
 #include "proto/gpumem/v1/config.pb.h"
 #include "server/placement/device_view.h"
@@ -48,29 +62,66 @@ class TenantDirectory {
 
   // `locations` (may be null) is the parse tree the config was read with, for
   // line numbers in errors; `config_path` names the file in them.
+  // `previous` (may be null): the directory in force, when reloading; its
+  // ids are kept by name and never reused (see above). When either has no
+  // tenants configured there are no ids to keep: the result is as at start
+  // (ids 1..N; the daemon does not switch between one tenant per uid and
+  // configured tenants on reload, see server/config/reloadable.h).
   static absl::StatusOr<TenantDirectory> Build(
       const v1::DaemonConfig& config,
       const google::protobuf::TextFormat::ParseInfoTree* locations,
       absl::string_view config_path,
-      const std::vector<placement::DeviceView>& devices);
+      const std::vector<placement::DeviceView>& devices,
+      const TenantDirectory* previous = nullptr);
 
   absl::StatusOr<TenantRef> Resolve(uid_t uid, gid_t gid) const;
 
   bool configured() const { return !tenants_.empty(); }
-  // The configured tenants, id order (empty when not configured).
+  // The configured tenants, config order (empty when not configured).
   const std::vector<Tenant>& tenants() const { return tenants_; }
-  // A configured tenant by name, or null.
+  // A configured tenant by name or id, or null (removed tenants included).
   const Tenant* Find(absl::string_view name) const;
-  // The id of the tenant named `name` ("uid-N" when not configured).
+  const Tenant* FindId(uint32_t id) const;
+  // The id of the configured tenant named `name` ("uid-N" when not
+  // configured); nullopt for a removed tenant.
   std::optional<uint32_t> IdOf(absl::string_view name) const;
-  // The name of tenant `id` (configured, or "uid-N").
+  // The name of tenant `id`: configured, removed by a reload (retired), or
+  // "uid-N" when not configured.
   std::string NameOf(uint32_t id) const;
+  // Tenants removed by reloads during this daemon's life: id -> name.
+  const absl::flat_hash_map<uint32_t, std::string>& retired() const { return retired_; }
+  // The id the next new tenant gets (above every id ever given).
+  uint32_t next_id() const { return next_id_; }
 
  private:
   std::vector<Tenant> tenants_;
   absl::flat_hash_map<uid_t, uint32_t> by_uid_;  // -> index into tenants_
   absl::flat_hash_map<gid_t, uint32_t> by_gid_;
+  absl::flat_hash_map<uint32_t, uint32_t> by_id_;  // tenant id -> index
+  absl::flat_hash_map<uint32_t, std::string> retired_;
+  uint32_t next_id_ = 1;
   int default_index_ = -1;
+};
+
+// The directory in force (see the top of this file).
+class TenantDirectoryHolder {
+ public:
+  explicit TenantDirectoryHolder(TenantDirectory initial)
+      : current_(std::make_shared<const TenantDirectory>(std::move(initial))) {}
+
+  std::shared_ptr<const TenantDirectory> Get() const {
+    absl::MutexLock lock(&mu_);
+    return current_;
+  }
+  void Replace(TenantDirectory next) {
+    auto fresh = std::make_shared<const TenantDirectory>(std::move(next));
+    absl::MutexLock lock(&mu_);
+    current_.swap(fresh);  // the old one is freed below, outside the lock
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const TenantDirectory> current_ ABSL_GUARDED_BY(mu_);
 };
 
 // A device selector (index or UUID, any case) to its index, or

@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
   const int nthreads = absl::GetFlag(FLAGS_threads);
   const int rpc_pairs = absl::GetFlag(FLAGS_rpc_pairs);
 
-  gpumem::testing::DaemonProcess daemon({"--sim_devices=2x4GiB"});
+  gpumem::testing::DaemonProcess daemon({"--sim_devices=2x4GiB", "--mutex_deadlock_detection=false"});
   if (!daemon.Start()) {
     std::fprintf(stderr, "cache_bench: gpumemd did not start:\n%s\n", daemon.Log().c_str());
     return 1;

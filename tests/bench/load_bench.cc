@@ -10,7 +10,8 @@
 // processes (this binary, --role=client), each doing warm Allocate+Free
 // pairs of --size bytes for --seconds, all starting at the same instant.
 // Per row: pairs/s, p50/p99/p999 µs per pair, errors, the server process's
-// CPU per pair, and for daemon rows the ratios to the floor row of the same
+// CPU per pair ("cpu us") and context switches of its threads per pair
+// ("cs"), and for daemon rows the ratios to the floor row of the same
 // transport and client count.
 //
 // Then:
@@ -27,6 +28,7 @@
 //    blocks (held by 4 filler processes), daemon RSS per live block, and the
 //    time until the blocks are reclaimed once the fillers are killed.
 // --json prints everything as one JSON object instead of tables.
+#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -48,6 +50,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -69,6 +72,8 @@ ABSL_FLAG(uint64_t, scale_blocks, 0,
           "live blocks of the scale section (0: skip it; the issue's figure is 1000000)");
 ABSL_FLAG(int, scale_devices, 64, "simulated devices of the scale section");
 ABSL_FLAG(int, stream_threads, 1, "the daemon's --stream_threads");
+ABSL_FLAG(std::string, daemon_flags, "",
+          "extra gpumemd flags for the load rows, space-separated (e.g. --ledger=none)");
 ABSL_FLAG(bool, json, false, "print JSON");
 // Internal: how this binary runs as a child of itself.
 ABSL_FLAG(std::string, role, "driver",
@@ -228,6 +233,29 @@ double ProcessCpuSeconds(pid_t pid) {
   return (utime + stime) / sysconf(_SC_CLK_TCK);
 }
 
+// Context switches (voluntary + involuntary) of all of a process's threads.
+uint64_t ProcessSwitches(pid_t pid) {
+  uint64_t total = 0;
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = opendir(tasks.c_str());
+  if (d == nullptr) return 0;
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(absl::StrCat(tasks, "/", e->d_name, "/status"));
+    std::string line;
+    while (std::getline(in, line)) {
+      uint64_t n = 0;
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos && absl::EndsWith(line.substr(0, colon), "ctxt_switches") &&
+          absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(colon + 1)), &n)) {
+        total += n;
+      }
+    }
+  }
+  closedir(d);
+  return total;
+}
+
 // Resident set of a process, bytes.
 uint64_t RssBytes(pid_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
@@ -257,6 +285,7 @@ struct Row {
   std::string first_error;
   double seconds = 0, pairs_per_s = 0, p50 = 0, p99 = 0, p999 = 0;
   double cpu_us_per_pair = 0;  // of the server process
+  double switches_per_pair = 0;  // of the server process's threads
   uint64_t rss_start = 0, rss_end = 0;
   // Daemon rows: ratio to the floor row of the same transport and count.
   double x_floor_pairs = 0, x_floor_p50 = 0;
@@ -299,9 +328,11 @@ class Driver {
     rename((go + ".tmp").c_str(), go.c_str());
     while (NowNs() < start) std::this_thread::sleep_for(std::chrono::microseconds(200));
     const double cpu0 = ProcessCpuSeconds(server);
+    const uint64_t switches0 = ProcessSwitches(server);
     row.rss_start = RssBytes(server);
     std::this_thread::sleep_for(std::chrono::nanoseconds(static_cast<int64_t>(seconds * 1e9)));
     const double cpu1 = ProcessCpuSeconds(server);
+    const uint64_t switches1 = ProcessSwitches(server);
     row.rss_end = RssBytes(server);
     std::vector<float> all;
     for (size_t i = 0; i < kids.size(); ++i) {
@@ -332,7 +363,10 @@ class Driver {
     row.p50 = Quantile(all, 0.5);
     row.p99 = Quantile(all, 0.99);
     row.p999 = Quantile(all, 0.999);
-    if (!all.empty()) row.cpu_us_per_pair = (cpu1 - cpu0) * 1e6 / all.size();
+    if (!all.empty()) {
+      row.cpu_us_per_pair = (cpu1 - cpu0) * 1e6 / all.size();
+      row.switches_per_pair = static_cast<double>(switches1 - switches0) / all.size();
+    }
     return row;
   }
 
@@ -382,7 +416,8 @@ bool RunScale(const Driver& driver, ScaleFigures* out) {
   const uint64_t blocks = absl::GetFlag(FLAGS_scale_blocks);
   const int devices = absl::GetFlag(FLAGS_scale_devices);
   testing::DaemonProcess daemon({absl::StrCat("--sim_devices=", devices, "x16GiB"),
-                                 "--slab_size=256MiB", "--empty_slab_release_seconds=3600"});
+                                 "--slab_size=256MiB", "--empty_slab_release_seconds=3600",
+                                 "--mutex_deadlock_detection=false"});
   if (!daemon.Start()) return false;
   auto stub = v1::GpuMemory::NewStub(Dial(daemon.socket()));
   out->blocks = blocks;
@@ -430,10 +465,10 @@ std::string Json(const std::vector<Row>& rows, const ScaleFigures* scale) {
         "{\"section\":\"%s\",\"target\":\"%s\",\"transport\":\"%s\",\"clients\":%d,"
         "\"pairs\":%d,\"errors\":%d,\"seconds\":%.2f,\"pairs_per_s\":%.1f,"
         "\"p50_us\":%.1f,\"p99_us\":%.1f,\"p999_us\":%.1f,\"server_cpu_us_per_pair\":%.2f,"
-        "\"rss_start_bytes\":%d,\"rss_end_bytes\":%d,\"x_floor_pairs_per_s\":%.3f,"
+        "\"server_switches_per_pair\":%.2f,\"rss_start_bytes\":%d,\"rss_end_bytes\":%d,\"x_floor_pairs_per_s\":%.3f,"
         "\"x_floor_p50\":%.3f}",
         r.section, r.target, r.transport, r.clients, r.pairs, r.errors, r.seconds,
-        r.pairs_per_s, r.p50, r.p99, r.p999, r.cpu_us_per_pair, r.rss_start, r.rss_end,
+        r.pairs_per_s, r.p50, r.p99, r.p999, r.cpu_us_per_pair, r.switches_per_pair, r.rss_start, r.rss_end,
         r.x_floor_pairs, r.x_floor_p50));
   }
   std::string s = absl::StrCat("{\"rows\":[", absl::StrJoin(items, ","), "]");
@@ -453,9 +488,10 @@ std::string Json(const std::vector<Row>& rows, const ScaleFigures* scale) {
 }
 
 void PrintRow(const Row& r) {
-  printf("%-8s %-11s %-6s %4d %10.0f %8.1f %8.1f %9.1f %7llu %8.1f", r.section.c_str(),
+  printf("%-8s %-11s %-6s %4d %10.0f %8.1f %8.1f %9.1f %7llu %8.1f %6.2f", r.section.c_str(),
          r.target.c_str(), r.transport.c_str(), r.clients, r.pairs_per_s, r.p50, r.p99,
-         r.p999, static_cast<unsigned long long>(r.errors), r.cpu_us_per_pair);
+         r.p999, static_cast<unsigned long long>(r.errors), r.cpu_us_per_pair,
+         r.switches_per_pair);
   if (r.target == "daemon" && r.x_floor_pairs > 0) {
     printf("   %5.2fx %5.2fx", r.x_floor_pairs, r.x_floor_p50);
   }
@@ -472,9 +508,15 @@ int RunDriver() {
   const bool json = absl::GetFlag(FLAGS_json);
   const double seconds = absl::GetFlag(FLAGS_seconds);
 
-  testing::DaemonProcess daemon(
-      {"--sim_devices=4x16GiB", "--slab_size=256MiB", "--empty_slab_release_seconds=3600",
-       absl::StrCat("--stream_threads=", absl::GetFlag(FLAGS_stream_threads))});
+  std::vector<std::string> daemon_args = {
+      "--sim_devices=4x16GiB", "--slab_size=256MiB", "--empty_slab_release_seconds=3600",
+      absl::StrCat("--stream_threads=", absl::GetFlag(FLAGS_stream_threads)),
+      "--mutex_deadlock_detection=false"};  // as installed, not as under test
+  for (absl::string_view f :
+       absl::StrSplit(absl::GetFlag(FLAGS_daemon_flags), ' ', absl::SkipEmpty())) {
+    daemon_args.emplace_back(f);
+  }
+  testing::DaemonProcess daemon(daemon_args);
   if (!daemon.Start()) {
     fprintf(stderr, "load_bench: daemon did not start:\n%s", daemon.Log().c_str());
     return 1;
@@ -493,9 +535,9 @@ int RunDriver() {
     return 1;
   }
   if (!json) {
-    printf("%-8s %-11s %-6s %4s %10s %8s %8s %9s %7s %8s   %s\n", "section", "target",
+    printf("%-8s %-11s %-6s %4s %10s %8s %8s %9s %7s %8s %6s   %s\n", "section", "target",
            "via", "N", "pairs/s", "p50 us", "p99 us", "p999 us", "errors", "cpu us",
-           "x floor: pairs/s, p50");
+           "cs", "x floor: pairs/s, p50");
   }
   std::vector<Row> rows;
   auto emit = [&](Row r) {

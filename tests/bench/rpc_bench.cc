@@ -69,7 +69,8 @@ bool Time(Series& s, int n, F op) {
 }
 
 int Run() {
-  testing::DaemonProcess daemon({"--sim_devices=2x4GiB", "--slab_size=256MiB"});
+  testing::DaemonProcess daemon({"--sim_devices=2x4GiB", "--slab_size=256MiB",
+                                 "--mutex_deadlock_detection=false"});
   if (!daemon.Start()) {
     fprintf(stderr, "rpc_bench: daemon did not start:\n%s", daemon.Log().c_str());
     return 1;
@@ -79,7 +80,8 @@ int Run() {
   Client& c = **client;
   const bool compare = absl::GetFlag(FLAGS_ledger_compare);
   testing::DaemonProcess plain(
-      {"--sim_devices=2x4GiB", "--slab_size=256MiB", "--ledger=none"});
+      {"--sim_devices=2x4GiB", "--slab_size=256MiB", "--ledger=none",
+       "--mutex_deadlock_detection=false"});
   std::unique_ptr<Client> plain_client;
   if (compare) {
     if (!plain.Start()) {

@@ -75,9 +75,11 @@ DaemonProcess::~DaemonProcess() {
 }
 
 bool DaemonProcess::Start() {
-  // A private ledger unless the test names one (a later flag wins).
-  std::vector<std::string> argv = {RunfilePath("server/gpumemd"),
-                                   "--socket=" + socket_, "--ledger=" + dir_ + "/ledger.db"};
+  // A private ledger unless the test names one (a later flag wins); lock
+  // order checked on every acquisition (a cycle aborts the daemon).
+  std::vector<std::string> argv = {RunfilePath("server/gpumemd"), "--socket=" + socket_,
+                                   "--ledger=" + dir_ + "/ledger.db",
+                                   "--mutex_deadlock_detection"};
   argv.insert(argv.end(), args_.begin(), args_.end());
   std::vector<char*> cargs = CArgs(argv);
   pid_ = fork();

@@ -3,7 +3,9 @@
 // GetStats quickly, serves a real client, and closes a silent connection
 // after about 5 s. Also: a connection that sends garbage is closed at once,
 // and a slab channel whose peer never reads its answers does not stall the
-// daemon.
+// daemon. And 1,000 real clients, each with its own gRPC connection, open
+// stream and slab channel, cost the daemon no thread each and all their
+// memory comes back when their processes are killed.
 #include <dirent.h>
 #include <poll.h>
 #include <sys/resource.h>
@@ -114,6 +116,72 @@ TEST_F(IdleConnectionsTest, TwoThousandSilentConnectionsCostNoThreads) {
   for (int fd : idle) close(fd);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_LE(Threads(daemon_->pid()), before + 2);
+}
+
+// Sessions and used bytes the daemon reports.
+std::pair<int, uint64_t> SessionsAndUsed(Client& client) {
+  auto stats = client.GetStats();
+  if (!stats.ok()) return {-1, 0};
+  uint64_t used = 0;
+  for (const v1::DeviceStats& d : stats->devices()) used += d.used_bytes();
+  return {stats->sessions_size(), used};
+}
+
+TEST_F(IdleConnectionsTest, AThousandConnectedClientsCostNoThreadEach) {
+  constexpr int kProcesses = 10;
+  constexpr int kClientsEach = 100;
+  constexpr uint64_t kSize = 4096;
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(client_->GetStats().ok());
+  ASSERT_TRUE(client_->GetSession().ok());  // this process's session, counted
+  const int before = Threads(daemon_->pid());
+  const auto [sessions_before, used_before] = SessionsAndUsed(*client_);
+
+  std::vector<std::unique_ptr<testing::ChildProcess>> children;
+  for (int i = 0; i < kProcesses; ++i) {
+    children.push_back(std::make_unique<testing::ChildProcess>(std::vector<std::string>{
+        testing::RunfilePath("tests/integration/test_client"),
+        "--socket=" + daemon_->socket(), "--clients=" + std::to_string(kClientsEach),
+        "--size=" + std::to_string(kSize)}));
+  }
+  for (auto& c : children) ASSERT_EQ(c->ReadLine(300000), "ready");
+  // Every client is connected and idle: its gRPC connection, its stream
+  // and its slab channel are open.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int during = Threads(daemon_->pid());
+  auto t0 = std::chrono::steady_clock::now();
+  const auto [sessions, used] = SessionsAndUsed(*client_);
+  const double stats_ms = std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - t0).count();
+  std::cerr << "daemon threads: " << before << " with no other client, " << during
+            << " with " << kProcesses * kClientsEach << " connected clients (" << sessions
+            << " sessions); GetStats " << stats_ms << " ms\n";
+  EXPECT_EQ(sessions, sessions_before + kProcesses);
+  EXPECT_EQ(used, used_before + kProcesses * kClientsEach * kSize);
+  // A fixed pool: gRPC's sync server may add a poller or two as calls
+  // come and go; a thread per client would be +1000.
+  EXPECT_LE(during, before + 4);
+
+  // Another client is served while they all hold their connections.
+  auto other = Client::Connect(daemon_->socket());
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto b = (*other)->Allocate(1 << 20);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->Free().ok());
+  other->reset();
+
+  // kill -9 all of them: every byte and session comes back.
+  for (auto& c : children) c->Kill(SIGKILL);
+  for (auto& c : children) c->Wait();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::pair<int, uint64_t> now;
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    now = SessionsAndUsed(*client_);
+  } while ((now.first != sessions_before || now.second != used_before) &&
+           std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(now.first, sessions_before);
+  EXPECT_EQ(now.second, used_before);
+  EXPECT_LE(Threads(daemon_->pid()), before + 4);
 }
 
 TEST_F(IdleConnectionsTest, GarbageIsClosedAtOnceAndTheDaemonKeepsServing) {

@@ -10,6 +10,9 @@
 //   close_mid_request  as stop_reading, then, once --go_file exists,
 //                      cancels the stream with answers still queued in the
 //                      daemon; prints "cancelled"
+//   slow_then_die      sends one Allocate of 64 MiB on device 0 (a new
+//                      slab: slow under --sim_slab_create_delay) and prints
+//                      "sent" without reading; the test then kills it
 // and then prints "holding" and waits to be killed.
 #include <signal.h>
 #include <unistd.h>
@@ -28,7 +31,8 @@
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 
 ABSL_FLAG(std::string, socket, "", "the daemon's socket");
-ABSL_FLAG(std::string, mode, "", "garbage | reuse | stop_reading | close_mid_request");
+ABSL_FLAG(std::string, mode, "",
+          "garbage | reuse | stop_reading | close_mid_request | slow_then_die");
 ABSL_FLAG(std::string, go_file, "", "close_mid_request: cancel once this file exists");
 ABSL_FLAG(uint64_t, hold_bytes, 1 << 20, "bytes held through the client library");
 
@@ -145,6 +149,18 @@ int main(int argc, char** argv) {
     Garbage();
   } else if (mode == "reuse") {
     Reuse();
+  } else if (mode == "slow_then_die") {
+    s = stub->Stream(&ctx);
+    v1::StreamRequest r;
+    r.set_request_id(1);
+    r.mutable_allocate()->set_size_bytes(64 << 20);
+    r.mutable_allocate()->mutable_placement()->add_devices("0");
+    if (!s->Write(r)) {
+      Say("error write");
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // on the wire
+    Say("sent");
   } else if (mode == "stop_reading" || mode == "close_mid_request") {
     StallStream(&ctx, stub.get(), &writer, &s);
     if (mode == "close_mid_request") {

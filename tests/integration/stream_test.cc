@@ -306,5 +306,137 @@ TEST_F(StreamTest, StreamClosedMidRequestFreesUndeliveredAnswers) {
   KillAndExpectReclaimed(abuser.get());
 }
 
+// A device whose slab creation is slow (300 ms, as a real driver's
+// cuMemCreate + map + memset of a large slab can be) holds up nobody else:
+// the stream's queue thread hands such requests to a backend worker, so
+// other streams, and other requests on the same stream, are answered
+// meanwhile (out of order: answers carry their request ids).
+class SlowDeviceStreamTest : public StreamTest {
+ protected:
+  SlowDeviceStreamTest() {}
+  void SetUp() override {
+    daemon_ = std::make_unique<testing::DaemonProcess>(std::vector<std::string>{
+        "--sim_devices=2x4GiB", "--slab_size=64MiB", "--sim_slab_create_delay=0:300ms"});
+    ASSERT_TRUE(daemon_->Start()) << daemon_->Log();
+    auto c = Client::Connect(daemon_->socket());
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+  }
+
+  static v1::AllocateRequest On(uint32_t device, uint64_t size) {
+    v1::AllocateRequest r = Request(size);
+    r.mutable_placement()->add_devices(std::to_string(device));
+    return r;
+  }
+
+  // Worst Allocate+Free pair time on device 1 by `client` while `busy` is set.
+  static double WorstPairMsWhile(Client& client, const std::atomic<bool>& busy, int* pairs) {
+    double worst = 0;
+    *pairs = 0;
+    while (busy.load()) {
+      auto t0 = Clock::now();
+      auto a = client.AllocateRaw(On(1, 4096));
+      EXPECT_TRUE(a.ok()) << a.status();
+      if (!a.ok()) break;
+      EXPECT_TRUE(client.Free(a->allocations(0).id()).ok());
+      worst = std::max(worst, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      ++*pairs;
+    }
+    return worst;
+  }
+};
+
+TEST_F(SlowDeviceStreamTest, ASlowSlabCreationHoldsUpNoOtherRequest) {
+  // Device 1's slab exists; every 64 MiB block on device 0 needs a new slab.
+  auto warm = client_->AllocateRaw(On(1, 4096));
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  ASSERT_TRUE(client_->Free(warm->allocations(0).id()).ok());
+
+  // Blocks stay held to the end, so each round needs new slabs.
+  std::vector<std::pair<Client*, uint64_t>> held;
+  std::vector<std::unique_ptr<Client>> others;
+  for (bool same_stream : {false, true}) {
+    SCOPED_TRACE(same_stream ? "slow requests on this client's own stream"
+                             : "slow requests on another client's stream");
+    std::unique_ptr<Client> other;
+    if (!same_stream) {
+      auto c = Client::Connect(daemon_->socket());
+      ASSERT_TRUE(c.ok()) << c.status();
+      other = std::move(*c);
+    }
+    Client& slow_client = same_stream ? *client_ : *other;
+    std::atomic<bool> busy{true};
+    std::vector<double> slow_ms;
+    std::vector<uint64_t> ids;
+    std::thread slow([&] {
+      for (int i = 0; i < 3; ++i) {
+        auto t0 = Clock::now();
+        auto a = slow_client.AllocateRaw(On(0, 64 << 20));
+        EXPECT_TRUE(a.ok()) << a.status();
+        slow_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        if (a.ok()) ids.push_back(a->allocations(0).id());
+      }
+      busy.store(false);
+    });
+    int pairs = 0;
+    const double worst = WorstPairMsWhile(*client_, busy, &pairs);
+    slow.join();
+    std::cerr << (same_stream ? "same stream" : "other stream") << ": slow allocations took "
+              << slow_ms[0] << ", " << slow_ms[1] << ", " << slow_ms[2] << " ms; " << pairs
+              << " pairs on device 1 meanwhile, worst " << worst << " ms\n";
+    for (double ms : slow_ms) EXPECT_GE(ms, 290.0);  // the delay is real
+    // Served inline, they would wait for each 300 ms creation.
+    EXPECT_LT(worst, 150.0);
+    EXPECT_GT(pairs, 10);
+    for (uint64_t id : ids) held.emplace_back(&slow_client, id);
+    if (other != nullptr) others.push_back(std::move(other));
+  }
+  for (auto [client, id] : held) EXPECT_TRUE(client->Free(id).ok());
+}
+
+TEST_F(SlowDeviceStreamTest, DedicatedSlabsComeAndGoThroughTheWorkers) {
+  // 128 MiB > the 64 MiB slab size: a dedicated slab, made on a worker, and
+  // given back on a worker when its block is freed.
+  for (uint32_t device : {0u, 1u}) {
+    auto a = client_->AllocateRaw(On(device, 128 << 20));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->allocations(0).slab_size_bytes(), 128u << 20);
+    auto stats = client_->GetStats();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->devices(device).used_bytes(), 128u << 20);
+    ASSERT_TRUE(client_->Free(a->allocations(0).id()).ok());
+    stats = client_->GetStats();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->devices(device).used_bytes(), 0u);
+    EXPECT_EQ(stats->devices(device).pooled_bytes(), 0u);
+    // A second free of it: NOT_FOUND, as ever.
+    EXPECT_EQ(client_->Free(a->allocations(0).id()).code(), absl::StatusCode::kNotFound);
+  }
+}
+
+TEST_F(SlowDeviceStreamTest, AStreamEndingWhileItsSlowAllocateRunsGetsItFreed) {
+  // A process sends an Allocate that needs a slow new slab, then dies before
+  // the answer: the block is freed (nobody learned its id), and the daemon
+  // keeps serving.
+  auto abuser = Abuser("slow_then_die");
+  ASSERT_EQ(abuser->ReadLine(30000), "sent");
+  abuser->Kill(SIGKILL);
+  abuser->Wait();
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  uint64_t used = 1;
+  while (Clock::now() < deadline) {
+    used = 0;
+    auto stats = client_->GetStats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    for (const auto& d : stats->devices()) used += d.used_bytes();
+    if (used == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(used, 0u);
+  auto a = client_->AllocateRaw(On(1, 4096));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(client_->Free(a->allocations(0).id()).ok());
+}
+
 }  // namespace
 }  // namespace gpumem

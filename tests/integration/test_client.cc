@@ -21,6 +21,10 @@
 //       N threads call GetSession at once; prints "sessions K" (distinct ids).
 //   --stats     prints "sessions N uids U1,U2,... tenants T1,T2,..." as
 //               GetStats shows them to this process.
+//   --clients=N --size=BYTES
+//       N separate clients (each its own gRPC connection, stream and slab
+//       channel), each allocating and mapping one buffer; prints "ready"
+//       (or "error CODE CLIENT") and holds them until killed.
 // Every line is flushed at once so the parent can follow along.
 #include <signal.h>
 #include <sys/mman.h>
@@ -53,6 +57,7 @@ ABSL_FLAG(uint64_t, free, 0, "allocation to free");
 ABSL_FLAG(bool, keep, false, "free a block but keep its slab mapped");
 ABSL_FLAG(int, session_race, 0, "threads calling GetSession at once");
 ABSL_FLAG(bool, stats, false, "print what GetStats shows this caller");
+ABSL_FLAG(int, clients, 0, "separate clients, one mapped buffer each");
 
 namespace gpumem {
 namespace {
@@ -137,8 +142,33 @@ int Stats(Client& client) {
   return 0;
 }
 
+int ManyClients(const std::string& socket, int n) {
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<Buffer> buffers;
+  for (int i = 0; i < n; ++i) {
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(socket);
+    absl::StatusOr<Buffer> b =
+        c.ok() ? (*c)->Allocate(absl::GetFlag(FLAGS_size)) : c.status();
+    if (!b.ok()) {
+      printf("error %d %d %s\n", static_cast<int>(b.status().code()), i,
+             std::string(b.status().message()).c_str());
+      fflush(stdout);
+      return 1;
+    }
+    memset(b->data(), 0x5A, b->size());
+    buffers.push_back(std::move(*b));
+    clients.push_back(std::move(*c));
+  }
+  printf("ready\n");
+  fflush(stdout);
+  for (;;) pause();
+}
+
 int Main() {
   const std::string socket = absl::GetFlag(FLAGS_socket);
+  if (absl::GetFlag(FLAGS_clients) > 0) {
+    return ManyClients(socket, absl::GetFlag(FLAGS_clients));
+  }
   if (absl::GetFlag(FLAGS_read_slab) != 0) {
     absl::StatusOr<int> ch = ConnectFdChannel(socket);
     if (!ch.ok()) {

@@ -66,6 +66,19 @@ std::string IntegrityCheck(const std::string& path) {
   return out;
 }
 
+// Rows of the store's `live` table (what a restart would close).
+int LiveRows(const std::string& path) {
+  sqlite3* db = nullptr;
+  sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr);
+  sqlite3_stmt* s = nullptr;
+  sqlite3_prepare_v2(db, "SELECT count(*) FROM live", -1, &s, nullptr);
+  int n = -1;
+  if (sqlite3_step(s) == SQLITE_ROW) n = sqlite3_column_int(s, 0);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  return n;
+}
+
 constexpr int64_t kSec = 1'000'000'000;
 constexpr int64_t kT0 = 1'700'000'000 * kSec;
 
@@ -95,6 +108,7 @@ TEST(TenantLedgerTest, EventsUsageAndRestart) {
     const UsageRow& all = usage.at({"ml", UsageAccount::kAllDevices});
     EXPECT_EQ(all.peak_bytes, 150u);
     EXPECT_EQ(all.current_bytes, 50u);
+    EXPECT_EQ(LiveRows(path), 1);  // a was made and freed in one batch
     // Dropped without DAEMON_STOP events: as after a crash, b is still live.
   }
   EXPECT_EQ(IntegrityCheck(path), "ok");
@@ -117,6 +131,14 @@ TEST(TenantLedgerTest, EventsUsageAndRestart) {
   auto l3 = OpenOrDie(path);
   EXPECT_EQ(l3->restart_event_count(), 0u);
   EXPECT_GT(l3->first_allocation_id(), second_first);
+  // Made in one batch, freed in the next: the row comes and goes.
+  LedgerEvent c = Alloc(l3->first_allocation_id(), 0, 10, kT0 + 9 * kSec);
+  l3->Append(c);
+  ASSERT_TRUE(l3->Flush().ok());
+  EXPECT_EQ(LiveRows(path), 1);
+  l3->Append(Free(c, kT0 + 10 * kSec));
+  ASSERT_TRUE(l3->Flush().ok());
+  EXPECT_EQ(LiveRows(path), 0);
 }
 
 TEST(TenantLedgerTest, QueryFiltersAndPages) {

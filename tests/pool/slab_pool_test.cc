@@ -81,6 +81,8 @@ absl::StatusOr<PoolBlock> Carve(SlabPool& pool, uint64_t size, uint64_t alignmen
       return absl::ResourceExhaustedError(r.refusal.message);
     case CarveResult::Kind::kError:
       break;
+    case CarveResult::Kind::kNeedsBackend:
+      return absl::InternalError("kNeedsBackend although backend work was allowed");
   }
   if (r.error.ok()) return absl::InternalError("CarveResult::kError with an OK status");
   return r.error;
@@ -314,6 +316,58 @@ TEST(SlabPoolTest, FullDeviceReleasesAnotherTenantsEmptySlabsForANewSlab) {
   // Tenant 1's slab with a live block is kept.
   EXPECT_TRUE(pool.HasSlab(blocks[0].slab_id));
   EXPECT_EQ(SlabTenant(pool, blocks[0].slab_id), 1u);
+  EXPECT_VALID(pool);
+}
+
+// Without backend work a carve serves from existing slabs only: where it
+// would create a slab, or release empty slabs to make room, it says so and
+// leaves the pool (and the backend) exactly as they were; refusals and
+// blocks are the answers it gives with backend work allowed.
+TEST(SlabPoolTest, CarveWithoutBackendWorkUsesExistingSlabsOnly) {
+  SimBackend backend({4 * kSlab});
+  SlabPool pool(&backend, 0, Options(absl::Hours(1)));
+  const HandleKind kind = backend.handle_kinds().front();
+  // Nothing pooled: a slab would have to be made.
+  CarveResult r = pool.Carve(kMiB, kGran, 1, kind, /*backend_work=*/false);
+  EXPECT_EQ(r.kind, CarveResult::Kind::kNeedsBackend);
+  EXPECT_EQ(backend.SlabBytes(0), 0u);
+  EXPECT_EQ(pool.Stats().slab_count, 0u);
+  // One slab made with backend work; the next block fits in it inline.
+  absl::StatusOr<PoolBlock> a = Carve(pool, kMiB, kGran, 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  r = pool.Carve(kMiB, kGran, 1, kind, false);
+  ASSERT_EQ(r.kind, CarveResult::Kind::kBlock);
+  const PoolBlock inline_block = r.block;
+  EXPECT_EQ(inline_block.slab_id, a->slab_id);
+  EXPECT_FALSE(inline_block.new_slab);
+  // Another tenant, or a block larger than the slab (dedicated): new slab.
+  EXPECT_EQ(pool.Carve(kMiB, kGran, 2, kind, false).kind, CarveResult::Kind::kNeedsBackend);
+  EXPECT_EQ(pool.Carve(kSlab + kMiB, kGran, 1, kind, false).kind,
+            CarveResult::Kind::kNeedsBackend);
+  // More than the device: the same refusal either way, no backend needed.
+  r = pool.Carve(4 * kSlab, kGran, 1, kind, false);
+  ASSERT_EQ(r.kind, CarveResult::Kind::kRefused);
+  CheckRefusal(r.refusal, 4 * kSlab);
+  // Fill the device with tenant 2's slabs, then empty them: room for tenant
+  // 3 now means releasing them, which is backend work.
+  std::vector<PoolBlock> twos;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<PoolBlock> b = Carve(pool, kSlab, kGran, 2);
+    ASSERT_TRUE(b.ok()) << b.status();
+    twos.push_back(*b);
+  }
+  for (const PoolBlock& b : twos) pool.Release(b);
+  const uint64_t slabs = pool.Stats().slab_count;
+  const uint64_t bytes = backend.SlabBytes(0);
+  EXPECT_EQ(pool.Carve(kMiB, kGran, 3, kind, false).kind, CarveResult::Kind::kNeedsBackend);
+  EXPECT_EQ(pool.Stats().slab_count, slabs);
+  EXPECT_EQ(backend.SlabBytes(0), bytes);
+  absl::StatusOr<PoolBlock> c = Carve(pool, kMiB, kGran, 3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->new_slab);
+  pool.Release(*a);
+  pool.Release(inline_block);
+  pool.Release(*c);
   EXPECT_VALID(pool);
 }
 

@@ -327,6 +327,56 @@ TEST_F(MemoryBrokerTest, InvalidRequestsChangeNothing) {
   EXPECT_EQ(Canonical(broker_->Stats(Root())), before);
 }
 
+// Backend work refused (the Stream's queue thread): a request that needs a
+// new slab, on any of its shards, changes nothing and says so; one that
+// fits existing slabs is served as usual.
+TEST_F(MemoryBrokerTest, AllocateWithoutBackendWorkNeedsItOrChangesNothing) {
+  ASSERT_TRUE(broker_->GetSession(Self()).ok());
+  const auto kNotHere = MemoryBroker::BackendWork::kNotHere;
+  const std::string empty = Canonical(broker_->Stats(Root()));
+  absl::StatusOr<AllocateResponse> r =
+      broker_->Allocate(Self(), Request(kMiB, {"0"}), kNotHere);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(MemoryBroker::NeedsBackendWork(r.status())) << r.status();
+  EXPECT_EQ(Canonical(broker_->Stats(Root())), empty);
+  // A slab on device 0 made the usual way; the next block fits it inline.
+  absl::StatusOr<AllocateResponse> first = broker_->Allocate(Self(), Request(kMiB, {"0"}));
+  ASSERT_TRUE(first.ok()) << first.status();
+  r = broker_->Allocate(Self(), Request(kMiB, {"0"}), kNotHere);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->allocations(0).slab_id(), first->allocations(0).slab_id());
+  // Sharded over devices 0 and 1: shard 0 fits, shard 1 needs a slab, so
+  // the whole request needs backend work and shard 0's block is undone.
+  const std::string before = Canonical(broker_->Stats(Root()));
+  AllocateRequest sharded = Request(2 * kMiB, {"0", "1"});
+  sharded.set_shard_count(2);
+  r = broker_->Allocate(Self(), sharded, kNotHere);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(MemoryBroker::NeedsBackendWork(r.status())) << r.status();
+  EXPECT_EQ(Canonical(broker_->Stats(Root())), before);
+  // Larger than any device: the same INVALID_ARGUMENT as ever.
+  r = broker_->Allocate(Self(), Request(kDevice + 1), kNotHere);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(MemoryBroker::NeedsBackendWork(r.status()));
+
+  // Free: a block in a shared slab is freed inline; a dedicated slab's block
+  // (its slab goes back with it) needs backend work and stays live.
+  v1::FreeRequest free;
+  free.set_id(first->allocations(0).id());
+  EXPECT_TRUE(broker_->Free(Self(), free, kNotHere).ok());
+  absl::StatusOr<AllocateResponse> big = broker_->Allocate(Self(), Request(kSlab + kMiB));
+  ASSERT_TRUE(big.ok()) << big.status();
+  const std::string with_big = Canonical(broker_->Stats(Root()));
+  free.set_id(big->allocations(0).id());
+  absl::StatusOr<v1::FreeResponse> f = broker_->Free(Self(), free, kNotHere);
+  ASSERT_FALSE(f.ok());
+  EXPECT_TRUE(MemoryBroker::NeedsBackendWork(f.status())) << f.status();
+  EXPECT_EQ(Canonical(broker_->Stats(Root())), with_big);
+  f = broker_->Free(Self(), free);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->freed_bytes(), kSlab + kMiB);
+}
+
 // ---------------------------------------------------------------------------
 // Free
 

@@ -8,7 +8,14 @@ device) equal to GetStats' tenant rows, gpumemd_allocations_total per device, re
 reason, gpumemd_frees_total, and the latency histogram counting every
 Allocate, whether it came over the Stream RPC or unary. Without the flag no HTTP port is opened. A port in use is a
 start-up error.
+
+Quota gauges (gpumemd_tenant_quota_bytes, gpumemd_tenant_device_quota_bytes,
+gpumemd_tenant_quota_allocations) equal GetStats' tenant quota: no sample
+for an unlimited tenant; after SetQuota the new figures (and a limit lifted
+loses its sample); with tenants in the config, the configured quota, then
+SetQuota's.
 """
+import grp
 import os
 import re
 import signal
@@ -19,8 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon_harness import Daemon, fail, parse_metrics, scrape, wait_for  # noqa: E402
 
 gpumemd, ctl = sys.argv[1], sys.argv[2]
+# The test's own group administers (SetQuota), root or not.
+ADMIN = "--admin_group=" + grp.getgrgid(os.getgid()).gr_name
 d = Daemon(gpumemd, ctl, ["--sim_devices=2x1GiB", "--slab_size=64MiB",
-                          "--metrics_listen=127.0.0.1:0"])
+                          "--metrics_listen=127.0.0.1:0", ADMIN])
 d.wait_serving()
 m = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", d.log())
 if not m:
@@ -86,15 +95,18 @@ mine = [t for t in stats["tenants"] if t["tenant"] == uid]
 if len(mine) != 1:
     fail("GetStats has no tenant row for uid %d: %s" % (uid, stats["tenants"]), d)
 for t in stats["tenants"]:
-    tenant = "uid:%d" % t["tenant"]
+    tenant = t["name"]
+    tenant_id = str(t["tenant"])
+    if tenant != "uid-%d" % t["tenant"]:
+        fail("uid tenant named %r" % tenant, d)
     for field, name in [("used_bytes", "gpumemd_tenant_used_bytes"),
                         ("retained_bytes", "gpumemd_tenant_retained_bytes"),
                         ("allocation_count", "gpumemd_tenant_allocations")]:
-        if metric(name, tenant=tenant) != float(t[field]):
-            fail("%s %s: scrape %s, GetStats %s" % (name, tenant, metric(name, tenant=tenant),
-                                                    t[field]), d)
+        got = metric(name, tenant=tenant, tenant_id=tenant_id)
+        if got != float(t[field]):
+            fail("%s %s: scrape %s, GetStats %s" % (name, tenant, got, t[field]), d)
     for dev in t["devices"]:
-        labels = {"tenant": tenant, "device": str(dev["device_index"])}
+        labels = {"tenant": tenant, "tenant_id": tenant_id, "device": str(dev["device_index"])}
         for field, name in [("used_bytes", "gpumemd_tenant_device_used_bytes"),
                             ("retained_bytes", "gpumemd_tenant_device_retained_bytes"),
                             ("slab_count", "gpumemd_tenant_device_slabs")]:
@@ -124,10 +136,88 @@ if metric("gpumemd_allocation_latency_seconds_count") != 6:
 if metric("gpumemd_allocation_latency_seconds_bucket", le="+Inf") != 6:
     fail("latency histogram +Inf bucket", d)
 print("scrape matches GetStats for %d devices; counters as expected" % len(stats["devices"]))
+
+QUOTA = ("gpumemd_tenant_quota_bytes", "gpumemd_tenant_device_quota_bytes",
+         "gpumemd_tenant_quota_allocations")
+
+
+def quota_samples(metrics, tenant):
+    """{(name, device or None): value} of the quota gauges of `tenant`."""
+    out = {}
+    for (name, labels), value in metrics.items():
+        labels = dict(labels)
+        if name in QUOTA and labels.get("tenant_id") == tenant:
+            out[(name, labels.get("device"))] = value
+    return out
+
+
+def check_quota(daemon, url, tenant_id, want):
+    """The scrape's quota gauges of tenant `tenant_id` equal `want` and
+    GetStats' quota of its row (read on both sides of the scrape)."""
+    for attempt in range(10):
+        before = daemon.stats()
+        metrics = parse_metrics(scrape(url))
+        stats = daemon.stats()
+        if before == stats:
+            break
+    else:
+        fail("GetStats never held still around a scrape", daemon)
+    row = [t for t in stats["tenants"] if t["tenant"] == tenant_id]
+    if len(row) != 1:
+        fail("GetStats has no row for tenant %d: %s" % (tenant_id, stats["tenants"]), daemon)
+    q = row[0].get("quota") or {}
+    from_stats = {}
+    if "total_bytes" in q:
+        from_stats[("gpumemd_tenant_quota_bytes", None)] = float(q["total_bytes"])
+    if "max_allocations" in q:
+        from_stats[("gpumemd_tenant_quota_allocations", None)] = float(q["max_allocations"])
+    for dq in q.get("devices", []):
+        from_stats[("gpumemd_tenant_device_quota_bytes", dq["device"])] = float(dq["bytes"])
+    got = quota_samples(metrics, str(tenant_id))
+    names = set(dict(labels).get("tenant") for (name, labels) in metrics
+                if name in QUOTA and dict(labels).get("tenant_id") == str(tenant_id))
+    if got and names != {row[0]["name"]}:
+        fail("quota gauges of tenant %d labelled %s, GetStats names it %r"
+             % (tenant_id, names, row[0]["name"]), daemon)
+    if got != from_stats:
+        fail("quota gauges %s differ from GetStats' quota %s" % (got, q), daemon)
+    if got != want:
+        fail("quota gauges %s, want %s" % (got, want), daemon)
+
+
+# No tenants configured: uid tenants have no quota, so no quota sample.
+check_quota(d, url, uid, {})
+d.ctl("quota", "uid-%d" % uid, "--total=64MiB", "--device=1:8MiB", "--max_allocations=10")
+check_quota(d, url, uid, {("gpumemd_tenant_quota_bytes", None): 64.0 * (1 << 20),
+                          ("gpumemd_tenant_device_quota_bytes", "1"): 8.0 * (1 << 20),
+                          ("gpumemd_tenant_quota_allocations", None): 10.0})
+d.ctl("quota", "uid-%d" % uid, "--total=128MiB")  # the others lifted
+check_quota(d, url, uid, {("gpumemd_tenant_quota_bytes", None): 128.0 * (1 << 20)})
+print("quota gauges follow SetQuota")
 for h in (h1, h2, h3):
     h.send_signal(signal.SIGINT)
     h.wait(30)
 d.stop()
+
+# Tenants in the config: the configured quota, then SetQuota's.
+cfg = os.path.join(d.workdir, "tenants.textproto")
+with open(cfg, "w") as f:
+    f.write('tenant { name: "ml" uids: [%d] quota { total_bytes: "256MiB" '
+            'device { device: "0" bytes: "100MiB" } } }\n' % uid)
+t = Daemon(gpumemd, ctl, ["--sim_devices=2x1GiB", "--slab_size=64MiB", "--config=" + cfg,
+                          "--metrics_listen=127.0.0.1:0", ADMIN])
+t.wait_serving()
+turl = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", t.log()).group(1)
+th, _ = t.hold("3MiB", "--gpus=0")
+check_quota(t, turl, 1, {("gpumemd_tenant_quota_bytes", None): 256.0 * (1 << 20),
+                         ("gpumemd_tenant_device_quota_bytes", "0"): 100.0 * (1 << 20)})
+t.ctl("quota", "ml", "--total=512MiB", "--device=1:1GiB")
+check_quota(t, turl, 1, {("gpumemd_tenant_quota_bytes", None): 512.0 * (1 << 20),
+                         ("gpumemd_tenant_device_quota_bytes", "1"): 1024.0 * (1 << 20)})
+print("quota gauges: configured quota, then SetQuota's")
+th.send_signal(signal.SIGINT)
+th.wait(30)
+t.stop()
 
 # Off by default: no metrics line, no TCP listener of ours.
 plain = Daemon(gpumemd, ctl, ["--sim_devices=1x1GiB"])

@@ -9,9 +9,11 @@
   emptied slab going back to the device, while a held allocation survives
   the reload untouched.
 - A restart-only field that changed is reported as waiting for a restart.
-- Tenant quotas reload (4 MiB -> 16 MiB lets an 8 MiB allocation through)
-  when nothing else in the tenant section changed; a membership change is
-  reported as waiting for a restart and its quotas are not applied.
+- Tenant quotas reload (4 MiB -> 16 MiB lets an 8 MiB allocation through),
+  and so does a membership change with its quota (1 MiB refuses 8 MiB);
+  dropping the tenant section altogether (back to one tenant per uid) is
+  reported as waiting for a restart and the tenants in force stay.
+  (Moving uids between tenants: reload_tenants_test.py.)
 - admin_group is reloadable: a group that does not exist is refused with
   its line; when run as root, a caller of uid/gid nobody/nogroup sees only
   its own sessions until admin_group "nogroup" is reloaded, then everyone's.
@@ -131,8 +133,8 @@ holder.send_signal(signal.SIGINT)
 holder.wait(30)
 d.stop()
 
-# 5. Tenant quotas reload when only quotas changed; a changed tenant
-# section otherwise waits for a restart (and its quotas are not applied).
+# 5. Tenant quotas reload, alone or with a membership change; switching
+# back to one tenant per uid waits for a restart.
 uid = os.getuid()
 tenant = 'tenant {{ name: "me" uids: [{uid}] quota {{ total_bytes: "{q}" }} }}\n'
 q = Daemon(gpumemd, ctl, ["--sim_devices=2x1GiB", "--config=" + config])
@@ -151,9 +153,19 @@ wait_for(lambda: "quotas of 1 tenant(s) from the config" in q.log(), "the quota 
 q.ctl("alloc", "8MiB")  # fits the reloaded 16 MiB
 write('backend: "sim"\n' + tenant.format(uid=str(uid) + ", 4242", q="1MiB"))
 q.signal(signal.SIGHUP)
-wait_for(lambda: "tenants (members" in q.log(), "the membership change to be reported",
-         daemon=q)
-q.ctl("alloc", "8MiB")  # the 1 MiB quota of a changed section was not applied
+wait_for(lambda: 'changed (members or priority) "me" (id 1)' in q.log(),
+         "the membership change to be applied", daemon=q)
+r = q.ctl("alloc", "8MiB", check=False)  # the changed section's 1 MiB quota applies
+if r.returncode != 1 or "quota" not in r.stderr:
+    fail("8 MiB over the reloaded 1 MiB quota should be refused: %s" % r.stderr, q)
+write('backend: "sim"\n')
+q.signal(signal.SIGHUP)
+wait_for(lambda: "tenants (none configured now" in q.log(),
+         "dropping the tenants to be left for a restart", daemon=q)
+r = q.ctl("alloc", "8MiB", check=False)  # "me" and its 1 MiB are still in force
+if r.returncode != 1 or "quota" not in r.stderr:
+    fail("the tenants in force must stay when the section is dropped: %s" % r.stderr, q)
 q.stop()
-print("quota reload: 4 MiB -> 16 MiB applied; a membership change left for restart")
+print("quota reload: 4 MiB -> 16 MiB -> 1 MiB with a membership change; "
+      "dropping tenants left for restart")
 print("PASS")

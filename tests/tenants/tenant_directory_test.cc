@@ -16,12 +16,19 @@ std::vector<placement::DeviceView> Devices() {
   return d;
 }
 
-absl::StatusOr<TenantDirectory> FromText(const std::string& text) {
+absl::StatusOr<TenantDirectory> FromText(const std::string& text,
+                                         const TenantDirectory* previous = nullptr) {
   v1::DaemonConfig config;
   google::protobuf::TextFormat::ParseInfoTree tree;
   absl::Status parsed = ParseConfigText(text, "t.textproto", &config, &tree);
   if (!parsed.ok()) return parsed;
-  return TenantDirectory::Build(config, &tree, "t.textproto", Devices());
+  return TenantDirectory::Build(config, &tree, "t.textproto", Devices(), previous);
+}
+
+// The id of tenant `name` in `dir` (0: none).
+uint32_t Id(const TenantDirectory& dir, const std::string& name) {
+  const Tenant* t = dir.Find(name);
+  return t == nullptr ? 0 : t->id;
 }
 
 TEST(TenantDirectoryTest, NoTenantsMeansOneTenantPerUid) {
@@ -93,6 +100,122 @@ TEST(TenantDirectoryTest, ConfigErrorsNameTheLine) {
               "t.textproto:3:", "gid 3");
   ExpectError("tenant { name: \"a\" }\ntenant {\n name: \"a\" }\n", "t.textproto:3:",
               "defined twice");
+}
+
+// Ids across reloads: kept by name, new ones never used before, removed
+// ones remembered by name and never given again.
+TEST(TenantDirectoryTest, ReloadKeepsIdsByNameAndNeverReusesOne) {
+  absl::StatusOr<TenantDirectory> v1 = FromText(R"(
+    tenant { name: "a" uids: 1000 }
+    tenant { name: "b" uids: 1001 }
+  )");
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  EXPECT_EQ(Id(*v1, "a"), 1u);
+  EXPECT_EQ(Id(*v1, "b"), 2u);
+  EXPECT_EQ(v1->next_id(), 3u);
+
+  // Reordered, uid 1001 moved to a, c added before the others: a and b keep
+  // their ids, c gets 3.
+  absl::StatusOr<TenantDirectory> v2 = FromText(R"(
+    tenant { name: "c" uids: 1002 priority: 7 }
+    tenant { name: "b" gids: 50 }
+    tenant { name: "a" uids: 1000 uids: 1001 }
+  )", &*v1);
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(Id(*v2, "a"), 1u);
+  EXPECT_EQ(Id(*v2, "b"), 2u);
+  EXPECT_EQ(Id(*v2, "c"), 3u);
+  EXPECT_EQ(v2->Resolve(1001, 0)->id, 1u);
+  EXPECT_EQ(v2->Resolve(1002, 0)->priority, 7);
+  EXPECT_EQ(v2->FindId(3)->name, "c");
+  EXPECT_EQ(v2->NameOf(2), "b");
+  EXPECT_TRUE(v2->retired().empty());
+
+  // b removed: its id is retired, still named, not a tenant any more.
+  absl::StatusOr<TenantDirectory> v3 = FromText(R"(
+    tenant { name: "a" uids: 1000 }
+    tenant { name: "c" uids: 1002 }
+  )", &*v2);
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  EXPECT_EQ(v3->FindId(2), nullptr);
+  EXPECT_EQ(v3->Find("b"), nullptr);
+  EXPECT_FALSE(v3->IdOf("b").has_value());
+  EXPECT_EQ(v3->NameOf(2), "b");
+  ASSERT_EQ(v3->retired().size(), 1u);
+  EXPECT_EQ(v3->retired().at(2), "b");
+  EXPECT_EQ(v3->next_id(), 4u);
+
+  // d is new: 4, not b's 2. b comes back: a new tenant, 5.
+  absl::StatusOr<TenantDirectory> v4 = FromText(R"(
+    tenant { name: "a" uids: 1000 }
+    tenant { name: "d" uids: 1003 }
+    tenant { name: "b" uids: 1001 }
+    tenant { name: "c" uids: 1002 }
+  )", &*v3);
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(Id(*v4, "a"), 1u);
+  EXPECT_EQ(Id(*v4, "d"), 4u);
+  EXPECT_EQ(Id(*v4, "b"), 5u);
+  EXPECT_EQ(Id(*v4, "c"), 3u);
+  EXPECT_EQ(v4->NameOf(2), "b");  // the old b's live allocations keep the name
+  EXPECT_EQ(v4->NameOf(5), "b");
+  EXPECT_EQ(v4->retired().count(2), 1u);
+  EXPECT_EQ(v4->next_id(), 6u);
+
+  // Everything removed but one, then a fresh tenant: still above all.
+  absl::StatusOr<TenantDirectory> v5 = FromText(R"(tenant { name: "e" })", &*v4);
+  ASSERT_TRUE(v5.ok()) << v5.status();
+  EXPECT_EQ(Id(*v5, "e"), 6u);
+  EXPECT_EQ(v5->retired().size(), 5u);  // b(2), a, c, d, b(5)
+  for (uint32_t id = 1; id <= 5; ++id) EXPECT_NE(v5->NameOf(id), "tenant-" + std::to_string(id));
+}
+
+// A refused reload gives nothing away: the next good one numbers from the
+// directory in force as if the bad one had never been tried.
+TEST(TenantDirectoryTest, RefusedReloadTakesNoIds) {
+  absl::StatusOr<TenantDirectory> v1 = FromText(R"(tenant { name: "a" uids: 1 })");
+  ASSERT_TRUE(v1.ok());
+  absl::StatusOr<TenantDirectory> bad = FromText(
+      "tenant { name: \"a\" uids: 1 }\ntenant { name: \"n\" }\ntenant {\n name: \"z\"\n uids: 1\n}\n",
+      &*v1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("t.textproto:5:"), std::string::npos) << bad.status();
+  absl::StatusOr<TenantDirectory> good = FromText(R"(
+    tenant { name: "a" uids: 1 }
+    tenant { name: "n" uids: 2 }
+  )", &*v1);
+  ASSERT_TRUE(good.ok());
+  EXPECT_EQ(Id(*good, "n"), 2u);
+}
+
+// From no tenants (ids are uids) there is nothing to keep: 1..N as at start.
+TEST(TenantDirectoryTest, BuildFromUnconfiguredNumbersFromOne) {
+  TenantDirectory none;
+  absl::StatusOr<TenantDirectory> dir = FromText(R"(
+    tenant { name: "x" }
+    tenant { name: "y" }
+  )", &none);
+  ASSERT_TRUE(dir.ok());
+  EXPECT_EQ(Id(*dir, "x"), 1u);
+  EXPECT_EQ(Id(*dir, "y"), 2u);
+  absl::StatusOr<TenantDirectory> back = FromText("", &*dir);
+  ASSERT_TRUE(back.ok());
+  EXPECT_FALSE(back->configured());
+  EXPECT_EQ(back->NameOf(1), "uid-1");
+}
+
+TEST(TenantDirectoryHolderTest, ReadersKeepTheirSnapshot) {
+  absl::StatusOr<TenantDirectory> v1 = FromText(R"(tenant { name: "a" uids: 7 })");
+  ASSERT_TRUE(v1.ok());
+  TenantDirectoryHolder holder(*v1);
+  std::shared_ptr<const TenantDirectory> before = holder.Get();
+  absl::StatusOr<TenantDirectory> v2 = FromText(R"(tenant { name: "b" uids: 7 })", before.get());
+  ASSERT_TRUE(v2.ok());
+  holder.Replace(*std::move(v2));
+  EXPECT_EQ(before->Resolve(7, 0)->name, "a");
+  EXPECT_EQ(holder.Get()->Resolve(7, 0)->name, "b");
+  EXPECT_EQ(holder.Get()->Resolve(7, 0)->id, 2u);
+  EXPECT_EQ(holder.Get()->NameOf(1), "a");
 }
 
 }  // namespace

@@ -1,0 +1,59 @@
+// See backend_workers.h. A mutex-guarded queue and `threads` threads that
+// wait on it; Shutdown lets them empty it before they exit.
+#include "server/service/backend_workers.h"
+
+#include <utility>
+
+namespace gpumem {
+
+BackendWorkers::BackendWorkers(int threads) {
+  if (threads < 1) threads = 1;
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
+}
+
+BackendWorkers::~BackendWorkers() { Shutdown(); }
+
+bool BackendWorkers::Submit(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return false;
+  tasks_.push_back(std::move(task));
+  return true;
+}
+
+void BackendWorkers::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+size_t BackendWorkers::pending() const {
+  absl::MutexLock lock(&mu_);
+  return tasks_.size() + running_;
+}
+
+void BackendWorkers::Work() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](BackendWorkers* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
+            return w->stopping_ || !w->tasks_.empty();
+          },
+          this));
+      if (tasks_.empty()) return;  // stopping, and nothing left to run
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+      ++running_;
+    }
+    task();
+    absl::MutexLock lock(&mu_);
+    --running_;
+  }
+}
+
+}  // namespace gpumem
