@@ -128,7 +128,7 @@
 //     us. Batches of 64 KiB: 262 faulting calls, p99.9 0.3-0.5 us, but a
 //     batch took 25-35 us and up to 300 us when the host backed the pages
 //     slowly; 32 KiB: ~515 calls (0.07%, still under 0.1%), p99.9 ~0.3
-//     us, batches 12-25 us, worst 210-220 us (reproducible on the rerun).
+//     us, batches 12-25 us, worst 200-380 us (reproducible on the rerun).
 //     32 KiB kept. Smaller batches would put the populating calls inside
 //     p99.9.
 //   * Node storage growth. Doubling a mapping in place with mprotect costs
