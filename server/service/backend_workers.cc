@@ -30,11 +30,6 @@ void BackendWorkers::Shutdown() {
   }
 }
 
-size_t BackendWorkers::pending() const {
-  absl::MutexLock lock(&mu_);
-  return tasks_.size() + running_;
-}
-
 void BackendWorkers::Work() {
   for (;;) {
     std::function<void()> task;
@@ -48,11 +43,8 @@ void BackendWorkers::Work() {
       if (tasks_.empty()) return;  // stopping, and nothing left to run
       task = std::move(tasks_.front());
       tasks_.pop_front();
-      ++running_;
     }
     task();
-    absl::MutexLock lock(&mu_);
-    --running_;
   }
 }
 

@@ -37,15 +37,11 @@ class BackendWorkers {
   bool Submit(std::function<void()> task);
   void Shutdown();
 
-  // Tasks submitted and not yet finished (for tests and stats).
-  size_t pending() const;
-
  private:
   void Work();
 
-  mutable absl::Mutex mu_;
+  absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
-  size_t running_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };

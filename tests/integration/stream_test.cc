@@ -313,7 +313,6 @@ TEST_F(StreamTest, StreamClosedMidRequestFreesUndeliveredAnswers) {
 // meanwhile (out of order: answers carry their request ids).
 class SlowDeviceStreamTest : public StreamTest {
  protected:
-  SlowDeviceStreamTest() {}
   void SetUp() override {
     daemon_ = std::make_unique<testing::DaemonProcess>(std::vector<std::string>{
         "--sim_devices=2x4GiB", "--slab_size=64MiB", "--sim_slab_create_delay=0:300ms"});
