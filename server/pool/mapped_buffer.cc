@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 
 #ifndef MADV_POPULATE_WRITE
@@ -89,13 +90,21 @@ size_t MappedBuffer::Populate(size_t offset, size_t len) {
   const size_t begin = offset / page * page;
   const size_t end = std::min(bytes_, RoundUpToPage(offset + len));
   if (begin >= end) return 0;
-  char* const p = static_cast<char*>(data_) + begin;
+  return PopulateRange(static_cast<char*>(data_) + begin, end - begin);
+}
+
+size_t MappedBuffer::PopulateRange(void* addr, size_t len) {
+  const size_t page = PageSize();
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  const uintptr_t begin = a / page * page;
+  const uintptr_t end = (a + len + page - 1) / page * page;
+  if (len == 0 || begin >= end) return 0;
+  char* const p = reinterpret_cast<char*>(begin);
   if (madvise(p, end - begin, MADV_POPULATE_WRITE) != 0) {
-    // An older kernel: touch each page (a write of what is there, so a
-    // page already in use keeps its contents).
-    for (size_t at = 0; at < end - begin; at += page) {
-      volatile char* c = p + at;
-      *c = *c;
+    // An older kernel: write each page with an atomic add of zero, which
+    // faults it in for writing and cannot undo another thread's store.
+    for (uintptr_t at = 0; at < end - begin; at += page) {
+      __atomic_fetch_add(p + at, 0, __ATOMIC_RELAXED);
     }
   }
   return (end - begin) / page;

@@ -40,6 +40,9 @@ class MappedBuffer {
   // Faults in the pages of [offset, offset + len) (clipped to bytes()) for
   // writing. Returns the number of pages it asked the kernel for.
   size_t Populate(size_t offset, size_t len);
+  // The same on [addr, addr + len) of any writable mapping, page aligned
+  // outward; safe while other threads write there (it changes no byte).
+  static size_t PopulateRange(void* addr, size_t len);
 
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }        // usable

@@ -17,17 +17,16 @@ inline int Log2Floor(uint64_t v) { return 63 - __builtin_clzll(v); }
 
 }  // namespace
 
-OffsetAllocator::OffsetAllocator(uint64_t capacity, uint64_t reserve_slots)
+OffsetAllocator::OffsetAllocator(uint64_t capacity, uint64_t reserve_slots,
+                                 PagePopulator* populator)
     : capacity_(capacity) {
   num_bands_ = capacity == 0 ? 1 : (BinIndex(capacity) >> kMantissaBits) + 1;
   bin_bitmap_.assign(num_bands_, 0);
   bin_head_.assign(static_cast<size_t>(num_bands_) << kMantissaBits, kNone);
   if (capacity == 0) return;
   if (reserve_slots == 0) reserve_slots = std::min<uint64_t>(capacity, kReservedSlotsCap);
-  const uint64_t reserve = std::max<uint64_t>(
-      kInitialSlots, std::min<uint64_t>(reserve_slots, kMaxNodes));
-  node_buffer_.Reserve(reserve * sizeof(Node));
-  flag_buffer_.Reserve(reserve * sizeof(Flags));
+  storage_ = NodeStorage::Create(sizeof(Node), sizeof(Flags),
+                                 std::min<uint64_t>(reserve_slots, kMaxNodes), populator);
   const uint32_t n = NewNode();
   node(n) = Node{0, capacity, kNone, kNone, kNone, kNone};
   phys_head_ = n;
@@ -36,17 +35,20 @@ OffsetAllocator::OffsetAllocator(uint64_t capacity, uint64_t reserve_slots)
 
 OffsetAllocator::~OffsetAllocator() = default;
 
-// Cold: no spare slot. Hands out the next never-used slot, first making
-// more slots usable if all are handed out (GrowStorage) and faulting in the
-// next batch of node pages if the slot's page has not been (PopulateAhead).
+// Cold: no spare slot. Hands out the next never-used slot, first asking
+// the node storage to make it usable (and to keep storage coming ahead of
+// it) when num_slots_ reaches the check point the storage gave last time.
 __attribute__((noinline)) uint32_t OffsetAllocator::GrowNodes() {
   const uint32_t n = num_slots_;
   if (n >= kMaxNodes) {
     std::fprintf(stderr, "OffsetAllocator: more than %u ranges\n", kMaxNodes);
     std::abort();
   }
-  if (n == slot_capacity_) GrowStorage();
-  if (n >= populated_slots_) PopulateAhead();
+  if (n >= next_check_) {
+    next_check_ = storage_->Prepare(n);
+    nodes_ = static_cast<Node*>(storage_->nodes());
+    neighbours_free_ = static_cast<Flags*>(storage_->flags());
+  }
   num_slots_ = n + 1;
   Node& slot = node(n);
   slot.prev_free = kSpare;
@@ -54,52 +56,21 @@ __attribute__((noinline)) uint32_t OffsetAllocator::GrowNodes() {
   return n;
 }
 
-// Bytes of nodes to make usable / fault in next, with `have` bytes so far:
-// half as many, at least a page, at most kPopulateBatchBytes.
-uint64_t OffsetAllocator::BatchBytes(uint64_t have) {
-  return std::min<uint64_t>(
-      kPopulateBatchBytes,
-      std::max<uint64_t>(MappedBuffer::PageSize(), MappedBuffer::RoundUpToPage(have / 2)));
-}
-
-// Within the reservation, one batch more of both arrays becomes usable
-// (mprotect of the new part only: ~1.3 us on the development VM whatever
-// the arrays' size, where doubling took up to 16 us at 64 MiB). Past it, the
-// arrays double by mremap (page tables move, bytes are not copied).
-void OffsetAllocator::GrowStorage() {
-  const uint64_t have = uint64_t{slot_capacity_} * sizeof(Node);
-  uint64_t want = have + BatchBytes(have);
-  if (want > node_buffer_.reserved()) {
-    want = std::max(want, 2 * have);
-    ++cold_.storage_remaps;
+OffsetAllocator::ColdPathCounts OffsetAllocator::cold_path_counts() const {
+  ColdPathCounts c;
+  if (storage_ != nullptr) {
+    const NodeStorage::Counts s = storage_->counts();
+    c.storage_grows = s.grows;
+    c.storage_remaps = s.remaps;
+    c.populate_batches = s.populate_batches;
+    c.pages_populated = s.pages_populated;
+    c.populate_requests = s.requests;
+    c.background_batches = s.background_batches;
+    c.background_pages = s.background_pages;
   }
-  want = std::min<uint64_t>(want, uint64_t{kMaxNodes} * sizeof(Node));
-  node_buffer_.Resize(want);
-  flag_buffer_.Resize(want / sizeof(Node) * sizeof(Flags));
-  nodes_ = static_cast<Node*>(node_buffer_.data());
-  neighbours_free_ = static_cast<Flags*>(flag_buffer_.data());
-  slot_capacity_ = static_cast<uint32_t>(std::min<uint64_t>(
-      node_buffer_.bytes() / sizeof(Node), flag_buffer_.bytes() / sizeof(Flags)));
-  ++cold_.storage_grows;
-}
-
-// Faults in the node and flag pages of the next usable slots, one batch
-// (BatchBytes) at once. A page fault costs about as much per page as a
-// populated page (~1.4 us on the development VM), so the batch moves the
-// cost, it does not add to it: one new slot in 2,048 pays ~25 us instead of
-// one in 128 paying a fault (allocator_bench's docs).
-void OffsetAllocator::PopulateAhead() {
-  const uint64_t have = uint64_t{populated_slots_} * sizeof(Node);
-  const uint32_t from = populated_slots_;
-  const uint32_t end = static_cast<uint32_t>(
-      std::min<uint64_t>(slot_capacity_, (have + BatchBytes(have)) / sizeof(Node)));
-  cold_.pages_populated +=
-      node_buffer_.Populate(uint64_t{from} * sizeof(Node),
-                            uint64_t{end - from} * sizeof(Node)) +
-      flag_buffer_.Populate(uint64_t{from} * sizeof(Flags),
-                            uint64_t{end - from} * sizeof(Flags));
-  populated_slots_ = end;
-  ++cold_.populate_batches;
+  c.exact_searches = exact_searches_;
+  c.exact_ranges = exact_ranges_;
+  return c;
 }
 
 // Out of line and cold: Free was handed a block this allocator did not give
@@ -147,7 +118,7 @@ uint32_t OffsetAllocator::SplitAfter(uint32_t i, uint64_t keep) {
 __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
     uint64_t size, uint64_t alignment, uint32_t own_bin, uint32_t up_bin,
     Block* out) {
-  ++cold_.exact_searches;
+  ++exact_searches_;
   // Alignment-safe fit: any range >= size + alignment - 1 fits.
   uint32_t limit_bin = up_bin;
   uint32_t bin;
@@ -168,7 +139,7 @@ __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
   for (bin = FindBinAtOrAbove(own_bin); bin != kNone && bin < limit_bin;
        bin = FindBinAtOrAbove(bin + 1)) {
     for (uint32_t i = bin_head_[bin]; i != kNone; i = node(i).next_free) {
-      ++cold_.exact_ranges;
+      ++exact_ranges_;
       if (Fits(node(i), size, alignment)) {
         Take<false>(i, bin, size, alignment, out);
         return true;
@@ -210,9 +181,7 @@ std::vector<std::pair<uint64_t, uint64_t>> OffsetAllocator::FreeRangeList()
 // ahead of them; the rest of the mapping has never been touched and is not
 // resident).
 uint64_t OffsetAllocator::metadata_bytes() const {
-  return sizeof(*this) +
-         MappedBuffer::RoundUpToPage(uint64_t{populated_slots_} * sizeof(Node)) +
-         MappedBuffer::RoundUpToPage(uint64_t{populated_slots_} * sizeof(Flags)) +
+  return sizeof(*this) + (storage_ != nullptr ? storage_->ResidentBytes(num_slots_) : 0) +
          bin_head_.capacity() * sizeof(uint32_t) +
          bin_bitmap_.capacity() * sizeof(uint64_t);
 }
@@ -306,17 +275,10 @@ absl::Status OffsetAllocator::Validate() const {
     if (seen[i] == 0) return fail(absl::StrFormat("I6 node pool: slot %u leaked", i));
   }
   // I7: node storage.
-  if (num_slots_ > populated_slots_ || populated_slots_ > slot_capacity_ ||
-      uint64_t{slot_capacity_} * sizeof(Node) > node_buffer_.bytes() ||
-      uint64_t{slot_capacity_} * sizeof(Flags) > flag_buffer_.bytes() ||
-      node_buffer_.bytes() > node_buffer_.reserved() ||
-      flag_buffer_.bytes() > flag_buffer_.reserved() ||
-      nodes_ != node_buffer_.data() || neighbours_free_ != flag_buffer_.data()) {
-    return fail(absl::StrFormat(
-        "I7 node storage: %u slots handed out, %u populated, %u usable; buffers "
-        "of %u and %u bytes, %u and %u reserved",
-        num_slots_, populated_slots_, slot_capacity_, node_buffer_.bytes(),
-        flag_buffer_.bytes(), node_buffer_.reserved(), flag_buffer_.reserved()));
+  if (absl::Status st = storage_->Check(num_slots_); !st.ok()) return st;
+  if (static_cast<void*>(nodes_) != storage_->nodes() ||
+      static_cast<void*>(neighbours_free_) != storage_->flags()) {
+    return fail("I7 node storage: the allocator's cached addresses are stale");
   }
 
   // I3, I4: bins and bitmaps.

@@ -14,13 +14,16 @@
 //   * Time: Free is O(1). Allocate is O(1): at most 2 * own_bin_probes()
 //     ranges looked at plus a few bit scans, except the exact fallback
 //     (step 3 below), which runs only when that found nothing fitting.
-//   * No stalls: node storage sits in address space reserved up front and
-//     grows in place (no copy, no move; past the reservation, for more than
-//     kReservedSlotsCap ranges, by mremap, which moves page tables, not
-//     bytes). Its fresh pages are faulted in ahead, kPopulateBatchBytes (8
-//     pages) at a time, so at most one new range in 1,024 pays for fresh
-//     memory, once per batch instead of once per page. In steady churn (no
-//     new peak of ranges) neither call touches new memory.
+//   * No stalls: node storage (NodeStorage) sits in address space reserved
+//     up front and grows in place (no copy, no move; past the reservation,
+//     for more than kReservedSlotsCap ranges, by mremap, which moves page
+//     tables, not bytes). Its fresh pages are faulted in ahead of use: with
+//     a PagePopulator (the daemon's SlabPool) by that thread, so Allocate
+//     neither makes storage usable nor faults pages in unless it outruns
+//     the populator; without one, in the calling thread, kPopulateBatchBytes
+//     (8 pages) at a time, so at most one new range in 1,024 pays for fresh
+//     memory. In steady churn (no new peak of ranges) neither call touches
+//     new memory.
 //   * Placement close to exact best fit (measured by allocator_bench,
 //     traces S, L, F, C, P; see its header for figures and tuning history).
 //   * 64-bit sizes and offsets; capacity up to 2^64 - 1; < 2^32 ranges.
@@ -68,13 +71,15 @@
 //   I5 Counters: used_bytes/live_blocks/free_ranges equal the sums over I1.
 //   I6 Node pool: every slot handed out is on the address list or on the
 //      spare list, never both.
-//   I7 Node storage: slots handed out <= slots populated <= slots usable,
-//      which fit the two mappings; each mapping's usable part lies within
-//      its reservation, and the cached addresses are current.
+//   I7 Node storage: slots handed out <= slots usable, slots populated <=
+//      slots usable, which fit the two mappings; each mapping's usable part
+//      lies within its reservation, and the cached addresses are current
+//      (NodeStorage::Check).
 //
 // Metadata: 33 bytes per range (node + neighbour-flag byte), resident only
-// for slots ever handed out (the peak number of ranges) and the batch
-// populated ahead of them (< kPopulateBatchBytes), plus per slab 4 bytes
+// for slots ever handed out (the peak number of ranges) and those populated
+// ahead of them (< kPopulateBatchBytes; with a populator a quarter of those
+// handed out, 32 KiB to 1 MiB, at most twice that), plus per slab 4 bytes
 // per bin (7.25 KiB for a 4 GiB slab) and 8 bytes per power of two. Address
 // space: 33 bytes per possible range, at most 132 MiB, reserved
 // inaccessible (no memory, no commit charge) until used.
@@ -87,7 +92,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "server/pool/mapped_buffer.h"
+#include <memory>
+
+#include "server/pool/node_storage.h"
+#include "server/pool/page_populator.h"
 
 namespace gpumem {
 
@@ -110,12 +118,15 @@ class OffsetAllocator {
   // (128 MiB of nodes, 4 MiB of flags); storage grows past it by mremap.
   static constexpr uint32_t kReservedSlotsCap = 1u << 22;
   // Node pages are faulted in ahead of use, up to this many bytes at once.
-  static constexpr uint64_t kPopulateBatchBytes = 32 * 1024;
+  static constexpr uint64_t kPopulateBatchBytes = NodeStorage::kBatchBytes;
 
   // `reserve_slots`: address space reserved for node storage, in ranges (0:
   // the default, one per possible range up to kReservedSlotsCap); node
-  // storage grows in place up to it and by mremap past it.
-  explicit OffsetAllocator(uint64_t capacity, uint64_t reserve_slots = 0);
+  // storage grows in place up to it and by mremap past it. `populator`
+  // (may be null, must outlive the allocator): the thread that faults node
+  // pages in ahead of use; null: the calling thread does, in batches.
+  explicit OffsetAllocator(uint64_t capacity, uint64_t reserve_slots = 0,
+                           PagePopulator* populator = nullptr);
   OffsetAllocator(const OffsetAllocator&) = delete;
   OffsetAllocator& operator=(const OffsetAllocator&) = delete;
   ~OffsetAllocator();
@@ -153,17 +164,21 @@ class OffsetAllocator {
   int own_bin_probes() const { return own_bin_probes_; }
 
   // How often the cold paths ran (kept by the cold paths only, never by the
-  // hot path). Each is something a slow call can be blamed on:
-  // allocator_bench reads them around every timed Allocate.
+  // hot path). The first four and the last two are work done in the
+  // calling thread, something a slow call can be blamed on: allocator_bench
+  // reads them around every timed Allocate.
   struct ColdPathCounts {
     uint64_t storage_grows = 0;      // node storage made larger
     uint64_t storage_remaps = 0;     // of those, past the reservation (mremap)
     uint64_t populate_batches = 0;   // node pages faulted in ahead, in batches
     uint64_t pages_populated = 0;    // pages those batches asked for
+    uint64_t populate_requests = 0;  // work posted to the populator
+    uint64_t background_batches = 0;  // batches the populator faulted in
+    uint64_t background_pages = 0;    // pages those asked for
     uint64_t exact_searches = 0;     // step 3 (exact fallback) runs
     uint64_t exact_ranges = 0;       // ranges step 3 tested
   };
-  const ColdPathCounts& cold_path_counts() const { return cold_; }
+  ColdPathCounts cold_path_counts() const;
 
   // Checks every invariant; returns INTERNAL describing the first broken one.
   absl::Status Validate() const;
@@ -191,7 +206,6 @@ class OffsetAllocator {
   static constexpr uint32_t kSpare = 0xFFFFFFFDu;   // prev_free of a spare slot
   static constexpr uint32_t kMaxNodes = 0xFFFFFFF0u;
   static constexpr uint32_t kBinMask = (1u << kMantissaBits) - 1;
-  static constexpr uint32_t kInitialSlots = 128;  // one 4 KiB page of nodes
 
   struct Node {
     uint64_t offset;
@@ -230,9 +244,6 @@ class OffsetAllocator {
   uint32_t NewNode();
   uint32_t SplitAfter(uint32_t i, uint64_t keep);
   uint32_t GrowNodes();
-  static uint64_t BatchBytes(uint64_t have);
-  void GrowStorage();
-  void PopulateAhead();
   void ReleaseNode(uint32_t i);
   void Link(uint32_t i, uint32_t bin);
   void SetBinHead(uint32_t bin, uint32_t next);
@@ -278,22 +289,20 @@ class OffsetAllocator {
   std::vector<uint32_t> bin_head_;    // per bin: first free node or kNone
   // Node storage: slot i is nodes_[i], its neighbour flags (meaningful for
   // live blocks: kPrevIsFree / kNextIsFree say whether the range before /
-  // after it is free) neighbours_free_[i]. Both arrays live in MappedBuffers
-  // (reserved address space, growing in place; copying nothing past it)
-  // usable for slot_capacity_ slots; slots [0, num_slots_) have been handed
-  // out (spare or in use), [num_slots_, populated_slots_) are faulted in
-  // and never written, the rest are not resident. The pointers are cached
-  // here: they change only in GrowStorage, and only past the reservation.
+  // after it is free) neighbours_free_[i]. Both arrays are storage_'s;
+  // slots [0, num_slots_) have been handed out (spare or in use), and
+  // storage_->Prepare is asked again when num_slots_ reaches next_check_.
+  // The pointers are cached here: they change only in Prepare, and only
+  // past the reservation.
   Node* nodes_ = nullptr;
   Flags* neighbours_free_ = nullptr;
   uint32_t num_slots_ = 0;
-  uint32_t slot_capacity_ = 0;
-  uint32_t populated_slots_ = 0;  // slots whose pages PopulateAhead faulted in
-  MappedBuffer node_buffer_;
-  MappedBuffer flag_buffer_;
+  uint32_t next_check_ = 0;
+  std::shared_ptr<NodeStorage> storage_;
   // flags_scratch_ absorbs updates for a neighbour that does not exist.
   Flags flags_scratch_{};
-  ColdPathCounts cold_;
+  uint64_t exact_searches_ = 0;
+  uint64_t exact_ranges_ = 0;
 };
 
 }  // namespace gpumem

@@ -80,7 +80,8 @@ std::pair<uint64_t, SlabPool::SlabEntry*> SlabPool::AddSlabLocked(
     std::unique_ptr<Slab> slab, HandleKind kind, uint32_t tenant) {
   const uint64_t id = next_slab_id.fetch_add(1);
   SlabEntry& e = slabs_[id];
-  e.allocator = std::make_unique<OffsetAllocator>(slab->size());
+  e.allocator = std::make_unique<OffsetAllocator>(slab->size(), /*reserve_slots=*/0,
+                                                  PagePopulator::Shared());
   pooled_bytes_ += slab->size();
   e.slab = std::move(slab);
   e.kind = kind;

@@ -186,6 +186,9 @@ ABSL_FLAG(bool, prefault, true,
           "grow and touch malloc's heap first, so metadata growth takes no "
           "page faults (see the header)");
 ABSL_FLAG(int, prefault_mib, 512, "heap bytes --prefault touches, MiB");
+ABSL_FLAG(bool, background_populate, true,
+          "OffsetAllocator's node pages are faulted in ahead by a PagePopulator "
+          "thread, as in the daemon (false: in the calling thread)");
 
 namespace gpumem {
 namespace {
@@ -220,15 +223,22 @@ double Percentile(std::vector<double> v, double q) {
   return v[std::min(i, v.size() - 1)];
 }
 
-template <class A>
-void FillMeta(const A& a, uint64_t live, Row* row);
-template <>
+// OffsetAllocator as the daemon's SlabPool builds it: node pages faulted in
+// ahead by the shared PagePopulator (--background_populate), or in the
+// calling thread (--nobackground_populate).
+class OffsetAllocatorUnderTest : public OffsetAllocator {
+ public:
+  explicit OffsetAllocatorUnderTest(uint64_t capacity)
+      : OffsetAllocator(capacity, /*reserve_slots=*/0,
+                        absl::GetFlag(FLAGS_background_populate) ? PagePopulator::Shared()
+                                                                 : nullptr) {}
+};
+
 void FillMeta(const OffsetAllocator& a, uint64_t live, Row* row) {
   row->meta_held = live ? double(a.metadata_bytes()) / live : 0;
   row->meta_in_use = live ? double(a.nodes_in_use_bytes()) / live : 0;
   row->has_in_use = true;
 }
-template <>
 void FillMeta(const BestFitBaseline& a, uint64_t live, Row* row) {
   row->meta_held = live ? double(a.metadata_bytes()) / live : 0;
 }
@@ -652,16 +662,16 @@ int main(int argc, char** argv) {
   for (const traces::TraceSpec& t : {traces::TraceS(), traces::TraceL()}) {
     if (!wanted(t.name)) continue;
     rows.push_back(RunHarnessFloor(t));
-    rows.push_back(RunChurnTrace<OffsetAllocator>(t, "OffsetAllocator"));
+    rows.push_back(RunChurnTrace<OffsetAllocatorUnderTest>(t, "OffsetAllocator"));
     if (baseline) rows.push_back(RunChurnTrace<BestFitBaseline>(t, "map best-fit"));
   }
   if (wanted("F")) {
-    rows.push_back(RunF<OffsetAllocator>("OffsetAllocator"));
+    rows.push_back(RunF<OffsetAllocatorUnderTest>("OffsetAllocator"));
     if (baseline) rows.push_back(RunF<BestFitBaseline>("map best-fit"));
   }
   for (const traces::RampSpec& t : {traces::TraceC(), traces::TraceP()}) {
     if (!wanted(t.name)) continue;
-    rows.push_back(RunRampTrace<OffsetAllocator>(t, "OffsetAllocator"));
+    rows.push_back(RunRampTrace<OffsetAllocatorUnderTest>(t, "OffsetAllocator"));
     if (baseline) rows.push_back(RunRampTrace<BestFitBaseline>(t, "map best-fit"));
   }
   if (absl::GetFlag(FLAGS_json)) PrintJson(rows, env);

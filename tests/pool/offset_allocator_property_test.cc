@@ -119,8 +119,12 @@ class Model {
 // Drives an allocator and the model side by side.
 class Harness {
  public:
-  Harness(uint64_t capacity, int probes)
-      : a_(capacity), m_(capacity), cap_(capacity) {
+  // `populator`: node pages faulted in ahead by PagePopulator's thread, as
+  // in the daemon (SlabPool), or by the calling thread.
+  Harness(uint64_t capacity, int probes, bool populator = true)
+      : a_(capacity, /*reserve_slots=*/0, populator ? PagePopulator::Shared() : nullptr),
+        m_(capacity),
+        cap_(capacity) {
     a_.set_own_bin_probes(probes);
   }
 
@@ -220,7 +224,7 @@ int ProbesFor(uint64_t seed) {
 // sometimes any power of two up to the slab size.
 void RunRandom(const Config& c) {
   std::mt19937_64 rng(c.seed);
-  Harness h(c.capacity, ProbesFor(c.seed));
+  Harness h(c.capacity, ProbesFor(c.seed), /*populator=*/(c.seed / 4) % 2 == 0);
   const uint64_t cap_log = Log2Floor(c.capacity);
   auto log_uniform = [&](uint64_t max_log) {
     const uint64_t e = std::uniform_int_distribution<uint64_t>(0, max_log)(rng);
