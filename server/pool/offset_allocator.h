@@ -79,7 +79,7 @@
 // Metadata: 33 bytes per range (node + neighbour-flag byte), resident only
 // for slots ever handed out (the peak number of ranges) and those populated
 // ahead of them (< kPopulateBatchBytes; with a populator a quarter of those
-// handed out, 32 KiB to 1 MiB, at most twice that), plus per slab 4 bytes
+// handed out, a page to 1 MiB, at most twice that), plus per slab 4 bytes
 // per bin (7.25 KiB for a 4 GiB slab) and 8 bytes per power of two. Address
 // space: 33 bytes per possible range, at most 132 MiB, reserved
 // inaccessible (no memory, no commit charge) until used.
