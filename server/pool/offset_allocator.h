@@ -14,16 +14,13 @@
 //   * Time: Free is O(1). Allocate is O(1): at most 2 * own_bin_probes()
 //     ranges looked at plus a few bit scans, except the exact fallback
 //     (step 3 below), which runs only when that found nothing fitting.
-//   * No stalls: node storage (NodeStorage) sits in address space reserved
-//     up front and grows in place (no copy, no move; past the reservation,
-//     for more than kReservedSlotsCap ranges, by mremap, which moves page
-//     tables, not bytes). Its fresh pages are faulted in ahead of use: with
-//     a PagePopulator (the daemon's SlabPool) by that thread, so Allocate
-//     neither makes storage usable nor faults pages in unless it outruns
-//     the populator; without one, in the calling thread, kPopulateBatchBytes
-//     (8 pages) at a time, so at most one new range in 1,024 pays for fresh
-//     memory. In steady churn (no new peak of ranges) neither call touches
-//     new memory.
+//   * No stalls: node storage (NodeStorage) grows in place in address space
+//     reserved up front, never copying (past kReservedSlotsCap ranges by
+//     mremap: page tables move, bytes do not), and its fresh pages are
+//     faulted in ahead of use: by a PagePopulator thread where one is given
+//     (the daemon's SlabPool), else kPopulateBatchBytes (8 pages) at a time
+//     by the calling thread. In steady churn (no new peak of ranges) no call
+//     touches new memory.
 //   * Placement close to exact best fit (measured by allocator_bench,
 //     traces S, L, F, C, P; see its header for figures and tuning history).
 //   * 64-bit sizes and offsets; capacity up to 2^64 - 1; < 2^32 ranges.

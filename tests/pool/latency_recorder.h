@@ -12,8 +12,8 @@
 //   * blames every call slower than 2 us and 10 us on one cause, the first
 //     that applies: kPreempted (an involuntary context switch: the wait
 //     dwarfs whatever else the call did), kGrowth (the allocator extended
-//     or populated its node storage in the call, the page faults of that
-//     included), kFault (a page fault anyway), kExact (the allocator ran its
+//     or populated its node storage in the call, or posted that work to its
+//     PagePopulator, the page faults of that included), kFault (a page fault anyway), kExact (the allocator ran its
 //     exact fallback search), kUnexplained (none of these: an interrupt,
 //     the hypervisor, a cache or TLB storm; compare allocator_bench's
 //     "environment" line, stalls of an empty interval);
