@@ -442,15 +442,22 @@ TEST(OffsetAllocatorStorage, GrowsThroughManyDoublings) {
   EXPECT_EQ(a.FreeRangeList(), (Ranges{{0, uint64_t{1} << 40}}));
 }
 
+// Allocates n blocks of 256 B-aligned sizes 256..4351 B (a fill of a 1 GiB
+// slab that grows node storage to ~n ranges).
+std::vector<Block> FillWith256Aligned(OffsetAllocator* a, size_t n) {
+  std::vector<Block> blocks(n);
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_TRUE(a->Allocate(256 + i % 4096, 256, &blocks[i])) << i;
+  }
+  return blocks;
+}
+
 // With a PagePopulator (as SlabPool builds it) the allocating thread never
 // faults node pages in itself; the populator does, and everything the
 // allocator wrote survives: Validate holds, every block frees.
 TEST(OffsetAllocatorStorage, PopulatorFaultsNodePagesInAhead) {
   OffsetAllocator a(uint64_t{1} << 30, /*reserve_slots=*/0, PagePopulator::Shared());
-  std::vector<Block> blocks(200000);
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    ASSERT_TRUE(a.Allocate(256 + i % 4096, 256, &blocks[i])) << i;
-  }
+  const std::vector<Block> blocks = FillWith256Aligned(&a, 200000);
   ExpectValid(a);
   const OffsetAllocator::ColdPathCounts c = a.cold_path_counts();
   EXPECT_EQ(c.populate_batches, 0u);
@@ -469,10 +476,7 @@ TEST(OffsetAllocatorStorage, PopulatorFaultsNodePagesInAhead) {
 // Allocate calls pay for fresh memory (allocator_bench measures the time).
 TEST(OffsetAllocatorStorage, GrowsInPlaceAndPopulatesInBatches) {
   OffsetAllocator a(uint64_t{1} << 30);
-  std::vector<Block> blocks(200000);
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    ASSERT_TRUE(a.Allocate(256 + i % 4096, 256, &blocks[i])) << i;
-  }
+  const std::vector<Block> blocks = FillWith256Aligned(&a, 200000);
   ExpectValid(a);
   const OffsetAllocator::ColdPathCounts c = a.cold_path_counts();
   EXPECT_EQ(c.storage_remaps, 0u);
