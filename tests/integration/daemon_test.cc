@@ -305,8 +305,9 @@ TEST(DaemonLifecycleTest, SigtermStopsCleanlyWithLiveAllocationsAndRemovesTheSoc
 TEST(DaemonLifecycleTest, ASecondDaemonOnTheSameSocketRefusesToStart) {
   DaemonProcess first({"--sim_devices=1x64MiB"});
   ASSERT_TRUE(first.Start());
+  // Its own ledger (none), so the socket is the only thing they share.
   ChildProcess second({RunfilePath("server/gpumemd"), "--socket=" + first.socket(),
-                       "--sim_devices=1x64MiB"});
+                       "--ledger=none", "--sim_devices=1x64MiB"});
   EXPECT_EQ(second.Wait(), 1);
   // The first one is still serving.
   auto c = Client::Connect(first.socket());
@@ -317,7 +318,8 @@ TEST(DaemonLifecycleTest, ASecondDaemonOnTheSameSocketRefusesToStart) {
 
 TEST(DaemonLifecycleTest, BadFlagsExitWithStatusOne) {
   for (const char* bad : {"--sim_devices=4x", "--backend=tpu", "--slab_size=lots"}) {
-    ChildProcess d({RunfilePath("server/gpumemd"), "--socket=/tmp/gpumemd-bad.sock", bad});
+    ChildProcess d({RunfilePath("server/gpumemd"), "--socket=/tmp/gpumemd-bad.sock",
+                    "--ledger=none", bad});
     EXPECT_EQ(d.Wait(), 1) << bad;
   }
 }

@@ -59,6 +59,9 @@ class PidNamespaceTest : public ::testing::Test {
     if (own_namespace) argv = {"/usr/bin/unshare", "--pid", "--fork", "--kill-child"};
     argv.push_back(RunfilePath("server/gpumemd"));
     argv.push_back("--socket=" + socket_);
+    // Its own ledger: the default path is the machine's, shared by every
+    // daemon started without one (and locked by the first).
+    argv.push_back("--ledger=" + dir_ + "/ledger.db");
     argv.push_back("--sim_devices=2x256MiB");
     argv.push_back("--slab_size=16MiB");
     daemon_ = std::make_unique<ChildProcess>(argv);
