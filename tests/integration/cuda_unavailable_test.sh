@@ -10,7 +10,7 @@ if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
   exit 0
 fi
 dir=$(mktemp -d /tmp/gpumemd-cuda-XXXXXX)
-"$GPUMEMD" --backend=cuda --socket="$dir/s.sock" >"$dir/out" 2>"$dir/err"
+"$GPUMEMD" --backend=cuda --socket="$dir/s.sock" --ledger="$dir/ledger.db" >"$dir/out" 2>"$dir/err"
 rc=$?
 cat "$dir/err"
 [ "$rc" != 0 ] || fail "gpumemd --backend=cuda exited 0 without a driver"
