@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon_harness import Daemon, fail, wait_for  # noqa: E402
@@ -93,11 +94,16 @@ def usage(uid=0):
 
 
 def ledger_tenant_of(allocation_id):
-    events = json.loads(d.ctl("ledger", "--limit=1000", "--json").stdout).get("events", [])
-    for e in events:
-        if e["kind"] == "ALLOCATE" and e["allocation_id"] == allocation_id:
-            return e["tenant"]
-    fail("no ALLOCATE event for allocation %s in the ledger" % allocation_id, d)
+    # The ledger commits in batches (every 100 ms): wait for the event.
+    deadline = time.time() + 10
+    while True:
+        events = json.loads(d.ctl("ledger", "--limit=1000", "--json").stdout).get("events", [])
+        for e in events:
+            if e["kind"] == "ALLOCATE" and e["allocation_id"] == allocation_id:
+                return e["tenant"]
+        if time.time() > deadline:
+            fail("no ALLOCATE event for allocation %s in the ledger after 10 s" % allocation_id, d)
+        time.sleep(0.05)
 
 
 reloads = [0]
