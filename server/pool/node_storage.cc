@@ -56,25 +56,17 @@ uint32_t NodeStorage::Prepare(uint32_t n) {
     if (to <= n) to = n + 1;
     if (to > usable) {
       absl::MutexLock lock(&mu_);
-      if (node_buffer_.bytes() < uint64_t{to} * node_bytes_ &&
-          uint64_t{to} * node_bytes_ > node_buffer_.reserved()) {
-        ++own_.remaps;
-      }
-      GrowLocked(to);
+      if (GrowLocked(to)) ++own_.remaps;
       usable = usable_.load(std::memory_order_relaxed);
       nodes_ = node_buffer_.data();
       flags_ = flag_buffer_.data();
       ++own_.grows;
     }
     to = std::min(to, usable);
-    own_.pages_populated += Populate(from, to);
+    own_.pages_populated += PopulateSlots(static_cast<char*>(nodes_),
+                                          static_cast<char*>(flags_), from, to);
     ++own_.populate_batches;
-    {
-      absl::MutexLock lock(&mu_);
-      if (to > populated_.load(std::memory_order_relaxed)) {
-        populated_.store(to, std::memory_order_relaxed);
-      }
-    }
+    RaisePopulated(to);
     return to;
   }
 
@@ -105,11 +97,12 @@ uint32_t NodeStorage::Prepare(uint32_t n) {
       std::max<uint64_t>(n + 1, std::min<uint64_t>(usable, check)));
 }
 
-void NodeStorage::GrowLocked(uint64_t slots) {
+bool NodeStorage::GrowLocked(uint64_t slots) {
   uint64_t want = slots * node_bytes_;
   const uint64_t have = node_buffer_.bytes();
-  if (want <= have) return;
-  if (want > node_buffer_.reserved()) {
+  if (want <= have) return false;
+  const bool remap = want > node_buffer_.reserved();
+  if (remap) {
     // mremap may move the arrays: not while the populator works on them.
     want = std::max(want, 2 * have);
     mu_.Await(absl::Condition(
@@ -122,14 +115,23 @@ void NodeStorage::GrowLocked(uint64_t slots) {
                     node_buffer_.bytes() / node_bytes_,
                     flag_buffer_.bytes() / flag_bytes_)),
                 std::memory_order_release);
+  return remap;
 }
 
-uint64_t NodeStorage::Populate(uint32_t from, uint32_t to) const {
+uint64_t NodeStorage::PopulateSlots(char* node_base, char* flag_base, uint32_t from,
+                                    uint32_t to) const {
   if (from >= to) return 0;
-  return MappedBuffer::PopulateRange(static_cast<char*>(nodes_) + uint64_t{from} * node_bytes_,
+  return MappedBuffer::PopulateRange(node_base + uint64_t{from} * node_bytes_,
                                      uint64_t{to - from} * node_bytes_) +
-         MappedBuffer::PopulateRange(static_cast<char*>(flags_) + uint64_t{from} * flag_bytes_,
+         MappedBuffer::PopulateRange(flag_base + uint64_t{from} * flag_bytes_,
                                      uint64_t{to - from} * flag_bytes_);
+}
+
+void NodeStorage::RaisePopulated(uint32_t to) {
+  uint32_t have = populated_.load(std::memory_order_relaxed);
+  while (to > have &&
+         !populated_.compare_exchange_weak(have, to, std::memory_order_relaxed)) {
+  }
 }
 
 void NodeStorage::Background(uint32_t target) {
@@ -152,17 +154,10 @@ void NodeStorage::Background(uint32_t target) {
   const uint32_t step = static_cast<uint32_t>(kBatchBytes / node_bytes_);
   for (uint32_t at = from; at < target;) {
     const uint32_t to = std::min<uint64_t>(target, uint64_t{at} + step);
-    const uint64_t pages =
-        MappedBuffer::PopulateRange(node_base + uint64_t{at} * node_bytes_,
-                                    uint64_t{to - at} * node_bytes_) +
-        MappedBuffer::PopulateRange(flag_base + uint64_t{at} * flag_bytes_,
-                                    uint64_t{to - at} * flag_bytes_);
+    background_pages_.fetch_add(PopulateSlots(node_base, flag_base, at, to),
+                                std::memory_order_relaxed);
     background_batches_.fetch_add(1, std::memory_order_relaxed);
-    background_pages_.fetch_add(pages, std::memory_order_relaxed);
-    absl::MutexLock lock(&mu_);
-    if (to > populated_.load(std::memory_order_relaxed)) {
-      populated_.store(to, std::memory_order_relaxed);
-    }
+    RaisePopulated(to);
     at = to;
   }
   absl::MutexLock lock(&mu_);

@@ -112,10 +112,14 @@ class NodeStorage : public std::enable_shared_from_this<NodeStorage> {
               PagePopulator* populator);
   static uint64_t AheadBytes(uint64_t handed_out_bytes);
   // Makes at least `slots` slots usable (mprotect; past the reservation,
-  // mremap after waiting out the populator).
-  void GrowLocked(uint64_t slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Faults in the pages of slots [from, to) of both arrays; returns pages.
-  uint64_t Populate(uint32_t from, uint32_t to) const;
+  // mremap after waiting out the populator). True if it remapped.
+  bool GrowLocked(uint64_t slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Faults in the pages of slots [from, to) of the arrays at `node_base`
+  // and `flag_base`; returns pages.
+  uint64_t PopulateSlots(char* node_base, char* flag_base, uint32_t from,
+                         uint32_t to) const;
+  // populated_ = max(populated_, to), from either thread.
+  void RaisePopulated(uint32_t to);
   // The populator's task: bring usable and populated slots up to `target`.
   void Background(uint32_t target);
 
@@ -138,7 +142,8 @@ class NodeStorage : public std::enable_shared_from_this<NodeStorage> {
   // Slots usable in both arrays: stored under mu_, read by the owner
   // without it (a slot below it can be written).
   std::atomic<uint32_t> usable_{0};
-  // Slots whose pages have been faulted in (ahead of or behind the owner).
+  // Slots whose pages have been faulted in (ahead of or behind the owner);
+  // only raised (RaisePopulated).
   std::atomic<uint32_t> populated_{0};
 };
 

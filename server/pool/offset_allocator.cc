@@ -58,16 +58,7 @@ __attribute__((noinline)) uint32_t OffsetAllocator::GrowNodes() {
 
 OffsetAllocator::ColdPathCounts OffsetAllocator::cold_path_counts() const {
   ColdPathCounts c;
-  if (storage_ != nullptr) {
-    const NodeStorage::Counts s = storage_->counts();
-    c.storage_grows = s.grows;
-    c.storage_remaps = s.remaps;
-    c.populate_batches = s.populate_batches;
-    c.pages_populated = s.pages_populated;
-    c.populate_requests = s.requests;
-    c.background_batches = s.background_batches;
-    c.background_pages = s.background_pages;
-  }
+  if (storage_ != nullptr) c.storage = storage_->counts();
   c.exact_searches = exact_searches_;
   c.exact_ranges = exact_ranges_;
   return c;

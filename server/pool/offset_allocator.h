@@ -85,12 +85,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
-#include <memory>
-
 #include "server/pool/node_storage.h"
 #include "server/pool/page_populator.h"
 
@@ -161,17 +160,11 @@ class OffsetAllocator {
   int own_bin_probes() const { return own_bin_probes_; }
 
   // How often the cold paths ran (kept by the cold paths only, never by the
-  // hot path). The first four and the last two are work done in the
-  // calling thread, something a slow call can be blamed on: allocator_bench
-  // reads them around every timed Allocate.
+  // hot path). All but storage's background_* are work done in the calling
+  // thread, something a slow call can be blamed on: allocator_bench reads
+  // them around every timed Allocate.
   struct ColdPathCounts {
-    uint64_t storage_grows = 0;      // node storage made larger
-    uint64_t storage_remaps = 0;     // of those, past the reservation (mremap)
-    uint64_t populate_batches = 0;   // node pages faulted in ahead, in batches
-    uint64_t pages_populated = 0;    // pages those batches asked for
-    uint64_t populate_requests = 0;  // work posted to the populator
-    uint64_t background_batches = 0;  // batches the populator faulted in
-    uint64_t background_pages = 0;    // pages those asked for
+    NodeStorage::Counts storage;     // node storage growth and populating
     uint64_t exact_searches = 0;     // step 3 (exact fallback) runs
     uint64_t exact_ranges = 0;       // ranges step 3 tested
   };

@@ -76,7 +76,7 @@ ColdPathSnapshot ColdPathsOf(const A& a) {
   ColdPathSnapshot s;
   if constexpr (HasColdPathCounts<A>::value) {
     const auto& c = a.cold_path_counts();
-    s.growth = c.storage_grows + c.populate_batches + c.populate_requests;
+    s.growth = c.storage.grows + c.storage.populate_batches + c.storage.requests;
     s.exact = c.exact_searches;
   }
   return s;

@@ -460,10 +460,10 @@ TEST(OffsetAllocatorStorage, PopulatorFaultsNodePagesInAhead) {
   const std::vector<Block> blocks = FillWith256Aligned(&a, 200000);
   ExpectValid(a);
   const OffsetAllocator::ColdPathCounts c = a.cold_path_counts();
-  EXPECT_EQ(c.populate_batches, 0u);
-  EXPECT_EQ(c.storage_remaps, 0u);
-  EXPECT_GT(c.populate_requests, 0u);
-  EXPECT_LT(c.populate_requests, 100u);
+  EXPECT_EQ(c.storage.populate_batches, 0u);
+  EXPECT_EQ(c.storage.remaps, 0u);
+  EXPECT_GT(c.storage.requests, 0u);
+  EXPECT_LT(c.storage.requests, 100u);
   for (size_t i = 0; i < blocks.size(); i += 2) a.Free(blocks[i]);
   ExpectValid(a);
   for (size_t i = 1; i < blocks.size(); i += 2) a.Free(blocks[i]);
@@ -479,14 +479,14 @@ TEST(OffsetAllocatorStorage, GrowsInPlaceAndPopulatesInBatches) {
   const std::vector<Block> blocks = FillWith256Aligned(&a, 200000);
   ExpectValid(a);
   const OffsetAllocator::ColdPathCounts c = a.cold_path_counts();
-  EXPECT_EQ(c.storage_remaps, 0u);
-  EXPECT_GT(c.storage_grows, 0u);
+  EXPECT_EQ(c.storage.remaps, 0u);
+  EXPECT_GT(c.storage.grows, 0u);
   const uint64_t slots = a.live_blocks() + a.free_ranges();
   const uint64_t batch_slots = OffsetAllocator::kPopulateBatchBytes / 32;
   // Batches grow to full size after a few dozen slots' worth of pages; then
   // one per batch_slots new slots.
-  EXPECT_LE(c.populate_batches, slots / batch_slots + 16);
-  EXPECT_GE(c.pages_populated, slots * 32 / 4096);
+  EXPECT_LE(c.storage.populate_batches, slots / batch_slots + 16);
+  EXPECT_GE(c.storage.pages_populated, slots * 32 / 4096);
   EXPECT_LE(a.metadata_bytes(),
             33 * slots + 2 * OffsetAllocator::kPopulateBatchBytes + 64 * 1024);
   for (const Block& b : blocks) a.Free(b);
@@ -504,7 +504,7 @@ TEST(OffsetAllocatorStorage, GrowsPastItsReservation) {
     if (i % 9973 == 0) ExpectValid(a);
   }
   ExpectValid(a);
-  EXPECT_GT(a.cold_path_counts().storage_remaps, 0u);
+  EXPECT_GT(a.cold_path_counts().storage.remaps, 0u);
   for (size_t i = 0; i < blocks.size(); i += 2) a.Free(blocks[i]);
   ExpectValid(a);
   for (size_t i = 1; i < blocks.size(); i += 2) a.Free(blocks[i]);
