@@ -15,18 +15,20 @@
 #include "client/caching_pool.h"
 
 namespace gpumem {
+namespace client {
 inline constexpr uint32_t kOpenMagic = 0x67706d31;    // "gpm1"
 inline constexpr uint32_t kClosedMagic = 0x67706d30;  // "gpm0"
 
 // Sets this thread's last error from `s` and returns its code.
 int SetError(const absl::Status& s);
 int SetOk();
+}  // namespace client
 }  // namespace gpumem
 
 struct gpumem_client {
   std::atomic<uint32_t> magic{0};
-  std::unique_ptr<gpumem::CachingPool> pool;
-  gpumem::CachingPool::Arena* default_arena = nullptr;
+  std::unique_ptr<gpumem::client::CachingPool> pool;
+  gpumem::client::CachingPool::Arena* default_arena = nullptr;
 };
 
 #endif  // GPUMEMD_CLIENT_C_HANDLE_H_

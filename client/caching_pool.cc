@@ -25,13 +25,14 @@
 #include "absl/strings/str_format.h"
 #include "common/fd_channel.h"
 #include "client/size_classes.h"
-#include "server/pool/offset_allocator.h"
+#include "common/alloc/offset_allocator.h"
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
 #endif
 
 namespace gpumem {
+namespace client {
 
 using size_classes::ClassOf;
 using size_classes::ClassSize;
@@ -78,16 +79,16 @@ uint64_t PageSize() {
 }  // namespace
 
 absl::Status ForkedError() {
-  return LibraryError(kForked,
+  return LibraryError(GPUMEM_E_FORKED,
                       "this client belongs to the parent process (fork() child); "
                       "connect a new client in the child");
 }
 
-absl::Status LibraryError(LibraryCode code, absl::string_view message) {
+absl::Status LibraryError(int code, absl::string_view message) {
   absl::StatusCode near = absl::StatusCode::kFailedPrecondition;
-  if (code == kForeignPointer || code == kDoubleFree) {
+  if (code == GPUMEM_E_FOREIGN_POINTER || code == GPUMEM_E_DOUBLE_FREE) {
     near = absl::StatusCode::kInvalidArgument;
-  } else if (code == kLost) {
+  } else if (code == GPUMEM_E_LOST) {
     near = absl::StatusCode::kDataLoss;
   }
   absl::Status s(near, message);
@@ -486,13 +487,13 @@ absl::Status CachingPool::Free(void* ptr) {
   if (lease == nullptr) return FreeLarge(p);
   const uint64_t off = p - lease->base;
   if (off & (size_classes::kGranule - 1)) {
-    return LibraryError(kDoubleFree, absl::StrFormat(
+    return LibraryError(GPUMEM_E_DOUBLE_FREE, absl::StrFormat(
         "%p is inside a block of this client but not its start", ptr));
   }
   const uint64_t word =
       lease->Word(off).exchange(kFreed, std::memory_order_acq_rel);
   if ((word & kLive) == 0) {
-    return LibraryError(kDoubleFree, absl::StrFormat(
+    return LibraryError(GPUMEM_E_DOUBLE_FREE, absl::StrFormat(
         "%p is not a live block: freed already (double free), or not the start of one",
         ptr));
   }
@@ -520,7 +521,7 @@ absl::Status CachingPool::Free(void* ptr) {
   absl::MutexLock lock(&mu_);
   if (lease->lost.load()) {
     LostBlockFreedLocked(lease);
-    return LibraryError(kLost, absl::StrFormat(
+    return LibraryError(GPUMEM_E_LOST, absl::StrFormat(
         "%p was lost when the daemon restarted; the pointer is invalid", ptr));
   }
   in_use_outside_caches_ -= static_cast<int64_t>(bytes);
@@ -544,7 +545,7 @@ absl::Status CachingPool::FreeLarge(uintptr_t p) {
   bool found;
   absl::Status lost = FreeLostLocked(p, &found);
   if (found) return lost;
-  return LibraryError(kForeignPointer, absl::StrFormat(
+  return LibraryError(GPUMEM_E_FOREIGN_POINTER, absl::StrFormat(
       "%p was not allocated by this client", reinterpret_cast<void*>(p)));
 }
 
@@ -557,13 +558,13 @@ absl::StatusOr<int> CachingPool::DeviceOf(const void* ptr) {
         (lease->Word(off).load(std::memory_order_acquire) & kLive)) {
       return lease->device;
     }
-    return LibraryError(kDoubleFree, absl::StrFormat("%p is not the start of a live block", ptr));
+    return LibraryError(GPUMEM_E_DOUBLE_FREE, absl::StrFormat("%p is not the start of a live block", ptr));
   }
   absl::MutexLock lock(&mu_);
   auto it = large_.find(p);
   if (it != large_.end()) return static_cast<int>(it->second->buffer.device_index());
-  if (IsLost(p)) return LibraryError(kLost, "the block was lost when the daemon restarted");
-  return LibraryError(kForeignPointer, absl::StrFormat("%p was not allocated by this client", ptr));
+  if (IsLost(p)) return LibraryError(GPUMEM_E_LOST, "the block was lost when the daemon restarted");
+  return LibraryError(GPUMEM_E_FOREIGN_POINTER, absl::StrFormat("%p was not allocated by this client", ptr));
 }
 
 void CachingPool::ReturnToLeaseLocked(Lease* lease, uintptr_t ptr, uint32_t handle,
@@ -689,7 +690,7 @@ absl::Status CachingPool::EnsureConnectedLocked() {
   }
   if (daemon_lost_.load() && client_ != nullptr) HandleDaemonLostLocked();
   if (client_ != nullptr) return absl::OkStatus();
-  if (stopping_) return LibraryError(kClosed, "the client is closing");
+  if (stopping_) return LibraryError(GPUMEM_E_CLOSED, "the client is closing");
   const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.reconnect_ms);
   absl::Duration backoff = absl::Milliseconds(10);
   for (;;) {
@@ -759,7 +760,7 @@ void CachingPool::UnmapLostLeaseLocked(Lease* l) {
 
 absl::Status CachingPool::FreeLostLocked(uintptr_t p, bool* found) {
   *found = true;
-  const absl::Status lost = LibraryError(kLost, absl::StrFormat(
+  const absl::Status lost = LibraryError(GPUMEM_E_LOST, absl::StrFormat(
       "%p was lost when the daemon restarted; the pointer is invalid",
       reinterpret_cast<void*>(p)));
   auto it = lost_large_.find(p);
@@ -932,4 +933,5 @@ absl::StatusOr<std::vector<std::string>> CachingPool::DeviceUuids() {
   return out;
 }
 
+}  // namespace client
 }  // namespace gpumem

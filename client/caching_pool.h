@@ -33,12 +33,12 @@
 //     freeing them (a restarted daemon may reuse their ids), keeps their
 //     address ranges from being handed out again, and reconnects with
 //     backoff on the next request.
-//     Free of such a pointer answers kLost. Blocks the program still holds
+//     Free of such a pointer answers GPUMEM_E_LOST. Blocks the program still holds
 //     stay mapped (orphaned host/device memory: writes are harmless but
 //     lost) until it frees them; then the addresses are reserved PROT_NONE.
 //   * fork(): the child must not use the parent's pool (its daemon session,
 //     leases and threads are the parent's); every call in the child answers
-//     kForked without touching any lock.
+//     GPUMEM_E_FORKED without touching any lock.
 //
 // HOW (the hot path)
 //   Allocate: class -> this thread's cache for the arena (a thread_local
@@ -66,20 +66,17 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/gpumem.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 
 namespace gpumem {
+namespace client {
 
-// The library's own error codes (gpumem.h). A Status carrying one has the
-// nearest standard code and the library code as a payload (LibraryCodeOf).
-enum LibraryCode : int {
-  kForeignPointer = 101,
-  kDoubleFree = 102,
-  kLost = 103,
-  kClosed = 104,
-  kForked = 105,
-};
-absl::Status LibraryError(LibraryCode code, absl::string_view message);
+// A Status for one of the library's own codes (GPUMEM_E_FOREIGN_POINTER ..
+// GPUMEM_E_FORKED, client/gpumem.h, the one list of codes for the C ABI and
+// this pool): the nearest standard code, with the library code as a payload
+// (LibraryCodeOf).
+absl::Status LibraryError(int code, absl::string_view message);
 absl::Status ForkedError();
 // The library code of `s`, or its standard code (0 for OK).
 int LibraryCodeOf(const absl::Status& s);
@@ -216,6 +213,7 @@ class CachingPool {
   std::thread watcher_;
 };
 
+}  // namespace client
 }  // namespace gpumem
 
 #endif  // GPUMEMD_CLIENT_CACHING_POOL_H_

@@ -20,6 +20,7 @@
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 
 namespace gpumem {
+namespace client {
 namespace {
 
 // Keeps the code and message; a PlacementRefusal in the binary error details
@@ -396,4 +397,5 @@ void Buffer::Abandon() {
   data_ = nullptr;
 }
 
+}  // namespace client
 }  // namespace gpumem

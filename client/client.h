@@ -32,6 +32,7 @@
 #include "proto/gpumem/v1/gpumem.pb.h"
 
 namespace gpumem {
+namespace client {
 
 class Client;
 
@@ -143,6 +144,7 @@ std::optional<v1::PlacementRefusal> PlacementRefusalOf(const absl::Status& statu
 // The socket a client uses when none is given (see Client::Connect).
 std::string DefaultSocketPath();
 
+}  // namespace client
 }  // namespace gpumem
 
 #endif  // GPUMEMD_CLIENT_CLIENT_H_

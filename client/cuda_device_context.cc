@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 
 namespace gpumem {
+namespace client {
 
 absl::StatusOr<CudaDeviceContext> CudaDeviceContext::Find(const CudaDriver& d,
                                                           const std::string& uuid) {
@@ -64,4 +65,5 @@ absl::Status CudaDeviceContext::Read(const CudaDriver& d, CUdeviceptr base, uint
                     absl::StrCat("device ", uuid));
 }
 
+}  // namespace client
 }  // namespace gpumem

@@ -15,6 +15,7 @@
 #include "common/cuda_driver.h"
 
 namespace gpumem {
+namespace client {
 
 struct CudaDeviceContext {
   int ordinal = -1;  // this process's device ordinal
@@ -33,6 +34,7 @@ struct CudaDeviceContext {
                     void* dst, uint64_t n) const;
 };
 
+}  // namespace client
 }  // namespace gpumem
 
 #endif  // GPUMEMD_CLIENT_CUDA_DEVICE_CONTEXT_H_

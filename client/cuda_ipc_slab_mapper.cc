@@ -9,6 +9,7 @@
 #include "client/slab_mapper.h"
 
 namespace gpumem {
+namespace client {
 namespace {
 
 class IpcSlab : public OpenedSlab {
@@ -75,4 +76,5 @@ absl::StatusOr<std::unique_ptr<SlabMapper>> NewCudaIpcSlabMapper(const char* cud
   return std::unique_ptr<SlabMapper>(new CudaIpcSlabMapper(*d));
 }
 
+}  // namespace client
 }  // namespace gpumem

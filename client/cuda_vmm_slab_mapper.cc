@@ -11,6 +11,7 @@
 #include "client/slab_mapper.h"
 
 namespace gpumem {
+namespace client {
 namespace {
 
 class VmmSlab : public OpenedSlab {
@@ -104,4 +105,5 @@ absl::StatusOr<std::unique_ptr<SlabMapper>> NewCudaVmmSlabMapper(const char* cud
   return std::unique_ptr<SlabMapper>(new CudaVmmSlabMapper(*d));
 }
 
+}  // namespace client
 }  // namespace gpumem

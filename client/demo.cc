@@ -19,6 +19,7 @@ ABSL_FLAG(std::string, socket, "", "daemon socket");
 ABSL_FLAG(std::string, size, "64MiB", "bytes per buffer");
 
 namespace gpumem {
+namespace client {
 namespace {
 
 void PrintDevices(const v1::GetStatsResponse& stats) {
@@ -115,9 +116,10 @@ int Run() {
 }
 
 }  // namespace
+}  // namespace client
 }  // namespace gpumem
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  return gpumem::Run();
+  return gpumem::client::Run();
 }

@@ -11,6 +11,7 @@
 #include "common/byte_size.h"
 
 namespace gpumem {
+namespace client {
 namespace {
 
 const char* Env(const char* name) {
@@ -94,4 +95,5 @@ absl::StatusOr<v1::PlacementRequest> PlacementFromEnv() {
   return p;
 }
 
+}  // namespace client
 }  // namespace gpumem

@@ -13,6 +13,7 @@
 #include "proto/gpumem/v1/gpumem.pb.h"
 
 namespace gpumem {
+namespace client {
 
 // GPUMEM_LEASE_SIZE, GPUMEM_CACHE_MAX, GPUMEM_IDLE_RELEASE_MS,
 // GPUMEM_RECONNECT_MS; the socket is `socket_path` if not empty, else
@@ -27,6 +28,7 @@ absl::StatusOr<v1::PlacementRequest> ParsePlacementText(absl::string_view text);
 // GPUMEM_PLACEMENT parsed, or the default placement when it is unset.
 absl::StatusOr<v1::PlacementRequest> PlacementFromEnv();
 
+}  // namespace client
 }  // namespace gpumem
 
 #endif  // GPUMEMD_CLIENT_ENV_CONFIG_H_

@@ -22,6 +22,7 @@
 #include "client/env_config.h"
 
 namespace gpumem {
+namespace client {
 namespace {
 
 struct LastError {
@@ -57,7 +58,7 @@ absl::StatusOr<CachingPool*> PoolOf(gpumem_client* c) {
   if (c == nullptr) return absl::InvalidArgumentError("client is NULL");
   const uint32_t magic = c->magic.load(std::memory_order_acquire);
   if (magic == kClosedMagic) {
-    return LibraryError(kClosed, "this client was closed (gpumem_close)");
+    return LibraryError(GPUMEM_E_CLOSED, "this client was closed (gpumem_close)");
   }
   if (magic != kOpenMagic) {
     return absl::InvalidArgumentError("not a gpumem client handle");
@@ -83,23 +84,24 @@ absl::StatusOr<v1::PlacementRequest> PlacementOf(const gpumem_placement* w) {
   return BuildPlacementRequest(f);
 }
 
+}  // namespace client
 }  // namespace gpumem
 
-using gpumem::CachingPool;
-using gpumem::PoolOf;
-using gpumem::SetError;
-using gpumem::SetOk;
+using gpumem::client::CachingPool;
+using gpumem::client::PoolOf;
+using gpumem::client::SetError;
+using gpumem::client::SetOk;
 
 extern "C" {
 
 gpumem_client* gpumem_connect(const char* socket_path) {
-  absl::StatusOr<gpumem::PoolOptions> o =
-      gpumem::PoolOptionsFromEnv(socket_path != nullptr ? socket_path : "");
+  absl::StatusOr<gpumem::client::PoolOptions> o =
+      gpumem::client::PoolOptionsFromEnv(socket_path != nullptr ? socket_path : "");
   if (!o.ok()) {
     SetError(o.status());
     return nullptr;
   }
-  absl::StatusOr<gpumem::v1::PlacementRequest> where = gpumem::PlacementFromEnv();
+  absl::StatusOr<gpumem::v1::PlacementRequest> where = gpumem::client::PlacementFromEnv();
   if (!where.ok()) {
     SetError(where.status());
     return nullptr;
@@ -117,7 +119,7 @@ gpumem_client* gpumem_connect(const char* socket_path) {
   auto* c = new gpumem_client;
   c->pool = std::move(*pool);
   c->default_arena = *arena;
-  c->magic.store(gpumem::kOpenMagic, std::memory_order_release);
+  c->magic.store(gpumem::client::kOpenMagic, std::memory_order_release);
   SetOk();
   return c;
 }
@@ -125,9 +127,9 @@ gpumem_client* gpumem_connect(const char* socket_path) {
 int gpumem_close(gpumem_client* c) {
   absl::StatusOr<CachingPool*> pool = PoolOf(c);
   if (!pool.ok()) return SetError(pool.status());
-  c->magic.store(gpumem::kClosedMagic, std::memory_order_release);
+  c->magic.store(gpumem::client::kClosedMagic, std::memory_order_release);
   c->pool.reset();
-  gpumem::KeepClosedHandle(c);
+  gpumem::client::KeepClosedHandle(c);
   return SetOk();
 }
 
@@ -160,14 +162,14 @@ int MallocWith(gpumem_client* c, size_t size,
 int gpumem_malloc(gpumem_client* c, size_t size, const gpumem_placement* where,
                   void** out) {
   if (where == nullptr) return MallocWith(c, size, nullptr, out);
-  const absl::StatusOr<gpumem::v1::PlacementRequest> p = gpumem::PlacementOf(where);
+  const absl::StatusOr<gpumem::v1::PlacementRequest> p = gpumem::client::PlacementOf(where);
   return MallocWith(c, size, &p, out);
 }
 
 int gpumem_malloc_str(gpumem_client* c, size_t size, const char* placement, void** out) {
   if (placement == nullptr) return MallocWith(c, size, nullptr, out);
   const absl::StatusOr<gpumem::v1::PlacementRequest> p =
-      gpumem::ParsePlacementText(placement);
+      gpumem::client::ParsePlacementText(placement);
   return MallocWith(c, size, &p, out);
 }
 
@@ -179,7 +181,7 @@ int gpumem_malloc_sharded(gpumem_client* c, size_t total, unsigned shards,
   if (ptrs == nullptr) return SetError(absl::InvalidArgumentError("ptrs is NULL"));
   gpumem::v1::PlacementRequest p;
   if (where != nullptr) {
-    absl::StatusOr<gpumem::v1::PlacementRequest> parsed = gpumem::PlacementOf(where);
+    absl::StatusOr<gpumem::v1::PlacementRequest> parsed = gpumem::client::PlacementOf(where);
     if (!parsed.ok()) return SetError(parsed.status());
     p = *parsed;
   }
@@ -245,7 +247,7 @@ int gpumem_stats_json(gpumem_client* c, char** json) {
   *json = nullptr;
   absl::StatusOr<CachingPool*> pool = PoolOf(c);
   if (!pool.ok()) return SetError(pool.status());
-  gpumem::PoolStats st = (*pool)->Stats();
+  gpumem::client::PoolStats st = (*pool)->Stats();
   std::string out = absl::StrFormat(
       "{\"generation\":%d,\"leases\":%d,\"leased_bytes\":%d,\"in_use_bytes\":%d,"
       "\"cached_bytes\":%d,\"large_blocks\":%d,\"large_bytes\":%d,\"lost_bytes\":%d,"
@@ -276,9 +278,9 @@ int gpumem_stats_json(gpumem_client* c, char** json) {
 
 void gpumem_string_free(char* s) { std::free(s); }
 
-int gpumem_last_error(void) { return gpumem::last_error.code; }
+int gpumem_last_error(void) { return gpumem::client::last_error.code; }
 
-const char* gpumem_last_error_message(void) { return gpumem::last_error.message.c_str(); }
+const char* gpumem_last_error_message(void) { return gpumem::client::last_error.message.c_str(); }
 
 const char* gpumem_status_name(int code) {
   switch (code) {

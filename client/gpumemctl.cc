@@ -59,6 +59,7 @@ ABSL_FLAG(std::string, total, "", "quota: total bytes over all devices (none: no
 ABSL_FLAG(int64_t, max_allocations, -1, "quota: live allocations (-1: no limit)");
 
 namespace gpumem {
+namespace client {
 namespace {
 
 constexpr char kUsage[] =
@@ -385,6 +386,7 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
+}  // namespace client
 }  // namespace gpumem
 
-int main(int argc, char** argv) { return gpumem::Main(argc, argv); }
+int main(int argc, char** argv) { return gpumem::client::Main(argc, argv); }

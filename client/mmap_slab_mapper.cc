@@ -9,6 +9,7 @@
 #include "client/slab_mapper.h"
 
 namespace gpumem {
+namespace client {
 namespace {
 
 class MmapSlab : public OpenedSlab {
@@ -55,4 +56,5 @@ class MmapSlabMapper : public SlabMapper {
 
 std::unique_ptr<SlabMapper> NewMmapSlabMapper() { return std::make_unique<MmapSlabMapper>(); }
 
+}  // namespace client
 }  // namespace gpumem

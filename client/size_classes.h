@@ -11,6 +11,7 @@
 #include <cstdint>
 
 namespace gpumem {
+namespace client {
 namespace size_classes {
 
 inline constexpr uint64_t kGranule = 256;
@@ -30,6 +31,7 @@ inline uint64_t ClassSize(uint32_t c) {
 }
 
 }  // namespace size_classes
+}  // namespace client
 }  // namespace gpumem
 
 #endif  // GPUMEMD_CLIENT_SIZE_CLASSES_H_

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 
 namespace gpumem {
+namespace client {
 
 absl::StatusOr<std::unique_ptr<SlabMapper>> NewSlabMapper(v1::HandleKind kind,
                                                           const char* cuda_library) {
@@ -20,4 +21,5 @@ absl::StatusOr<std::unique_ptr<SlabMapper>> NewSlabMapper(v1::HandleKind kind,
   }
 }
 
+}  // namespace client
 }  // namespace gpumem

@@ -34,6 +34,7 @@
 #include "proto/gpumem/v1/gpumem.pb.h"
 
 namespace gpumem {
+namespace client {
 
 class OpenedSlab {
  public:
@@ -72,6 +73,7 @@ std::unique_ptr<SlabMapper> NewMmapSlabMapper();
 absl::StatusOr<std::unique_ptr<SlabMapper>> NewCudaVmmSlabMapper(const char* cuda_library);
 absl::StatusOr<std::unique_ptr<SlabMapper>> NewCudaIpcSlabMapper(const char* cuda_library);
 
+}  // namespace client
 }  // namespace gpumem
 
 #endif  // GPUMEMD_CLIENT_SLAB_MAPPER_H_

@@ -16,6 +16,7 @@
 #include "common/rpc_status.h"
 
 namespace gpumem {
+namespace client {
 
 struct StreamTransport::Open {
   grpc::ClientContext ctx;  // declared first: outlives `stream`
@@ -238,4 +239,5 @@ absl::StatusOr<v1::Session> StreamTransport::GetSession() {
   return std::move(*a->mutable_session());
 }
 
+}  // namespace client
 }  // namespace gpumem

@@ -42,6 +42,7 @@
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 
 namespace gpumem {
+namespace client {
 
 class StreamTransport {
  public:
@@ -102,6 +103,7 @@ class StreamTransport {
   std::thread reader_;
 };
 
+}  // namespace client
 }  // namespace gpumem
 
 #endif  // GPUMEMD_CLIENT_STREAM_TRANSPORT_H_

@@ -26,6 +26,7 @@
 #include "client/gpumem.h"
 
 namespace gpumem {
+namespace client {
 namespace {
 
 constexpr int kMaxOrdinals = 64;
@@ -116,6 +117,7 @@ absl::StatusOr<CachingPool::Arena*> ArenaOfDevice(int d) {
 }
 
 }  // namespace
+}  // namespace client
 }  // namespace gpumem
 
 extern "C" {
@@ -125,24 +127,24 @@ void* gpumem_torch_malloc(ssize_t size, int device, void* stream) {
   if (size <= 0) {
     // PyTorch asks for 0 bytes for empty tensors: a null pointer is its answer.
     if (size == 0) {
-      gpumem::SetOk();
+      gpumem::client::SetOk();
       return nullptr;
     }
-    gpumem::SetError(absl::InvalidArgumentError("negative size"));
+    gpumem::client::SetError(absl::InvalidArgumentError("negative size"));
     return nullptr;
   }
-  absl::StatusOr<gpumem::CachingPool::Arena*> arena = gpumem::ArenaOfDevice(device);
+  absl::StatusOr<gpumem::client::CachingPool::Arena*> arena = gpumem::client::ArenaOfDevice(device);
   if (!arena.ok()) {
-    gpumem::SetError(arena.status());
+    gpumem::client::SetError(arena.status());
     return nullptr;
   }
   absl::StatusOr<void*> p =
-      gpumem::State().client.load(std::memory_order_acquire)->pool->Allocate(static_cast<uint64_t>(size), *arena);
+      gpumem::client::State().client.load(std::memory_order_acquire)->pool->Allocate(static_cast<uint64_t>(size), *arena);
   if (!p.ok()) {
-    gpumem::SetError(p.status());
+    gpumem::client::SetError(p.status());
     return nullptr;
   }
-  gpumem::SetOk();
+  gpumem::client::SetOk();
   return *p;
 }
 
@@ -150,10 +152,10 @@ void gpumem_torch_free(void* ptr, ssize_t size, int device, void* stream) {
   (void)size;
   (void)device;
   (void)stream;
-  gpumem_client* c = gpumem::State().client.load(std::memory_order_acquire);
+  gpumem_client* c = gpumem::client::State().client.load(std::memory_order_acquire);
   if (c == nullptr) {
     if (ptr != nullptr) {
-      gpumem::SetError(gpumem::LibraryError(gpumem::kForeignPointer,
+      gpumem::client::SetError(gpumem::client::LibraryError(GPUMEM_E_FOREIGN_POINTER,
                                             "gpumem_torch_free before any gpumem_torch_malloc"));
     }
     return;

@@ -66,7 +66,7 @@
 #include "server/session/peer_credentials.h"
 #include "server/systemd/listen_fds.h"
 #include "server/systemd/notifier.h"
-#include "server/tenants/tenant_admin.h"
+#include "server/service/tenant_admin.h"
 #include "server/tenants/tenant_directory.h"
 
 // Empty string / negative number = not given (then the config file, then
@@ -359,7 +359,7 @@ int Run() {
     std::cerr << "gpumemd: " << line << "\n";
   }
   PeerTable peers;
-  tenants::TenantAdmin tenant_admin(
+  TenantAdmin tenant_admin(
       &tenant_directories, &quotas, ledger.get(), device_views,
       [&broker](const PeerCred& c) { return broker.IsAdmin(c); },
       [&broker] { broker.ServeWaiters(); });

@@ -16,7 +16,7 @@ namespace gpumem {
 class MeteredGpuMemoryService final : public GpuMemoryService {
  public:
   MeteredGpuMemoryService(MemoryBroker* broker, const PeerTable* peers,
-                          tenants::TenantAdmin* tenants, CallMetrics* metrics)
+                          TenantAdmin* tenants, CallMetrics* metrics)
       : GpuMemoryService(broker, peers, tenants), metrics_(metrics) {}
 
   grpc::Status Allocate(grpc::ServerContext* ctx, const v1::AllocateRequest* req,

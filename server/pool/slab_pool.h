@@ -55,7 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/backend/backend.h"
-#include "server/pool/offset_allocator.h"
+#include "common/alloc/offset_allocator.h"
 
 namespace gpumem {
 

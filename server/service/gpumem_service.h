@@ -16,7 +16,7 @@
 #include "server/service/memory_broker.h"
 #include "server/service/stream_service.h"
 #include "server/session/peer_credentials.h"
-#include "server/tenants/tenant_admin.h"
+#include "server/service/tenant_admin.h"
 
 namespace gpumem {
 
@@ -37,7 +37,7 @@ class GpuMemoryService : public GpuMemoryWithAsyncStream {
   // `tenants` (GetUsage, GetLedger, SetQuota) may be null: those RPCs are
   // then UNIMPLEMENTED.
   GpuMemoryService(MemoryBroker* broker, const PeerTable* peers,
-                   tenants::TenantAdmin* tenants = nullptr)
+                   TenantAdmin* tenants = nullptr)
       : broker_(broker), peers_(peers), tenants_(tenants) {}
 
   grpc::Status Allocate(grpc::ServerContext* ctx, const v1::AllocateRequest* req,
@@ -58,7 +58,7 @@ class GpuMemoryService : public GpuMemoryWithAsyncStream {
  private:
   MemoryBroker* broker_;
   const PeerTable* peers_;
-  tenants::TenantAdmin* tenants_;
+  TenantAdmin* tenants_;
 };
 
 }  // namespace gpumem

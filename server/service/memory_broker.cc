@@ -18,7 +18,7 @@
 #include "common/byte_size.h"
 #include "common/refusal_payload.h"
 #include "server/quota/quota_carver.h"
-#include "server/tenants/quota_proto.h"
+#include "server/service/quota_proto.h"
 
 namespace gpumem {
 
@@ -854,7 +854,7 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
     ts->set_name(dir != nullptr ? dir->NameOf(tenant) : absl::StrCat("uid-", tenant));
     if (options_.quotas != nullptr) {  // absent: no quota
       const tenants::Quota quota = options_.quotas->GetQuota(tenant);
-      if (!quota.unlimited()) tenants::QuotaToProto(quota, ts->mutable_quota());
+      if (!quota.unlimited()) QuotaToProto(quota, ts->mutable_quota());
     }
     uint64_t used = 0, retained = 0, blocks = 0;
     for (size_t i = 0; i < rows.size(); ++i) {

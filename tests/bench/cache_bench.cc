@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
     rows.push_back({"gpumem cached pair", threads, Median(cached), total * 1e3 / Median(cached_wall)});
   }
 
-  auto client = gpumem::Client::Connect(daemon.socket());
+  auto client = gpumem::client::Client::Connect(daemon.socket());
   if (!client.ok()) {
     std::fprintf(stderr, "cache_bench: %s\n", client.status().ToString().c_str());
     return 1;

@@ -46,6 +46,11 @@ ABSL_FLAG(std::string, socket, "", "a running gpumemd (cuda backend): adds its r
 ABSL_FLAG(bool, json, false, "print JSON");
 
 namespace gpumem {
+using client::Client;
+using client::Buffer;
+using client::OpenedSlab;
+using client::SlabFdSource;
+using client::NewSlabMapper;
 namespace {
 
 using Clock = std::chrono::steady_clock;

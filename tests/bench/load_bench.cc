@@ -85,6 +85,7 @@ ABSL_FLAG(std::string, go_file, "", "client: holds the start time once all are r
 ABSL_FLAG(uint64_t, count, 0, "filler: blocks to allocate and hold");
 
 namespace gpumem {
+using client::StreamTransport;
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -32,6 +32,8 @@ ABSL_FLAG(bool, ledger_compare, false,
           "also time Allocate+Free on a second daemon with --ledger=none");
 
 namespace gpumem {
+using client::Client;
+using client::Buffer;
 namespace {
 
 using Clock = std::chrono::steady_clock;

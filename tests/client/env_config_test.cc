@@ -9,6 +9,10 @@
 #include "gtest/gtest.h"
 
 namespace gpumem {
+using client::PoolOptions;
+using client::PoolOptionsFromEnv;
+using client::ParsePlacementText;
+using client::PlacementFromEnv;
 namespace {
 
 class EnvConfigTest : public ::testing::Test {

@@ -69,8 +69,8 @@ TEST(PressureTest, AnIdleProcessGivesBackItsCachedLeasesWhenAnotherNeedsRoom) {
   ASSERT_EQ(read(pipe_fds[0], &ready, 1), 1) << "process A failed; " << daemon.Log();
   close(pipe_fds[0]);
 
-  absl::StatusOr<std::unique_ptr<gpumem::Client>> b =
-      gpumem::Client::Connect(daemon.socket());
+  absl::StatusOr<std::unique_ptr<gpumem::client::Client>> b =
+      gpumem::client::Client::Connect(daemon.socket());
   ASSERT_TRUE(b.ok()) << b.status();
   absl::StatusOr<gpumem::v1::GetStatsResponse> before = (*b)->GetStats();
   ASSERT_TRUE(before.ok()) << before.status();

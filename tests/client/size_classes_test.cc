@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 
 namespace gpumem {
+namespace size_classes = client::size_classes;
 namespace {
 
 using size_classes::ClassOf;

@@ -34,6 +34,11 @@ ABSL_FLAG(std::string, alloc, "", "the writer's allocation, hex (read)");
 ABSL_FLAG(int, seed, 1, "pattern seed");
 
 namespace gpumem {
+using client::Client;
+using client::Buffer;
+using client::OpenedSlab;
+using client::SlabMapper;
+using client::NewSlabMapper;
 namespace {
 
 unsigned char PatternAt(int seed, uint64_t i) {

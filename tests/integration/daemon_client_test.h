@@ -14,6 +14,7 @@
 #include "tests/integration/daemon_fixture.h"
 
 namespace gpumem {
+using client::Client;
 namespace testing {
 
 // Base of the tests against one daemon: SetUp starts it with `daemon_args`

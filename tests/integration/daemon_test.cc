@@ -18,6 +18,7 @@
 #include "tests/integration/daemon_fixture.h"
 
 namespace gpumem {
+using client::Client;
 namespace {
 
 using testing::ChildProcess;

@@ -24,6 +24,7 @@
 #include "tests/integration/daemon_client_test.h"
 
 namespace gpumem {
+using client::Client;
 namespace {
 
 using testing::DaemonClientTest;

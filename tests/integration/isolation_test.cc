@@ -25,6 +25,7 @@
 #include "tests/integration/daemon_fixture.h"
 
 namespace gpumem {
+using client::Client;
 namespace {
 
 using testing::ChildProcess;

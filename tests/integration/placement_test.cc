@@ -8,6 +8,8 @@
 #include "tests/integration/daemon_client_test.h"
 
 namespace gpumem {
+using client::Buffer;
+using client::PlacementRefusalOf;
 namespace {
 
 using testing::DaemonClientTest;

@@ -37,6 +37,7 @@ ABSL_FLAG(std::string, go_file, "", "close_mid_request: cancel once this file ex
 ABSL_FLAG(uint64_t, hold_bytes, 1 << 20, "bytes held through the client library");
 
 namespace gpumem {
+using client::Client;
 namespace {
 
 void Say(const std::string& line) {

@@ -26,6 +26,9 @@
 #include "tests/integration/daemon_fixture.h"
 
 namespace gpumem {
+using client::Client;
+using client::PlacementRefusalOf;
+using client::StreamTransport;
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -60,6 +60,8 @@ ABSL_FLAG(bool, stats, false, "print what GetStats shows this caller");
 ABSL_FLAG(int, clients, 0, "separate clients, one mapped buffer each");
 
 namespace gpumem {
+using client::Client;
+using client::Buffer;
 namespace {
 
 volatile sig_atomic_t check_requested = 0;

@@ -23,6 +23,8 @@
 #include "tests/integration/daemon_fixture.h"
 
 namespace gpumem {
+using client::Client;
+using client::PlacementRefusalOf;
 namespace {
 
 using testing::ChildProcess;

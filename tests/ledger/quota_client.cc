@@ -31,6 +31,7 @@ ABSL_FLAG(std::string, set_quota, "", "tenant whose quota to set");
 ABSL_FLAG(uint64_t, total, 0, "set_quota: total bytes");
 
 namespace gpumem {
+using client::Client;
 namespace {
 
 void Line(const std::string& s) {

@@ -1,6 +1,6 @@
 // NodeStorage: growth in the owner's thread or on the PagePopulator (see
 // node_storage.h).
-#include "server/pool/node_storage.h"
+#include "common/alloc/node_storage.h"
 
 #include <algorithm>
 

@@ -3,8 +3,8 @@
 // live in a std::map (offset -> size) for coalescing, and a std::set of
 // (size, offset) for best-fit lookup: O(log n) per operation plus one heap
 // node allocation per map/set insertion.
-#ifndef GPUMEMD_TESTS_POOL_BEST_FIT_BASELINE_H_
-#define GPUMEMD_TESTS_POOL_BEST_FIT_BASELINE_H_
+#ifndef GPUMEMD_TESTS_ALLOC_BEST_FIT_BASELINE_H_
+#define GPUMEMD_TESTS_ALLOC_BEST_FIT_BASELINE_H_
 
 #include <cstdint>
 #include <iterator>
@@ -103,4 +103,4 @@ class BestFitBaseline {
 
 }  // namespace gpumem
 
-#endif  // GPUMEMD_TESTS_POOL_BEST_FIT_BASELINE_H_
+#endif  // GPUMEMD_TESTS_ALLOC_BEST_FIT_BASELINE_H_

@@ -1,7 +1,7 @@
 // MappedBuffer: growth within the reservation keeps the address and the
 // contents, growth past it keeps the contents, shrinking and growing again
 // reads zeros, and Populate faults pages in without changing them.
-#include "server/pool/mapped_buffer.h"
+#include "common/alloc/mapped_buffer.h"
 
 #include <cstdint>
 #include <cstring>

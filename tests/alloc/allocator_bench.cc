@@ -1,4 +1,4 @@
-// allocator_bench: replays the fixed-seed traces of tests/pool/traces.h
+// allocator_bench: replays the fixed-seed traces of tests/alloc/traces.h
 // against gpumem::OffsetAllocator and, in the same run, against the std::map
 // best-fit baseline (the bar for placement quality), and prints per trace:
 //   * ns per allocate+free pair, median and p99 over batches of 1024 ops
@@ -197,10 +197,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "server/pool/offset_allocator.h"
-#include "tests/pool/best_fit_baseline.h"
-#include "tests/pool/latency_recorder.h"
-#include "tests/pool/traces.h"
+#include "common/alloc/offset_allocator.h"
+#include "tests/alloc/best_fit_baseline.h"
+#include "tests/alloc/latency_recorder.h"
+#include "tests/alloc/traces.h"
 
 ABSL_FLAG(bool, json, false, "print JSON instead of a table");
 ABSL_FLAG(double, ops_scale, 1.0,

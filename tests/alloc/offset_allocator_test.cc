@@ -1,7 +1,7 @@
 // Edge cases of gpumem::OffsetAllocator, the bounded best-of-K search's
 // choices, node storage growth (in place within the reservation, batched
 // page population, mremap past it), and the F trace no-refusal test.
-#include "server/pool/offset_allocator.h"
+#include "common/alloc/offset_allocator.h"
 
 #include <algorithm>
 #include <map>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/pool/traces.h"
+#include "tests/alloc/traces.h"
 
 namespace gpumem {
 namespace {

@@ -39,8 +39,8 @@
 // Thread safety: Prepare, nodes(), flags(), the owner's counters and Check
 // belong to the owner (one thread at a time, e.g. under SlabPool's lock);
 // the populator's side is synchronised here.
-#ifndef GPUMEMD_SERVER_POOL_NODE_STORAGE_H_
-#define GPUMEMD_SERVER_POOL_NODE_STORAGE_H_
+#ifndef GPUMEMD_COMMON_ALLOC_NODE_STORAGE_H_
+#define GPUMEMD_COMMON_ALLOC_NODE_STORAGE_H_
 
 #include <atomic>
 #include <cstddef>
@@ -50,8 +50,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "server/pool/mapped_buffer.h"
-#include "server/pool/page_populator.h"
+#include "common/alloc/mapped_buffer.h"
+#include "common/alloc/page_populator.h"
 
 namespace gpumem {
 
@@ -149,4 +149,4 @@ class NodeStorage : public std::enable_shared_from_this<NodeStorage> {
 
 }  // namespace gpumem
 
-#endif  // GPUMEMD_SERVER_POOL_NODE_STORAGE_H_
+#endif  // GPUMEMD_COMMON_ALLOC_NODE_STORAGE_H_

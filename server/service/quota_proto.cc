@@ -1,12 +1,11 @@
 // See quota_proto.h.
-#include "server/tenants/quota_proto.h"
+#include "server/service/quota_proto.h"
 
 #include "absl/strings/str_cat.h"
 
 namespace gpumem {
-namespace tenants {
 
-void QuotaToProto(const Quota& quota, v1::Quota* out) {
+void QuotaToProto(const tenants::Quota& quota, v1::Quota* out) {
   if (quota.total_bytes) out->set_total_bytes(*quota.total_bytes);
   if (quota.max_allocations) out->set_max_allocations(*quota.max_allocations);
   for (size_t d = 0; d < quota.device_bytes.size(); ++d) {
@@ -17,5 +16,4 @@ void QuotaToProto(const Quota& quota, v1::Quota* out) {
   }
 }
 
-}  // namespace tenants
 }  // namespace gpumem

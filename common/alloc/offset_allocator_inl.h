@@ -7,8 +7,8 @@
 // splitting for alignment padding, the exact fallback, statistics,
 // Validate) stay out of line in offset_allocator.cc. The guarantees, the
 // search and the invariants are described in offset_allocator.h.
-#ifndef GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_INL_H_
-#define GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_INL_H_
+#ifndef GPUMEMD_COMMON_ALLOC_OFFSET_ALLOCATOR_INL_H_
+#define GPUMEMD_COMMON_ALLOC_OFFSET_ALLOCATOR_INL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -400,4 +400,4 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Free(const Block& block) {
 
 #undef GPUMEM_POOL_INLINE
 
-#endif  // GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_INL_H_
+#endif  // GPUMEMD_COMMON_ALLOC_OFFSET_ALLOCATOR_INL_H_

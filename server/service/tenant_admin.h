@@ -22,8 +22,8 @@
 // now); peak and byte-seconds from the ledger's fold of its events (at most
 // one writer cycle, 100 ms, behind), over the ledger file's whole life.
 // Thread-safe (every part it uses is).
-#ifndef GPUMEMD_SERVER_TENANTS_TENANT_ADMIN_H_
-#define GPUMEMD_SERVER_TENANTS_TENANT_ADMIN_H_
+#ifndef GPUMEMD_SERVER_SERVICE_TENANT_ADMIN_H_
+#define GPUMEMD_SERVER_SERVICE_TENANT_ADMIN_H_
 
 #include <functional>
 #include <vector>
@@ -37,13 +37,12 @@
 #include "server/tenants/tenant_directory.h"
 
 namespace gpumem {
-namespace tenants {
 
 class TenantAdmin {
  public:
   // Everything must outlive the admin. `quota_changed` runs after SetQuota
   // (the broker tries its waiters again).
-  TenantAdmin(const TenantDirectoryHolder* directory, quota::QuotaBook* quotas,
+  TenantAdmin(const tenants::TenantDirectoryHolder* directory, quota::QuotaBook* quotas,
               ledger::TenantLedger* ledger, std::vector<placement::DeviceView> devices,
               std::function<bool(const PeerCred&)> is_admin,
               std::function<void()> quota_changed)
@@ -59,7 +58,7 @@ class TenantAdmin {
 
  private:
 
-  const TenantDirectoryHolder* directory_;
+  const tenants::TenantDirectoryHolder* directory_;
   quota::QuotaBook* quotas_;
   ledger::TenantLedger* ledger_;
   const std::vector<placement::DeviceView> devices_;
@@ -69,9 +68,8 @@ class TenantAdmin {
 
 // The quota's words, e.g. "total_bytes 8.00 GiB; device 1 2.00 GiB;
 // max_allocations 10" ("no limit" when unlimited).
-std::string DescribeQuota(const Quota& quota);
+std::string DescribeQuota(const tenants::Quota& quota);
 
-}  // namespace tenants
 }  // namespace gpumem
 
-#endif  // GPUMEMD_SERVER_TENANTS_TENANT_ADMIN_H_
+#endif  // GPUMEMD_SERVER_SERVICE_TENANT_ADMIN_H_

@@ -1,4 +1,4 @@
-#include "server/tenants/tenant_admin.h"
+#include "server/service/tenant_admin.h"
 
 #include <algorithm>
 #include <map>
@@ -9,10 +9,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/byte_size.h"
-#include "server/tenants/quota_proto.h"
+#include "server/service/quota_proto.h"
 
 namespace gpumem {
-namespace tenants {
 namespace {
 
 void ToProto(const ledger::LedgerEvent& e, v1::LedgerEvent* out) {
@@ -31,7 +30,7 @@ void ToProto(const ledger::LedgerEvent& e, v1::LedgerEvent* out) {
 
 }  // namespace
 
-std::string DescribeQuota(const Quota& quota) {
+std::string DescribeQuota(const tenants::Quota& quota) {
   std::vector<std::string> parts;
   if (quota.total_bytes) parts.push_back(absl::StrCat("total_bytes ", FormatBytes(*quota.total_bytes)));
   for (size_t d = 0; d < quota.device_bytes.size(); ++d) {
@@ -45,8 +44,8 @@ std::string DescribeQuota(const Quota& quota) {
 
 
 absl::StatusOr<v1::GetUsageResponse> TenantAdmin::GetUsage(const PeerCred& caller) const {
-  const std::shared_ptr<const TenantDirectory> directory = directory_->Get();
-  absl::StatusOr<TenantRef> self = directory->Resolve(caller.uid, caller.gid);
+  const std::shared_ptr<const tenants::TenantDirectory> directory = directory_->Get();
+  absl::StatusOr<tenants::TenantRef> self = directory->Resolve(caller.uid, caller.gid);
   const bool admin = is_admin_(caller);
   if (!admin && !self.ok()) return self.status();
   // Which tenants: the configured ones (and, for an administrator, removed
@@ -54,7 +53,7 @@ absl::StatusOr<v1::GetUsageResponse> TenantAdmin::GetUsage(const PeerCred& calle
   // ledger has seen; never others' for a non-admin.
   std::map<std::string, uint32_t> ids;  // name -> id
   if (directory->configured()) {
-    for (const Tenant& t : directory->tenants()) ids[t.name] = t.id;
+    for (const tenants::Tenant& t : directory->tenants()) ids[t.name] = t.id;
     if (admin) {
       for (const auto& [id, name] : directory->retired()) {
         // A name configured again is shown as the configured tenant.
@@ -77,8 +76,8 @@ absl::StatusOr<v1::GetUsageResponse> TenantAdmin::GetUsage(const PeerCred& calle
     if (!admin && name != self->name) continue;
     v1::TenantUsage* tu = out.add_tenants();
     tu->set_name(name);
-    if (const Tenant* t = directory->FindId(tenant_id)) tu->set_priority(t->priority);
-    const Quota quota = quotas_->GetQuota(tenant_id);
+    if (const tenants::Tenant* t = directory->FindId(tenant_id)) tu->set_priority(t->priority);
+    const tenants::Quota quota = quotas_->GetQuota(tenant_id);
     if (!quota.unlimited()) QuotaToProto(quota, tu->mutable_quota());
     const quota::TenantHoldings held = quotas_->Holdings(tenant_id);
     auto row = [&](int32_t device) {
@@ -108,7 +107,7 @@ absl::StatusOr<v1::GetLedgerResponse> TenantAdmin::GetLedger(
   ledger::EventQuery q;
   q.tenant = request.tenant();
   if (!is_admin_(caller)) {
-    absl::StatusOr<TenantRef> self = directory_->Get()->Resolve(caller.uid, caller.gid);
+    absl::StatusOr<tenants::TenantRef> self = directory_->Get()->Resolve(caller.uid, caller.gid);
     if (!self.ok()) return self.status();
     if (!q.tenant.empty() && q.tenant != self->name) {
       return absl::PermissionDeniedError(absl::StrCat(
@@ -153,7 +152,7 @@ absl::StatusOr<v1::SetQuotaResponse> TenantAdmin::SetQuota(const PeerCred& calle
         "SetQuota is for root and the admin group; uid ", caller.uid,
         " may not change quotas"));
   }
-  const std::shared_ptr<const TenantDirectory> directory = directory_->Get();
+  const std::shared_ptr<const tenants::TenantDirectory> directory = directory_->Get();
   std::optional<uint32_t> id = directory->IdOf(request.tenant());
   if (!id) {
     return absl::NotFoundError(absl::StrCat(
@@ -161,13 +160,13 @@ absl::StatusOr<v1::SetQuotaResponse> TenantAdmin::SetQuota(const PeerCred& calle
         directory->configured() ? " in the daemon's config"
                                 : " (without tenants in the config, tenants are named uid-N)"));
   }
-  Quota quota;
+  tenants::Quota quota;
   const v1::Quota& q = request.quota();
   if (q.has_total_bytes()) quota.total_bytes = q.total_bytes();
   if (q.has_max_allocations()) quota.max_allocations = q.max_allocations();
   quota.device_bytes.resize(devices_.size());
   for (const v1::DeviceQuota& dq : q.devices()) {
-    absl::StatusOr<uint32_t> index = ResolveDeviceSelector(dq.device(), devices_);
+    absl::StatusOr<uint32_t> index = tenants::ResolveDeviceSelector(dq.device(), devices_);
     if (!index.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("quota.devices: ", index.status().message()));
     }
@@ -204,5 +203,4 @@ absl::StatusOr<v1::SetQuotaResponse> TenantAdmin::SetQuota(const PeerCred& calle
   return out;
 }
 
-}  // namespace tenants
 }  // namespace gpumem

@@ -18,8 +18,8 @@
 // pages. Failure to map aborts the process (the caller cannot continue
 // without its metadata); a failed Populate only means faults later.
 // OffsetAllocator keeps its node array and neighbour flags in two of these.
-#ifndef GPUMEMD_SERVER_POOL_MAPPED_BUFFER_H_
-#define GPUMEMD_SERVER_POOL_MAPPED_BUFFER_H_
+#ifndef GPUMEMD_COMMON_ALLOC_MAPPED_BUFFER_H_
+#define GPUMEMD_COMMON_ALLOC_MAPPED_BUFFER_H_
 
 #include <cstddef>
 
@@ -59,4 +59,4 @@ class MappedBuffer {
 
 }  // namespace gpumem
 
-#endif  // GPUMEMD_SERVER_POOL_MAPPED_BUFFER_H_
+#endif  // GPUMEMD_COMMON_ALLOC_MAPPED_BUFFER_H_

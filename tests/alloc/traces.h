@@ -3,8 +3,8 @@
 //   bool A::Allocate(uint64_t size, uint64_t alignment, A::Block* out);
 //   void A::Free(const A::Block&);
 // and a `size` member in A::Block.
-#ifndef GPUMEMD_TESTS_POOL_TRACES_H_
-#define GPUMEMD_TESTS_POOL_TRACES_H_
+#ifndef GPUMEMD_TESTS_ALLOC_TRACES_H_
+#define GPUMEMD_TESTS_ALLOC_TRACES_H_
 
 #include <algorithm>
 #include <chrono>
@@ -465,4 +465,4 @@ RampResult RunRamp(A& a, const RampSpec& t, uint64_t steps, uint64_t seed) {
 }  // namespace traces
 }  // namespace gpumem
 
-#endif  // GPUMEMD_TESTS_POOL_TRACES_H_
+#endif  // GPUMEMD_TESTS_ALLOC_TRACES_H_

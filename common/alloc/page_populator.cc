@@ -1,6 +1,6 @@
 // PagePopulator: a queue of tasks and the one thread that runs them (see
 // page_populator.h).
-#include "server/pool/page_populator.h"
+#include "common/alloc/page_populator.h"
 
 #include <thread>
 #include <utility>

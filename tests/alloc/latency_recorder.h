@@ -30,8 +30,8 @@
 // cost of one clock read (allocator_bench prints it as "timer floor").
 // Free and used_bytes() pass straight through. Drivers in traces.h take a
 // LatencyRecorder<A> wherever they take an A.
-#ifndef GPUMEMD_TESTS_POOL_LATENCY_RECORDER_H_
-#define GPUMEMD_TESTS_POOL_LATENCY_RECORDER_H_
+#ifndef GPUMEMD_TESTS_ALLOC_LATENCY_RECORDER_H_
+#define GPUMEMD_TESTS_ALLOC_LATENCY_RECORDER_H_
 
 #include <sys/resource.h>
 
@@ -245,4 +245,4 @@ class LatencyRecorder {
 
 }  // namespace gpumem
 
-#endif  // GPUMEMD_TESTS_POOL_LATENCY_RECORDER_H_
+#endif  // GPUMEMD_TESTS_ALLOC_LATENCY_RECORDER_H_

@@ -1,7 +1,7 @@
 // OffsetAllocator's cold paths: construction, node array growth, splitting
 // for alignment padding, the probing and exact-fallback searches, statistics
 // and Validate. The hot path (Allocate, Free) is in offset_allocator_inl.h.
-#include "server/pool/offset_allocator.h"
+#include "common/alloc/offset_allocator.h"
 
 #include <algorithm>
 #include <cstddef>

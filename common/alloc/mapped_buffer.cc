@@ -1,6 +1,6 @@
 // MappedBuffer: mmap, mprotect, mremap, madvise and munmap (see
 // mapped_buffer.h).
-#include "server/pool/mapped_buffer.h"
+#include "common/alloc/mapped_buffer.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

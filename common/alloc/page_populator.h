@@ -17,8 +17,8 @@
 // Not for processes that fork after posting (the child has no worker and a
 // queue mutex that may be held): the daemon does not fork; the client
 // library's caching pool does not use it.
-#ifndef GPUMEMD_SERVER_POOL_PAGE_POPULATOR_H_
-#define GPUMEMD_SERVER_POOL_PAGE_POPULATOR_H_
+#ifndef GPUMEMD_COMMON_ALLOC_PAGE_POPULATOR_H_
+#define GPUMEMD_COMMON_ALLOC_PAGE_POPULATOR_H_
 
 #include <cstdint>
 #include <deque>
@@ -58,4 +58,4 @@ class PagePopulator {
 
 }  // namespace gpumem
 
-#endif  // GPUMEMD_SERVER_POOL_PAGE_POPULATOR_H_
+#endif  // GPUMEMD_COMMON_ALLOC_PAGE_POPULATOR_H_

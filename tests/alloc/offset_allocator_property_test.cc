@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/pool/offset_allocator.h"
-#include "tests/pool/traces.h"
+#include "common/alloc/offset_allocator.h"
+#include "tests/alloc/traces.h"
 
 namespace gpumem {
 namespace {

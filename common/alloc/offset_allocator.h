@@ -80,8 +80,8 @@
 // per bin (7.25 KiB for a 4 GiB slab) and 8 bytes per power of two. Address
 // space: 33 bytes per possible range, at most 132 MiB, reserved
 // inaccessible (no memory, no commit charge) until used.
-#ifndef GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
-#define GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
+#ifndef GPUMEMD_COMMON_ALLOC_OFFSET_ALLOCATOR_H_
+#define GPUMEMD_COMMON_ALLOC_OFFSET_ALLOCATOR_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -90,8 +90,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "server/pool/node_storage.h"
-#include "server/pool/page_populator.h"
+#include "common/alloc/node_storage.h"
+#include "common/alloc/page_populator.h"
 
 namespace gpumem {
 
@@ -297,6 +297,6 @@ class OffsetAllocator {
 
 }  // namespace gpumem
 
-#include "server/pool/offset_allocator_inl.h"  // IWYU pragma: export
+#include "common/alloc/offset_allocator_inl.h"  // IWYU pragma: export
 
-#endif  // GPUMEMD_SERVER_POOL_OFFSET_ALLOCATOR_H_
+#endif  // GPUMEMD_COMMON_ALLOC_OFFSET_ALLOCATOR_H_
