@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "absl/strings/ascii.h"
+
 namespace gpumem {
 
 std::optional<v1::PlacementRefusal> RefusalFromStatus(const absl::Status& status) {
@@ -10,6 +12,40 @@ std::optional<v1::PlacementRefusal> RefusalFromStatus(const absl::Status& status
   v1::PlacementRefusal refusal;
   if (!refusal.ParseFromString(std::string(*payload))) return std::nullopt;
   return refusal;
+}
+
+RefusalReason RefusalReasonOf(const absl::Status& status) {
+  std::optional<v1::PlacementRefusal> refusal = RefusalFromStatus(status);
+  if (!refusal.has_value()) return RefusalReason::kOther;
+  int votes[3] = {0, 0, 0};
+  for (const v1::DeviceRefusal& d : refusal->devices()) {
+    switch (d.reason()) {
+      case v1::DeviceRefusal::REASON_CAPACITY: ++votes[0]; break;
+      case v1::DeviceRefusal::REASON_FRAGMENTATION: ++votes[1]; break;
+      case v1::DeviceRefusal::REASON_QUOTA: ++votes[2]; break;
+      default: break;  // excluded / holds a shard: not why it failed
+    }
+  }
+  int best = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (votes[i] > 0 && (best < 0 || votes[i] > votes[best])) best = i;
+  }
+  switch (best) {
+    case 0: return RefusalReason::kCapacity;
+    case 1: return RefusalReason::kFragmentation;
+    case 2: return RefusalReason::kQuota;
+    default: return RefusalReason::kOther;
+  }
+}
+
+std::string RefusalLabel(const absl::Status& status) {
+  switch (RefusalReasonOf(status)) {
+    case RefusalReason::kCapacity: return "capacity";
+    case RefusalReason::kFragmentation: return "fragmentation";
+    case RefusalReason::kQuota: return "quota";
+    case RefusalReason::kOther: break;
+  }
+  return absl::AsciiStrToLower(absl::StatusCodeToString(status.code()));
 }
 
 }  // namespace gpumem

@@ -10,6 +10,7 @@
 #define GPUMEMD_COMMON_REFUSAL_PAYLOAD_H_
 
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -22,6 +23,17 @@ inline constexpr absl::string_view kPlacementRefusalTypeUrl =
 
 // The PlacementRefusal carried by `status`, if any (and if it parses).
 std::optional<v1::PlacementRefusal> RefusalFromStatus(const absl::Status& status);
+
+// Why an Allocate was refused, in one word, for counters and metrics: the
+// most common reason among the devices of its PlacementRefusal (capacity,
+// fragmentation, quota; excluded devices and devices holding another shard
+// do not vote; a tie goes to the first in that order), or kOther for any
+// other error.
+enum class RefusalReason { kCapacity, kFragmentation, kQuota, kOther };
+RefusalReason RefusalReasonOf(const absl::Status& status);
+// "capacity", "fragmentation", "quota"; for kOther the status code in
+// lower case ("invalid_argument", "unavailable", ...).
+std::string RefusalLabel(const absl::Status& status);
 
 }  // namespace gpumem
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace gpumem {
@@ -46,88 +47,88 @@ std::string DescribeTenantChange(const tenants::TenantDirectory& before,
 }
 
 absl::StatusOr<ReloadOutcome> ApplyReloadableConfig(
-    const v1::DaemonConfig& config, const ReloadableFlags& flags, MemoryBroker* broker,
-    const TenantTargets* tenant_targets) {
+    const Settings& settings, const google::protobuf::TextFormat::ParseInfoTree* locations,
+    const ReloadTargets& targets, bool at_start) {
   ReloadOutcome out;
 
   // The tenant directory and the admin group first: both can fail, and
   // nothing is changed before they are known to apply.
-  std::shared_ptr<const tenants::TenantDirectory> in_force;
+  const std::shared_ptr<const tenants::TenantDirectory> in_force = targets.directory->Get();
   std::optional<tenants::TenantDirectory> next_tenants;
-  if (tenant_targets != nullptr) {
-    in_force = tenant_targets->directory->Get();
-    absl::StatusOr<tenants::TenantDirectory> built = tenants::TenantDirectory::Build(
-        config, tenant_targets->locations, tenant_targets->config_path,
-        *tenant_targets->devices, in_force.get());
-    if (!built.ok()) return built.status();
-    if (built->configured() != in_force->configured()) {
-      out.restart_only.push_back(
-          built->configured()
-              ? "tenants (configured now, none in force: uid tenants and configured ids "
-                "could collide)"
-              : "tenants (none configured now: each uid its own tenant again)");
-    } else if (built->configured()) {
-      next_tenants = *std::move(built);
-    }
+  absl::StatusOr<tenants::TenantDirectory> built = tenants::TenantDirectory::Build(
+      settings.file, locations, settings.config_path, *targets.devices,
+      at_start ? nullptr : in_force.get());
+  if (!built.ok()) return built.status();
+  if (!at_start && built->configured() != in_force->configured()) {
+    out.restart_only.push_back(
+        built->configured()
+            ? "tenants (configured now, none in force: uid tenants and configured ids "
+              "could collide)"
+            : "tenants (none configured now: each uid its own tenant again)");
+  } else if (at_start || built->configured()) {
+    next_tenants = *std::move(built);
   }
 
-  const bool admin_from_flag = !flags.admin_group.empty();
-  const std::string& admin = admin_from_flag ? flags.admin_group : config.admin_group();
-  absl::Status admin_set = broker->SetAdminGroup(admin);
-  if (!admin_set.ok()) return admin_set;
+  const std::string& admin = settings.admin_group.value;
+  if (absl::Status set = targets.broker->SetAdminGroup(admin); !set.ok()) return set;
   out.applied.push_back(absl::StrCat(
       "admin_group = \"", admin, "\" (",
-      admin_from_flag ? "flag" : (admin.empty() ? "default: root only" : "config"), ")"));
+      admin.empty() && settings.admin_group.source == Source::kDefault
+          ? "default: root only"
+          : SourceName(settings.admin_group.source),
+      ")"));
 
-  double release = flags.empty_slab_release_seconds;
-  std::string from = "flag";
-  if (release < 0) {
-    release = config.pool().empty_slab_release_seconds() > 0
-                  ? config.pool().empty_slab_release_seconds() : 30;
-    from = config.pool().empty_slab_release_seconds() > 0 ? "config" : "default";
-  }
-  broker->SetEmptySlabRelease(absl::Seconds(release));
-  out.applied.push_back(absl::StrCat("pool.empty_slab_release_seconds = ", release,
-                                     " (", from, ")"));
+  targets.broker->SetEmptySlabRelease(settings.empty_slab_release.value);
+  out.applied.push_back(absl::StrCat("pool.empty_slab_release_seconds = ",
+                                     absl::ToDoubleSeconds(settings.empty_slab_release.value),
+                                     " (", SourceName(settings.empty_slab_release.source), ")"));
 
   if (next_tenants.has_value()) {
     // Quotas before the swap: a session resolved with the new directory
     // finds its tenant's quota in the book already.
     std::vector<ledger::QuotaRow> rows;
+    const std::string origin = at_start ? "config" : "config (reload)";
     for (const tenants::Tenant& t : next_tenants->tenants()) {
-      tenant_targets->quotas->SetQuota(t.id, t.quota);
+      targets.quotas->SetQuota(t.id, t.quota);
       if (!t.quota.unlimited()) {
-        rows.push_back({t.name, t.quota, "config (reload)", absl::GetCurrentTimeNanos()});
+        rows.push_back({t.name, t.quota, origin, absl::GetCurrentTimeNanos()});
       }
     }
     const std::string change = DescribeTenantChange(*in_force, *next_tenants);
     const size_t count = next_tenants->tenants().size();
-    tenant_targets->directory->Replace(*std::move(next_tenants));
-    absl::Status recorded = tenant_targets->ledger->ReplaceQuotas(rows);
-    broker->ServeWaiters();  // a raised quota may admit a waiting request
-    out.applied.push_back(absl::StrCat("tenants: ", change));
-    out.applied.push_back(absl::StrCat("quotas of ", count, " tenant(s) from the config",
-                                       recorded.ok() ? "" : absl::StrCat(
-                                           " (ledger not updated: ", recorded.message(), ")")));
+    const bool configured = next_tenants->configured();
+    targets.directory->Replace(*std::move(next_tenants));
+    absl::Status recorded = targets.ledger != nullptr ? targets.ledger->ReplaceQuotas(rows)
+                                                      : absl::OkStatus();
+    if (at_start && !recorded.ok()) return recorded;
+    targets.broker->QuotasChanged();  // a raised quota may admit a waiting request
+    if (configured) {
+      out.applied.push_back(absl::StrCat("tenants: ", change));
+      out.applied.push_back(absl::StrCat(
+          "quotas of ", count, " tenant(s) from the config",
+          recorded.ok() ? "" : absl::StrCat(" (ledger not updated: ", recorded.message(), ")")));
+    }
   }
   return out;
 }
 
-std::vector<std::string> RestartOnlyChanges(const v1::DaemonConfig& running,
-                                            const v1::DaemonConfig& next) {
+std::vector<std::string> RestartOnlyChanges(const Settings& running, const Settings& next) {
+  // The files' fields, as written: an edit of a restart-only field is
+  // reported even where a flag overrides it now.
+  const v1::DaemonConfig& a = running.file;
+  const v1::DaemonConfig& b = next.file;
   std::vector<std::string> changed;
-  if (running.backend() != next.backend()) changed.push_back("backend");
-  if (running.socket() != next.socket()) changed.push_back("socket");
-  if (running.sim_devices() != next.sim_devices()) changed.push_back("sim_devices");
-  if (running.sim_topology() != next.sim_topology()) changed.push_back("sim_topology");
-  if (!std::equal(running.handle_kinds().begin(), running.handle_kinds().end(),
-                  next.handle_kinds().begin(), next.handle_kinds().end())) {
+  if (a.backend() != b.backend()) changed.push_back("backend");
+  if (a.socket() != b.socket()) changed.push_back("socket");
+  if (a.tenant_socket_dir() != b.tenant_socket_dir()) changed.push_back("tenant_socket_dir");
+  if (a.sim_devices() != b.sim_devices()) changed.push_back("sim_devices");
+  if (a.sim_topology() != b.sim_topology()) changed.push_back("sim_topology");
+  if (!std::equal(a.handle_kinds().begin(), a.handle_kinds().end(), b.handle_kinds().begin(),
+                  b.handle_kinds().end())) {
     changed.push_back("handle_kinds");
   }
-  if (running.pool().slab_size() != next.pool().slab_size()) {
-    changed.push_back("pool.slab_size");
-  }
-  if (running.ledger() != next.ledger()) changed.push_back("ledger");
+  if (a.pool().slab_size() != b.pool().slab_size()) changed.push_back("pool.slab_size");
+  if (a.ledger() != b.ledger()) changed.push_back("ledger");
   return changed;
 }
 

@@ -1,9 +1,11 @@
-// The settings a running daemon takes from a new config on SIGHUP, applied
-// through one function, and the list of settings that wait for a restart.
+// The settings a running daemon takes from its config, at start and again on
+// SIGHUP, applied through one function, and the list of settings that wait
+// for a restart.
 //
 // Guarantees:
-//  - ApplyReloadableConfig is the only place config reaches running parts:
-//    the daemon calls it at start and on every SIGHUP with a config that
+//  - ApplyReloadableConfig is the only place the reloadable settings and
+//    the tenant section reach running parts: the daemon calls it at start
+//    and on every SIGHUP with settings ResolveSettings made from a config
 //    LoadDaemonConfig accepted, so start and reload cannot disagree.
 //  - It changes only what affects new requests and future maintenance;
 //    no session, allocation or slab is dropped or moved.
@@ -14,7 +16,7 @@
 //    quota table is best effort (a failure is reported in the returned
 //    line; the quotas apply anyway).
 //  - A setting also given as a command-line flag keeps the flag's value
-//    (flags win over the file, at start and on reload).
+//    (flags win over the file, at start and on reload: settings.h).
 //
 // Reloadable: admin_group, pool.empty_slab_release_seconds, and the tenant
 // section (tenants, their uids/gids, priorities, quotas, default_tenant).
@@ -25,19 +27,19 @@
 // before the directory is swapped in, so a new session never sees a tenant
 // without its quota. Then:
 //  - new sessions resolve with the new directory; live sessions keep the
-//    tenant they were fixed to (server/service/memory_broker.h), so their
+//    tenant they were fixed to (server/core/memory_broker.h), so their
 //    allocations stay charged there until freed;
 //  - a removed tenant's live allocations stay charged to it, under its
 //    name, with its last quota still enforced on its live sessions, and it
 //    is listed by GetStats and (for admins) GetUsage until they are freed;
 //    SetQuota no longer names it, and the ledger's quota table drops it;
 //  - priorities apply to Allocates that queue to wait after the reload.
-// Restart-only: backend, socket, sim_devices, sim_topology, handle_kinds,
-// pool.slab_size (devices, the listening socket, handle kinds and slab
-// geometry are fixed for the daemon's life), ledger, and switching between
-// no tenants (each uid its own tenant, id = uid) and configured tenants
-// (ids 1..N), whose ids could collide: then the whole tenant section waits
-// for a restart (it is still checked).
+// Restart-only: backend, socket, tenant_socket_dir, sim_devices,
+// sim_topology, handle_kinds, pool.slab_size (devices, the listening
+// sockets, handle kinds and slab geometry are fixed for the daemon's life),
+// ledger, and switching between no tenants (each uid its own tenant, id =
+// uid) and configured tenants (ids 1..N), whose ids could collide: then the
+// whole tenant section waits for a restart (it is still checked).
 #ifndef GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
 #define GPUMEMD_SERVER_CONFIG_RELOADABLE_H_
 
@@ -48,30 +50,22 @@
 
 #include "absl/status/statusor.h"
 #include "proto/gpumem/v1/config.pb.h"
+#include "server/config/settings.h"
+#include "server/core/memory_broker.h"
 #include "server/ledger/tenant_ledger.h"
 #include "server/placement/device_view.h"
 #include "server/quota/quota_book.h"
-#include "server/service/memory_broker.h"
 #include "server/tenants/tenant_directory.h"
 
 namespace gpumem {
 
-// Reloadable settings given on the command line (they win over the file).
-struct ReloadableFlags {
-  double empty_slab_release_seconds = -1;  // < 0: not given
-  std::string admin_group;                 // empty: not given
-};
-
-// Where the tenant section goes on a reload.
-struct TenantTargets {
+// The running parts the config reaches.
+struct ReloadTargets {
+  MemoryBroker* broker = nullptr;
   const std::vector<placement::DeviceView>* devices = nullptr;
   tenants::TenantDirectoryHolder* directory = nullptr;  // the one in force
   quota::QuotaBook* quotas = nullptr;
   ledger::TenantLedger* ledger = nullptr;
-  // The parse tree the config was read with (may be null) and its file,
-  // for FILE:LINE in tenant errors.
-  const google::protobuf::TextFormat::ParseInfoTree* locations = nullptr;
-  std::string config_path;
 };
 
 struct ReloadOutcome {
@@ -82,17 +76,17 @@ struct ReloadOutcome {
   std::vector<std::string> restart_only;
 };
 
-// `tenant_targets` null: at start (the tenant directory and quotas were made
-// from the same config already).
+// `locations` (may be null) is the parse tree `settings.file` was read with,
+// for FILE:LINE in tenant errors. `at_start`: the directory in force is the
+// empty one the daemon starts with, so any tenant mode may be taken.
 absl::StatusOr<ReloadOutcome> ApplyReloadableConfig(
-    const v1::DaemonConfig& config, const ReloadableFlags& flags, MemoryBroker* broker,
-    const TenantTargets* tenant_targets = nullptr);
+    const Settings& settings, const google::protobuf::TextFormat::ParseInfoTree* locations,
+    const ReloadTargets& targets, bool at_start);
 
 // Names of restart-only fields whose value differs between the two configs
-// (the tenant mode switch is ApplyReloadableConfig's to report: it depends
-// on the directory in force).
-std::vector<std::string> RestartOnlyChanges(const v1::DaemonConfig& running,
-                                            const v1::DaemonConfig& next);
+// files (the tenant mode switch is ApplyReloadableConfig's to report: it
+// depends on the directory in force).
+std::vector<std::string> RestartOnlyChanges(const Settings& running, const Settings& next);
 
 // What a reload does to the tenants, e.g. `3 tenant(s): kept "a" (id 1);
 // added "c" (id 4); removed "b" (id 2; its live allocations stay charged to

@@ -1,12 +1,8 @@
 // See call_metrics.h.
 #include "server/metrics/call_metrics.h"
 
-#include <map>
-#include <optional>
-
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/status/status.h"
+#include "common/refusal_payload.h"
 
 namespace gpumem {
 
@@ -33,44 +29,11 @@ CallMetrics::CallMetrics() : registry_(std::make_shared<prometheus::Registry>())
                                2.5e-3, 5e-3, 1e-2, 0.1, 1});
 }
 
-std::string CallMetrics::RefusalReason(const grpc::Status& status) {
-  v1::RpcStatus details;
-  v1::PlacementRefusal placement;
-  std::optional<v1::PlacementRefusal> refusal;
-  if (!status.error_details().empty() &&
-      details.ParseFromString(status.error_details())) {
-    for (const google::protobuf::Any& any : details.details()) {
-      if (any.UnpackTo(&placement)) refusal = placement;
-    }
-  }
-  if (refusal.has_value()) {
-    std::map<std::string, int> votes;
-    for (const v1::DeviceRefusal& d : refusal->devices()) {
-      switch (d.reason()) {
-        case v1::DeviceRefusal::REASON_CAPACITY: ++votes["capacity"]; break;
-        case v1::DeviceRefusal::REASON_FRAGMENTATION: ++votes["fragmentation"]; break;
-        case v1::DeviceRefusal::REASON_QUOTA: ++votes["quota"]; break;
-        default: break;  // excluded / holds a shard: not why it failed
-      }
-    }
-    std::string best;
-    int most = 0;
-    for (const auto& [reason, n] : votes) {
-      if (n > most) best = reason, most = n;
-    }
-    if (!best.empty()) return best;
-  }
-  // gRPC and absl status codes have the same numbers.
-  return absl::AsciiStrToLower(
-      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())));
-}
-
-void CallMetrics::RecordAllocate(const grpc::Status& status,
-                                 const v1::AllocateResponse& response,
-                                 absl::Duration latency) {
+void CallMetrics::OnAllocate(const absl::Status& status, const v1::AllocateResponse& response,
+                             absl::Duration latency) {
   latency_->Observe(absl::ToDoubleSeconds(latency));
   if (!status.ok()) {
-    refusals_->Add({{"reason", RefusalReason(status)}}).Increment();
+    refusals_->Add({{"reason", RefusalLabel(status)}}).Increment();
     return;
   }
   for (const v1::Allocation& a : response.allocations()) {
@@ -78,7 +41,7 @@ void CallMetrics::RecordAllocate(const grpc::Status& status,
   }
 }
 
-void CallMetrics::RecordFree(const grpc::Status& status) {
+void CallMetrics::OnFree(const absl::Status& status) {
   if (status.ok()) frees_->Increment();
 }
 

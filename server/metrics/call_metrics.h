@@ -1,5 +1,8 @@
 // CallMetrics: the daemon's event counters and the allocation latency
-// histogram, kept in a prometheus-cpp Registry.
+// histogram, kept in a prometheus-cpp Registry. It is a CallObserver
+// (server/service/call_observer.h): the transports report each answered
+// Allocate and Free to it, unary and Stream alike, and know nothing of
+// Prometheus; the daemon installs it only with --metrics_listen.
 //
 // Guarantees:
 //  - gpumemd_allocations_total{device}: blocks handed out (a sharded call
@@ -9,7 +12,9 @@
 //  - gpumemd_allocation_refusals_total{reason}: refused Allocate calls, by
 //    reason: "capacity", "fragmentation", "quota" (the placement refusal's
 //    most common device reason) or the status code in lower case
-//    ("invalid_argument", "unavailable", "permission_denied", ...).
+//    ("invalid_argument", "unavailable", "permission_denied", ...): the
+//    rule of common/refusal_payload.h's RefusalLabel, which GetStats'
+//    counters use too.
 //  - gpumemd_allocation_latency_seconds: every Allocate call, served or not,
 //    from the handler's entry to its answer (buckets 10 us .. 1 s).
 // Thread-safety: the Record* methods may be called from any thread
@@ -25,28 +30,23 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
-#include <grpcpp/support/status.h>
-
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
+#include "server/service/call_observer.h"
 
 namespace gpumem {
 
-class CallMetrics {
+class CallMetrics final : public CallObserver {
  public:
   CallMetrics();
 
-  // `status` as the client gets it (a placement refusal travels in its
-  // binary error details).
-  void RecordAllocate(const grpc::Status& status, const v1::AllocateResponse& response,
-                      absl::Duration latency);
-  void RecordFree(const grpc::Status& status);
+  void OnAllocate(const absl::Status& status, const v1::AllocateResponse& response,
+                  absl::Duration latency) override;
+  void OnFree(const absl::Status& status) override;
 
   // What the exposer collects.
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
-
-  // The refusal label for a failed Allocate (see above).
-  static std::string RefusalReason(const grpc::Status& status);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "server/service/stats_proto.h"
 
 namespace gpumem {
 namespace {
@@ -129,7 +130,7 @@ std::vector<MetricFamily> StatsCollector::Collect() const {
   // As root: the endpoint shows every tenant (see metrics_endpoint.h on
   // who may reach it).
   const PeerCred root{/*pid=*/0, /*uid=*/0, /*gid=*/0};
-  return FromStats(broker_->Stats(root));
+  return FromStats(RenderStats(broker_->Stats(root)));
 }
 
 }  // namespace gpumem

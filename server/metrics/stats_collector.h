@@ -1,6 +1,7 @@
 // StatsCollector: Prometheus gauges read from MemoryBroker::Stats() at each
-// scrape, so they are exactly what GetStats answers at that moment (no
-// second bookkeeping that could drift).
+// scrape, rendered as GetStats renders it (server/service/stats_proto.h), so
+// they are exactly what GetStats answers at that moment (no second
+// bookkeeping that could drift).
 //
 // Families (labels device="<index>", uuid="GPU-..."):
 //   gpumemd_device_total_bytes, gpumemd_device_used_bytes,
@@ -32,7 +33,8 @@
 #include <prometheus/collectable.h>
 #include <prometheus/metric_family.h>
 
-#include "server/service/memory_broker.h"
+#include "proto/gpumem/v1/gpumem.pb.h"
+#include "server/core/memory_broker.h"
 
 namespace gpumem {
 

@@ -103,11 +103,22 @@ bool SlabPool::TakeLocked(uint64_t id, SlabEntry& e, uint64_t size,
   ++t.live_blocks;
   *out = PoolBlock{id, e.slab->size(), b.offset, size, b.handle, e.tenant, new_slab};
   out->kind = e.kind;
+  out->dedicated = e.dedicated;
   return true;
 }
 
 CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant,
-                            HandleKind kind, bool backend_work) {
+                            HandleKind kind) {
+  return CarveIn(size, alignment, tenant, kind, /*may_call_backend=*/true);
+}
+
+CarveResult SlabPool::TryCarve(uint64_t size, uint64_t alignment, uint32_t tenant,
+                               HandleKind kind) {
+  return CarveIn(size, alignment, tenant, kind, /*may_call_backend=*/false);
+}
+
+CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant,
+                              HandleKind kind, bool may_call_backend) {
   CarveResult r;
   if (size == 0) {
     r.error = absl::InvalidArgumentError("size must be > 0");
@@ -157,8 +168,8 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant,
       return bytes >= need && bytes <= UnpooledLocked();
     };
     if (!fits() && RoundDown(UnpooledLocked() + ReleasableLocked()) >= need) {
-      if (!backend_work) {
-        r.kind = CarveResult::Kind::kNeedsBackend;
+      if (!may_call_backend) {
+        r.kind = CarveResult::Kind::kNeedsBackendWork;
         return r;
       }
       // Capacity sits in empty slabs nobody holds: release them. (A held
@@ -179,8 +190,8 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant,
       r.refusal = RefuseLocked(size, alignment, tenant);
       return r;
     }
-    if (!backend_work) {
-      r.kind = CarveResult::Kind::kNeedsBackend;
+    if (!may_call_backend) {
+      r.kind = CarveResult::Kind::kNeedsBackendWork;
       return r;
     }
     creating_bytes_ += bytes;
@@ -195,7 +206,7 @@ CarveResult SlabPool::Carve(uint64_t size, uint64_t alignment, uint32_t tenant,
   }
   auto [id, entry] = AddSlabLocked(std::move(*slab), kind, tenant);
   SlabEntry& e = *entry;
-  e.dedicated = dedicated;
+  e.dedicated = dedicated;  // before TakeLocked, which copies it into the block
   if (!TakeLocked(id, e, size, alignment, true, &r.block)) {
     // Cannot happen for a fresh slab of at least `need` bytes.
     r.error = absl::InternalError(absl::StrCat(
@@ -563,6 +574,12 @@ std::vector<SlabStats> SlabPool::Slabs() const {
 absl::flat_hash_map<uint32_t, TenantPoolStats> SlabPool::TenantStats() const {
   absl::MutexLock lock(&mu_);
   return tenants_;
+}
+
+uint64_t SlabPool::TenantRetained(uint32_t tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tenants_.find(tenant);
+  return it == tenants_.end() ? 0 : it->second.retained_bytes;
 }
 
 absl::flat_hash_map<uint64_t, uint64_t> SlabPool::SessionRetained() const {

@@ -33,7 +33,10 @@
 //    refuses), and capacity promised to a slab being created counts as used.
 //  - Carve answers with a block, a refusal (capacity or fragmentation, with
 //    the figures), or the backend's error with the device and operation in
-//    its message; a failed Carve leaves the pool as it was.
+//    its message; a failed Carve leaves the pool as it was. TryCarve is the
+//    same without calling the backend: where Carve would create a slab or
+//    release empty ones to make room, it answers kNeedsBackendWork and
+//    changes nothing (any other answer is the one Carve would give).
 //
 // Thread-safety: every method may be called from any thread. One mutex per
 // pool guards its bookkeeping; backend work (creating, exporting, releasing
@@ -73,7 +76,9 @@ struct PoolOptions {
 
 // A carved block. `handle` is the allocator's, for O(1) release;
 // `new_slab` says the carve created the slab (Uncarve then removes it),
-// `claimed_slab` that it claimed a reserved one (Uncarve gives it back).
+// `claimed_slab` that it claimed a reserved one (Uncarve gives it back),
+// `dedicated` that the slab is the block's alone (its Release gives the slab
+// back to the backend).
 struct PoolBlock {
   uint64_t slab_id = 0;
   uint64_t slab_size = 0;
@@ -83,6 +88,7 @@ struct PoolBlock {
   uint32_t tenant = 0;
   bool new_slab = false;
   bool claimed_slab = false;  // the carve claimed a reserved slab
+  bool dedicated = false;
   HandleKind kind = HandleKind::kMemfd;
 };
 
@@ -97,9 +103,9 @@ struct PoolRefusal {
 };
 
 // What Carve did: exactly one of block (ok), refusal (refused), error, or
-// (only when the caller forbade backend work) that serving it needs some.
+// (TryCarve only) that serving it needs backend work.
 struct CarveResult {
-  enum class Kind { kBlock, kRefused, kError, kNeedsBackend };
+  enum class Kind { kBlock, kRefused, kError, kNeedsBackendWork };
   Kind kind = Kind::kError;
   PoolBlock block;
   PoolRefusal refusal;
@@ -137,6 +143,13 @@ struct PoolStats {
   uint32_t retained_slab_count = 0;
   // 1 - largest_pooled_free / pooled_free_bytes (0 when nothing is free).
   double fragmentation = 0.0;
+
+  // What is left to allocate on the device, pooled or not: neither in live
+  // blocks nor retained by a session that may still hold a slab.
+  uint64_t free_bytes() const {
+    const uint64_t held = used_bytes + retained_bytes;
+    return held >= total_bytes ? 0 : total_bytes - held;
+  }
 };
 
 // One tenant's figures on this device.
@@ -158,16 +171,19 @@ class SlabPool {
   absl::Status Reserve();
 
   // A block of `size` bytes at `alignment` (power of two) for `tenant`, in
-  // a slab of `kind` (one the backend makes). With `backend_work` false the
-  // carve uses existing slabs only: where it would create a slab or release
-  // empty ones to make room it answers kNeedsBackend and changes nothing
-  // (a refusal or a block is the same answer it would give with true).
-  CarveResult Carve(uint64_t size, uint64_t alignment, uint32_t tenant, HandleKind kind,
-                    bool backend_work = true);
+  // a slab of `kind` (one the backend makes). May call the backend (create
+  // a slab; release empty ones to make room for it), which on CUDA takes
+  // milliseconds; never waits for anything else.
+  CarveResult Carve(uint64_t size, uint64_t alignment, uint32_t tenant, HandleKind kind);
+  // The same from existing slabs only, never calling the backend: where
+  // Carve would, the answer is kNeedsBackendWork and nothing changed.
+  CarveResult TryCarve(uint64_t size, uint64_t alignment, uint32_t tenant, HandleKind kind);
   // The same, in the backend's default kind.
   CarveResult Carve(uint64_t size, uint64_t alignment, uint32_t tenant) {
     return Carve(size, alignment, tenant, backend_->handle_kinds().front());
   }
+  // Returns a carved block. Calls the backend when the block's slab is
+  // dedicated (the slab goes back with it); otherwise only takes the lock.
   void Release(const PoolBlock& block);
   // Undoes a Carve that its caller abandons (a sharded request that failed
   // elsewhere): like Release, and a slab the carve created goes back to the
@@ -214,6 +230,9 @@ class SlabPool {
   PoolStats Stats() const;
   std::vector<SlabStats> Slabs() const;
   absl::flat_hash_map<uint32_t, TenantPoolStats> TenantStats() const;
+  // Bytes `tenant` has retained on this device (what quotas count besides
+  // live blocks).
+  uint64_t TenantRetained(uint32_t tenant) const;
   // Retained bytes each session may still hold (sessions with none absent).
   absl::flat_hash_map<uint64_t, uint64_t> SessionRetained() const;
   // Checks each slab's allocator, the pool's counters and the export books.
@@ -236,6 +255,8 @@ class SlabPool {
   // ExportSlab and IpcHandle: records `session` as given the slab's handle,
   // runs `give` on the slab outside the lock, and undoes the record if it
   // fails. `what` names the operation in errors.
+  CarveResult CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant, HandleKind kind,
+                      bool may_call_backend);
   template <typename T>
   absl::StatusOr<T> GiveHandle(uint64_t slab_id, uint32_t tenant, uint64_t session,
                                const char* what,

@@ -1,104 +1,304 @@
+// See gpumem_service.h. One UnaryCall per call in flight, driven by the
+// events of its completion queue (accepted, finished, done); all of them
+// arrive on the queue's one thread, so its flags need no lock. Reply may be
+// called from any thread (a worker, admission's): it starts Finish and
+// touches the call no more, because the queue thread may delete it as soon
+// as Finish completes.
+//
+// Invariants of a UnaryCall:
+//  - Reply is called exactly once per accepted call (or never, when the
+//    queue was stopping at accept: then the call just ends at its done
+//    event);
+//  - deleted only when its accept failed, or when it is finished (Finish
+//    completed, or never started) and its done event arrived.
 #include "server/service/gpumem_service.h"
 
-#include "common/fd_channel.h"
-#include "common/refusal_payload.h"
+#include <atomic>
+#include <memory>
+#include <utility>
+
+#include <grpcpp/server_context.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "server/service/caller.h"
+#include "server/service/stats_proto.h"
 
 namespace gpumem {
 
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  const auto code = static_cast<grpc::StatusCode>(status.code());
-  std::string message(status.message());
-  std::optional<v1::PlacementRefusal> refusal =
-      RefusalFromStatus(status);
-  if (!refusal.has_value()) return grpc::Status(code, message);
-  v1::RpcStatus details;
-  details.set_code(static_cast<int32_t>(status.code()));
-  details.set_message(message);
-  details.add_details()->PackFrom(*refusal);
-  return grpc::Status(code, message, details.SerializeAsString());
-}
+// A waiting Allocate's cancellation, shared by its call and whoever learns
+// the wait ticket (the call may be gone by then). Either side may come
+// first; each checks the other's flag after setting its own, so no cancel is
+// lost (both are sequentially consistent).
+struct WaitCancel {
+  std::atomic<uint64_t> ticket{0};
+  std::atomic<bool> cancelled{false};
 
-absl::StatusOr<PeerCred> CallerOf(grpc::ServerContext* ctx, const PeerTable& peers,
-                                  const MemoryBroker& broker) {
-  absl::StatusOr<PeerCred> caller = peers.Lookup(ctx->peer());
-  if (!caller.ok() || caller->pid > 0) return caller;
-  auto token = ctx->client_metadata().find(kSessionTokenHeader);
-  if (token == ctx->client_metadata().end()) return caller;  // Attach says why
-  absl::StatusOr<uint64_t> session = broker.ResolveSessionToken(
-      absl::string_view(token->second.data(), token->second.size()), *caller);
-  if (!session.ok()) return session.status();
-  caller->bound_session = *session;
-  return caller;
-}
+  void Waiting(MemoryBroker* broker, uint64_t t) {
+    ticket.store(t);
+    if (cancelled.load()) broker->CancelWait(t);
+  }
+  void Cancel(MemoryBroker* broker) {
+    cancelled.store(true);
+    if (const uint64_t t = ticket.load(); t != 0) broker->CancelWait(t);
+  }
+};
+
+template <typename Request, typename Response>
+class UnaryCall {
+ public:
+  using RequestFn = void (AsyncGpuMemory::*)(grpc::ServerContext*, Request*,
+                                             grpc::ServerAsyncResponseWriter<Response>*,
+                                             grpc::CompletionQueue*,
+                                             grpc::ServerCompletionQueue*, void*);
+
+  UnaryCall(GpuMemoryService* owner, AsyncGpuMemory* service, EventQueue* queue,
+            RequestFn request_fn)
+      : owner_(owner), service_(service), queue_(queue), request_fn_(request_fn),
+        writer_(&ctx_) {}
+
+  // Posts the request for the next call of this method on the queue.
+  void Listen() {
+    ctx_.AsyncNotifyWhenDone(done_tag_.tag());
+    (service_->*request_fn_)(&ctx_, &request_, &writer_, queue_->cq.get(), queue_->cq.get(),
+                             accept_tag_.tag());
+  }
+
+  grpc::ServerContext* ctx() { return &ctx_; }
+  const Request& request() const { return request_; }
+  absl::Time arrived() const { return arrived_; }
+  // A waiting Allocate's cancellation (made on first use, on the queue
+  // thread, before anyone else can see it).
+  const std::shared_ptr<WaitCancel>& wait_cancel() {
+    if (wait_cancel_ == nullptr) wait_cancel_ = std::make_shared<WaitCancel>();
+    return wait_cancel_;
+  }
+
+  // Answers the call. From any thread, once; the call may be deleted by the
+  // time this returns.
+  void Reply(const absl::StatusOr<Response>& answer) {
+    if (answer.ok()) {
+      writer_.Finish(*answer, grpc::Status::OK, finish_tag_.tag());
+    } else {
+      writer_.FinishWithError(ToGrpcStatus(answer.status()), finish_tag_.tag());
+    }
+  }
+
+ private:
+  enum class Event { kAccepted, kFinished, kDone };
+  struct Tag final : CqEvent {
+    Tag(UnaryCall* c, Event e) : call(c), event(e) {}
+    void OnEvent(bool ok) override { call->OnEvent(event, ok); }
+    void* tag() { return static_cast<CqEvent*>(this); }
+    UnaryCall* const call;
+    const Event event;
+  };
+
+  void OnEvent(Event event, bool ok) {
+    switch (event) {
+      case Event::kAccepted:
+        if (!ok) {  // the server is shutting down; no call was started
+          delete this;
+          return;
+        }
+        if (queue_->stopping) {
+          // No new operation on a stopping queue: the call just ends.
+          finished_ = true;
+          break;
+        }
+        (new UnaryCall(owner_, service_, queue_, request_fn_))->Listen();
+        arrived_ = absl::Now();
+        owner_->Handle(this);  // replies now, or later from another thread
+        return;                // `this` may be finished and deleted later only
+      case Event::kFinished:
+        finished_ = true;
+        break;
+      case Event::kDone:
+        done_ = true;
+        if (ctx_.IsCancelled() && wait_cancel_ != nullptr) wait_cancel_->Cancel(owner_->broker());
+        break;
+    }
+    if (finished_ && done_) delete this;
+  }
+
+  GpuMemoryService* const owner_;
+  AsyncGpuMemory* const service_;
+  EventQueue* const queue_;
+  const RequestFn request_fn_;
+  grpc::ServerContext ctx_;
+  Request request_;
+  grpc::ServerAsyncResponseWriter<Response> writer_;
+  absl::Time arrived_;
+  std::shared_ptr<WaitCancel> wait_cancel_;
+  Tag accept_tag_{this, Event::kAccepted};
+  Tag finish_tag_{this, Event::kFinished};
+  Tag done_tag_{this, Event::kDone};
+  bool finished_ = false;  // queue thread only
+  bool done_ = false;      // queue thread only
+};
 
 namespace {
 
-template <typename T>
-grpc::Status Reply(absl::StatusOr<T> result, T* out) {
-  if (!result.ok()) return ToGrpcStatus(result.status());
-  *out = std::move(*result);
-  return grpc::Status::OK;
+template <typename Call>
+void Listen(GpuMemoryService* owner, AsyncGpuMemory* service, EventQueue* queue,
+            typename Call::RequestFn fn) {
+  (new Call(owner, service, queue, fn))->Listen();
+}
+
+absl::Status Stopping() {
+  return absl::UnavailableError(
+      "gpumemd is stopping: it takes no new allocations; retry once it is back");
+}
+
+absl::Status NoTenants() {
+  return absl::UnimplementedError("this daemon serves no tenant RPCs");
 }
 
 }  // namespace
 
-grpc::Status GpuMemoryService::Allocate(grpc::ServerContext* ctx,
-                                        const v1::AllocateRequest* req,
-                                        v1::AllocateResponse* resp) {
-  absl::StatusOr<PeerCred> caller = CallerOf(ctx, *peers_, *broker_);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return Reply(broker_->Allocate(*caller, *req), resp);
+void GpuMemoryService::Start(const std::vector<EventQueue*>& queues) {
+  AsyncGpuMemory* s = p_.service;
+  for (EventQueue* q : queues) {
+    Listen<AllocateCall>(this, s, q, &AsyncGpuMemory::RequestAllocate);
+    Listen<FreeCall>(this, s, q, &AsyncGpuMemory::RequestFree);
+    Listen<GetStatsCall>(this, s, q, &AsyncGpuMemory::RequestGetStats);
+    Listen<GetSessionCall>(this, s, q, &AsyncGpuMemory::RequestGetSession);
+    Listen<GetUsageCall>(this, s, q, &AsyncGpuMemory::RequestGetUsage);
+    Listen<GetLedgerCall>(this, s, q, &AsyncGpuMemory::RequestGetLedger);
+    Listen<SetQuotaCall>(this, s, q, &AsyncGpuMemory::RequestSetQuota);
+    Listen<PutTenantCall>(this, s, q, &AsyncGpuMemory::RequestPutTenant);
+    Listen<DeleteTenantCall>(this, s, q, &AsyncGpuMemory::RequestDeleteTenant);
+  }
 }
 
-grpc::Status GpuMemoryService::Free(grpc::ServerContext* ctx,
-                                    const v1::FreeRequest* req,
-                                    v1::FreeResponse* resp) {
-  absl::StatusOr<PeerCred> caller = CallerOf(ctx, *peers_, *broker_);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return Reply(broker_->Free(*caller, *req), resp);
+void GpuMemoryService::ReplyAllocate(AllocateCall* call, MemoryBroker::AllocateAnswer answer) {
+  if (p_.observer != nullptr) {
+    p_.observer->OnAllocate(answer.status(), answer.ok() ? *answer : v1::AllocateResponse(),
+                            absl::Now() - call->arrived());
+  }
+  call->Reply(answer);  // last: the call may be gone after
 }
 
-grpc::Status GpuMemoryService::GetStats(grpc::ServerContext* ctx,
-                                        const v1::GetStatsRequest* req,
-                                        v1::GetStatsResponse* resp) {
-  absl::StatusOr<PeerCred> caller = CallerOf(ctx, *peers_, *broker_);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  *resp = broker_->Stats(*caller, req->include_slabs());
-  return grpc::Status::OK;
+void GpuMemoryService::ReplyFree(FreeCall* call, absl::StatusOr<v1::FreeResponse> answer) {
+  if (p_.observer != nullptr) p_.observer->OnFree(answer.status());
+  call->Reply(answer);
 }
 
-grpc::Status GpuMemoryService::GetSession(grpc::ServerContext* ctx,
-                                          const v1::GetSessionRequest*,
-                                          v1::Session* resp) {
-  absl::StatusOr<PeerCred> caller = CallerOf(ctx, *peers_, *broker_);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return Reply(broker_->GetSession(*caller), resp);
+void GpuMemoryService::Handle(AllocateCall* call) {
+  absl::StatusOr<PeerCred> caller = CallerOf(call->ctx(), *p_.peers, *p_.broker);
+  if (!caller.ok()) return ReplyAllocate(call, caller.status());
+  std::shared_ptr<WaitCancel> cancel =
+      call->request().wait_ms() != 0 ? call->wait_cancel() : nullptr;
+  auto waited = [this, call](MemoryBroker::AllocateAnswer answer) {
+    ReplyAllocate(call, std::move(answer));
+  };
+  MemoryBroker::AllocateOutcome o = p_.broker->TryAllocate(*caller, call->request(), waited);
+  switch (o.kind) {
+    case MemoryBroker::AllocateOutcome::Kind::kAnswered:
+      return ReplyAllocate(call, std::move(o.answer));
+    case MemoryBroker::AllocateOutcome::Kind::kWaiting:
+      cancel->Waiting(p_.broker, o.wait_ticket);
+      return;
+    case MemoryBroker::AllocateOutcome::Kind::kNeedsBackendWork:
+      break;
+  }
+  // A new slab, or releasing empty ones: not on this thread, which serves
+  // every call of the queue.
+  const bool submitted = p_.backend_workers->Submit([this, call, caller = *caller, cancel,
+                                                     waited] {
+    MemoryBroker::AllocateOutcome done = p_.broker->Allocate(caller, call->request(), waited);
+    if (done.kind == MemoryBroker::AllocateOutcome::Kind::kWaiting) {
+      // `call` may already be answered and gone: only `cancel` is used.
+      cancel->Waiting(p_.broker, done.wait_ticket);
+    } else {
+      ReplyAllocate(call, std::move(done.answer));
+    }
+  });
+  if (!submitted) ReplyAllocate(call, Stopping());
 }
 
-grpc::Status GpuMemoryService::GetUsage(grpc::ServerContext* ctx, const v1::GetUsageRequest*,
-                                        v1::GetUsageResponse* resp) {
-  if (tenants_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no tenants");
-  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return Reply(tenants_->GetUsage(*caller), resp);
+void GpuMemoryService::Handle(FreeCall* call) {
+  absl::StatusOr<PeerCred> caller = CallerOf(call->ctx(), *p_.peers, *p_.broker);
+  if (!caller.ok()) return ReplyFree(call, caller.status());
+  std::optional<absl::StatusOr<v1::FreeResponse>> now =
+      p_.broker->TryFree(*caller, call->request());
+  if (now.has_value()) return ReplyFree(call, *std::move(now));
+  // The block's dedicated slab goes back to the backend: not here.
+  const bool submitted = p_.backend_workers->Submit([this, call, caller = *caller] {
+    ReplyFree(call, p_.broker->Free(caller, call->request()));
+  });
+  if (!submitted) ReplyFree(call, p_.broker->Free(*caller, call->request()));
 }
 
-grpc::Status GpuMemoryService::GetLedger(grpc::ServerContext* ctx,
-                                         const v1::GetLedgerRequest* req,
-                                         v1::GetLedgerResponse* resp) {
-  if (tenants_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no tenants");
-  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return Reply(tenants_->GetLedger(*caller, *req), resp);
+template <typename Call, typename Fn>
+void GpuMemoryService::Query(Call* call, Fn query) {
+  auto run = [call, query] { call->Reply(query()); };
+  if (!p_.query_workers->Submit(run)) run();
 }
 
-grpc::Status GpuMemoryService::SetQuota(grpc::ServerContext* ctx, const v1::SetQuotaRequest* req,
-                                        v1::SetQuotaResponse* resp) {
-  if (tenants_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no tenants");
-  absl::StatusOr<PeerCred> caller = peers_->Lookup(ctx->peer());
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return Reply(tenants_->SetQuota(*caller, *req), resp);
+void GpuMemoryService::Handle(GetStatsCall* call) {
+  absl::StatusOr<PeerCred> caller = CallerOf(call->ctx(), *p_.peers, *p_.broker);
+  if (!caller.ok()) return call->Reply(caller.status());
+  MemoryBroker* broker = p_.broker;
+  Query(call, [broker, call, caller = *caller]() -> absl::StatusOr<v1::GetStatsResponse> {
+    return RenderStats(broker->Stats(caller, call->request().include_slabs()));
+  });
+}
+
+void GpuMemoryService::Handle(GetSessionCall* call) {
+  absl::StatusOr<PeerCred> caller = CallerOf(call->ctx(), *p_.peers, *p_.broker);
+  if (!caller.ok()) return call->Reply(caller.status());
+  call->Reply(p_.broker->GetSession(*caller));
+}
+
+// The tenant RPCs take the caller from the kernel as every RPC does; they
+// act on tenants, so a connection-bound session token is not needed.
+void GpuMemoryService::Handle(GetUsageCall* call) {
+  absl::StatusOr<PeerCred> caller = p_.peers->Lookup(call->ctx()->peer());
+  if (!caller.ok()) return call->Reply(caller.status());
+  if (p_.tenants == nullptr) return call->Reply(NoTenants());
+  TenantAdmin* tenants = p_.tenants;
+  Query(call, [tenants, caller = *caller] { return tenants->GetUsage(caller); });
+}
+
+void GpuMemoryService::Handle(GetLedgerCall* call) {
+  absl::StatusOr<PeerCred> caller = p_.peers->Lookup(call->ctx()->peer());
+  if (!caller.ok()) return call->Reply(caller.status());
+  if (p_.tenants == nullptr) return call->Reply(NoTenants());
+  TenantAdmin* tenants = p_.tenants;
+  Query(call, [tenants, call, caller = *caller] {
+    return tenants->GetLedger(caller, call->request());
+  });
+}
+
+void GpuMemoryService::Handle(SetQuotaCall* call) {
+  absl::StatusOr<PeerCred> caller = p_.peers->Lookup(call->ctx()->peer());
+  if (!caller.ok()) return call->Reply(caller.status());
+  if (p_.tenants == nullptr) return call->Reply(NoTenants());
+  TenantAdmin* tenants = p_.tenants;
+  Query(call, [tenants, call, caller = *caller] {
+    return tenants->SetQuota(caller, call->request());
+  });
+}
+
+void GpuMemoryService::Handle(PutTenantCall* call) {
+  absl::StatusOr<PeerCred> caller = p_.peers->Lookup(call->ctx()->peer());
+  if (!caller.ok()) return call->Reply(caller.status());
+  if (p_.tenants == nullptr) return call->Reply(NoTenants());
+  TenantAdmin* tenants = p_.tenants;
+  Query(call, [tenants, call, caller = *caller] {
+    return tenants->PutTenant(caller, call->request());
+  });
+}
+
+void GpuMemoryService::Handle(DeleteTenantCall* call) {
+  absl::StatusOr<PeerCred> caller = p_.peers->Lookup(call->ctx()->peer());
+  if (!caller.ok()) return call->Reply(caller.status());
+  if (p_.tenants == nullptr) return call->Reply(NoTenants());
+  TenantAdmin* tenants = p_.tenants;
+  Query(call, [tenants, call, caller = *caller] {
+    return tenants->DeleteTenant(caller, call->request());
+  });
 }
 
 }  // namespace gpumem

@@ -1,64 +1,93 @@
-// GpuMemoryService: gpumem.v1.GpuMemory over gRPC, a thin layer over
-// MemoryBroker.
+// GpuMemoryService: the unary methods of gpumem.v1.GpuMemory, served
+// asynchronously from the daemon's completion queues, over MemoryBroker.
 //
-// Each handler finds its caller's kernel credentials in the PeerTable (by
-// the "fd:N" peer string of connections the SocketListener accepted),
-// calls the broker, and maps absl statuses to gRPC statuses one to one.
-// A placement refusal travels as binary error details: a google.rpc.Status
-// whose details hold a gpumem.v1.PlacementRefusal. The Stream method is not
-// served here but asynchronously by StreamService (stream_service.h).
-// server/metrics/metered_service.h derives from it to count and time the
-// unary Allocate and Free.
+// No call holds a thread while it is in flight. Thread policy, decided here:
+//  - Allocate and Free run on the queue's thread through the core's Try*
+//    calls, which never call the backend; a request that needs backend work
+//    (a new slab, a dedicated slab given back) runs on `backend_workers`
+//    instead, so a slow device holds up no other call of the queue.
+//  - An Allocate with wait_ms that must wait is held by admission (the
+//    core's), not by a thread: its answer comes from admission's thread
+//    through a callback. If the caller goes away (the call is cancelled),
+//    the wait is cancelled with it.
+//  - GetStats, GetUsage, GetLedger, SetQuota, PutTenant and DeleteTenant
+//    run on `query_workers` (they read the disk or walk every session).
+//  - GetSession runs on the queue's thread.
+// Each handler finds its caller's kernel credentials (caller.h) and maps
+// absl statuses to gRPC statuses one to one (common/grpc_status.h): a
+// placement refusal travels as binary error details.
 #ifndef GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
 
+#include <vector>
+
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
-#include "server/service/memory_broker.h"
-#include "server/service/stream_service.h"
-#include "server/session/peer_credentials.h"
+#include "server/core/memory_broker.h"
+#include "server/service/async_service.h"
+#include "server/service/call_observer.h"
+#include "server/service/cq_event.h"
 #include "server/service/tenant_admin.h"
+#include "server/service/worker_pool.h"
+#include "server/session/peer_credentials.h"
 
 namespace gpumem {
 
-// absl -> gRPC, keeping the code and message; a PlacementRefusal payload
-// becomes the binary error details.
-grpc::Status ToGrpcStatus(const absl::Status& status);
+template <typename Request, typename Response>
+class UnaryCall;  // gpumem_service.cc
 
-// The caller as the kernel identifies its connection (PeerTable, by
-// ctx->peer()); a caller without a visible pid proves its connection-bound
-// session with the token its slab channel was given (gRPC metadata
-// kSessionTokenHeader). Used by the unary handlers and, once per stream,
-// by StreamService.
-absl::StatusOr<PeerCred> CallerOf(grpc::ServerContext* ctx, const PeerTable& peers,
-                                  const MemoryBroker& broker);
-
-class GpuMemoryService : public GpuMemoryWithAsyncStream {
+class GpuMemoryService {
  public:
-  // `tenants` (GetUsage, GetLedger, SetQuota) may be null: those RPCs are
-  // then UNIMPLEMENTED.
-  GpuMemoryService(MemoryBroker* broker, const PeerTable* peers,
-                   TenantAdmin* tenants = nullptr)
-      : broker_(broker), peers_(peers), tenants_(tenants) {}
+  struct Parts {
+    MemoryBroker* broker = nullptr;
+    const PeerTable* peers = nullptr;
+    // GetUsage, GetLedger, SetQuota, PutTenant, DeleteTenant; null: those
+    // RPCs are UNIMPLEMENTED.
+    TenantAdmin* tenants = nullptr;
+    AsyncGpuMemory* service = nullptr;  // registered with the server
+    WorkerPool* backend_workers = nullptr;
+    WorkerPool* query_workers = nullptr;
+    CallObserver* observer = nullptr;  // may be null
+  };
+  // Everything in `parts` must outlive the service.
+  explicit GpuMemoryService(Parts parts) : p_(parts) {}
+  GpuMemoryService(const GpuMemoryService&) = delete;
+  GpuMemoryService& operator=(const GpuMemoryService&) = delete;
 
-  grpc::Status Allocate(grpc::ServerContext* ctx, const v1::AllocateRequest* req,
-                        v1::AllocateResponse* resp) override;
-  grpc::Status Free(grpc::ServerContext* ctx, const v1::FreeRequest* req,
-                    v1::FreeResponse* resp) override;
-  grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
-                        v1::GetStatsResponse* resp) override;
-  grpc::Status GetSession(grpc::ServerContext* ctx, const v1::GetSessionRequest* req,
-                          v1::Session* resp) override;
-  grpc::Status GetUsage(grpc::ServerContext* ctx, const v1::GetUsageRequest* req,
-                        v1::GetUsageResponse* resp) override;
-  grpc::Status GetLedger(grpc::ServerContext* ctx, const v1::GetLedgerRequest* req,
-                         v1::GetLedgerResponse* resp) override;
-  grpc::Status SetQuota(grpc::ServerContext* ctx, const v1::SetQuotaRequest* req,
-                        v1::SetQuotaResponse* resp) override;
+  // After the server started: accepts every unary method's calls on each of
+  // `queues` (whose threads hand tags to CqEvent::OnEvent, cq_event.h).
+  void Start(const std::vector<EventQueue*>& queues);
+
+  using AllocateCall = UnaryCall<v1::AllocateRequest, v1::AllocateResponse>;
+  using FreeCall = UnaryCall<v1::FreeRequest, v1::FreeResponse>;
+  using GetStatsCall = UnaryCall<v1::GetStatsRequest, v1::GetStatsResponse>;
+  using GetSessionCall = UnaryCall<v1::GetSessionRequest, v1::Session>;
+  using GetUsageCall = UnaryCall<v1::GetUsageRequest, v1::GetUsageResponse>;
+  using GetLedgerCall = UnaryCall<v1::GetLedgerRequest, v1::GetLedgerResponse>;
+  using SetQuotaCall = UnaryCall<v1::SetQuotaRequest, v1::SetQuotaResponse>;
+  using PutTenantCall = UnaryCall<v1::PutTenantRequest, v1::PutTenantResponse>;
+  using DeleteTenantCall = UnaryCall<v1::DeleteTenantRequest, v1::DeleteTenantResponse>;
+
+  // The handlers, on the queue's thread, each answering its call once.
+  void Handle(AllocateCall* call);
+  void Handle(FreeCall* call);
+  void Handle(GetStatsCall* call);
+  void Handle(GetSessionCall* call);
+  void Handle(GetUsageCall* call);
+  void Handle(GetLedgerCall* call);
+  void Handle(SetQuotaCall* call);
+  void Handle(PutTenantCall* call);
+  void Handle(DeleteTenantCall* call);
+
+  MemoryBroker* broker() const { return p_.broker; }
 
  private:
-  MemoryBroker* broker_;
-  const PeerTable* peers_;
-  TenantAdmin* tenants_;
+  void ReplyAllocate(AllocateCall* call, MemoryBroker::AllocateAnswer answer);
+  void ReplyFree(FreeCall* call, absl::StatusOr<v1::FreeResponse> answer);
+  // Runs `query` on the query workers (inline once they stop) and replies.
+  template <typename Call, typename Fn>
+  void Query(Call* call, Fn query);
+
+  const Parts p_;
 };
 
 }  // namespace gpumem

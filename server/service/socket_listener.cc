@@ -329,11 +329,11 @@ bool SocketListener::Answer(int fd, Conn& conn, const SlabRequest& req) {
       break;
     case SlabOp::kHello:
       if (conn.cred.pid <= 0 && conn.cred.bound_session == 0) {
-        absl::StatusOr<SessionInfo> s = broker_->BindConnection(conn.cred);
+        absl::StatusOr<std::shared_ptr<Session>> s = broker_->BindConnection(conn.cred);
         status = s.status();
         if (s.ok()) {
-          conn.cred.bound_session = s->id;
-          conn.token = s->token;
+          conn.cred.bound_session = (*s)->id();
+          conn.token = (*s)->token();
         }
       }
       break;

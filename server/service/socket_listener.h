@@ -41,7 +41,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "server/service/memory_broker.h"
+#include "server/core/memory_broker.h"
 #include "server/session/peer_credentials.h"
 
 namespace grpc {

@@ -19,13 +19,15 @@
 #include <utility>
 
 #include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/alarm.h>
 #include <grpcpp/server_context.h>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "common/rpc_status.h"
 #include "server/service/cq_event.h"
-#include "server/service/gpumem_service.h"
+#include "server/service/caller.h"
 
 namespace gpumem {
 
@@ -238,9 +240,9 @@ class StreamService::Call {
           break;
         }
         const absl::Time start = absl::Now();
-        absl::StatusOr<v1::AllocateResponse> r = owner_->broker_->Allocate(
-            caller_, request.allocate(), MemoryBroker::BackendWork::kNotHere);
-        if (!r.ok() && MemoryBroker::NeedsBackendWork(r.status())) {
+        MemoryBroker::AllocateOutcome r =
+            owner_->broker_->TryAllocate(caller_, request.allocate());
+        if (r.kind == MemoryBroker::AllocateOutcome::Kind::kNeedsBackendWork) {
           // A new slab (or releasing empty ones): not on this thread, which
           // serves every stream of the queue. Answered when it is done.
           if (Offload(request, start)) return;
@@ -248,19 +250,20 @@ class StreamService::Call {
               "gpumemd is stopping: it takes no new allocations; retry once it is back");
           break;
         }
-        status = AnswerAllocate(owner_, std::move(r), start, answer, &out.allocation_ids);
+        status = AnswerAllocate(owner_, std::move(r.answer), start, answer, &out.allocation_ids);
         break;
       }
       case v1::StreamRequest::kFree: {
-        absl::StatusOr<v1::FreeResponse> r = owner_->broker_->Free(
-            caller_, request.free(), MemoryBroker::BackendWork::kNotHere);
-        if (!r.ok() && MemoryBroker::NeedsBackendWork(r.status())) {
-          // A dedicated slab goes back, or waiters get placed: not here.
+        std::optional<absl::StatusOr<v1::FreeResponse>> now =
+            owner_->broker_->TryFree(caller_, request.free());
+        if (!now.has_value()) {
+          // A dedicated slab goes back to the backend: not here.
           if (Offload(request, absl::Now())) return;
-          r = owner_->broker_->Free(caller_, request.free());  // stopping: inline
+          now = owner_->broker_->Free(caller_, request.free());  // stopping: inline
         }
+        absl::StatusOr<v1::FreeResponse> r = *std::move(now);
         status = r.status();
-        if (owner_->options_.on_free) owner_->options_.on_free(status);
+        if (owner_->observer_ != nullptr) owner_->observer_->OnFree(status);
         if (r.ok()) *answer->mutable_free() = std::move(*r);
         break;
       }
@@ -291,9 +294,9 @@ class StreamService::Call {
   static absl::Status AnswerAllocate(StreamService* owner,
                                      absl::StatusOr<v1::AllocateResponse> r, absl::Time start,
                                      v1::StreamAnswer* answer, std::vector<uint64_t>* ids) {
-    if (owner->options_.on_allocate) {
-      owner->options_.on_allocate(r.status(), r.ok() ? *r : v1::AllocateResponse(),
-                                  absl::Now() - start);
+    if (owner->observer_ != nullptr) {
+      owner->observer_->OnAllocate(r.status(), r.ok() ? *r : v1::AllocateResponse(),
+                                   absl::Now() - start);
     }
     if (!r.ok()) return r.status();
     for (const v1::Allocation& a : r->allocations()) ids->push_back(a.id());
@@ -314,12 +317,13 @@ class StreamService::Call {
           answer->set_request_id(request.request_id());
           absl::Status status;
           if (request.has_allocate()) {
-            status = AnswerAllocate(owner, owner->broker_->Allocate(caller, request.allocate()),
-                                    start, answer, &done.allocation_ids);
+            status = AnswerAllocate(
+                owner, owner->broker_->Allocate(caller, request.allocate(), nullptr).answer,
+                start, answer, &done.allocation_ids);
           } else {
             absl::StatusOr<v1::FreeResponse> r = owner->broker_->Free(caller, request.free());
             status = r.status();
-            if (owner->options_.on_free) owner->options_.on_free(status);
+            if (owner->observer_ != nullptr) owner->observer_->OnFree(status);
             if (r.ok()) *answer->mutable_free() = *std::move(r);
           }
           if (!status.ok()) *answer->mutable_status() = ToRpcStatus(status);
@@ -470,11 +474,14 @@ class StreamService::Call {
 };
 
 StreamService::StreamService(MemoryBroker* broker, const PeerTable* peers,
-                             GpuMemoryWithAsyncStream* service,
-                             StreamServiceOptions options)
-    : broker_(broker), peers_(peers), service_(service), options_(options) {
-  if (options_.threads < 1) options_.threads = 1;
-  workers_ = std::make_unique<BackendWorkers>(options_.backend_threads);
+                             AsyncGpuMemory* service, WorkerPool* backend_workers,
+                             CallObserver* observer, StreamServiceOptions options)
+    : broker_(broker),
+      peers_(peers),
+      service_(service),
+      workers_(backend_workers),
+      observer_(observer),
+      options_(options) {
   if (options_.max_queued_replies < 1) options_.max_queued_replies = 1;
   broker_->SetReclaimSender([this](uint64_t session, const v1::ReclaimRequest& r) {
     v1::StreamReply reply;
@@ -487,55 +494,20 @@ StreamService::StreamService(MemoryBroker* broker, const PeerTable* peers,
 }
 
 StreamService::~StreamService() {
-  Shutdown();
+  Close();
   // After the queue threads are gone (they call the broker, which reads it).
   broker_->SetReclaimSender(nullptr);
 }
 
-void StreamService::AddCompletionQueues(grpc::ServerBuilder* builder) {
-  for (int i = 0; i < options_.threads; ++i) {
-    auto q = std::make_unique<Queue>();
-    q->events.cq = builder->AddCompletionQueue();
-    queues_.push_back(std::move(q));
-  }
+void StreamService::Start(const std::vector<EventQueue*>& queues) {
+  for (EventQueue* q : queues) (new Call(this, q))->Listen();
 }
 
-void StreamService::Start() {
-  for (auto& q : queues_) {
-    grpc::ServerCompletionQueue* cq = q->events.cq.get();
-    (new Call(this, &q->events))->Listen();
-    q->thread = std::thread([cq] {
-      void* tag = nullptr;
-      bool ok = false;
-      while (cq->Next(&tag, &ok)) static_cast<CqEvent*>(tag)->OnEvent(ok);
-    });
-  }
-}
-
-void StreamService::Shutdown() {
-  if (shut_down_) return;
-  shut_down_ = true;
-  // Offloaded Allocates finish first: their answers go through alarms on
-  // the queues, which must still be running.
-  workers_->Shutdown();
-  {
-    // No alarm is set on a queue from now on (gRPC aborts on an operation
-    // started on a queue that is shut down).
-    absl::MutexLock lock(&registry_mu_);
-    registry_closed_ = true;
-  }
-  for (auto& q : queues_) {
-    if (q->thread.joinable()) {
-      // Due at once: the queue's thread shuts the queue down itself.
-      q->stop_alarm.Set(q->events.cq.get(), gpr_now(GPR_CLOCK_MONOTONIC),
-                        static_cast<CqEvent*>(&q->stop));
-    } else if (q->events.cq != nullptr) {
-      q->events.cq->Shutdown();
-    }
-  }
-  for (auto& q : queues_) {
-    if (q->thread.joinable()) q->thread.join();
-  }
+void StreamService::Close() {
+  // No alarm is set on a queue from now on (gRPC aborts on an operation
+  // started on a queue that is shut down).
+  absl::MutexLock lock(&registry_mu_);
+  registry_closed_ = true;
 }
 
 }  // namespace gpumem

@@ -203,4 +203,15 @@ absl::StatusOr<v1::SetQuotaResponse> TenantAdmin::SetQuota(const PeerCred& calle
   return out;
 }
 
+// TODO(issue 24): socket tenants.
+absl::StatusOr<v1::PutTenantResponse> TenantAdmin::PutTenant(const PeerCred&,
+                                                             const v1::PutTenantRequest&) {
+  return absl::UnimplementedError("socket tenants are not served by this daemon yet");
+}
+
+absl::StatusOr<v1::DeleteTenantResponse> TenantAdmin::DeleteTenant(
+    const PeerCred&, const v1::DeleteTenantRequest&) {
+  return absl::UnimplementedError("socket tenants are not served by this daemon yet");
+}
+
 }  // namespace gpumem

@@ -55,6 +55,10 @@ class TenantAdmin {
                                                   const v1::GetLedgerRequest& request) const;
   absl::StatusOr<v1::SetQuotaResponse> SetQuota(const PeerCred& caller,
                                                 const v1::SetQuotaRequest& request);
+  absl::StatusOr<v1::PutTenantResponse> PutTenant(const PeerCred& caller,
+                                                  const v1::PutTenantRequest& request);
+  absl::StatusOr<v1::DeleteTenantResponse> DeleteTenant(const PeerCred& caller,
+                                                        const v1::DeleteTenantRequest& request);
 
  private:
 

@@ -53,13 +53,13 @@ SessionRegistry::~SessionRegistry() {
   close(epoll_fd_);
 }
 
-absl::StatusOr<SessionInfo> SessionRegistry::Attach(const PeerCred& cred) {
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(const PeerCred& cred) {
   if (cred.pid <= 0) {
     if (cred.bound_session != 0) {
       absl::MutexLock lock(&mu_);
       auto it = sessions_.find(cred.bound_session);
-      if (it != sessions_.end() && it->second.info.cred.uid == cred.uid) {
-        return it->second.info;
+      if (it != sessions_.end() && it->second.session->cred().uid == cred.uid) {
+        return it->second.session;
       }
     }
     return absl::PermissionDeniedError(
@@ -78,7 +78,7 @@ absl::StatusOr<SessionInfo> SessionRegistry::Attach(const PeerCred& cred) {
     Entry& e = sessions_[it->second];
     // The same process, even if it changed uid since: its session (and
     // memory) stays; each allocation records the uid that made it.
-    if (!Exited(e.pidfd)) return e.info;
+    if (!Exited(e.pidfd)) return e.session;
     // The pid now belongs to another process. The old session's pidfd is
     // readable, so the watcher thread ends it (never this thread: callers
     // may hold locks that on_end takes); the new process gets a new one.
@@ -87,21 +87,28 @@ absl::StatusOr<SessionInfo> SessionRegistry::Attach(const PeerCred& cred) {
   return CreateLocked(cred);
 }
 
-std::optional<SessionInfo> SessionRegistry::Find(const PeerCred& cred) const {
+std::shared_ptr<Session> SessionRegistry::Find(const PeerCred& cred) const {
   absl::MutexLock lock(&mu_);
   if (cred.pid <= 0) {
     auto it = sessions_.find(cred.bound_session);
-    if (it == sessions_.end() || it->second.info.cred.uid != cred.uid) return std::nullopt;
-    return it->second.info;
+    if (it == sessions_.end() || it->second.session->cred().uid != cred.uid) return nullptr;
+    return it->second.session;
   }
   auto it = by_pid_.find(cred.pid);
-  if (it == by_pid_.end()) return std::nullopt;
+  if (it == by_pid_.end()) return nullptr;
   const Entry& e = sessions_.at(it->second);
-  if (Exited(e.pidfd)) return std::nullopt;
-  return e.info;
+  if (Exited(e.pidfd)) return nullptr;
+  return e.session;
 }
 
-absl::StatusOr<SessionInfo> SessionRegistry::BindConnection(const PeerCred& cred) {
+std::shared_ptr<Session> SessionRegistry::Get(uint64_t session_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  return it == sessions_.end() ? nullptr : it->second.session;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::BindConnection(
+    const PeerCred& cred) {
   unsigned char bytes[16];
   if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
     return absl::InternalError(absl::StrCat("getrandom: ", strerror(errno)));
@@ -109,65 +116,61 @@ absl::StatusOr<SessionInfo> SessionRegistry::BindConnection(const PeerCred& cred
   std::string token;
   for (unsigned char b : bytes) absl::StrAppend(&token, absl::Hex(b, absl::kZeroPad2));
   absl::MutexLock lock(&mu_);
+  const uint64_t id = next_id_++;
+  PeerCred bound = cred;
+  bound.bound_session = id;
   Entry e;
-  e.info.id = next_id_++;
-  e.info.cred = cred;
-  e.info.cred.bound_session = e.info.id;
-  e.info.started = absl::Now();
-  e.info.token = token;
-  by_token_[token] = e.info.id;
-  sessions_[e.info.id] = e;
-  return e.info;
+  e.session = std::make_shared<Session>(id, bound, token);
+  by_token_[token] = id;
+  sessions_[id] = e;
+  return e.session;
 }
 
 absl::StatusOr<uint64_t> SessionRegistry::ResolveToken(absl::string_view token,
                                                        uid_t uid) const {
   absl::MutexLock lock(&mu_);
   auto it = by_token_.find(std::string(token));
-  if (it == by_token_.end() || sessions_.at(it->second).info.cred.uid != uid) {
+  if (it == by_token_.end() || sessions_.at(it->second).session->cred().uid != uid) {
     return absl::PermissionDeniedError(
         "unknown or ended session token (its slab channel closed?); reconnect");
   }
   return it->second;
 }
 
-absl::StatusOr<SessionInfo> SessionRegistry::CreateLocked(const PeerCred& cred) {
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::CreateLocked(
+    const PeerCred& cred) {
   int pidfd = PidfdOpen(cred.pid);
   if (pidfd < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot watch caller pid ", cred.pid, ": ", strerror(errno),
         " (has the process already exited?)"));
   }
-  Entry e;
-  e.info.id = next_id_++;
-  e.info.cred = cred;
-  e.info.started = absl::Now();
-  e.pidfd = pidfd;
+  const uint64_t id = next_id_++;
   struct epoll_event ev = {};
   ev.events = EPOLLIN;
-  ev.data.u64 = e.info.id;
+  ev.data.u64 = id;
   if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, pidfd, &ev) != 0) {
     close(pidfd);
     return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(errno)));
   }
-  by_pid_[cred.pid] = e.info.id;
-  sessions_[e.info.id] = e;
-  return e.info;
+  Entry e;
+  e.session = std::make_shared<Session>(id, cred);
+  e.pidfd = pidfd;
+  by_pid_[cred.pid] = id;
+  sessions_[id] = e;
+  return e.session;
 }
 
-bool SessionRegistry::IsLive(uint64_t session_id) const {
+std::vector<std::shared_ptr<Session>> SessionRegistry::List() const {
   absl::MutexLock lock(&mu_);
-  return sessions_.contains(session_id);
-}
-
-std::vector<SessionInfo> SessionRegistry::List() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<SessionInfo> out;
-  for (const auto& [id, e] : sessions_) out.push_back(e.info);
+  std::vector<std::shared_ptr<Session>> out;
+  out.reserve(sessions_.size());
+  for (const auto& [id, e] : sessions_) out.push_back(e.session);
   return out;
 }
 
 void SessionRegistry::End(uint64_t session_id) {
+  std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
@@ -176,12 +179,14 @@ void SessionRegistry::End(uint64_t session_id) {
       epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.pidfd, nullptr);
       close(it->second.pidfd);
     }
-    if (!it->second.info.token.empty()) by_token_.erase(it->second.info.token);
-    auto p = by_pid_.find(it->second.info.cred.pid);
+    session = std::move(it->second.session);
+    if (!session->token().empty()) by_token_.erase(session->token());
+    auto p = by_pid_.find(session->cred().pid);
     if (p != by_pid_.end() && p->second == session_id) by_pid_.erase(p);
     sessions_.erase(it);
   }
-  on_end_(session_id);
+  std::vector<uint64_t> ids = session->End();
+  on_end_(session, std::move(ids));
 }
 
 void SessionRegistry::Watch() {

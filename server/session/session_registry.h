@@ -1,14 +1,16 @@
 // SessionRegistry: one session per client process, ended when the process is.
+// The sessions themselves (their tenant, allocations, usage) are Session
+// objects (session.h); the registry finds, creates and ends them.
 //
 // A session is created the first time a process calls the daemon and is
 // keyed by the pid the kernel reports for its connection (SO_PEERCRED). The
 // registry holds a pidfd for each session's process and a watcher thread
 // that polls them: when a process exits (cleanly, by crash or by SIGKILL)
 // its pidfd becomes readable and the registry ends the session and calls
-// `on_end(session_id)` within milliseconds, on the watcher thread, with no
-// registry lock held. After on_end starts for an id, IsLive(id) is false, so
-// a caller that checks IsLive under its own lock before recording something
-// for a session either sees the session ended or is cleaned up by on_end.
+// `on_end(session)` within milliseconds, on the watcher thread, with no
+// registry lock held. Before on_end is called the session is marked ended
+// (Session::End), so nothing can be recorded for it from then on, and
+// on_end receives the ids of the allocations it held.
 //
 // A pid that is reused by a new process is detected at Attach (the old
 // pidfd is already readable) and gets a new session. Attach is atomic:
@@ -20,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -30,20 +33,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/session/peer_credentials.h"
+#include "server/session/session.h"
 
 namespace gpumem {
 
-struct SessionInfo {
-  uint64_t id = 0;
-  PeerCred cred;
-  absl::Time started;
-  // Connection-bound sessions only: the secret that proves membership.
-  std::string token;
-};
-
 class SessionRegistry {
  public:
-  using EndCallback = std::function<void(uint64_t session_id)>;
+  // Called once per session, after it was marked ended, with the ids of
+  // the allocations it held then.
+  using EndCallback = std::function<void(const std::shared_ptr<Session>& session,
+                                         std::vector<uint64_t> allocation_ids)>;
 
   explicit SessionRegistry(EndCallback on_end);
   ~SessionRegistry();  // stops the watcher; does not call on_end
@@ -53,32 +52,34 @@ class SessionRegistry {
   // The live session of the caller's process, created if needed. A caller
   // without a visible pid gets its connection-bound session
   // (cred.bound_session), or PERMISSION_DENIED saying how to get one.
-  absl::StatusOr<SessionInfo> Attach(const PeerCred& cred);
+  absl::StatusOr<std::shared_ptr<Session>> Attach(const PeerCred& cred);
 
   // A caller in another pid namespace (SO_PEERCRED gives pid 0): a session
   // bound to the connection it keeps open instead of to a process. It ends
   // when the transport calls EndConnection (the connection closed). The
   // returned token (128 random bits, hex) is what the caller presents on
   // its other connections (gRPC metadata) to act in this session.
-  absl::StatusOr<SessionInfo> BindConnection(const PeerCred& cred);
+  absl::StatusOr<std::shared_ptr<Session>> BindConnection(const PeerCred& cred);
   void EndConnection(uint64_t session_id) { End(session_id); }
   // The connection-bound session a token names, if it is live and of `uid`;
   // PERMISSION_DENIED otherwise.
   absl::StatusOr<uint64_t> ResolveToken(absl::string_view token, uid_t uid) const;
-  // The live session of the caller's process, if it has one (never creates).
-  std::optional<SessionInfo> Find(const PeerCred& cred) const;
-  bool IsLive(uint64_t session_id) const;
-  std::vector<SessionInfo> List() const;
+  // The live session of the caller's process, if it has one (never
+  // creates); null otherwise.
+  std::shared_ptr<Session> Find(const PeerCred& cred) const;
+  // The live session `session_id`, or null.
+  std::shared_ptr<Session> Get(uint64_t session_id) const;
+  std::vector<std::shared_ptr<Session>> List() const;
 
  private:
   struct Entry {
-    SessionInfo info;
+    std::shared_ptr<Session> session;
     int pidfd = -1;
   };
-  absl::StatusOr<SessionInfo> CreateLocked(const PeerCred& cred)
+  absl::StatusOr<std::shared_ptr<Session>> CreateLocked(const PeerCred& cred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Watch();
-  void End(uint64_t session_id);  // removes and calls on_end
+  void End(uint64_t session_id);  // removes, ends and calls on_end
 
   EndCallback on_end_;
   int epoll_fd_ = -1;

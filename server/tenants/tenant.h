@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+
 namespace gpumem {
 namespace tenants {
 
@@ -35,6 +37,18 @@ struct Quota {
     return true;
   }
 };
+
+// Who a caller is charged as: a tenant's id, name and waiting priority.
+struct TenantRef {
+  uint32_t id = 0;
+  std::string name;
+  int32_t priority = 0;
+};
+
+// The name of uid `uid`'s own tenant when no tenants are configured
+// ("uid-1000"), and the uid such a name stands for.
+std::string UidTenantName(uint32_t uid);
+std::optional<uint32_t> UidOfTenantName(absl::string_view name);
 
 struct Tenant {
   uint32_t id = 0;

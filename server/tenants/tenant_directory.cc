@@ -190,7 +190,7 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
 }
 
 absl::StatusOr<TenantRef> TenantDirectory::Resolve(uid_t uid, gid_t gid) const {
-  if (tenants_.empty()) return TenantRef{uid, absl::StrCat("uid-", uid), 0};
+  if (tenants_.empty()) return TenantRef{uid, UidTenantName(uid), 0};
   int index = -1;
   if (auto it = by_uid_.find(uid); it != by_uid_.end()) {
     index = static_cast<int>(it->second);
@@ -225,13 +225,11 @@ std::optional<uint32_t> TenantDirectory::IdOf(absl::string_view name) const {
     const Tenant* t = Find(name);
     return t == nullptr ? std::nullopt : std::optional<uint32_t>(t->id);
   }
-  uint32_t uid = 0;
-  if (absl::ConsumePrefix(&name, "uid-") && absl::SimpleAtoi(name, &uid)) return uid;
-  return std::nullopt;
+  return UidOfTenantName(name);
 }
 
 std::string TenantDirectory::NameOf(uint32_t id) const {
-  if (tenants_.empty()) return absl::StrCat("uid-", id);
+  if (tenants_.empty()) return UidTenantName(id);
   if (const Tenant* t = FindId(id)) return t->name;
   if (auto r = retired_.find(id); r != retired_.end()) return r->second;
   return absl::StrCat("tenant-", id);

@@ -48,13 +48,6 @@
 namespace gpumem {
 namespace tenants {
 
-// Who a caller is charged as.
-struct TenantRef {
-  uint32_t id = 0;
-  std::string name;
-  int32_t priority = 0;
-};
-
 class TenantDirectory {
  public:
   // No tenants: each uid its own.

@@ -7,7 +7,7 @@ namespace admission {
 namespace {
 
 TEST(WaiterQueueTest, PriorityThenArrival) {
-  WaiterQueue<int> q;
+  WaiterQueue<int*> q;
   int a = 1, b = 2, c = 3, d = 4;
   q.Add(0, &a);
   auto tb = q.Add(5, &b);

@@ -81,8 +81,8 @@ absl::StatusOr<PoolBlock> Carve(SlabPool& pool, uint64_t size, uint64_t alignmen
       return absl::ResourceExhaustedError(r.refusal.message);
     case CarveResult::Kind::kError:
       break;
-    case CarveResult::Kind::kNeedsBackend:
-      return absl::InternalError("kNeedsBackend although backend work was allowed");
+    case CarveResult::Kind::kNeedsBackendWork:
+      return absl::InternalError("kNeedsBackendWork from Carve, which may call the backend");
   }
   if (r.error.ok()) return absl::InternalError("CarveResult::kError with an OK status");
   return r.error;
@@ -328,24 +328,24 @@ TEST(SlabPoolTest, CarveWithoutBackendWorkUsesExistingSlabsOnly) {
   SlabPool pool(&backend, 0, Options(absl::Hours(1)));
   const HandleKind kind = backend.handle_kinds().front();
   // Nothing pooled: a slab would have to be made.
-  CarveResult r = pool.Carve(kMiB, kGran, 1, kind, /*backend_work=*/false);
-  EXPECT_EQ(r.kind, CarveResult::Kind::kNeedsBackend);
+  CarveResult r = pool.TryCarve(kMiB, kGran, 1, kind);
+  EXPECT_EQ(r.kind, CarveResult::Kind::kNeedsBackendWork);
   EXPECT_EQ(backend.SlabBytes(0), 0u);
   EXPECT_EQ(pool.Stats().slab_count, 0u);
   // One slab made with backend work; the next block fits in it inline.
   absl::StatusOr<PoolBlock> a = Carve(pool, kMiB, kGran, 1);
   ASSERT_TRUE(a.ok()) << a.status();
-  r = pool.Carve(kMiB, kGran, 1, kind, false);
+  r = pool.TryCarve(kMiB, kGran, 1, kind);
   ASSERT_EQ(r.kind, CarveResult::Kind::kBlock);
   const PoolBlock inline_block = r.block;
   EXPECT_EQ(inline_block.slab_id, a->slab_id);
   EXPECT_FALSE(inline_block.new_slab);
   // Another tenant, or a block larger than the slab (dedicated): new slab.
-  EXPECT_EQ(pool.Carve(kMiB, kGran, 2, kind, false).kind, CarveResult::Kind::kNeedsBackend);
-  EXPECT_EQ(pool.Carve(kSlab + kMiB, kGran, 1, kind, false).kind,
-            CarveResult::Kind::kNeedsBackend);
+  EXPECT_EQ(pool.TryCarve(kMiB, kGran, 2, kind).kind, CarveResult::Kind::kNeedsBackendWork);
+  EXPECT_EQ(pool.TryCarve(kSlab + kMiB, kGran, 1, kind).kind,
+            CarveResult::Kind::kNeedsBackendWork);
   // More than the device: the same refusal either way, no backend needed.
-  r = pool.Carve(4 * kSlab, kGran, 1, kind, false);
+  r = pool.TryCarve(4 * kSlab, kGran, 1, kind);
   ASSERT_EQ(r.kind, CarveResult::Kind::kRefused);
   CheckRefusal(r.refusal, 4 * kSlab);
   // Fill the device with tenant 2's slabs, then empty them: room for tenant
@@ -359,7 +359,7 @@ TEST(SlabPoolTest, CarveWithoutBackendWorkUsesExistingSlabsOnly) {
   for (const PoolBlock& b : twos) pool.Release(b);
   const uint64_t slabs = pool.Stats().slab_count;
   const uint64_t bytes = backend.SlabBytes(0);
-  EXPECT_EQ(pool.Carve(kMiB, kGran, 3, kind, false).kind, CarveResult::Kind::kNeedsBackend);
+  EXPECT_EQ(pool.TryCarve(kMiB, kGran, 3, kind).kind, CarveResult::Kind::kNeedsBackendWork);
   EXPECT_EQ(pool.Stats().slab_count, slabs);
   EXPECT_EQ(backend.SlabBytes(0), bytes);
   absl::StatusOr<PoolBlock> c = Carve(pool, kMiB, kGran, 3);

@@ -11,10 +11,20 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "server/backend/sim_backend.h"
-#include "server/service/memory_broker.h"
+#include "server/core/memory_broker.h"
+#include "server/service/stats_proto.h"
 
 namespace gpumem {
 namespace {
+
+// What GetStats would answer `caller` (the core's view, rendered), without
+// the counters of what was done so far: the state, for before/after compares.
+v1::GetStatsResponse StatsOf(const MemoryBroker& broker, const PeerCred& caller,
+                             bool include_slabs = false) {
+  v1::GetStatsResponse s = RenderStats(broker.Stats(caller, include_slabs));
+  s.clear_counters();
+  return s;
+}
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
@@ -35,7 +45,7 @@ class BrokerDrainTest : public ::testing::Test {
   absl::StatusOr<v1::AllocateResponse> Allocate(uint64_t bytes) {
     v1::AllocateRequest req;
     req.set_size_bytes(bytes);
-    return broker_->Allocate(me_, req);
+    return broker_->AllocateAndWait(me_, req);
   }
 
   SimBackend backend_;
@@ -54,8 +64,8 @@ TEST_F(BrokerDrainTest, DrainingRefusesAllocateOnlyAndWaitsForTheLastFree) {
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(refused.status().message().find("gpumemd is stopping"), std::string::npos);
   EXPECT_TRUE(broker_->GetSession(me_).ok());
-  EXPECT_EQ(broker_->Stats(me_).devices(0).allocation_count() +
-                broker_->Stats(me_).devices(1).allocation_count(), 1u);
+  EXPECT_EQ(StatsOf(*broker_, me_).devices(0).allocation_count() +
+                StatsOf(*broker_, me_).devices(1).allocation_count(), 1u);
 
   // The last Free, from another thread, ends a wait that is already on.
   const uint64_t id = a->allocations(0).id();
@@ -81,14 +91,14 @@ TEST_F(BrokerDrainTest, ReloadedEmptySlabReleaseReachesThePools) {
   ASSERT_TRUE(broker_->Free(me_, f).ok());
   const uint32_t device = a->allocations(0).device_index();
   absl::SleepFor(absl::Milliseconds(200));  // 10 maintenance passes
-  EXPECT_EQ(broker_->Stats(me_).devices(device).slab_count(), 1u);
+  EXPECT_EQ(StatsOf(*broker_, me_).devices(device).slab_count(), 1u);
 
   broker_->SetEmptySlabRelease(absl::ZeroDuration());
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (broker_->Stats(me_).devices(device).slab_count() != 0 && absl::Now() < deadline) {
+  while (StatsOf(*broker_, me_).devices(device).slab_count() != 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_EQ(broker_->Stats(me_).devices(device).slab_count(), 0u);
+  EXPECT_EQ(StatsOf(*broker_, me_).devices(device).slab_count(), 0u);
 }
 
 }  // namespace

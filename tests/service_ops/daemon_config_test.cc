@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
-#include "server/metrics/call_metrics.h"
 
 namespace gpumem {
 namespace {
@@ -59,23 +58,6 @@ TEST(DaemonConfig, UnreadableFileIsNotFound) {
   absl::StatusOr<v1::DaemonConfig> c = LoadDaemonConfig("/nonexistent/gpumemd.textproto");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(LoadDaemonConfig("").ok());
-}
-
-TEST(RefusalReason, PlacementRefusalsVoteAndOtherCodesAreNamed) {
-  v1::PlacementRefusal refusal;
-  refusal.add_devices()->set_reason(v1::DeviceRefusal::REASON_EXCLUDED);
-  refusal.add_devices()->set_reason(v1::DeviceRefusal::REASON_FRAGMENTATION);
-  refusal.add_devices()->set_reason(v1::DeviceRefusal::REASON_FRAGMENTATION);
-  refusal.add_devices()->set_reason(v1::DeviceRefusal::REASON_CAPACITY);
-  v1::RpcStatus details;
-  details.add_details()->PackFrom(refusal);
-  grpc::Status refused(grpc::StatusCode::RESOURCE_EXHAUSTED, "no", details.SerializeAsString());
-  EXPECT_EQ(CallMetrics::RefusalReason(refused), "fragmentation");
-  EXPECT_EQ(CallMetrics::RefusalReason(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping")),
-            "unavailable");
-  EXPECT_EQ(CallMetrics::RefusalReason(
-                grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "x", "garbage")),
-            "resource_exhausted");
 }
 
 }  // namespace

@@ -100,8 +100,13 @@ class Daemon:
                                                    r.stdout, r.stderr), self)
         return r
 
-    def stats(self):
-        return json.loads(self.ctl("stats", "--json").stdout)
+    def stats(self, counters=False):
+        """GetStats as JSON; without its counters (what was done so far,
+        the uptime) unless asked: the state, for before/after compares."""
+        out = json.loads(self.ctl("stats", "--json").stdout)
+        if not counters:
+            out.pop("counters", None)
+        return out
 
     def hold(self, *alloc_args):
         """gpumemctl alloc ... --hold --json in the background; returns

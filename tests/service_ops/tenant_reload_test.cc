@@ -31,11 +31,21 @@
 #include "server/config/reloadable.h"
 #include "server/ledger/tenant_ledger.h"
 #include "server/quota/quota_book.h"
-#include "server/service/memory_broker.h"
+#include "server/core/memory_broker.h"
+#include "server/service/stats_proto.h"
 #include "server/tenants/tenant_directory.h"
 
 namespace gpumem {
 namespace {
+
+// What GetStats would answer `caller` (the core's view, rendered), without
+// the counters of what was done so far: the state, for before/after compares.
+v1::GetStatsResponse StatsOf(const MemoryBroker& broker, const PeerCred& caller,
+                             bool include_slabs = false) {
+  v1::GetStatsResponse s = RenderStats(broker.Stats(caller, include_slabs));
+  s.clear_counters();
+  return s;
+}
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uid_t kUidX = 4242;
@@ -109,14 +119,10 @@ class TenantReloadTest : public ::testing::Test {
     google::protobuf::TextFormat::ParseInfoTree where;
     absl::StatusOr<v1::DaemonConfig> config = ParseDaemonConfig("cfg.textproto", text, &where);
     if (!config.ok()) return config.status();
-    TenantTargets targets;
-    targets.devices = &devices_;
-    targets.directory = holder_.get();
-    targets.quotas = &quotas_;
-    targets.ledger = ledger_.get();
-    targets.locations = &where;
-    targets.config_path = "cfg.textproto";
-    return ApplyReloadableConfig(*config, ReloadableFlags{}, broker_.get(), &targets);
+    absl::StatusOr<Settings> settings = ResolveSettings(CommandLine{}, "cfg.textproto", *config);
+    if (!settings.ok()) return settings.status();
+    ReloadTargets targets{broker_.get(), &devices_, holder_.get(), &quotas_, ledger_.get()};
+    return ApplyReloadableConfig(*settings, &where, targets, /*at_start=*/false);
   }
 
   PeerCred Cred(int child, uid_t uid) const { return PeerCred{children_[child], uid, uid}; }
@@ -125,7 +131,7 @@ class TenantReloadTest : public ::testing::Test {
     v1::AllocateRequest r;
     r.set_size_bytes(bytes);
     r.mutable_placement()->add_devices("0");
-    return broker_->Allocate(who, r);
+    return broker_->AllocateAndWait(who, r);
   }
 
   absl::Status Free(const PeerCred& who, uint64_t id) {
@@ -134,7 +140,7 @@ class TenantReloadTest : public ::testing::Test {
     return broker_->Free(who, r).status();
   }
 
-  v1::GetStatsResponse RootStats() const { return broker_->Stats(PeerCred{getpid(), 0, 0}); }
+  v1::GetStatsResponse RootStats() const { return StatsOf(*broker_, PeerCred{getpid(), 0, 0}); }
 
   SimBackend backend_{{256 * kMiB, 256 * kMiB}, {}};
   std::vector<placement::DeviceView> devices_;
@@ -209,7 +215,7 @@ TEST_F(TenantReloadTest, MovedUidKeepsTheLiveSessionsTenantNewSessionsTakeTheNew
   EXPECT_EQ(quotas_.Holdings(2).total_bytes, 9 * kMiB);
 
   // The uid itself (not an admin) sees both of its tenants' rows.
-  v1::GetStatsResponse mine = broker_->Stats(new_session);
+  v1::GetStatsResponse mine = StatsOf(*broker_, new_session);
   EXPECT_NE(Row(mine, 1), nullptr);
   EXPECT_NE(Row(mine, 2), nullptr);
   EXPECT_EQ(Row(mine, 3), nullptr);

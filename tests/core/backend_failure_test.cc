@@ -20,11 +20,21 @@
 #include "common/refusal_payload.h"
 #include "gtest/gtest.h"
 #include "server/backend/sim_backend.h"
-#include "server/service/memory_broker.h"
+#include "server/core/memory_broker.h"
+#include "server/service/stats_proto.h"
 #include "tests/backend/faulty_backend.h"
 
 namespace gpumem {
 namespace {
+
+// What GetStats would answer `caller` (the core's view, rendered), without
+// the counters of what was done so far: the state, for before/after compares.
+v1::GetStatsResponse StatsOf(const MemoryBroker& broker, const PeerCred& caller,
+                             bool include_slabs = false) {
+  v1::GetStatsResponse s = RenderStats(broker.Stats(caller, include_slabs));
+  s.clear_counters();
+  return s;
+}
 
 using testing::FaultyBackend;
 
@@ -51,7 +61,7 @@ class BackendFailureTest : public ::testing::Test {
   }
   // Device figures and slabs, for before/after comparisons.
   std::string Picture() {
-    v1::GetStatsResponse s = broker_->Stats(root_, /*include_slabs=*/true);
+    v1::GetStatsResponse s = StatsOf(*broker_, root_, /*include_slabs=*/true);
     s.clear_sessions();
     return s.SerializeAsString();
   }
@@ -65,7 +75,7 @@ class BackendFailureTest : public ::testing::Test {
 TEST_F(BackendFailureTest, OutOfMemoryWhileCreatingASlabIsTheBackendsError) {
   const std::string before = Picture();
   backend_.FailCreate(1, absl::ResourceExhaustedError("CUDA_ERROR_OUT_OF_MEMORY"));
-  auto r = broker_->Allocate(self_, On(2, kMiB));
+  auto r = broker_->AllocateAndWait(self_, On(2, kMiB));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
   EXPECT_TRUE(absl::StrContains(r.status().message(), "device 2")) << r.status();
   EXPECT_TRUE(absl::StrContains(r.status().message(), "creating")) << r.status();
@@ -76,7 +86,7 @@ TEST_F(BackendFailureTest, OutOfMemoryWhileCreatingASlabIsTheBackendsError) {
       << "a driver OOM is not a placement refusal";
   EXPECT_EQ(Picture(), before);
   // The next call works: the failure left nothing behind.
-  EXPECT_TRUE(broker_->Allocate(self_, On(2, kMiB)).ok());
+  EXPECT_TRUE(broker_->AllocateAndWait(self_, On(2, kMiB)).ok());
 }
 
 TEST_F(BackendFailureTest, OtherBackendErrorsKeepTheirCode) {
@@ -84,7 +94,7 @@ TEST_F(BackendFailureTest, OtherBackendErrorsKeepTheirCode) {
                                 absl::UnavailableError("CUDA_ERROR_DEVICE_UNAVAILABLE")}) {
     const std::string before = Picture();
     backend_.FailCreate(1, s);
-    auto r = broker_->Allocate(self_, On(1, kMiB));
+    auto r = broker_->AllocateAndWait(self_, On(1, kMiB));
     EXPECT_EQ(r.status().code(), s.code()) << r.status();
     EXPECT_TRUE(absl::StrContains(r.status().message(), "device 1")) << r.status();
     EXPECT_TRUE(absl::StrContains(r.status().message(), s.message())) << r.status();
@@ -96,7 +106,7 @@ TEST_F(BackendFailureTest, AFailureStopsPlacementInsteadOfTryingOtherDevices) {
   backend_.FailCreate(1, absl::InternalError("device lost"));
   v1::AllocateRequest any;
   any.set_size_bytes(kMiB);
-  auto r = broker_->Allocate(self_, any);
+  auto r = broker_->AllocateAndWait(self_, any);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
   EXPECT_EQ(backend_.creates(), 1);
 }
@@ -104,7 +114,7 @@ TEST_F(BackendFailureTest, AFailureStopsPlacementInsteadOfTryingOtherDevices) {
 TEST_F(BackendFailureTest, ShardedRequestFailingLateLeavesThePoolsAsBefore) {
   // One shard already has a slab on device 0; the others need new slabs and
   // the third creation fails.
-  auto keep = broker_->Allocate(self_, On(0, kMiB));
+  auto keep = broker_->AllocateAndWait(self_, On(0, kMiB));
   ASSERT_TRUE(keep.ok());
   const std::string before = Picture();
   const int creates = backend_.creates();
@@ -113,7 +123,7 @@ TEST_F(BackendFailureTest, ShardedRequestFailingLateLeavesThePoolsAsBefore) {
   sharded.set_size_bytes(4 * kMiB);
   sharded.set_shard_count(4);
   sharded.mutable_placement()->set_policy(v1::PlacementRequest::POLICY_PACK);
-  auto r = broker_->Allocate(self_, sharded);
+  auto r = broker_->AllocateAndWait(self_, sharded);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
   EXPECT_FALSE(RefusalFromStatus(r.status()).has_value());
   EXPECT_EQ(backend_.creates() - creates, 3);
@@ -121,7 +131,7 @@ TEST_F(BackendFailureTest, ShardedRequestFailingLateLeavesThePoolsAsBefore) {
 }
 
 TEST_F(BackendFailureTest, AFailedExportRecordsNoHolder) {
-  auto a = broker_->Allocate(self_, On(3, kMiB));
+  auto a = broker_->AllocateAndWait(self_, On(3, kMiB));
   ASSERT_TRUE(a.ok());
   const uint64_t slab = a->allocations(0).slab_id();
   backend_.FailExport(absl::ResourceExhaustedError("EMFILE"));
@@ -135,7 +145,7 @@ TEST_F(BackendFailureTest, AFailedExportRecordsNoHolder) {
   ASSERT_TRUE(broker_->Free(self_, f).ok());
   // The empty slab is released after 50 ms and nobody holds it.
   absl::SleepFor(absl::Milliseconds(300));
-  v1::GetStatsResponse s = broker_->Stats(root_);
+  v1::GetStatsResponse s = StatsOf(*broker_, root_);
   EXPECT_EQ(s.devices(3).retained_bytes(), 0u);
   EXPECT_EQ(s.devices(3).pooled_bytes(), 0u);
 }
@@ -144,7 +154,7 @@ TEST_F(BackendFailureTest, ASlowDeviceDoesNotHoldUpTheOthers) {
   backend_.SlowCreate(3, absl::Seconds(2));
   std::atomic<bool> slow_done{false};
   std::thread slow([&] {
-    auto r = broker_->Allocate(self_, On(3, kMiB));
+    auto r = broker_->AllocateAndWait(self_, On(3, kMiB));
     EXPECT_TRUE(r.ok()) << r.status();
     slow_done = true;
   });
@@ -158,7 +168,7 @@ TEST_F(BackendFailureTest, ASlowDeviceDoesNotHoldUpTheOthers) {
     others.emplace_back([&, t] {
       for (int i = 0; i < 50; ++i) {
         const absl::Time start = absl::Now();
-        auto r = broker_->Allocate(self_, On(t % 3, 64 * 1024));
+        auto r = broker_->AllocateAndWait(self_, On(t % 3, 64 * 1024));
         if (!r.ok()) {
           ADD_FAILURE() << r.status();
           return;
@@ -184,10 +194,10 @@ TEST_F(BackendFailureTest, ASlowDeviceDoesNotHoldUpTheOthers) {
   EXPECT_LT(worst_us.load(), 1000 * 1000) << worst_us.load() << " us";
   // GetStats does not wait for it either (checked while another is slow).
   backend_.SlowCreate(2, absl::Seconds(1));
-  std::thread slow2([&] { EXPECT_TRUE(broker_->Allocate(self_, On(2, 32 * kMiB)).ok()); });
+  std::thread slow2([&] { EXPECT_TRUE(broker_->AllocateAndWait(self_, On(2, 32 * kMiB)).ok()); });
   absl::SleepFor(absl::Milliseconds(100));
   const absl::Time start = absl::Now();
-  broker_->Stats(root_, true);
+  StatsOf(*broker_, root_, true);
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));
   slow2.join();
 }

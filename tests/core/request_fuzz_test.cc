@@ -30,11 +30,21 @@
 #include "gtest/gtest.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 #include "server/backend/sim_backend.h"
-#include "server/service/memory_broker.h"
+#include "server/core/memory_broker.h"
+#include "server/service/stats_proto.h"
 
 
 namespace gpumem {
 namespace {
+
+// What GetStats would answer `caller` (the core's view, rendered), without
+// the counters of what was done so far: the state, for before/after compares.
+v1::GetStatsResponse StatsOf(const MemoryBroker& broker, const PeerCred& caller,
+                             bool include_slabs = false) {
+  v1::GetStatsResponse s = RenderStats(broker.Stats(caller, include_slabs));
+  s.clear_counters();
+  return s;
+}
 
 using ::gpumem::v1::AllocateRequest;
 using ::gpumem::v1::AllocateResponse;
@@ -289,7 +299,7 @@ class RequestFuzzTest : public ::testing::Test {
   // Checks one Allocate against the request and records its blocks.
   void CheckAllocate(const AllocateRequest& r, const PeerCred& caller,
                      const std::string& what) {
-    absl::StatusOr<AllocateResponse> res = broker_->Allocate(caller, r);
+    absl::StatusOr<AllocateResponse> res = broker_->AllocateAndWait(caller, r);
     if (!res.ok()) {
       ++errors_[res.status().code()];
       EXPECT_TRUE(Allowed(res.status().code()))
@@ -368,7 +378,7 @@ class RequestFuzzTest : public ::testing::Test {
   }
 
   void CheckStats(int iter) {
-    v1::GetStatsResponse s = broker_->Stats(PeerCred{getpid(), 0, 0});
+    v1::GetStatsResponse s = StatsOf(*broker_, PeerCred{getpid(), 0, 0});
     std::map<uint32_t, uint64_t> used, count;
     for (const auto& [id, b] : live_) {
       used[b.device] += b.size;
@@ -473,7 +483,7 @@ TEST_F(RequestFuzzTest, RandomRequestsKeepTheBrokerConsistent) {
 
   // Free everything; nothing may stay used.
   while (!live_.empty()) CheckFree(live_.begin()->first, self, false);
-  v1::GetStatsResponse s = broker_->Stats(PeerCred{getpid(), 0, 0});
+  v1::GetStatsResponse s = StatsOf(*broker_, PeerCred{getpid(), 0, 0});
   for (const auto& d : s.devices()) {
     EXPECT_EQ(d.used_bytes(), 0u) << "device " << d.index();
     EXPECT_EQ(d.allocation_count(), 0u) << "device " << d.index();

@@ -1,26 +1,26 @@
-// See backend_workers.h. A mutex-guarded queue and `threads` threads that
+// See worker_pool.h. A mutex-guarded queue and `threads` threads that
 // wait on it; Shutdown lets them empty it before they exit.
-#include "server/service/backend_workers.h"
+#include "server/service/worker_pool.h"
 
 #include <utility>
 
 namespace gpumem {
 
-BackendWorkers::BackendWorkers(int threads) {
+WorkerPool::WorkerPool(int threads) {
   if (threads < 1) threads = 1;
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
 }
 
-BackendWorkers::~BackendWorkers() { Shutdown(); }
+WorkerPool::~WorkerPool() { Shutdown(); }
 
-bool BackendWorkers::Submit(std::function<void()> task) {
+bool WorkerPool::Submit(std::function<void()> task) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return false;
   tasks_.push_back(std::move(task));
   return true;
 }
 
-void BackendWorkers::Shutdown() {
+void WorkerPool::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -30,13 +30,13 @@ void BackendWorkers::Shutdown() {
   }
 }
 
-void BackendWorkers::Work() {
+void WorkerPool::Work() {
   for (;;) {
     std::function<void()> task;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](BackendWorkers* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
+          +[](WorkerPool* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
             return w->stopping_ || !w->tasks_.empty();
           },
           this));

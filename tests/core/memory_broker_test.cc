@@ -1,8 +1,9 @@
-// Tests of MemoryBroker (server/service/memory_broker.h) over SimBackend with
+// Tests of MemoryBroker (server/core/memory_broker.h) over SimBackend with
 // four small devices. Callers are real processes: the test itself, and
 // sleeping children forked before the broker's threads start, so that
 // sessions really end when a child is killed.
-#include "server/service/memory_broker.h"
+#include "server/core/memory_broker.h"
+#include "server/service/stats_proto.h"
 
 #include <signal.h>
 #include <sys/mman.h>
@@ -37,6 +38,15 @@
 
 namespace gpumem {
 namespace {
+
+// What GetStats would answer `caller` (the core's view, rendered), without
+// the counters of what was done so far: the state, for before/after compares.
+v1::GetStatsResponse StatsOf(const MemoryBroker& broker, const PeerCred& caller,
+                             bool include_slabs = false) {
+  v1::GetStatsResponse s = RenderStats(broker.Stats(caller, include_slabs));
+  s.clear_counters();
+  return s;
+}
 
 using ::gpumem::v1::AllocateRequest;
 using ::gpumem::v1::AllocateResponse;
@@ -193,7 +203,7 @@ class MemoryBrokerTest : public ::testing::Test {
 
   absl::StatusOr<AllocateResponse> Alloc(const PeerCred& c, uint64_t size,
                                          std::vector<std::string> devices = {}) {
-    return broker_->Allocate(c, Request(size, std::move(devices)));
+    return broker_->AllocateAndWait(c, Request(size, std::move(devices)));
   }
 
   // Waits up to `limit` for `done`; returns how long it took, or limit+.
@@ -227,7 +237,7 @@ TEST_F(MemoryBrokerTest, AllocateReturnsABlockDescribedInStats) {
   EXPECT_LE(a.offset() + a.size_bytes(), a.slab_size_bytes());
   EXPECT_EQ(a.handle_kind(), v1::HANDLE_KIND_POSIX_FD);
 
-  GetStatsResponse s = broker_->Stats(Root());
+  GetStatsResponse s = StatsOf(*broker_, Root());
   EXPECT_EQ(s.backend(), "sim");
   ASSERT_EQ(s.devices_size(), kDevices);
   for (int d = 0; d < kDevices; ++d) {
@@ -260,7 +270,7 @@ TEST_F(MemoryBrokerTest, AllocateReturnsABlockDescribedInStats) {
   EXPECT_EQ(t.devices(0).used_bytes(), 3 * kMiB + 5);
   EXPECT_EQ(t.devices(0).slab_count(), 1u);
   // With include_slabs: the one slab, its tenant and no holder yet.
-  GetStatsResponse with_slabs = broker_->Stats(Root(), /*include_slabs=*/true);
+  GetStatsResponse with_slabs = StatsOf(*broker_, Root(), /*include_slabs=*/true);
   const v1::DeviceStats& here = with_slabs.devices(a.device_index());
   ASSERT_EQ(here.slabs_size(), 1);
   EXPECT_EQ(here.slabs(0).slab_id(), a.slab_id());
@@ -276,7 +286,7 @@ TEST_F(MemoryBrokerTest, AllocateReturnsABlockDescribedInStats) {
   absl::StatusOr<v1::FreeResponse> f = broker_->Free(Self(), FreeOf(a.id()));
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->freed_bytes(), 3 * kMiB + 5);
-  EXPECT_EQ(TotalUsed(broker_->Stats(Root())), 0u);
+  EXPECT_EQ(TotalUsed(StatsOf(*broker_, Root())), 0u);
 }
 
 TEST_F(MemoryBrokerTest, PlacementNamesDevicesByIndexAndUuid) {
@@ -293,7 +303,7 @@ TEST_F(MemoryBrokerTest, PlacementNamesDevicesByIndexAndUuid) {
   req.mutable_placement()->add_exclude("1");
   req.mutable_placement()->add_exclude("2");
   for (int i = 0; i < 5; ++i) {
-    r = broker_->Allocate(Self(), req);
+    r = broker_->AllocateAndWait(Self(), req);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->allocations(0).device_index(), 3u);
   }
@@ -301,7 +311,7 @@ TEST_F(MemoryBrokerTest, PlacementNamesDevicesByIndexAndUuid) {
 
 TEST_F(MemoryBrokerTest, InvalidRequestsChangeNothing) {
   ASSERT_TRUE(broker_->GetSession(Self()).ok());
-  const std::string before = Canonical(broker_->Stats(Root()));
+  const std::string before = Canonical(StatsOf(*broker_, Root()));
   std::vector<AllocateRequest> bad;
   bad.push_back(Request(0));
   bad.push_back(Request(kMiB, {"4"}));
@@ -320,65 +330,68 @@ TEST_F(MemoryBrokerTest, InvalidRequestsChangeNothing) {
   r.add_shard_sizes(0);
   bad.push_back(r);
   for (const AllocateRequest& req : bad) {
-    absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), req);
+    absl::StatusOr<AllocateResponse> res = broker_->AllocateAndWait(Self(), req);
     EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument)
         << req.ShortDebugString() << ": " << res.status();
   }
-  EXPECT_EQ(Canonical(broker_->Stats(Root())), before);
+  EXPECT_EQ(Canonical(StatsOf(*broker_, Root())), before);
 }
 
-// Backend work refused (the Stream's queue thread): a request that needs a
-// new slab, on any of its shards, changes nothing and says so; one that
-// fits existing slabs is served as usual.
-TEST_F(MemoryBrokerTest, AllocateWithoutBackendWorkNeedsItOrChangesNothing) {
+// The core's Try* calls never call the backend (what a thread serving many
+// clients uses): a request that needs a new slab, on any of its shards,
+// changes nothing and says so; one that fits existing slabs is served as
+// usual.
+TEST_F(MemoryBrokerTest, TryAllocateWithoutBackendWorkNeedsItOrChangesNothing) {
+  using Kind = MemoryBroker::AllocateOutcome::Kind;
   ASSERT_TRUE(broker_->GetSession(Self()).ok());
-  const auto kNotHere = MemoryBroker::BackendWork::kNotHere;
-  const std::string empty = Canonical(broker_->Stats(Root()));
-  absl::StatusOr<AllocateResponse> r =
-      broker_->Allocate(Self(), Request(kMiB, {"0"}), kNotHere);
-  ASSERT_FALSE(r.ok());
-  EXPECT_TRUE(MemoryBroker::NeedsBackendWork(r.status())) << r.status();
-  EXPECT_EQ(Canonical(broker_->Stats(Root())), empty);
+  const std::string empty = Canonical(StatsOf(*broker_, Root()));
+  MemoryBroker::AllocateOutcome r = broker_->TryAllocate(Self(), Request(kMiB, {"0"}));
+  EXPECT_EQ(r.kind, Kind::kNeedsBackendWork);
+  EXPECT_EQ(Canonical(StatsOf(*broker_, Root())), empty);
   // A slab on device 0 made the usual way; the next block fits it inline.
-  absl::StatusOr<AllocateResponse> first = broker_->Allocate(Self(), Request(kMiB, {"0"}));
+  absl::StatusOr<AllocateResponse> first = broker_->AllocateAndWait(Self(), Request(kMiB, {"0"}));
   ASSERT_TRUE(first.ok()) << first.status();
-  r = broker_->Allocate(Self(), Request(kMiB, {"0"}), kNotHere);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->allocations(0).slab_id(), first->allocations(0).slab_id());
+  r = broker_->TryAllocate(Self(), Request(kMiB, {"0"}));
+  ASSERT_EQ(r.kind, Kind::kAnswered);
+  ASSERT_TRUE(r.answer.ok()) << r.answer.status();
+  EXPECT_EQ(r.answer->allocations(0).slab_id(), first->allocations(0).slab_id());
   // Sharded over devices 0 and 1: shard 0 fits, shard 1 needs a slab, so
   // the whole request needs backend work and shard 0's block is undone.
-  const std::string before = Canonical(broker_->Stats(Root()));
+  const std::string before = Canonical(StatsOf(*broker_, Root()));
   AllocateRequest sharded = Request(2 * kMiB, {"0", "1"});
   sharded.set_shard_count(2);
-  r = broker_->Allocate(Self(), sharded, kNotHere);
-  ASSERT_FALSE(r.ok());
-  EXPECT_TRUE(MemoryBroker::NeedsBackendWork(r.status())) << r.status();
-  EXPECT_EQ(Canonical(broker_->Stats(Root())), before);
+  r = broker_->TryAllocate(Self(), sharded);
+  EXPECT_EQ(r.kind, Kind::kNeedsBackendWork);
+  EXPECT_EQ(Canonical(StatsOf(*broker_, Root())), before);
   // Larger than any device: the same INVALID_ARGUMENT as ever.
-  r = broker_->Allocate(Self(), Request(kDevice + 1), kNotHere);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_FALSE(MemoryBroker::NeedsBackendWork(r.status()));
+  r = broker_->TryAllocate(Self(), Request(kDevice + 1));
+  ASSERT_EQ(r.kind, Kind::kAnswered);
+  EXPECT_EQ(r.answer.status().code(), absl::StatusCode::kInvalidArgument);
 
   // Free: a block in a shared slab is freed inline; a dedicated slab's block
   // (its slab goes back with it) needs backend work and stays live.
   v1::FreeRequest free;
   free.set_id(first->allocations(0).id());
-  EXPECT_TRUE(broker_->Free(Self(), free, kNotHere).ok());
-  absl::StatusOr<AllocateResponse> big = broker_->Allocate(Self(), Request(kSlab + kMiB));
+  std::optional<absl::StatusOr<v1::FreeResponse>> now = broker_->TryFree(Self(), free);
+  ASSERT_TRUE(now.has_value());
+  EXPECT_TRUE(now->ok()) << now->status();
+  absl::StatusOr<AllocateResponse> big = broker_->AllocateAndWait(Self(), Request(kSlab + kMiB));
   ASSERT_TRUE(big.ok()) << big.status();
-  const std::string with_big = Canonical(broker_->Stats(Root()));
+  const std::string with_big = Canonical(StatsOf(*broker_, Root()));
   free.set_id(big->allocations(0).id());
-  absl::StatusOr<v1::FreeResponse> f = broker_->Free(Self(), free, kNotHere);
-  ASSERT_FALSE(f.ok());
-  EXPECT_TRUE(MemoryBroker::NeedsBackendWork(f.status())) << f.status();
-  EXPECT_EQ(Canonical(broker_->Stats(Root())), with_big);
-  f = broker_->Free(Self(), free);
+  EXPECT_FALSE(broker_->TryFree(Self(), free).has_value());
+  EXPECT_EQ(Canonical(StatsOf(*broker_, Root())), with_big);
+  absl::StatusOr<v1::FreeResponse> f = broker_->Free(Self(), free);
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->freed_bytes(), kSlab + kMiB);
+  // A free the table refuses (another uid's) is answered as Free answers it.
+  absl::StatusOr<AllocateResponse> mine = broker_->AllocateAndWait(Self(), Request(kMiB, {"0"}));
+  ASSERT_TRUE(mine.ok());
+  free.set_id(mine->allocations(0).id());
+  now = broker_->TryFree(child_a_.Cred(kUidA, kUidA), free);
+  ASSERT_TRUE(now.has_value());
+  EXPECT_EQ(now->status().code(), absl::StatusCode::kPermissionDenied);
 }
-
-// ---------------------------------------------------------------------------
-// Free
 
 TEST_F(MemoryBrokerTest, FreeRules) {
   absl::StatusOr<AllocateResponse> mine = Alloc(Self(), kMiB);
@@ -390,12 +403,12 @@ TEST_F(MemoryBrokerTest, FreeRules) {
   absl::StatusOr<v1::FreeResponse> f =
       broker_->Free(PeerCred{getpid(), other, other}, FreeOf(my_id));
   EXPECT_EQ(f.status().code(), absl::StatusCode::kPermissionDenied) << f.status();
-  EXPECT_EQ(TotalUsed(broker_->Stats(Root())), kMiB);
+  EXPECT_EQ(TotalUsed(StatsOf(*broker_, Root())), kMiB);
 
   // The same uid from another process: allowed.
   f = broker_->Free(child_a_.Cred(), FreeOf(my_id));
   EXPECT_TRUE(f.ok()) << f.status();
-  EXPECT_EQ(TotalUsed(broker_->Stats(Root())), 0u);
+  EXPECT_EQ(TotalUsed(StatsOf(*broker_, Root())), 0u);
 
   // Double free, id 0, unknown id.
   f = broker_->Free(Self(), FreeOf(my_id));
@@ -426,8 +439,8 @@ TEST_F(MemoryBrokerTest, UidRulesForForeignAllocations) {
   f = broker_->Free(PeerCred{getpid(), 0, 0}, FreeOf(a->allocations(0).id()));
   EXPECT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->freed_bytes(), 2 * kMiB);
-  EXPECT_EQ(TotalUsed(broker_->Stats(Root())), 0u);
-  EXPECT_EQ(TotalAllocations(broker_->Stats(Root())), 0u);
+  EXPECT_EQ(TotalUsed(StatsOf(*broker_, Root())), 0u);
+  EXPECT_EQ(TotalAllocations(StatsOf(*broker_, Root())), 0u);
 }
 
 // ---------------------------------------------------------------------------
@@ -443,14 +456,14 @@ TEST_F(MemoryBrokerTest, KilledProcessLosesItsMemoryWithinASecond) {
   }
   AllocateRequest sharded = Request(8 * kMiB);
   sharded.set_shard_count(3);
-  absl::StatusOr<AllocateResponse> r = broker_->Allocate(child, sharded);
+  absl::StatusOr<AllocateResponse> r = broker_->AllocateAndWait(child, sharded);
   ASSERT_TRUE(r.ok()) << r.status();
   for (const auto& a : r->allocations()) ids.push_back(a.id());
   // The live caller's block must survive the child's death.
   absl::StatusOr<AllocateResponse> mine = Alloc(Self(), 5 * kMiB);
   ASSERT_TRUE(mine.ok()) << mine.status();
 
-  GetStatsResponse s = broker_->Stats(Root());
+  GetStatsResponse s = StatsOf(*broker_, Root());
   const v1::SessionStats* cs = SessionOf(s, child_a_.pid());
   ASSERT_NE(cs, nullptr);
   EXPECT_EQ(cs->allocation_count(), 6u);
@@ -459,11 +472,11 @@ TEST_F(MemoryBrokerTest, KilledProcessLosesItsMemoryWithinASecond) {
 
   child_a_.Kill();  // a zombie until reaped; its pidfd reports the exit
   const absl::Duration took = WaitFor([&] {
-    GetStatsResponse now = broker_->Stats(Root());
+    GetStatsResponse now = StatsOf(*broker_, Root());
     return TotalUsed(now) == 5 * kMiB && SessionOf(now, child_a_.pid()) == nullptr;
   });
   EXPECT_LE(took, absl::Seconds(1)) << "session not reclaimed within 1 s";
-  s = broker_->Stats(Root());
+  s = StatsOf(*broker_, Root());
   EXPECT_EQ(TotalUsed(s), 5 * kMiB);
   EXPECT_EQ(TotalAllocations(s), 1u);
   EXPECT_EQ(SessionOf(s, child_a_.pid()), nullptr);
@@ -483,13 +496,13 @@ TEST_F(MemoryBrokerTest, CallerThatHasExitedGetsNoMemory) {
   absl::StatusOr<AllocateResponse> r = Alloc(gone, kMiB);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   // Whatever happened, nothing stays allocated for it.
-  EXPECT_LE(WaitFor([&] { return TotalUsed(broker_->Stats(Root())) == 0; }),
+  EXPECT_LE(WaitFor([&] { return TotalUsed(StatsOf(*broker_, Root())) == 0; }),
             absl::Seconds(1));
-  EXPECT_EQ(SessionOf(broker_->Stats(Root()), gone.pid), nullptr);
+  EXPECT_EQ(SessionOf(StatsOf(*broker_, Root()), gone.pid), nullptr);
 }
 
 TEST_F(MemoryBrokerTest, CallerWithoutPidIsDenied) {
-  const std::string before = Canonical(broker_->Stats(Root()));
+  const std::string before = Canonical(StatsOf(*broker_, Root()));
   const PeerCred nopid{0, getuid(), getgid()};
   absl::StatusOr<AllocateResponse> r = Alloc(nopid, kMiB);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
@@ -501,7 +514,7 @@ TEST_F(MemoryBrokerTest, CallerWithoutPidIsDenied) {
   EXPECT_EQ(broker_->ExportSlab(nopid, 1).status().code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(broker_->CloseSlab(nopid, 1).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(Canonical(broker_->Stats(Root())), before);
+  EXPECT_EQ(Canonical(StatsOf(*broker_, Root())), before);
 }
 
 // ---------------------------------------------------------------------------
@@ -548,7 +561,7 @@ TEST_F(MemoryBrokerTest, ExportSlabGivesAMappableSharedSlab) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(broker_->ExportSlab(Self(), 0).status().code(), absl::StatusCode::kNotFound);
   // Two exports, one session: one holder.
-  GetStatsResponse s = broker_->Stats(Root(), /*include_slabs=*/true);
+  GetStatsResponse s = StatsOf(*broker_, Root(), /*include_slabs=*/true);
   ASSERT_EQ(s.devices(a.device_index()).slabs_size(), 1);
   EXPECT_EQ(s.devices(a.device_index()).slabs(0).holders(), 1u);
 
@@ -564,7 +577,7 @@ TEST_F(MemoryBrokerTest, ExportSlabGivesAMappableSharedSlab) {
   // The caller says it closed the slab: once, then there is nothing to close.
   EXPECT_TRUE(broker_->CloseSlab(Self(), a.slab_id()).ok());
   EXPECT_EQ(broker_->CloseSlab(Self(), a.slab_id()).code(), absl::StatusCode::kNotFound);
-  s = broker_->Stats(Root(), /*include_slabs=*/true);
+  s = StatsOf(*broker_, Root(), /*include_slabs=*/true);
   ASSERT_EQ(s.devices(a.device_index()).slabs_size(), 1);
   EXPECT_EQ(s.devices(a.device_index()).slabs(0).holders(), 0u);
   EXPECT_EQ(s.devices(a.device_index()).slabs(0).tenant(), getuid());
@@ -585,7 +598,7 @@ TEST_F(MemoryBrokerTest, ExportSlabOfADedicatedSlab) {
   // given its handle and has not closed it: retained, counted, not free.
   const uint32_t d = a.device_index();
   EXPECT_EQ(backend_.SlabBytes(d), slab_size);
-  GetStatsResponse s = broker_->Stats(Root(), /*include_slabs=*/true);
+  GetStatsResponse s = StatsOf(*broker_, Root(), /*include_slabs=*/true);
   EXPECT_EQ(s.devices(d).used_bytes(), 0u);
   EXPECT_EQ(s.devices(d).retained_bytes(), slab_size);
   EXPECT_EQ(s.devices(d).free_bytes(), kDevice - slab_size);
@@ -604,7 +617,7 @@ TEST_F(MemoryBrokerTest, ExportSlabOfADedicatedSlab) {
 
   ASSERT_TRUE(broker_->CloseSlab(Self(), a.slab_id()).ok());
   EXPECT_EQ(backend_.SlabBytes(d), 0u);  // now released
-  s = broker_->Stats(Root());
+  s = StatsOf(*broker_, Root());
   EXPECT_EQ(s.devices(d).retained_bytes(), 0u);
   EXPECT_EQ(s.devices(d).free_bytes(), kDevice);
   EXPECT_EQ(SessionOf(s, getpid())->retained_bytes(), 0u);
@@ -669,7 +682,7 @@ TEST_F(MemoryBrokerTest, MemoryOfOneUidIsNeverHandedToAnother) {
   EXPECT_LE(backend_.SlabBytes(0), kDevice);
   // The slab uid A still holds stays A's (empty, held, not released: that
   // would free nothing), never B's; the others went back for B's slab.
-  GetStatsResponse s = broker_->Stats(Root(), /*include_slabs=*/true);
+  GetStatsResponse s = StatsOf(*broker_, Root(), /*include_slabs=*/true);
   EXPECT_EQ(s.devices(0).retained_bytes(), 0u);
   EXPECT_EQ(s.devices(0).used_bytes(), kSlab);
   bool held_kept = false;
@@ -714,7 +727,7 @@ TEST_F(MemoryBrokerTest, MemoryOfOneUidIsNeverHandedToAnother) {
               absl::StatusCode::kOk);
   }
   ASSERT_TRUE(broker_->CloseSlab(a_cred, a_blocks[1].slab_id()).ok());
-  EXPECT_EQ(TotalRetained(broker_->Stats(Root())), 0u);
+  EXPECT_EQ(TotalRetained(StatsOf(*broker_, Root())), 0u);
 }
 
 // A slab released (here: idle) while this process holds its handle stays
@@ -731,12 +744,12 @@ TEST_F(MemoryBrokerTest, RetainedSlabIsShownUntilTheHolderClosesIt) {
   close(fd->fd);
   ASSERT_TRUE(broker_->Free(Self(), FreeOf(r->allocations(0).id())).ok());
   EXPECT_LE(WaitFor([&] {
-              return broker_->Stats(Root()).devices(0).retained_bytes() == kSlab;
+              return StatsOf(*broker_, Root()).devices(0).retained_bytes() == kSlab;
             }),
             absl::Seconds(1))
       << "the idle slab was not released (as retained)";
 
-  GetStatsResponse s = broker_->Stats(Root(), /*include_slabs=*/true);
+  GetStatsResponse s = StatsOf(*broker_, Root(), /*include_slabs=*/true);
   const v1::DeviceStats& d = s.devices(0);
   EXPECT_EQ(d.used_bytes(), 0u);
   EXPECT_EQ(d.retained_bytes(), kSlab);
@@ -768,7 +781,7 @@ TEST_F(MemoryBrokerTest, RetainedSlabIsShownUntilTheHolderClosesIt) {
 
   ASSERT_TRUE(broker_->CloseSlab(Self(), slab).ok());
   EXPECT_EQ(backend_.SlabBytes(0), 0u);
-  s = broker_->Stats(Root());
+  s = StatsOf(*broker_, Root());
   EXPECT_EQ(s.devices(0).retained_bytes(), 0u);
   EXPECT_EQ(s.devices(0).free_bytes(), kDevice);
   EXPECT_EQ(SessionOf(s, getpid())->retained_bytes(), 0u);
@@ -786,7 +799,7 @@ TEST_F(MemoryBrokerTest, RetainedSlabIsReturnedWhenTheHolderExits) {
   ASSERT_TRUE(fd.ok()) << fd.status();
   close(fd->fd);
   ASSERT_TRUE(broker_->Free(a, FreeOf(r->allocations(0).id())).ok());
-  GetStatsResponse s = broker_->Stats(Root());
+  GetStatsResponse s = StatsOf(*broker_, Root());
   EXPECT_EQ(s.devices(1).retained_bytes(), slab_size);
   EXPECT_EQ(s.devices(1).free_bytes(), kDevice - slab_size);
   ASSERT_NE(SessionOf(s, child_a_.pid()), nullptr);
@@ -798,7 +811,7 @@ TEST_F(MemoryBrokerTest, RetainedSlabIsReturnedWhenTheHolderExits) {
   child_a_.Kill();
   EXPECT_LE(WaitFor([&] { return backend_.SlabBytes(1) == 0; }), absl::Seconds(1))
       << "retained slab not returned after its holder exited";
-  s = broker_->Stats(Root());
+  s = StatsOf(*broker_, Root());
   EXPECT_EQ(s.devices(1).retained_bytes(), 0u);
   EXPECT_EQ(s.devices(1).free_bytes(), kDevice);
   EXPECT_EQ(TenantIn(s, kUidA), nullptr);
@@ -835,7 +848,7 @@ TEST_F(MemoryBrokerTest, StatsShowAnotherUidOnlyDeviceFigures) {
   close(fd->fd);
   ASSERT_TRUE(broker_->GetSession(Self()).ok());
 
-  const GetStatsResponse all = broker_->Stats(Root(), /*include_slabs=*/true);
+  const GetStatsResponse all = StatsOf(*broker_, Root(), /*include_slabs=*/true);
   EXPECT_EQ(all.sessions_size(), 3);
   ASSERT_EQ(all.tenants_size(), 2);
   EXPECT_EQ(all.tenants(0).tenant(), kUidA);  // sorted by id
@@ -847,7 +860,7 @@ TEST_F(MemoryBrokerTest, StatsShowAnotherUidOnlyDeviceFigures) {
 
   // uid 65534 (nobody, no admin group): every device figure, nobody's
   // sessions or tenants, and no slab's owner or holders.
-  const GetStatsResponse n = broker_->Stats(Nobody(), /*include_slabs=*/true);
+  const GetStatsResponse n = StatsOf(*broker_, Nobody(), /*include_slabs=*/true);
   EXPECT_EQ(n.backend(), "sim");
   EXPECT_EQ(n.sessions_size(), 0);
   EXPECT_EQ(n.tenants_size(), 0);
@@ -869,7 +882,7 @@ TEST_F(MemoryBrokerTest, StatsShowAnotherUidOnlyDeviceFigures) {
   EXPECT_EQ(TotalAllocations(n), 2u);
 
   // uid B: its own session and tenant, its own slab's owner and holders.
-  const GetStatsResponse own = broker_->Stats(PeerCred{getpid(), kUidB, kUidB}, true);
+  const GetStatsResponse own = StatsOf(*broker_, PeerCred{getpid(), kUidB, kUidB}, true);
   ASSERT_EQ(own.sessions_size(), 1);
   EXPECT_EQ(own.sessions(0).pid(), child_b_.pid());
   EXPECT_EQ(own.sessions(0).used_bytes(), 5 * kMiB);
@@ -883,7 +896,7 @@ TEST_F(MemoryBrokerTest, StatsShowAnotherUidOnlyDeviceFigures) {
   EXPECT_EQ(TotalUsed(own), 8 * kMiB);
 
   // Asking for stats opens no session.
-  EXPECT_EQ(broker_->Stats(Root()).sessions_size(), 3);
+  EXPECT_EQ(StatsOf(*broker_, Root()).sessions_size(), 3);
 }
 
 // ---------------------------------------------------------------------------
@@ -907,7 +920,7 @@ TEST_F(MemoryBrokerTest, ShutdownReleasesEverySlabAndRefusesCalls) {
   ASSERT_TRUE(fd.ok()) << fd.status();
   close(fd->fd);
   ASSERT_TRUE(broker_->Free(Self(), FreeOf(held->allocations(0).id())).ok());
-  ASSERT_EQ(TotalRetained(broker_->Stats(Root())), 40 * kMiB);
+  ASSERT_EQ(TotalRetained(StatsOf(*broker_, Root())), 40 * kMiB);
   broker_->Shutdown();
   for (int d = 0; d < kDevices; ++d) {
     EXPECT_EQ(backend_.SlabBytes(d), 0u) << "device " << d;
@@ -921,7 +934,7 @@ TEST_F(MemoryBrokerTest, ShutdownReleasesEverySlabAndRefusesCalls) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(broker_->ExportSlab(Self(), slab).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  GetStatsResponse s = broker_->Stats(Root());
+  GetStatsResponse s = StatsOf(*broker_, Root());
   EXPECT_EQ(TotalUsed(s), 0u);
   for (const auto& d : s.devices()) {
     EXPECT_EQ(d.pooled_bytes(), 0u);
@@ -946,7 +959,7 @@ TEST_F(MemoryBrokerTest, EveryCallAfterShutdownIsFailedPrecondition) {
             absl::StatusCode::kFailedPrecondition)
       << "Allocate without pid after Shutdown";
   // No new sessions are opened by a shut-down broker.
-  EXPECT_EQ(broker_->Stats(Root()).sessions_size(), 0);
+  EXPECT_EQ(StatsOf(*broker_, Root()).sessions_size(), 0);
 }
 
 TEST_F(MemoryBrokerTest, ShutdownWithReservationReturnsIt) {
@@ -969,7 +982,7 @@ TEST_F(MemoryBrokerTest, ShutdownWithReservationReturnsIt) {
 TEST_F(MemoryBrokerTest, ShardedAllocationLandsOnDistinctDevices) {
   AllocateRequest r = Request(4 * kMiB + 3);
   r.set_shard_count(4);
-  absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), r);
+  absl::StatusOr<AllocateResponse> res = broker_->AllocateAndWait(Self(), r);
   ASSERT_TRUE(res.ok()) << res.status();
   ASSERT_EQ(res->allocations_size(), 4);
   std::set<uint32_t> devices;
@@ -983,7 +996,7 @@ TEST_F(MemoryBrokerTest, ShardedAllocationLandsOnDistinctDevices) {
   e.add_shard_sizes(3 * kMiB);
   e.add_shard_sizes(1 * kMiB);
   e.add_shard_sizes(40 * kMiB);  // dedicated slab
-  res = broker_->Allocate(Self(), e);
+  res = broker_->AllocateAndWait(Self(), e);
   ASSERT_TRUE(res.ok()) << res.status();
   ASSERT_EQ(res->allocations_size(), 3);
   devices.clear();
@@ -993,8 +1006,8 @@ TEST_F(MemoryBrokerTest, ShardedAllocationLandsOnDistinctDevices) {
     devices.insert(res->allocations(i).device_index());
   }
   EXPECT_EQ(devices.size(), 3u);
-  EXPECT_EQ(TotalUsed(broker_->Stats(Root())), 4 * kMiB + 3 + 44 * kMiB);
-  EXPECT_EQ(TotalAllocations(broker_->Stats(Root())), 7u);
+  EXPECT_EQ(TotalUsed(StatsOf(*broker_, Root())), 4 * kMiB + 3 + 44 * kMiB);
+  EXPECT_EQ(TotalAllocations(StatsOf(*broker_, Root())), 7u);
 }
 
 TEST_F(MemoryBrokerTest, FailingShardedRequestLeavesStatsIdentical) {
@@ -1003,20 +1016,20 @@ TEST_F(MemoryBrokerTest, FailingShardedRequestLeavesStatsIdentical) {
   ASSERT_TRUE(full.ok()) << full.status();
   {
     SCOPED_TRACE("largest shard refused first: nothing carved");
-    const std::string before = Canonical(broker_->Stats(Root()));
+    const std::string before = Canonical(StatsOf(*broker_, Root()));
     AllocateRequest r;
     r.add_shard_sizes(kMiB);
     r.add_shard_sizes(kDevice + 1);  // fits on no device
-    absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), r);
+    absl::StatusOr<AllocateResponse> res = broker_->AllocateAndWait(Self(), r);
     ASSERT_EQ(res.status().code(), absl::StatusCode::kResourceExhausted) << res.status();
-    EXPECT_EQ(Canonical(broker_->Stats(Root())), before);
+    EXPECT_EQ(Canonical(StatsOf(*broker_, Root())), before);
   }
   {
     SCOPED_TRACE("three shards carved on new slabs, the fourth refused");
-    const std::string before = Canonical(broker_->Stats(Root()));
+    const std::string before = Canonical(StatsOf(*broker_, Root()));
     AllocateRequest r = Request(4 * kMiB);
     r.set_shard_count(4);
-    absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), r);
+    absl::StatusOr<AllocateResponse> res = broker_->AllocateAndWait(Self(), r);
     ASSERT_EQ(res.status().code(), absl::StatusCode::kResourceExhausted) << res.status();
     std::optional<PlacementRefusal> refusal = RefusalFromStatus(res.status());
     ASSERT_TRUE(refusal.has_value()) << res.status();
@@ -1029,7 +1042,7 @@ TEST_F(MemoryBrokerTest, FailingShardedRequestLeavesStatsIdentical) {
     }
     EXPECT_EQ(refusal->devices(3).device_index(), 3u);
     EXPECT_EQ(refusal->devices(3).reason(), DeviceRefusal::REASON_CAPACITY);
-    EXPECT_EQ(Canonical(broker_->Stats(Root())), before);
+    EXPECT_EQ(Canonical(StatsOf(*broker_, Root())), before);
   }
 }
 
@@ -1038,7 +1051,7 @@ TEST_F(MemoryBrokerTest, RefusalCarriesThePlacementRefusal) {
   ASSERT_TRUE(Alloc(Self(), kDevice - kMiB, {"2"}).ok());
   AllocateRequest r = Request(2 * kMiB, {"3", "2", "1"});
   r.mutable_placement()->add_exclude("1");
-  absl::StatusOr<AllocateResponse> res = broker_->Allocate(Self(), r);
+  absl::StatusOr<AllocateResponse> res = broker_->AllocateAndWait(Self(), r);
   ASSERT_EQ(res.status().code(), absl::StatusCode::kResourceExhausted) << res.status();
   EXPECT_THAT(std::string(res.status().message()), HasSubstr("capacity"));
   std::optional<PlacementRefusal> refusal = RefusalFromStatus(res.status());
@@ -1068,7 +1081,7 @@ TEST_F(MemoryBrokerTest, FragmentationRefusalThroughTheBroker) {
     if (i % 2) drop.push_back(r->allocations(0).id());
   }
   for (uint64_t id : drop) ASSERT_TRUE(broker_->Free(Self(), FreeOf(id)).ok());
-  GetStatsResponse s = broker_->Stats(Root());
+  GetStatsResponse s = StatsOf(*broker_, Root());
   EXPECT_EQ(s.devices(0).free_bytes(), 128 * kMiB);
   EXPECT_EQ(s.devices(0).largest_free_block_bytes(), 8 * kMiB);
   EXPECT_DOUBLE_EQ(s.devices(0).fragmentation(), 1.0 - 8.0 / 128.0);
@@ -1082,7 +1095,7 @@ TEST_F(MemoryBrokerTest, FragmentationRefusalThroughTheBroker) {
   // With a fallback to any device it is served elsewhere.
   AllocateRequest fb = Request(9 * kMiB, {"0"});
   fb.mutable_placement()->add_fallback();
-  absl::StatusOr<AllocateResponse> ok = broker_->Allocate(Self(), fb);
+  absl::StatusOr<AllocateResponse> ok = broker_->AllocateAndWait(Self(), fb);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_NE(ok->allocations(0).device_index(), 0u);
 }
@@ -1104,7 +1117,7 @@ TEST_F(MemoryBrokerTest, CallsFromAnExitedProcessEndItsSessionCleanly) {
     EXPECT_TRUE(s.ok() || absl::IsFailedPrecondition(s.status())) << s.status();
   }
   EXPECT_LE(WaitFor([&] {
-              GetStatsResponse s = broker_->Stats(Root());
+              GetStatsResponse s = StatsOf(*broker_, Root());
               return TotalUsed(s) == 0 && SessionOf(s, child_a_.pid()) == nullptr;
             }),
             absl::Seconds(1));
@@ -1143,7 +1156,7 @@ TEST_F(MemoryBrokerTest, ConcurrentAllocateFreeEndsWithNothingUsed) {
         } else if (rng() % 4 == 0) {
           r.mutable_placement()->add_devices(std::to_string(rng() % 4));
         }
-        absl::StatusOr<AllocateResponse> res = broker_->Allocate(cred, r);
+        absl::StatusOr<AllocateResponse> res = broker_->AllocateAndWait(cred, r);
         if (res.ok()) {
           allocated.fetch_add(1);
           for (const auto& a : res->allocations()) live.push_back(a);
@@ -1186,7 +1199,7 @@ TEST_F(MemoryBrokerTest, ConcurrentAllocateFreeEndsWithNothingUsed) {
           bad.fetch_add(1);
         }
       } else {
-        GetStatsResponse s = broker_->Stats(t % 2 == 0 ? Root() : Nobody(), rng() % 2 == 0);
+        GetStatsResponse s = StatsOf(*broker_, t % 2 == 0 ? Root() : Nobody(), rng() % 2 == 0);
         for (const auto& d : s.devices()) {
           if (d.used_bytes() > d.total_bytes() || d.pooled_bytes() > d.total_bytes() ||
               d.used_bytes() + d.retained_bytes() > d.total_bytes() ||
@@ -1223,11 +1236,11 @@ TEST_F(MemoryBrokerTest, ConcurrentAllocateFreeEndsWithNothingUsed) {
   EXPECT_EQ(bad.load(), 0);
   EXPECT_GT(allocated.load(), 1000);
   EXPECT_LE(WaitFor([&] {
-              GetStatsResponse s = broker_->Stats(Root());
+              GetStatsResponse s = StatsOf(*broker_, Root());
               return TotalUsed(s) == 0 && SessionOf(s, child_b_.pid()) == nullptr;
             }),
             absl::Seconds(1));
-  GetStatsResponse s = broker_->Stats(Root());
+  GetStatsResponse s = StatsOf(*broker_, Root());
   EXPECT_EQ(TotalUsed(s), 0u);
   EXPECT_EQ(TotalAllocations(s), 0u);
   for (const auto& ss : s.sessions()) {
@@ -1259,9 +1272,9 @@ TEST_F(MemoryBrokerTest, UsageReportsAreShownPerSessionAndChecked) {
   AllocateRequest lease = Request(8 * kMiB);
   lease.mutable_usage()->set_leased_bytes(8 * kMiB);
   lease.mutable_usage()->set_in_use_bytes(4096);
-  absl::StatusOr<AllocateResponse> a = broker_->Allocate(Self(), lease);
+  absl::StatusOr<AllocateResponse> a = broker_->AllocateAndWait(Self(), lease);
   ASSERT_TRUE(a.ok()) << a.status();
-  GetStatsResponse s = broker_->Stats(Self());
+  GetStatsResponse s = StatsOf(*broker_, Self());
   const v1::SessionStats* ss = session_of(s);
   ASSERT_NE(ss, nullptr);
   EXPECT_EQ(ss->used_bytes(), 8 * kMiB);
@@ -1272,7 +1285,7 @@ TEST_F(MemoryBrokerTest, UsageReportsAreShownPerSessionAndChecked) {
   AllocateRequest bad = Request(kMiB);
   bad.mutable_usage()->set_leased_bytes(10);
   bad.mutable_usage()->set_in_use_bytes(11);
-  absl::StatusOr<AllocateResponse> refused = broker_->Allocate(Self(), bad);
+  absl::StatusOr<AllocateResponse> refused = broker_->AllocateAndWait(Self(), bad);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("in_use_bytes 11"), std::string::npos);
   v1::FreeRequest bad_free;
@@ -1280,7 +1293,7 @@ TEST_F(MemoryBrokerTest, UsageReportsAreShownPerSessionAndChecked) {
   *bad_free.mutable_usage() = bad.usage();
   EXPECT_EQ(broker_->Free(Self(), bad_free).status().code(),
             absl::StatusCode::kInvalidArgument);
-  s = broker_->Stats(Self());
+  s = StatsOf(*broker_, Self());
   ss = session_of(s);
   ASSERT_NE(ss, nullptr);
   EXPECT_EQ(ss->used_bytes(), 8 * kMiB);  // the bad Free freed nothing
@@ -1290,8 +1303,8 @@ TEST_F(MemoryBrokerTest, UsageReportsAreShownPerSessionAndChecked) {
   AllocateRequest liar = Request(kMiB);
   liar.mutable_usage()->set_leased_bytes(1000 * kMiB);
   liar.mutable_usage()->set_in_use_bytes(999 * kMiB);
-  ASSERT_TRUE(broker_->Allocate(Self(), liar).ok());
-  s = broker_->Stats(Self());
+  ASSERT_TRUE(broker_->AllocateAndWait(Self(), liar).ok());
+  s = StatsOf(*broker_, Self());
   ss = session_of(s);
   ASSERT_NE(ss, nullptr);
   EXPECT_EQ(ss->leased_bytes(), 9 * kMiB);
@@ -1303,7 +1316,7 @@ TEST_F(MemoryBrokerTest, UsageReportsAreShownPerSessionAndChecked) {
   give_back.mutable_usage()->set_leased_bytes(0);
   give_back.mutable_usage()->set_in_use_bytes(0);
   ASSERT_TRUE(broker_->Free(Self(), give_back).ok());
-  s = broker_->Stats(Self());
+  s = StatsOf(*broker_, Self());
   ss = session_of(s);
   ASSERT_NE(ss, nullptr);
   EXPECT_EQ(ss->used_bytes(), kMiB);
@@ -1330,11 +1343,11 @@ TEST_F(MemoryBrokerTest, CapacityRefusalAsksSessionsWithIdleLeases) {
   AllocateRequest idle = Request(8 * kMiB, {"0"});
   idle.mutable_usage()->set_leased_bytes(8 * kMiB);
   idle.mutable_usage()->set_in_use_bytes(kMiB);
-  ASSERT_TRUE(broker_->Allocate(Self(), idle).ok());
+  ASSERT_TRUE(broker_->AllocateAndWait(Self(), idle).ok());
   AllocateRequest busy = Request(8 * kMiB, {"0"});
   busy.mutable_usage()->set_leased_bytes(8 * kMiB);
   busy.mutable_usage()->set_in_use_bytes(8 * kMiB);
-  ASSERT_TRUE(broker_->Allocate(child_a_.Cred(), busy).ok());
+  ASSERT_TRUE(broker_->AllocateAndWait(child_a_.Cred(), busy).ok());
   // A request that fits is nobody's business.
   ASSERT_TRUE(Alloc(child_b_.Cred(), kMiB, {"1"}).ok());
   EXPECT_TRUE(asked.empty());

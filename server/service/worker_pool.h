@@ -1,10 +1,12 @@
-// BackendWorkers: a few threads that run the requests a completion-queue
-// thread must not: those that need backend work (creating a slab: on CUDA
-// cuMemCreate, map, memset and synchronise, milliseconds to tens of them).
+// WorkerPool: a few threads that run what a completion-queue thread must
+// not: requests that need backend work (creating a slab: on CUDA cuMemCreate,
+// map, memset and synchronise, milliseconds to tens of them; giving a
+// dedicated slab back), and queries that read the disk or scan everything
+// (the ledger, GetStats).
 //
-// The Stream RPC serves every stream of a queue from one thread; a request
-// that would make that thread wait for the backend is handed here instead
-// (MemoryBroker::BackendWork::kNotHere tells which), so the other streams on
+// A completion-queue thread serves every call of its queue; a request that
+// would make it wait is handed to a pool instead (the core says which:
+// MemoryBroker's Try* calls answer kNeedsBackendWork), so the other calls of
 // the queue, and allocations on other devices, do not wait for it.
 //
 // Guarantees:
@@ -14,8 +16,8 @@
 //    (the caller answers the request itself then).
 //  - Shutdown runs every task already submitted, then joins the threads.
 //    Idempotent; the destructor calls it.
-#ifndef GPUMEMD_SERVER_SERVICE_BACKEND_WORKERS_H_
-#define GPUMEMD_SERVER_SERVICE_BACKEND_WORKERS_H_
+#ifndef GPUMEMD_SERVER_SERVICE_WORKER_POOL_H_
+#define GPUMEMD_SERVER_SERVICE_WORKER_POOL_H_
 
 #include <deque>
 #include <functional>
@@ -27,12 +29,12 @@
 
 namespace gpumem {
 
-class BackendWorkers {
+class WorkerPool {
  public:
-  explicit BackendWorkers(int threads);
-  ~BackendWorkers();
-  BackendWorkers(const BackendWorkers&) = delete;
-  BackendWorkers& operator=(const BackendWorkers&) = delete;
+  explicit WorkerPool(int threads);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
 
   bool Submit(std::function<void()> task);
   void Shutdown();
@@ -48,4 +50,4 @@ class BackendWorkers {
 
 }  // namespace gpumem
 
-#endif  // GPUMEMD_SERVER_SERVICE_BACKEND_WORKERS_H_
+#endif  // GPUMEMD_SERVER_SERVICE_WORKER_POOL_H_

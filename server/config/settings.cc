@@ -1,0 +1,186 @@
+// See settings.h. Each setting: the flag if given, else the file's field if
+// set, else the member's initializer; then parsed and range-checked, with
+// the flag's name in the message when the value came from a flag.
+#include "server/config/settings.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/byte_size.h"
+#include "server/backend/sim_topology.h"
+
+namespace gpumem {
+namespace {
+
+// `flag` over `file` (unset when empty / not positive) over the default.
+template <typename T>
+void Pick(Setting<T>* s, const std::optional<T>& flag, const std::optional<T>& file) {
+  if (flag.has_value()) {
+    *s = {*flag, Source::kFlag};
+  } else if (file.has_value()) {
+    *s = {*file, Source::kConfig};
+  }
+}
+
+std::optional<std::string> NonEmpty(const std::string& v) {
+  if (v.empty()) return std::nullopt;
+  return v;
+}
+
+// "--name" for a flag, "the config's <field>" for the file.
+std::string Where(Source source, const char* flag, const char* field) {
+  return source == Source::kFlag ? absl::StrCat("--", flag)
+                                 : absl::StrCat("config field ", field);
+}
+
+absl::Status Bad(Source source, const char* flag, const char* field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(Where(source, flag, field), ": ", why));
+}
+
+}  // namespace
+
+const char* SourceName(Source source) {
+  switch (source) {
+    case Source::kDefault: return "default";
+    case Source::kConfig: return "config";
+    case Source::kFlag: return "flag";
+  }
+  return "default";
+}
+
+absl::StatusOr<Settings> ResolveSettings(const CommandLine& flags, const std::string& path,
+                                         const v1::DaemonConfig& file) {
+  Settings s;
+  s.config_path = path;
+  s.file = file;
+
+  Pick(&s.backend, flags.backend, NonEmpty(file.backend()));
+  if (s.backend.value != "sim" && s.backend.value != "cuda") {
+    return Bad(s.backend.source, "backend", "backend",
+               absl::StrCat("unknown backend \"", s.backend.value, "\" (use sim or cuda)"));
+  }
+
+  Pick(&s.sim_devices, flags.sim_devices, NonEmpty(file.sim_devices()));
+  Pick(&s.sim_topology, flags.sim_topology, NonEmpty(file.sim_topology()));
+  if (s.backend.value == "sim") {
+    absl::StatusOr<std::vector<uint64_t>> sizes = ParseDeviceSizes(s.sim_devices.value);
+    if (!sizes.ok()) {
+      return Bad(s.sim_devices.source, "sim_devices", "sim_devices", sizes.status().message());
+    }
+    s.sim_device_sizes = *sizes;
+    absl::StatusOr<std::vector<PeerLink>> links =
+        ParseSimTopology(s.sim_topology.value, static_cast<uint32_t>(sizes->size()));
+    if (!links.ok()) {
+      return Bad(s.sim_topology.source, "sim_topology", "sim_topology", links.status().message());
+    }
+    s.sim_links = *links;
+  }
+  if (flags.sim_slab_create_delay.has_value()) {
+    for (absl::string_view item :
+         absl::StrSplit(*flags.sim_slab_create_delay, ',', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits(':', 1));
+      uint32_t device = 0;
+      absl::Duration delay;
+      if (!absl::SimpleAtoi(kv.first, &device) || device >= s.sim_device_sizes.size() ||
+          !absl::ParseDuration(kv.second, &delay) || delay < absl::ZeroDuration()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--sim_slab_create_delay: bad entry \"", item,
+            "\" (want DEVICE:DURATION with a device below ", s.sim_device_sizes.size(),
+            ", e.g. 0:300ms)"));
+      }
+      s.sim_slab_create_delays.emplace_back(device, delay);
+    }
+  }
+
+  Pick(&s.socket, flags.socket, NonEmpty(file.socket()));
+  Pick(&s.tenant_socket_dir, flags.tenant_socket_dir, NonEmpty(file.tenant_socket_dir()));
+  if (s.tenant_socket_dir.value.empty() || s.tenant_socket_dir.value[0] != '/') {
+    return Bad(s.tenant_socket_dir.source, "tenant_socket_dir", "tenant_socket_dir",
+               "must be an absolute path");
+  }
+
+  std::optional<std::string> slab_text = flags.slab_size;
+  if (!slab_text.has_value()) slab_text = NonEmpty(file.pool().slab_size());
+  if (slab_text.has_value()) {
+    const Source from = flags.slab_size.has_value() ? Source::kFlag : Source::kConfig;
+    absl::StatusOr<uint64_t> slab = ParseByteSize(*slab_text);
+    if (!slab.ok()) return Bad(from, "slab_size", "pool.slab_size", slab.status().message());
+    if (*slab == 0) return Bad(from, "slab_size", "pool.slab_size", "must be > 0");
+    s.slab_size = {*slab, from};
+  }
+
+  Pick(&s.reserve_fraction, flags.reserve_fraction, std::optional<double>());
+  if (!(s.reserve_fraction.value >= 0 && s.reserve_fraction.value <= 1)) {
+    return absl::InvalidArgumentError("--reserve_fraction must be in [0, 1]");
+  }
+
+  std::vector<std::string> kind_names(file.handle_kinds().begin(), file.handle_kinds().end());
+  Source kinds_from = kind_names.empty() ? Source::kDefault : Source::kConfig;
+  if (flags.handle_kinds.has_value()) {
+    kind_names = absl::StrSplit(*flags.handle_kinds, ',', absl::SkipEmpty());
+    kinds_from = Source::kFlag;
+  }
+  s.handle_kinds.source = kinds_from;
+  for (const std::string& name : kind_names) {
+    absl::StatusOr<HandleKind> kind = ParseHandleKind(name);
+    if (!kind.ok()) return Bad(kinds_from, "handle_kinds", "handle_kinds", kind.status().message());
+    s.handle_kinds.value.push_back(*kind);
+  }
+
+  Pick(&s.ledger, flags.ledger, NonEmpty(file.ledger()));
+  Pick(&s.metrics_listen, flags.metrics_listen, std::optional<std::string>());
+
+  Pick(&s.drain_seconds, flags.drain_seconds, std::optional<double>());
+  if (!(s.drain_seconds.value >= 0)) {
+    return absl::InvalidArgumentError("--drain_seconds must be >= 0");
+  }
+  Pick(&s.queue_threads, flags.stream_threads, std::optional<int>());
+  if (s.queue_threads.value < 1 || s.queue_threads.value > 64) {
+    return absl::InvalidArgumentError("--stream_threads must be in [1, 64]");
+  }
+  Pick(&s.backend_threads, flags.stream_backend_threads, std::optional<int>());
+  if (s.backend_threads.value < 1 || s.backend_threads.value > 64) {
+    return absl::InvalidArgumentError("--stream_backend_threads must be in [1, 64]");
+  }
+  Pick(&s.query_threads, flags.query_threads, std::optional<int>());
+  if (s.query_threads.value < 1 || s.query_threads.value > 64) {
+    return absl::InvalidArgumentError("--query_threads must be in [1, 64]");
+  }
+
+  std::optional<double> release_flag = flags.empty_slab_release_seconds;
+  if (release_flag.has_value() && !(*release_flag >= 0)) {
+    return absl::InvalidArgumentError("--empty_slab_release_seconds must be >= 0");
+  }
+  std::optional<double> release_file;
+  if (file.pool().empty_slab_release_seconds() > 0) {
+    release_file = file.pool().empty_slab_release_seconds();
+  }
+  if (release_flag.has_value()) {
+    s.empty_slab_release = {absl::Seconds(*release_flag), Source::kFlag};
+  } else if (release_file.has_value()) {
+    s.empty_slab_release = {absl::Seconds(*release_file), Source::kConfig};
+  }
+  Pick(&s.admin_group, flags.admin_group, NonEmpty(file.admin_group()));
+  return s;
+}
+
+std::string DefaultsText() {
+  const Settings d;
+  return absl::StrCat(
+      "--backend=", d.backend.value, " --sim_devices=", d.sim_devices.value,
+      " --socket=", d.socket.value, " --tenant_socket_dir=", d.tenant_socket_dir.value,
+      " --slab_size=", d.slab_size.value % (uint64_t{1} << 30) == 0
+                           ? absl::StrCat(d.slab_size.value >> 30, "GiB")
+                           : absl::StrCat(d.slab_size.value),
+      " --empty_slab_release_seconds=", absl::ToDoubleSeconds(d.empty_slab_release.value),
+      " --reserve_fraction=", d.reserve_fraction.value, " --drain_seconds=",
+      d.drain_seconds.value, " --ledger=", d.ledger.value,
+      " --stream_threads=", d.queue_threads.value,
+      " --stream_backend_threads=", d.backend_threads.value,
+      " --query_threads=", d.query_threads.value,
+      " (--admin_group: root only; --handle_kinds: every kind the backend makes; "
+      "--metrics_listen: off)");
+}
+
+}  // namespace gpumem

@@ -1,0 +1,105 @@
+// Settings: every setting of the daemon, resolved once: a command-line flag
+// wins over the config file, the file over the built-in default.
+//
+// The defaults live here and only here, in the initializers of Settings'
+// members; flag help and the README name them, nothing else decides them.
+// ResolveSettings is the one place the three sources meet, both at start
+// and on a reload (flags given at start keep winning over a reloaded file),
+// so start and reload cannot disagree.
+//
+// Guarantees: ResolveSettings returns settings only if every value parses
+// and is in range; otherwise INVALID_ARGUMENT naming the flag (--name) or
+// the file's field and saying why. Each setting remembers where its value
+// came from, for the daemon's start and reload lines ("(flag)", "(config)",
+// "(default)"). The tenant section is not here: it is the tenant
+// directory's (server/tenants/tenant_directory.h), built from the file.
+#ifndef GPUMEMD_SERVER_CONFIG_SETTINGS_H_
+#define GPUMEMD_SERVER_CONFIG_SETTINGS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/gpumem/v1/config.pb.h"
+#include "server/backend/backend.h"
+
+namespace gpumem {
+
+// What the command line said; nullopt: not given.
+struct CommandLine {
+  std::optional<std::string> config;
+  std::optional<std::string> backend;
+  std::optional<std::string> sim_devices;
+  std::optional<std::string> sim_topology;
+  std::optional<std::string> sim_slab_create_delay;
+  std::optional<std::string> socket;
+  std::optional<std::string> tenant_socket_dir;
+  std::optional<std::string> slab_size;
+  std::optional<double> empty_slab_release_seconds;
+  std::optional<double> reserve_fraction;
+  std::optional<std::string> admin_group;
+  std::optional<std::string> handle_kinds;
+  std::optional<double> drain_seconds;
+  std::optional<std::string> metrics_listen;
+  std::optional<std::string> ledger;
+  std::optional<int> stream_threads;
+  std::optional<int> stream_backend_threads;
+  std::optional<int> query_threads;
+};
+
+enum class Source { kDefault, kConfig, kFlag };
+// "default", "config", "flag".
+const char* SourceName(Source source);
+
+template <typename T>
+struct Setting {
+  T value;
+  Source source = Source::kDefault;
+};
+
+struct Settings {
+  // The config file ("" for none) and what it said (validated as a whole by
+  // LoadDaemonConfig).
+  std::string config_path;
+  v1::DaemonConfig file;
+
+  // Fixed for the daemon's life (a reload reports a change and keeps them).
+  Setting<std::string> backend{"sim"};
+  Setting<std::string> sim_devices{"4x16GiB"};
+  std::vector<uint64_t> sim_device_sizes;  // parsed sim_devices
+  Setting<std::string> sim_topology{""};
+  std::vector<PeerLink> sim_links;  // parsed sim_topology
+  // sim: slab creation on these devices sleeps first (tests, benchmarks).
+  std::vector<std::pair<uint32_t, absl::Duration>> sim_slab_create_delays;
+  Setting<std::string> socket{"/run/gpumemd/gpumemd.sock"};
+  Setting<std::string> tenant_socket_dir{"/run/gpumemd/tenants"};
+  Setting<uint64_t> slab_size{uint64_t{1} << 30};
+  Setting<double> reserve_fraction{0.0};
+  // Empty: every kind the backend makes, its preferred first.
+  Setting<std::vector<HandleKind>> handle_kinds{{}};
+  Setting<std::string> ledger{"/var/lib/gpumemd/ledger.db"};  // "none": off
+  Setting<std::string> metrics_listen{""};                    // "": off
+  Setting<double> drain_seconds{0.0};
+  Setting<int> queue_threads{1};    // completion queues, one thread each
+  Setting<int> backend_threads{2};  // requests that need backend work
+  Setting<int> query_threads{1};    // GetStats, the ledger and tenant RPCs
+
+  // Reloadable (SIGHUP).
+  Setting<absl::Duration> empty_slab_release{absl::Seconds(30)};
+  Setting<std::string> admin_group{""};  // "": root only
+};
+
+// `file` as LoadDaemonConfig accepted it, from `path`.
+absl::StatusOr<Settings> ResolveSettings(const CommandLine& flags, const std::string& path,
+                                         const v1::DaemonConfig& file);
+
+// The defaults, as `gpumemd --help` prints them ("--slab_size=1GiB ...").
+std::string DefaultsText();
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_CONFIG_SETTINGS_H_

@@ -1,0 +1,114 @@
+#include "server/core/allocation_table.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace gpumem {
+
+AllocationTable::AllocationTable(ledger::TenantLedger* ledger,
+                                 std::function<std::string(uint32_t)> tenant_name)
+    : ledger_(ledger),
+      tenant_name_(std::move(tenant_name)),
+      next_id_(ledger != nullptr ? ledger->first_allocation_id() : 1) {}
+
+absl::StatusOr<std::vector<uint64_t>> AllocationTable::Commit(
+    Session& session, const std::vector<AllocationRecord>& records) {
+  std::vector<uint64_t> ids;
+  ids.reserve(records.size());
+  std::vector<SessionBlock> blocks;
+  blocks.reserve(records.size());
+  absl::MutexLock lock(&mu_);
+  uint64_t id = next_id_;
+  for (const AllocationRecord& r : records) {
+    ids.push_back(id);
+    blocks.push_back(SessionBlock{id, r.device, r.block.size});
+    ++id;
+  }
+  // Under the table lock, so a session ending now either sees these ids
+  // (and TakeAll, which needs this lock, finds them) or refuses them.
+  if (!session.AddAllocations(blocks)) {
+    return absl::FailedPreconditionError("the calling process has exited");
+  }
+  next_id_ = id;
+  for (size_t i = 0; i < records.size(); ++i) {
+    AllocationRecord& r = records_[ids[i]];
+    r = records[i];
+    r.session = &session;
+    AppendEvent(ledger::EventKind::kAllocate, ids[i], r);
+  }
+  return ids;
+}
+
+AllocationRecord AllocationTable::EraseLocked(
+    absl::flat_hash_map<uint64_t, AllocationRecord>::iterator it, ledger::EventKind why) {
+  AllocationRecord r = it->second;
+  AppendEvent(why, it->first, r);
+  r.session->RemoveAllocation(SessionBlock{it->first, r.device, r.block.size});
+  records_.erase(it);
+  return r;
+}
+
+absl::StatusOr<AllocationRecord> AllocationTable::Take(
+    uint64_t id, const std::function<absl::Status(const AllocationRecord&)>& may_take,
+    ledger::EventKind why) {
+  absl::MutexLock lock(&mu_);
+  auto it = records_.find(id);
+  if (it == records_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no live allocation ", id, " (never allocated, already freed, or its process exited)"));
+  }
+  if (absl::Status ok = may_take(it->second); !ok.ok()) return ok;
+  return EraseLocked(it, why);
+}
+
+std::vector<AllocationRecord> AllocationTable::TakeAll(const std::vector<uint64_t>& ids,
+                                                       ledger::EventKind why) {
+  std::vector<AllocationRecord> out;
+  out.reserve(ids.size());
+  absl::MutexLock lock(&mu_);
+  for (uint64_t id : ids) {
+    auto it = records_.find(id);
+    if (it != records_.end()) out.push_back(EraseLocked(it, why));
+  }
+  return out;
+}
+
+std::vector<AllocationRecord> AllocationTable::Clear(ledger::EventKind why) {
+  std::vector<AllocationRecord> out;
+  absl::MutexLock lock(&mu_);
+  out.reserve(records_.size());
+  for (const auto& [id, r] : records_) {
+    AppendEvent(why, id, r);
+    out.push_back(r);
+  }
+  records_.clear();
+  return out;
+}
+
+size_t AllocationTable::size() const {
+  absl::MutexLock lock(&mu_);
+  return records_.size();
+}
+
+void AllocationTable::ForEach(
+    const std::function<void(uint64_t, const AllocationRecord&)>& visit) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, r] : records_) visit(id, r);
+}
+
+void AllocationTable::AppendEvent(ledger::EventKind kind, uint64_t id,
+                                  const AllocationRecord& r) {
+  if (ledger_ == nullptr) return;
+  ledger::LedgerEvent e;
+  e.kind = kind;
+  e.tenant = tenant_name_(r.tenant);
+  e.uid = r.uid;
+  e.pid = r.pid;
+  e.session = r.session->id();
+  e.device = static_cast<int32_t>(r.device);
+  e.bytes = r.charged;
+  e.allocation_id = id;
+  ledger_->Append(std::move(e));
+}
+
+}  // namespace gpumem

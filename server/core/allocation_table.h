@@ -1,0 +1,103 @@
+// AllocationTable: every live allocation of the daemon, and the one place an
+// allocation begins (Commit) and ends (Take, TakeAll, Clear).
+//
+// Guarantees:
+//  - Commit is all or nothing, and refuses a session that has ended: the
+//    records are added to the table and to their session (Session::
+//    AddAllocations) under the table's lock, so a session that ends at the
+//    same moment either hands the new ids back from Session::End, to be
+//    taken by TakeAll, or makes the commit fail. Nothing is ever left in
+//    the table for an ended session.
+//  - Allocation ids are assigned here, increasing, from `first_id` (the
+//    ledger's: ids never repeat across restarts).
+//  - With a ledger, an allocation's ALLOCATE event is appended when it is
+//    committed, and its ending event (FREE, SESSION_END, DAEMON_STOP) when
+//    it leaves the table, in the same critical section, so the ledger's
+//    order is the table's. The caller gives the block back to its pool and
+//    credits its quota after taking the record: replaying the ledger never
+//    shows a tenant holding more than it did.
+//  - A record's session pointer is valid while the record is in the table:
+//    a session object outlives the TakeAll of its ids (the session's end
+//    callback holds it), and every other removal happens under the lock.
+//
+// Thread-safe; one short lock, held for map updates and ledger queue pushes
+// (TenantLedger::Append never touches the disk).
+#ifndef GPUMEMD_SERVER_CORE_ALLOCATION_TABLE_H_
+#define GPUMEMD_SERVER_CORE_ALLOCATION_TABLE_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/ledger/ledger_event.h"
+#include "server/ledger/tenant_ledger.h"
+#include "server/pool/slab_pool.h"
+#include "server/session/session.h"
+
+namespace gpumem {
+
+// One live allocation (a million of them is a normal day: keep it small;
+// the tenant's name is looked up when an event needs it).
+struct AllocationRecord {
+  Session* session = nullptr;
+  uint64_t charged = 0;  // bytes charged to the quota and the ledger
+  PoolBlock block;
+  uid_t uid = 0;
+  pid_t pid = 0;
+  uint32_t tenant = 0;
+  uint32_t device = 0;
+};
+
+class AllocationTable {
+ public:
+  // `ledger` may be null (no events); `tenant_name` names tenant ids in
+  // events. Both must outlive the table.
+  AllocationTable(ledger::TenantLedger* ledger,
+                  std::function<std::string(uint32_t tenant)> tenant_name);
+
+  // Adds `records` (all of `session`) and returns their ids, in order;
+  // FAILED_PRECONDITION "the calling process has exited" (and nothing
+  // added) when the session has ended.
+  absl::StatusOr<std::vector<uint64_t>> Commit(Session& session,
+                                               const std::vector<AllocationRecord>& records);
+
+  // Removes allocation `id` if `may_take` accepts its record (its error is
+  // returned otherwise, and nothing changes); NOT_FOUND when no such
+  // allocation is live. `why` is its ending event.
+  absl::StatusOr<AllocationRecord> Take(
+      uint64_t id, const std::function<absl::Status(const AllocationRecord&)>& may_take,
+      ledger::EventKind why);
+  // Removes those of `ids` still live (a session's, at its end).
+  std::vector<AllocationRecord> TakeAll(const std::vector<uint64_t>& ids,
+                                        ledger::EventKind why);
+  // Removes every record (daemon shutdown).
+  std::vector<AllocationRecord> Clear(ledger::EventKind why);
+
+  size_t size() const;
+  // Visits every live record under the lock (keep `visit` short).
+  void ForEach(const std::function<void(uint64_t id, const AllocationRecord&)>& visit) const;
+
+ private:
+  void AppendEvent(ledger::EventKind kind, uint64_t id, const AllocationRecord& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases `it` and forgets it in its session.
+  AllocationRecord EraseLocked(absl::flat_hash_map<uint64_t, AllocationRecord>::iterator it,
+                               ledger::EventKind why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  ledger::TenantLedger* const ledger_;
+  const std::function<std::string(uint32_t)> tenant_name_;
+  mutable absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, AllocationRecord> records_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_CORE_ALLOCATION_TABLE_H_

@@ -1,0 +1,724 @@
+// An Allocate: check the request (no state read), attach the caller's
+// session, fix its tenant, then place it with a PoolCarver (under the quota
+// adaptor) over the device pools; each pool locks itself, and placement
+// re-checks what a snapshot promised by carving, so the snapshot may be
+// slightly stale without double-promising anything. Carved blocks stay
+// pending in the carver until the allocation table commits them for the
+// session; if the session ended meanwhile the commit fails and the blocks
+// go back. A request that may wait and finds no room becomes a
+// RequestWaiter in admission.
+#include "server/core/memory_broker.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/byte_size.h"
+#include "common/refusal_payload.h"
+#include "server/quota/quota_carver.h"
+
+namespace gpumem {
+
+namespace {
+
+v1::HandleKind ToWire(HandleKind kind) {
+  switch (kind) {
+    case HandleKind::kMemfd: return v1::HANDLE_KIND_MEMFD;
+    case HandleKind::kCudaVmmFd: return v1::HANDLE_KIND_CUDA_VMM_FD;
+    case HandleKind::kCudaIpc: return v1::HANDLE_KIND_CUDA_IPC;
+  }
+  return v1::HANDLE_KIND_UNSPECIFIED;
+}
+
+std::string KindList(const std::vector<HandleKind>& kinds) {
+  std::string out;
+  for (HandleKind k : kinds) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", v1::HandleKind_Name(ToWire(k)));
+  }
+  return out;
+}
+
+bool IsRefusal(const absl::StatusOr<v1::AllocateResponse>& answer) {
+  return !answer.ok() && answer.status().code() == absl::StatusCode::kResourceExhausted;
+}
+
+// A client's caching-pool usage report, checked before the request is
+// served.
+absl::Status CheckUsage(const v1::UsageReport& usage) {
+  if (usage.in_use_bytes() > usage.leased_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "usage.in_use_bytes ", usage.in_use_bytes(), " exceeds usage.leased_bytes ",
+        usage.leased_bytes(), " (in-use bytes are part of the leased bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+UsageFigures FiguresOf(const v1::UsageReport& usage) {
+  return UsageFigures{usage.leased_bytes(), usage.in_use_bytes()};
+}
+
+}  // namespace
+
+// An Allocate that waits in admission. Runs on admission's thread only.
+class MemoryBroker::RequestWaiter final : public admission::Waiter {
+ public:
+  RequestWaiter(MemoryBroker* broker, const PeerCred& caller,
+                std::shared_ptr<Session> session, const tenants::TenantRef& tenant,
+                Prepared prepared, absl::Time deadline, AllocateCallback done)
+      : admission::Waiter(session->id(), tenant.id, tenant.name, tenant.priority, deadline),
+        broker_(broker),
+        caller_(caller),
+        session_(std::move(session)),
+        tenant_ref_(tenant),
+        prepared_(std::move(prepared)),
+        done_(std::move(done)) {}
+
+  std::optional<admission::Answer> TryServe() override {
+    AllocateAnswer answer = Attempt();
+    if (IsRefusal(answer)) return std::nullopt;  // still no room: keeps waiting
+    return answer;
+  }
+  admission::Answer Expire() override { return Attempt(); }
+  void Done(admission::Answer answer) override {
+    done_(broker_->Finish(std::move(answer), *session_, prepared_));
+  }
+
+ private:
+  AllocateAnswer Attempt() {
+    absl::ReaderMutexLock gate(&broker_->gate_);
+    if (broker_->shut_down_) return ShuttingDown();
+    return broker_
+        ->Place(caller_, *session_, tenant_ref_, prepared_, PoolCarver::Mode::kMayCallBackend)
+        .answer;
+  }
+
+  MemoryBroker* const broker_;
+  const PeerCred caller_;
+  const std::shared_ptr<Session> session_;
+  const tenants::TenantRef tenant_ref_;
+  const Prepared prepared_;
+  const AllocateCallback done_;
+};
+
+absl::Status MemoryBroker::ShuttingDown() {
+  return absl::FailedPreconditionError("gpumemd is shutting down");
+}
+
+MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
+    : backend_(backend),
+      options_(std::move(options)),
+      own_tenants_(options_.tenants == nullptr
+                       ? std::make_unique<tenants::TenantDirectoryHolder>(tenants::TenantDirectory())
+                       : nullptr),
+      tenants_(options_.tenants != nullptr ? options_.tenants : own_tenants_.get()),
+      pools_(backend, options_.pool),
+      table_(options_.ledger, [this](uint32_t tenant) { return TenantName(tenant); }),
+      admission_(options_.admission) {
+  placer_options_.default_alignment = options_.default_alignment;
+  for (const DeviceInfo& d : backend_->devices()) {
+    std::vector<PeerLink>& row = peer_rows_.emplace_back();
+    for (const DeviceInfo& peer : backend_->devices()) {
+      row.push_back(backend_->Peer(d.index, peer.index));
+    }
+  }
+  sessions_ = std::make_unique<SessionRegistry>(
+      [this](const std::shared_ptr<Session>& session, std::vector<uint64_t> ids) {
+        OnSessionEnd(session, std::move(ids));
+      });
+  if (options_.quotas != nullptr) {  // quotas count retained bytes
+    options_.quotas->SetRetainedSource([this](uint32_t tenant, uint32_t device) {
+      return pools_.pool(device).TenantRetained(tenant);
+    });
+  }
+}
+
+MemoryBroker::~MemoryBroker() {
+  Shutdown();
+  if (options_.quotas != nullptr) options_.quotas->SetRetainedSource(nullptr);
+  sessions_.reset();  // joins the watcher before the table and pools go
+}
+
+absl::Status MemoryBroker::SetAdminGroup(const std::string& group) {
+  return admins_.Set(group);
+}
+
+void MemoryBroker::BeginDrain() { draining_.store(true); }
+
+void MemoryBroker::StopWaiting() { admission_.Stop(); }
+
+bool MemoryBroker::WaitUntilNoAllocations(absl::Duration timeout) {
+  // Polled: a drain waits seconds, so 10 ms steps cost nothing, and no
+  // condition runs inside the lock's slow path (where TSan builds cannot
+  // see Debian's Abseil synchronize).
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    if (live_allocations() == 0) return true;
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    absl::SleepFor(std::min(left, absl::Milliseconds(10)));
+  }
+}
+
+size_t MemoryBroker::live_allocations() const { return table_.size(); }
+
+void MemoryBroker::SetEmptySlabRelease(absl::Duration after) {
+  pools_.SetEmptyReleaseAfter(after);
+}
+
+absl::Status MemoryBroker::Start() {
+  const std::vector<HandleKind>& can = backend_->handle_kinds();
+  if (options_.handle_kinds.empty()) options_.handle_kinds = can;
+  for (HandleKind k : options_.handle_kinds) {
+    if (std::find(can.begin(), can.end(), k) == can.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "handle kind ", HandleKindName(k), " is not one the ", backend_->name(),
+          " backend makes (it makes: ", KindList(can), ")"));
+    }
+  }
+  if (absl::Status reserved = pools_.Reserve(); !reserved.ok()) return reserved;
+  maintenance_ = std::thread([this] { Maintain(); });
+  return absl::OkStatus();
+}
+
+void MemoryBroker::Maintain() {
+  absl::MutexLock stop(&stop_mu_);
+  while (!stopping_) {
+    stop_mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.maintenance_interval);
+    if (stopping_) break;
+    pools_.ReleaseIdleSlabs(absl::Now());
+  }
+}
+
+void MemoryBroker::Shutdown() {
+  {
+    absl::MutexLock stop(&stop_mu_);
+    stopping_ = true;
+  }
+  if (maintenance_.joinable()) maintenance_.join();
+  admission_.Stop();  // waiters' attempts hold the gate shared
+  absl::WriterMutexLock gate(&gate_);
+  if (shut_down_) return;
+  shut_down_ = true;
+  counters_.Returned(table_.Clear(ledger::EventKind::kDaemonStop).size());
+  pools_.ReleaseAll();  // retained slabs too
+}
+
+absl::StatusOr<HandleKind> MemoryBroker::RequestedKind(
+    const v1::AllocateRequest& request) const {
+  const std::vector<HandleKind>& offered = options_.handle_kinds;
+  if (request.handle_kind() == v1::HANDLE_KIND_UNSPECIFIED) return offered.front();
+  for (HandleKind k : offered) {
+    if (ToWire(k) == request.handle_kind()) return k;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "handle_kind ", v1::HandleKind_Name(request.handle_kind()),
+      " is not offered by this daemon (", backend_->name(),
+      " backend); it offers: ", KindList(offered)));
+}
+
+MemoryBroker::AllocateAnswer MemoryBroker::Finish(AllocateAnswer answer, Session& session,
+                                                  const Prepared& prepared) {
+  if (answer.ok()) {
+    // The client's usage report counts this request as done: kept only
+    // when it is.
+    if (prepared.usage.has_value()) session.RecordUsage(*prepared.usage);
+    counters_.Allocated(answer->allocations_size());
+  } else {
+    counters_.Refused(answer.status());
+  }
+  return answer;
+}
+
+MemoryBroker::AllocateOutcome MemoryBroker::TryAllocate(const PeerCred& caller,
+                                                        const v1::AllocateRequest& request,
+                                                        AllocateCallback on_waited) {
+  return Serve(caller, request, std::move(on_waited), PoolCarver::Mode::kExistingSlabsOnly);
+}
+
+MemoryBroker::AllocateOutcome MemoryBroker::Allocate(const PeerCred& caller,
+                                                     const v1::AllocateRequest& request,
+                                                     AllocateCallback on_waited) {
+  return Serve(caller, request, std::move(on_waited), PoolCarver::Mode::kMayCallBackend);
+}
+
+MemoryBroker::AllocateAnswer MemoryBroker::AllocateAndWait(const PeerCred& caller,
+                                                           const v1::AllocateRequest& request) {
+  struct Waited {
+    absl::Notification done;
+    AllocateAnswer answer;
+  };
+  auto waited = std::make_shared<Waited>();
+  AllocateOutcome outcome = Allocate(caller, request, [waited](AllocateAnswer answer) {
+    waited->answer = std::move(answer);
+    waited->done.Notify();
+  });
+  if (outcome.kind != AllocateOutcome::Kind::kWaiting) return std::move(outcome.answer);
+  waited->done.WaitForNotification();
+  return std::move(waited->answer);
+}
+
+void MemoryBroker::CancelWait(uint64_t ticket) { admission_.Cancel(ticket); }
+
+MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
+                                                  const v1::AllocateRequest& request,
+                                                  AllocateCallback on_waited,
+                                                  PoolCarver::Mode mode) {
+  AllocateOutcome out;
+  auto answered = [&out](AllocateAnswer a) {
+    out.kind = AllocateOutcome::Kind::kAnswered;
+    out.answer = std::move(a);
+    return std::move(out);
+  };
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return answered(ShuttingDown());
+  if (draining_.load()) {
+    return answered(absl::UnavailableError(
+        "gpumemd is stopping: it takes no new allocations; retry once it is back"));
+  }
+  if (request.shard_count() == 0 && request.shard_sizes_size() == 0 &&
+      request.size_bytes() > pools_.largest_device_bytes()) {
+    AllocateAnswer a = absl::InvalidArgumentError(absl::StrCat(
+        "size_bytes ", request.size_bytes(), " (", FormatBytes(request.size_bytes()),
+        ") is larger than any device (largest: ", FormatBytes(pools_.largest_device_bytes()),
+        ")"));
+    counters_.Refused(a.status());
+    return answered(std::move(a));
+  }
+  Prepared prepared;
+  absl::StatusOr<std::shared_ptr<Session>> session;
+  absl::StatusOr<tenants::TenantRef> tenant;
+  {
+    absl::Status checked;
+    absl::StatusOr<HandleKind> kind = RequestedKind(request);
+    if (!kind.ok()) checked = kind.status();
+    if (checked.ok() && request.has_usage()) checked = CheckUsage(request.usage());
+    if (checked.ok()) {
+      session = sessions_->Attach(caller);
+      if (!session.ok()) checked = session.status();
+    }
+    if (checked.ok()) {
+      absl::StatusOr<placement::PreparedRequest> placement =
+          placement::PrepareRequest(request, pools_.views(), placer_options_);
+      if (!placement.ok()) checked = placement.status();
+      if (checked.ok()) {
+        prepared.placement = *std::move(placement);
+        prepared.kind = *kind;
+        prepared.size_bytes = request.size_bytes();
+        if (request.has_usage()) prepared.usage = FiguresOf(request.usage());
+        tenant = TenantOfSession(**session, caller);
+        if (!tenant.ok()) checked = tenant.status();
+      }
+    }
+    if (!checked.ok()) {
+      counters_.Refused(checked);
+      return answered(checked);
+    }
+  }
+
+  const uint64_t seen = admission_.kicks();
+  Placed placed = Place(caller, **session, *tenant, prepared, mode);
+  if (placed.needs_backend_work) {
+    out.kind = AllocateOutcome::Kind::kNeedsBackendWork;
+    return out;
+  }
+  if (IsRefusal(placed.answer)) {
+    RequestReclaim(**session, request.size_bytes(), placed.answer.status());
+  }
+  if (!IsRefusal(placed.answer) || request.wait_ms() == 0 || !on_waited) {
+    return answered(Finish(std::move(placed.answer), **session, prepared));
+  }
+  // Nothing can serve it now: it waits in admission, holding no thread.
+  std::unique_ptr<admission::Waiter> waiter = std::make_unique<RequestWaiter>(
+      this, caller, *session, *tenant, prepared,
+      absl::Now() + absl::Milliseconds(request.wait_ms()), std::move(on_waited));
+  absl::StatusOr<uint64_t> ticket = admission_.Enqueue(waiter, seen);
+  if (!ticket.ok()) {
+    // Too many of its tenant's requests wait already: refused by name.
+    // Admission stopped (shutting down): the usual refusal.
+    AllocateAnswer a = ticket.status().code() == absl::StatusCode::kResourceExhausted
+                           ? AllocateAnswer(ticket.status())
+                           : std::move(placed.answer);
+    return answered(Finish(std::move(a), **session, prepared));
+  }
+  out.kind = AllocateOutcome::Kind::kWaiting;
+  out.wait_ticket = *ticket;
+  return out;
+}
+
+absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOf(const PeerCred& caller) const {
+  return tenants_->Get()->Resolve(caller.uid, caller.gid);
+}
+
+absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOfSession(Session& session,
+                                                                 const PeerCred& caller) {
+  const std::shared_ptr<const tenants::TenantDirectory> dir = tenants_->Get();
+  // Without configured tenants each uid is its own tenant, call by call
+  // (a process that changes uid acts as its new uid; nothing to fix).
+  if (!dir->configured()) return dir->Resolve(caller.uid, caller.gid);
+  absl::StatusOr<tenants::TenantRef> fixed =
+      session.FixTenant([&] { return dir->Resolve(caller.uid, caller.gid); });
+  if (!fixed.ok()) return fixed;
+  // Its priority now, if the directory in force still has the tenant.
+  if (const tenants::Tenant* t = dir->FindId(fixed->id)) fixed->priority = t->priority;
+  return fixed;
+}
+
+MemoryBroker::Placed MemoryBroker::Place(const PeerCred& caller, Session& session,
+                                         const tenants::TenantRef& tenant,
+                                         const Prepared& prepared, PoolCarver::Mode mode) {
+  // The pool carves from this tenant's slabs; the quota adaptor charges the
+  // tenant before the pool carves.
+  PoolCarver pool_carver(&pools_, tenant.id, prepared.kind, mode);
+  std::optional<quota::QuotaCarver> quota_carver;
+  placement::DeviceCarver* carver = &pool_carver;
+  if (options_.quotas != nullptr) {
+    carver = &quota_carver.emplace(&pool_carver, options_.quotas, tenant.id, tenant.name);
+  }
+  placement::Placer placer(carver, placer_options_);
+  placement::PlacementResult result = placer.Place(prepared.placement, pools_.Snapshot());
+  Placed placed;
+  if (!result.ok()) {
+    placed.needs_backend_work = pool_carver.needed_backend_work();
+    placed.answer = result.status;
+    return placed;
+  }
+  auto give_back = [&] {
+    for (const placement::CarvedBlock& b : result.blocks) carver->Release(b);
+  };
+
+  // Legacy IPC slabs: their handle bytes go in the reply, and the session is
+  // recorded as holding the slab (it may keep the handle open for its life).
+  std::vector<std::string> ipc_handles(result.blocks.size());
+  for (size_t i = 0; i < result.blocks.size() && prepared.kind == HandleKind::kCudaIpc; ++i) {
+    const placement::CarvedBlock& b = result.blocks[i];
+    absl::StatusOr<std::string> handle =
+        pools_.pool(b.device).IpcHandle(b.slab_id, tenant.id, session.id());
+    if (!handle.ok()) {
+      give_back();
+      placed.answer = handle.status();
+      return placed;
+    }
+    ipc_handles[i] = *std::move(handle);
+  }
+
+  std::vector<AllocationRecord> records;
+  records.reserve(result.blocks.size());
+  for (const placement::CarvedBlock& b : result.blocks) {
+    AllocationRecord& r = records.emplace_back();
+    r.uid = caller.uid;
+    r.pid = caller.pid;
+    r.tenant = tenant.id;
+    r.device = b.device;
+    r.charged = b.size_bytes;
+    r.block = pool_carver.block(b);
+  }
+  absl::StatusOr<std::vector<uint64_t>> ids = table_.Commit(session, records);
+  if (!ids.ok()) {
+    // The caller died while we placed: nobody would ever free these, and
+    // nobody holds a handle it may just have been recorded as given.
+    give_back();
+    pools_.ForgetSession(session.id());
+    placed.answer = ids.status();
+    return placed;
+  }
+  pool_carver.Take();
+
+  v1::AllocateResponse response;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const AllocationRecord& r = records[i];
+    const DeviceInfo& d = backend_->devices()[r.device];
+    v1::Allocation* a = response.add_allocations();
+    a->set_id((*ids)[i]);
+    a->set_device_index(r.device);
+    a->set_device_uuid(d.uuid);
+    a->set_slab_id(r.block.slab_id);
+    a->set_slab_size_bytes(r.block.slab_size);
+    a->set_offset(r.block.offset);
+    a->set_size_bytes(r.block.size);
+    a->set_handle_kind(ToWire(r.block.kind));
+    if (r.block.kind == HandleKind::kCudaIpc) a->set_ipc_handle(ipc_handles[i]);
+  }
+  placed.answer = std::move(response);
+  return placed;
+}
+
+std::string MemoryBroker::TenantName(uint32_t id) const { return tenants_->Get()->NameOf(id); }
+
+void MemoryBroker::Return(const std::vector<AllocationRecord>& records) {
+  if (records.empty()) return;
+  for (const AllocationRecord& r : records) {
+    pools_.pool(r.device).Release(r.block);
+    if (options_.quotas != nullptr) options_.quotas->Credit(r.tenant, r.device, r.charged);
+  }
+  counters_.Returned(records.size());
+  admission_.Kick();
+}
+
+std::optional<absl::StatusOr<v1::FreeResponse>> MemoryBroker::TryFree(
+    const PeerCred& caller, const v1::FreeRequest& request) {
+  bool needs_backend_work = false;
+  absl::StatusOr<v1::FreeResponse> r = FreeIn(caller, request, &needs_backend_work);
+  if (needs_backend_work) return std::nullopt;
+  return r;
+}
+
+absl::StatusOr<v1::FreeResponse> MemoryBroker::Free(const PeerCred& caller,
+                                                    const v1::FreeRequest& request) {
+  return FreeIn(caller, request, nullptr);
+}
+
+absl::StatusOr<v1::FreeResponse> MemoryBroker::FreeIn(const PeerCred& caller,
+                                                      const v1::FreeRequest& request,
+                                                      bool* needs_backend_work) {
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return ShuttingDown();
+  if (request.id() == 0) {
+    return absl::InvalidArgumentError("id must be set (allocation ids start at 1)");
+  }
+  if (request.has_usage()) {
+    if (absl::Status usage_ok = CheckUsage(request.usage()); !usage_ok.ok()) return usage_ok;
+  }
+  absl::StatusOr<AllocationRecord> taken = table_.Take(
+      request.id(),
+      [&](const AllocationRecord& r) -> absl::Status {
+        if (caller.uid != 0 && caller.uid != r.uid) {
+          return absl::PermissionDeniedError(absl::StrCat(
+              "allocation ", request.id(), " belongs to uid ", r.uid, "; uid ", caller.uid,
+              " may not free it"));
+        }
+        // A dedicated slab goes back to the backend with its block.
+        if (needs_backend_work != nullptr && r.block.dedicated) {
+          *needs_backend_work = true;
+          return absl::AbortedError("kept: releasing it needs backend work");
+        }
+        return absl::OkStatus();
+      },
+      ledger::EventKind::kFree);
+  if (needs_backend_work != nullptr && *needs_backend_work) return taken.status();
+  if (!taken.ok()) return taken.status();
+  Return({*taken});
+  if (request.has_usage()) {
+    absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Attach(caller);
+    if (session.ok()) (*session)->RecordUsage(FiguresOf(request.usage()));
+  }
+  v1::FreeResponse response;
+  response.set_freed_bytes(taken->block.size);
+  return response;
+}
+
+void MemoryBroker::RequestReclaim(const Session& requester, uint64_t bytes_wanted,
+                                  const absl::Status& refusal) {
+  if (!reclaim_sender_) return;
+  std::optional<v1::PlacementRefusal> why = RefusalFromStatus(refusal);
+  if (!why.has_value()) return;
+  v1::ReclaimRequest reclaim;
+  reclaim.set_bytes_wanted(why->size_bytes() != 0 ? why->size_bytes() : bytes_wanted);
+  absl::flat_hash_set<uint32_t> refused;
+  for (const v1::DeviceRefusal& d : why->devices()) {
+    // Only room can be given back: a device refused for quota (or excluded)
+    // gains nothing from another session's leases.
+    if (d.reason() == v1::DeviceRefusal::REASON_CAPACITY ||
+        d.reason() == v1::DeviceRefusal::REASON_FRAGMENTATION) {
+      refused.insert(d.device_index());
+      reclaim.add_devices(d.device_index());
+    }
+  }
+  if (refused.empty()) return;
+  std::vector<uint64_t> targets;
+  for (const std::shared_ptr<Session>& s : sessions_->List()) {
+    if (s->id() == requester.id()) continue;
+    const Session::Figures f = s->figures();
+    if (!f.usage.has_value() || f.usage->leased_bytes <= f.usage->in_use_bytes) continue;
+    for (const auto& [device, bytes] : f.device_bytes) {
+      if (refused.contains(device)) {
+        targets.push_back(s->id());
+        break;
+      }
+    }
+  }
+  for (uint64_t session : targets) reclaim_sender_(session, reclaim);
+}
+
+void MemoryBroker::OnSessionEnd(const std::shared_ptr<Session>& session,
+                                std::vector<uint64_t> ids) {
+  {
+    absl::ReaderMutexLock gate(&gate_);
+    if (shut_down_) return;
+    Return(table_.TakeAll(ids, ledger::EventKind::kSessionEnd));
+    // The process is gone, and with it every handle it held.
+    pools_.ForgetSession(session->id());
+  }
+  admission_.SessionEnded(session->id());  // its waiters are answered now
+}
+
+absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return ShuttingDown();
+  absl::StatusOr<std::shared_ptr<Session>> s = sessions_->Attach(caller);
+  if (!s.ok()) return s.status();
+  v1::Session out;
+  out.set_session_id((*s)->id());
+  out.set_pid((*s)->cred().pid);
+  out.set_uid((*s)->cred().uid);
+  out.set_gid((*s)->cred().gid);
+  return out;
+}
+
+absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller, uint64_t slab_id) {
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return ShuttingDown();
+  absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Attach(caller);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<tenants::TenantRef> tenant = TenantOfSession(**session, caller);
+  if (!tenant.ok()) return tenant.status();
+  for (uint32_t d = 0; d < pools_.size(); ++d) {
+    SlabPool& pool = pools_.pool(d);
+    absl::StatusOr<SlabPool::Export> e = pool.ExportSlab(slab_id, tenant->id, (*session)->id());
+    if (e.status().code() == absl::StatusCode::kNotFound) continue;
+    if (!e.ok()) return e.status();
+    // The holder is recorded. If the session ended before that, its end may
+    // already have forgotten it: forget it here instead, or the slab would
+    // stay retained for a session that no longer exists.
+    if ((*session)->ended()) {
+      close(e->fd);
+      pool.ForgetSession((*session)->id());
+      return absl::FailedPreconditionError("the calling process has exited");
+    }
+    return SlabFd{e->fd, e->size};
+  }
+  return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
+}
+
+absl::Status MemoryBroker::CloseSlab(const PeerCred& caller, uint64_t slab_id) {
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return ShuttingDown();
+  if (caller.pid <= 0 && caller.bound_session == 0) {
+    return sessions_->Attach(caller).status();  // PERMISSION_DENIED, saying why
+  }
+  std::shared_ptr<Session> session = sessions_->Find(caller);
+  if (session == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "slab ", slab_id, " was not given to this process (it has no session)"));
+  }
+  SlabPool* pool = pools_.PoolOfSlab(slab_id);
+  if (pool == nullptr) return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
+  absl::Status closed = pool->CloseExport(slab_id, session->id());
+  if (closed.ok()) admission_.Kick();  // a retained slab may have gone back
+  return closed;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> MemoryBroker::BindConnection(const PeerCred& caller) {
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return ShuttingDown();
+  return sessions_->BindConnection(caller);
+}
+
+void MemoryBroker::EndConnection(uint64_t session_id) {
+  sessions_->EndConnection(session_id);  // calls OnSessionEnd
+}
+
+absl::StatusOr<uint64_t> MemoryBroker::ResolveSessionToken(absl::string_view token,
+                                                           const PeerCred& caller) const {
+  return sessions_->ResolveToken(token, caller.uid);
+}
+
+StatsView MemoryBroker::Stats(const PeerCred& caller, bool include_slabs) const {
+  const std::vector<DeviceInfo>& devices = backend_->devices();
+  const bool admin = IsAdmin(caller);
+  // One snapshot of the directory for the whole answer (names, own tenant).
+  const std::shared_ptr<const tenants::TenantDirectory> dir = tenants_->Get();
+  const std::vector<std::shared_ptr<Session>> sessions = sessions_->List();
+  // The caller's own tenants: the one the directory in force gives it, and
+  // those its uid's live sessions are charged to (they may differ after a
+  // reload). A caller the config gives no tenant, and no session, sees no
+  // tenant's figures.
+  absl::flat_hash_set<uint32_t> own_tenants;
+  if (!admin) {
+    absl::StatusOr<tenants::TenantRef> mine = dir->Resolve(caller.uid, caller.gid);
+    if (mine.ok()) own_tenants.insert(mine->id);
+    for (const std::shared_ptr<Session>& s : sessions) {
+      if (s->cred().uid != caller.uid) continue;
+      if (std::optional<tenants::TenantRef> t = s->tenant()) own_tenants.insert(t->id);
+    }
+  }
+  auto visible = [&](uint32_t tenant) { return admin || own_tenants.contains(tenant); };
+
+  StatsView out;
+  out.backend = backend_->name();
+  out.counters = counters_.View();
+  out.counters.waiting_requests = admission_.waiting();
+  const absl::flat_hash_map<uint32_t, uint32_t> waiting = admission_.waiting_by_tenant();
+  absl::ReaderMutexLock gate(&gate_);
+  // tenant -> device -> figures; session -> retained bytes.
+  absl::flat_hash_map<uint32_t, std::vector<TenantPoolStats>> tenants;
+  absl::flat_hash_map<uint64_t, uint64_t> session_retained;
+  for (const DeviceInfo& d : devices) {
+    DeviceStatsView& dv = out.devices.emplace_back();
+    dv.info = d;
+    dv.pool.total_bytes = d.total_bytes;
+    dv.pool.largest_carvable = d.total_bytes;  // after Shutdown: all free
+    if (!shut_down_) {
+      const SlabPool& pool = pools_.pool(d.index);
+      dv.pool = pool.Stats();
+      if (include_slabs) {
+        dv.slabs = pool.Slabs();
+        for (const SlabStats& slab : dv.slabs) {
+          dv.slab_owner_visible.push_back(visible(slab.tenant));
+        }
+      }
+      for (const auto& [tenant, t] : pool.TenantStats()) {
+        if (!visible(tenant)) continue;
+        auto& row = tenants[tenant];
+        row.resize(devices.size());
+        row[d.index] = t;
+      }
+      for (const auto& [session, bytes] : pool.SessionRetained()) {
+        session_retained[session] += bytes;
+      }
+    }
+    dv.granularity_bytes = backend_->Granularity(d.index);
+    // The driver's own view (no pool lock is held here).
+    absl::StatusOr<DriverMemInfo> driver = backend_->DriverMemory(d.index);
+    if (driver.ok()) dv.driver = *driver;
+    dv.peers = peer_rows_[d.index];
+  }
+  // Tenants that only wait hold nothing yet, but are shown with their
+  // waiting requests.
+  for (const auto& [tenant, count] : waiting) {
+    if (visible(tenant) && !shut_down_) tenants[tenant].resize(devices.size());
+  }
+  for (auto& [id, rows] : tenants) {
+    TenantStatsView& tv = out.tenants.emplace_back();
+    tv.id = id;
+    tv.name = dir->NameOf(id);
+    if (options_.quotas != nullptr) {  // absent: no quota
+      tenants::Quota quota = options_.quotas->GetQuota(id);
+      if (!quota.unlimited()) tv.quota = std::move(quota);
+    }
+    tv.devices = std::move(rows);
+    if (auto w = waiting.find(id); w != waiting.end()) tv.waiting_requests = w->second;
+  }
+  std::sort(out.tenants.begin(), out.tenants.end(),
+            [](const TenantStatsView& a, const TenantStatsView& b) { return a.id < b.id; });
+  if (shut_down_) return out;
+  for (const std::shared_ptr<Session>& s : sessions) {
+    if (!admin && s->cred().uid != caller.uid) continue;
+    Session::Figures f = s->figures();
+    if (f.ended) continue;
+    SessionStatsView& sv = out.sessions.emplace_back();
+    sv.id = s->id();
+    sv.cred = s->cred();
+    sv.figures = std::move(f);
+    auto r = session_retained.find(s->id());
+    sv.retained_bytes = r == session_retained.end() ? 0 : r->second;
+  }
+  std::sort(out.sessions.begin(), out.sessions.end(),
+            [](const SessionStatsView& a, const SessionStatsView& b) { return a.id < b.id; });
+  return out;
+}
+
+}  // namespace gpumem

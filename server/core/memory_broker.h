@@ -1,0 +1,301 @@
+// MemoryBroker: the daemon's core. It knows no transport and decides no
+// thread policy; transports (server/service/) call it for a caller whose
+// identity (pid, uid, gid) they read from the kernel, and choose where each
+// call runs, using what each call says of itself:
+//  - Try* calls never call the backend (no slab is created, exported or
+//    released) and never wait: safe on a thread that serves many clients.
+//    Where serving the request would need backend work they answer
+//    kNeedsBackendWork having changed nothing.
+//  - The other calls may call the backend (milliseconds on CUDA).
+//  - No call waits for memory on its caller's thread: a request with
+//    wait_ms that nothing can serve now is handed to admission
+//    (server/admission/admission.h) and answered later through its
+//    callback, from admission's thread.
+//
+// The parts it composes, each in its own folder and with its own lock:
+// the devices' slab pools (pool/device_pools.h), placement (placement/)
+// through the quota adaptor (quota/quota_carver.h), the allocation table
+// (allocation_table.h), sessions (session/), waiting (admission/), the
+// tenant directory (tenants/) and the ledger (ledger/).
+//
+// What it guarantees:
+//  - Every allocation belongs to exactly one session (the caller's process)
+//    and is returned to its pool when that session ends, by Free, or at
+//    Shutdown; its bytes are counted in exactly one pool meanwhile.
+//  - Every caller is charged to a tenant (BrokerOptions.tenants; without it
+//    each uid is a tenant of its own). Slabs belong to one tenant for life:
+//    a slab's handle is only given to sessions of its tenant, and the
+//    sessions given it are recorded, so a slab released while one of them
+//    lives stays counted as retained (see server/pool/slab_pool.h) until
+//    they end or close it.
+//  - Without configured tenants, each call is charged to its caller's uid.
+//    With them, a session's tenant is fixed the first time the session needs
+//    one (its first Allocate or slab export), from the tenant directory in
+//    force then, and kept for the session's life: a config reload that moves the
+//    caller's uid to another tenant, or removes its tenant, changes nothing
+//    for a live session; new sessions resolve with the new directory. The
+//    priority a waiting Allocate queues with is its tenant's priority in the
+//    directory in force when it queues. Each request reads the directory
+//    once (a snapshot; no lock is held across placement or backend work).
+//  - An Allocate that fails leaves the pools as they were: blocks carved for
+//    it are released and slabs created for it go back to the device. A
+//    backend failure reaches the caller with the backend's code, naming the
+//    device and the operation; it is never reported as a refusal.
+//  - Free is allowed to the owning session, any process of the same uid, and
+//    root; otherwise PERMISSION_DENIED.
+//  - A request for a handle kind the daemon does not offer is
+//    FAILED_PRECONDITION naming the kinds it offers. Legacy IPC handle bytes
+//    go in the Allocate reply, and the session is recorded as given the
+//    slab's handle, as with an exported fd.
+//  - Stats shows device figures and counters to everyone, and sessions and
+//    tenants only of the caller's own uid unless the caller is an
+//    administrator (root, or a member of the admin group: SetAdminGroup).
+//  - After BeginDrain (SIGTERM) Allocate is UNAVAILABLE "gpumemd is
+//    stopping"; Free, GetStats, GetSession and slab handles still work, so
+//    sessions can finish and let go.
+//  - With a QuotaBook, carving goes through the quota adaptor: a tenant
+//    never holds more than its quota; an allocation's bytes are credited
+//    back after its block is released.
+//  - With a ledger, every allocation's ALLOCATE and ending events are
+//    appended at the table's commit points (allocation_table.h).
+//  - Waiting: an Allocate with wait_ms that nothing can serve now waits
+//    until a release or a quota change makes room (then admission's thread
+//    places it) or its time is up (then the usual answer). Waiters are
+//    served by tenant priority, then arrival; one whose process exits is
+//    answered at once; at most AdmissionOptions::max_waiting_per_tenant
+//    wait per tenant (beyond: RESOURCE_EXHAUSTED naming the limit).
+//  - Shutdown answers every waiter, waits for calls in flight, releases
+//    every allocation and slab (retained ones too), and from then on every
+//    call answers FAILED_PRECONDITION "gpumemd is shutting down".
+//
+// Thread-safety: every method may be called from any thread.
+#ifndef GPUMEMD_SERVER_CORE_MEMORY_BROKER_H_
+#define GPUMEMD_SERVER_CORE_MEMORY_BROKER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/fd_channel.h"
+#include "proto/gpumem/v1/gpumem.pb.h"
+#include "server/admission/admission.h"
+#include "server/backend/backend.h"
+#include "server/core/allocation_table.h"
+#include "server/core/daemon_counters.h"
+#include "server/core/stats_view.h"
+#include "server/ledger/tenant_ledger.h"
+#include "server/placement/placer.h"
+#include "server/pool/device_pools.h"
+#include "server/quota/quota_book.h"
+#include "server/session/admin_group.h"
+#include "server/session/session_registry.h"
+#include "server/tenants/tenant_directory.h"
+
+namespace gpumem {
+
+struct BrokerOptions {
+  PoolOptions pool;
+  // The slab handle kinds offered to clients, the first the default; empty
+  // means every kind the backend makes. Start() refuses a kind the backend
+  // cannot make.
+  std::vector<HandleKind> handle_kinds;
+  uint64_t default_alignment = 256;
+  // How often idle slabs are looked for.
+  absl::Duration maintenance_interval = absl::Seconds(1);
+  admission::AdmissionOptions admission;
+  // Tenants (the directory in force, replaced by reloads), quotas and the
+  // ledger; each may be null (each uid its own tenant, no quota, no
+  // ledger). They must outlive the broker.
+  const tenants::TenantDirectoryHolder* tenants = nullptr;
+  quota::QuotaBook* quotas = nullptr;
+  ledger::TenantLedger* ledger = nullptr;
+};
+
+class MemoryBroker {
+ public:
+  // `backend` must outlive the broker.
+  MemoryBroker(Backend* backend, BrokerOptions options);
+  ~MemoryBroker();
+  MemoryBroker(const MemoryBroker&) = delete;
+  MemoryBroker& operator=(const MemoryBroker&) = delete;
+
+  // Makes pool reservations and starts the maintenance thread. (The admin
+  // group is root only until SetAdminGroup.)
+  absl::Status Start();
+  // Refuses new allocations from now on (UNAVAILABLE); everything else keeps
+  // working. Calls already past their check finish. Idempotent.
+  void BeginDrain();
+  // Answers every waiting Allocate now (FAILED_PRECONDITION) and lets no new
+  // one wait: the first step of shutting down.
+  void StopWaiting();
+  // Releases every allocation and slab; later calls fail. Idempotent.
+  void Shutdown();
+  // Waits until no allocation is live or `timeout` passes; true if none is.
+  bool WaitUntilNoAllocations(absl::Duration timeout);
+  size_t live_allocations() const;
+
+  // Config reload. How long an empty slab is kept before it goes back:
+  void SetEmptySlabRelease(absl::Duration after);
+  // The admin group ("" for root only). INVALID_ARGUMENT if the group does
+  // not exist; the group in force stays then.
+  absl::Status SetAdminGroup(const std::string& group);
+
+  // ---- Allocate ----
+  using AllocateAnswer = absl::StatusOr<v1::AllocateResponse>;
+  // A waiting request's answer, called exactly once, from admission's thread.
+  using AllocateCallback = std::function<void(AllocateAnswer)>;
+  struct AllocateOutcome {
+    enum class Kind {
+      kAnswered,          // `answer` is the answer
+      kNeedsBackendWork,  // TryAllocate only: nothing changed; call Allocate
+      kWaiting,           // the request waits; the callback will answer it
+    };
+    Kind kind = Kind::kAnswered;
+    AllocateAnswer answer;
+    uint64_t wait_ticket = 0;  // kWaiting: for CancelWait
+  };
+  // Serves `request` without calling the backend. A request with wait_ms
+  // that nothing can serve now waits (kWaiting) and `on_waited` answers it
+  // later; without a callback it is answered at once, as without wait_ms.
+  AllocateOutcome TryAllocate(const PeerCred& caller, const v1::AllocateRequest& request,
+                              AllocateCallback on_waited = nullptr);
+  // The same, calling the backend where needed (never kNeedsBackendWork).
+  AllocateOutcome Allocate(const PeerCred& caller, const v1::AllocateRequest& request,
+                           AllocateCallback on_waited);
+  // Allocate, and for a waiting request wait on this thread for its answer
+  // (for tests and callers that own their thread).
+  AllocateAnswer AllocateAndWait(const PeerCred& caller, const v1::AllocateRequest& request);
+  // The transport gave up on a waiting request (its caller went away): it
+  // is answered CANCELLED, unless it was answered already.
+  void CancelWait(uint64_t ticket);
+
+  // ---- Free ----
+  // Without calling the backend: the answer, or nullopt when the block's
+  // slab is dedicated (it goes back to the backend with the block) and
+  // nothing was changed.
+  std::optional<absl::StatusOr<v1::FreeResponse>> TryFree(const PeerCred& caller,
+                                                          const v1::FreeRequest& request);
+  absl::StatusOr<v1::FreeResponse> Free(const PeerCred& caller, const v1::FreeRequest& request);
+
+  // Memory pressure. When an Allocate is refused for capacity (placement
+  // found no room; quota refusals are the tenant's own affair), `sender` is
+  // called once for each other session whose last UsageReport shows idle
+  // leased bytes (leased > in use) and that holds memory on a refused
+  // device, on the refused caller's thread with no broker lock held. Set it
+  // before any call is served; it must not call back into the broker.
+  using ReclaimSender =
+      std::function<void(uint64_t session_id, const v1::ReclaimRequest& request)>;
+  void SetReclaimSender(ReclaimSender sender) { reclaim_sender_ = std::move(sender); }
+
+  // What `caller` may see (see above). Never calls the backend's slab
+  // operations; on cuda it asks the driver for its free figures.
+  StatsView Stats(const PeerCred& caller, bool include_slabs = false) const;
+  absl::StatusOr<v1::Session> GetSession(const PeerCred& caller);
+  // A new fd for a slab's handle, for the slab-handle channel; the caller's
+  // session is recorded as holding the slab. Calls the backend (export).
+  absl::StatusOr<SlabFd> ExportSlab(const PeerCred& caller, uint64_t slab_id);
+  // The caller's process closed (unmapped) a slab it was given.
+  absl::Status CloseSlab(const PeerCred& caller, uint64_t slab_id);
+
+  // Sessions of callers in another pid namespace, bound to a connection
+  // (see SessionRegistry::BindConnection): made when the caller's slab
+  // channel says hello, ended when it closes, found by token for gRPC.
+  absl::StatusOr<std::shared_ptr<Session>> BindConnection(const PeerCred& caller);
+  void EndConnection(uint64_t session_id);
+  absl::StatusOr<uint64_t> ResolveSessionToken(absl::string_view token,
+                                               const PeerCred& caller) const;
+
+  // Root, or a member of the admin group.
+  bool IsAdmin(const PeerCred& caller) const { return admins_.IsAdmin(caller); }
+  const Backend& backend() const { return *backend_; }
+  // Index, UUID and total of every device.
+  const std::vector<placement::DeviceView>& devices() const { return pools_.views(); }
+  // The kinds offered, the default first (valid after Start).
+  const std::vector<HandleKind>& handle_kinds() const { return options_.handle_kinds; }
+  // The tenant the directory in force gives a caller (PERMISSION_DENIED
+  // when the config gives it none): what a new session of it is charged to.
+  absl::StatusOr<tenants::TenantRef> TenantOf(const PeerCred& caller) const;
+  // Quotas changed (SetQuota, a reload): waiting requests are tried again.
+  void QuotasChanged() { admission_.Kick(); }
+
+ private:
+  class RequestWaiter;  // an Allocate waiting in admission (memory_broker.cc)
+  // A request checked and ready to place.
+  struct Prepared {
+    placement::PreparedRequest placement;
+    HandleKind kind = HandleKind::kMemfd;
+    std::optional<UsageFigures> usage;
+    uint64_t size_bytes = 0;
+  };
+  // What one placement attempt gave.
+  struct Placed {
+    bool needs_backend_work = false;  // kExistingSlabsOnly only; nothing changed
+    AllocateAnswer answer;
+  };
+
+  static absl::Status ShuttingDown();
+  absl::StatusOr<HandleKind> RequestedKind(const v1::AllocateRequest& request) const;
+  AllocateOutcome Serve(const PeerCred& caller, const v1::AllocateRequest& request,
+                        AllocateCallback on_waited, PoolCarver::Mode mode);
+  // An Allocate's final answer: counted, and its usage report kept if it
+  // succeeded.
+  AllocateAnswer Finish(AllocateAnswer answer, Session& session, const Prepared& prepared);
+  // Free; with `needs_backend_work` (TryFree) a block whose release would
+  // call the backend is left alone and *needs_backend_work set.
+  absl::StatusOr<v1::FreeResponse> FreeIn(const PeerCred& caller,
+                                          const v1::FreeRequest& request,
+                                          bool* needs_backend_work);
+  // The tenant `session` is charged to (fixed at its first call), with its
+  // priority as the directory in force says.
+  absl::StatusOr<tenants::TenantRef> TenantOfSession(Session& session, const PeerCred& caller);
+  // Places and commits one request: the body of Allocate, and of serving a
+  // waiter.
+  Placed Place(const PeerCred& caller, Session& session, const tenants::TenantRef& tenant,
+               const Prepared& prepared, PoolCarver::Mode mode);
+  // Gives taken records' blocks back to their pools and credits their
+  // quotas; room may have appeared for waiters.
+  void Return(const std::vector<AllocationRecord>& records);
+  // Sends reclaims for a refused request (see SetReclaimSender).
+  void RequestReclaim(const Session& requester, uint64_t bytes_wanted,
+                      const absl::Status& refusal);
+  void OnSessionEnd(const std::shared_ptr<Session>& session, std::vector<uint64_t> ids);
+  std::string TenantName(uint32_t id) const;
+  void Maintain();
+
+  Backend* backend_;
+  BrokerOptions options_;
+  // The directory in force (options_.tenants, or one of uid tenants).
+  std::unique_ptr<tenants::TenantDirectoryHolder> own_tenants_;
+  const tenants::TenantDirectoryHolder* tenants_;
+  AdminGroup admins_;
+  DaemonCounters counters_;
+  std::atomic<bool> draining_{false};
+  placement::PlacerOptions placer_options_;
+  std::vector<std::vector<PeerLink>> peer_rows_;  // [from][to], for Stats
+  DevicePools pools_;
+  AllocationTable table_;
+  admission::Admission admission_;
+
+  // Every call holds this shared for its duration; Shutdown takes it
+  // exclusively, so it waits for calls in flight and none starts after.
+  mutable absl::Mutex gate_;
+  bool shut_down_ ABSL_GUARDED_BY(gate_) = false;
+
+  ReclaimSender reclaim_sender_;  // set before serving, then read only
+
+  std::unique_ptr<SessionRegistry> sessions_;
+  absl::Mutex stop_mu_;
+  bool stopping_ ABSL_GUARDED_BY(stop_mu_) = false;
+  std::thread maintenance_;
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_CORE_MEMORY_BROKER_H_

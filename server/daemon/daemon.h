@@ -1,0 +1,68 @@
+// Daemon: gpumemd's parts, wired together, with its life in four steps:
+// Start, Reload, Drain and Stop. main.cc only reads the command line and the
+// config file into Settings and turns signals into these calls.
+//
+//  - Start: the backend, the ledger, the tenant directory and quotas, the
+//    core (MemoryBroker), the gRPC server with its services on shared
+//    completion queues, metrics if asked, and the listening socket (bound,
+//    or taken from systemd); then tells systemd it is ready. A start-up
+//    error is returned, naming what failed; nothing is left half-started
+//    that the destructor would not undo.
+//  - Reload (SIGHUP): the whole file is loaded and checked; a bad one is
+//    refused with FILE:LINE:COLUMN and the config in force stays; a good one
+//    goes through ApplyReloadableConfig (server/config/reloadable.h).
+//  - Drain (SIGTERM/SIGINT): Allocate answers UNAVAILABLE, waiting requests
+//    are answered, health checks say NOT_SERVING, other calls keep working;
+//    the daemon waits up to drain_seconds for live allocations to be freed
+//    (`cut_short` ends the wait: a second signal).
+//  - Stop: stop accepting (the socket file is removed unless systemd owns
+//    it), finish in-flight gRPC calls, drain the worker pools and the
+//    completion queues, release every allocation and slab, commit the
+//    ledger. Idempotent; the destructor calls it.
+// Not thread-safe: one thread (main's) drives it.
+#ifndef GPUMEMD_SERVER_DAEMON_DAEMON_H_
+#define GPUMEMD_SERVER_DAEMON_DAEMON_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <google/protobuf/text_format.h>
+
+#include "absl/status/status.h"
+#include "server/config/settings.h"
+
+namespace gpumem {
+
+class Daemon {
+ public:
+  // `flags` is kept: a reloaded file is resolved under the same flags.
+  Daemon(CommandLine flags, Settings settings,
+         std::unique_ptr<google::protobuf::TextFormat::ParseInfoTree> locations);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  absl::Status Start();
+  // OK when the new file is in force; otherwise why it was refused.
+  absl::Status Reload();
+  // `why` names the cause in the log ("signal 15"); `cut_short` is polled
+  // while waiting, and true ends the wait.
+  void Drain(const std::string& why, const std::function<bool()>& cut_short);
+  void Stop();
+
+ private:
+  struct Parts;  // daemon.cc
+  absl::Status StartParts();
+
+  const CommandLine flags_;
+  Settings settings_;
+  std::unique_ptr<google::protobuf::TextFormat::ParseInfoTree> locations_;
+  std::unique_ptr<Parts> parts_;
+  bool stopped_ = false;
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_DAEMON_DAEMON_H_

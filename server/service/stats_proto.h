@@ -1,0 +1,20 @@
+// RenderStats: a StatsView (what the core lets one caller see,
+// server/core/stats_view.h) as the API's GetStatsResponse.
+//
+// Only the shape changes: every figure is the view's. Slab owners and
+// holders are left out where the view says the caller may not see them; a
+// session's leased bytes are never shown above the bytes it holds (the
+// report is the client's word), nor its in-use bytes above its leased.
+#ifndef GPUMEMD_SERVER_SERVICE_STATS_PROTO_H_
+#define GPUMEMD_SERVER_SERVICE_STATS_PROTO_H_
+
+#include "proto/gpumem/v1/gpumem.pb.h"
+#include "server/core/stats_view.h"
+
+namespace gpumem {
+
+v1::GetStatsResponse RenderStats(const StatsView& view);
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_SERVICE_STATS_PROTO_H_

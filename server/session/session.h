@@ -1,0 +1,116 @@
+// Session: one client's state in the daemon, under one lock.
+//
+// A session is a client process (or, for a caller in another pid namespace,
+// a connection; see session_registry.h). It owns what the daemon knows of
+// that client beyond single requests:
+//  - the tenant it is charged to, fixed the first time it needs one (its
+//    first Allocate or slab export) and kept for its life, whatever config
+//    reloads do later;
+//  - the ids of its live allocations, with their bytes per device;
+//  - its last usage report (the client's caching-pool figures);
+//  - whether it has ended.
+//
+// The one rule that makes sessions and allocations safe against each other:
+// AddAllocations and End take the same lock, so an allocation is either
+// added before End (and End hands its id back for release) or refused
+// because the session already ended (and its caller gives the blocks back).
+// Nothing is ever recorded for an ended session.
+//
+// Thread-safe. Sessions are shared (std::shared_ptr): the registry holds
+// each live one; requests hold the one they act for.
+#ifndef GPUMEMD_SERVER_SESSION_SESSION_H_
+#define GPUMEMD_SERVER_SESSION_SESSION_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/session/peer_credentials.h"
+#include "server/tenants/tenant.h"
+
+namespace gpumem {
+
+// A client's own account of its caching-pool leases (v1::UsageReport).
+struct UsageFigures {
+  uint64_t leased_bytes = 0;
+  uint64_t in_use_bytes = 0;
+};
+
+// One live allocation as its session counts it.
+struct SessionBlock {
+  uint64_t id = 0;
+  uint32_t device = 0;
+  uint64_t bytes = 0;
+};
+
+class Session {
+ public:
+  // `token` is set for connection-bound sessions only.
+  Session(uint64_t id, PeerCred cred, std::string token = "");
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  uint64_t id() const { return id_; }
+  // The credentials of the process (or connection) that opened it.
+  const PeerCred& cred() const { return cred_; }
+  absl::Time started() const { return started_; }
+  const std::string& token() const { return token_; }
+
+  // The session's tenant: the one fixed earlier, or `resolve()`'s answer,
+  // which is fixed now if it is a tenant (a refusal is not kept: a later
+  // config may give the caller a tenant). FAILED_PRECONDITION once ended.
+  absl::StatusOr<tenants::TenantRef> FixTenant(
+      const std::function<absl::StatusOr<tenants::TenantRef>()>& resolve);
+  // The tenant fixed so far, if any.
+  std::optional<tenants::TenantRef> tenant() const;
+
+  // Records `blocks` as the session's; false (and nothing recorded) once the
+  // session has ended.
+  bool AddAllocations(const std::vector<SessionBlock>& blocks);
+  // Forgets one allocation (freed); no-op if it is not the session's.
+  void RemoveAllocation(const SessionBlock& block);
+
+  // Keeps the client's latest usage report (ignored once ended).
+  void RecordUsage(const UsageFigures& usage);
+
+  // Marks the session ended and hands back the ids of its live
+  // allocations; later calls hand back nothing. Idempotent.
+  std::vector<uint64_t> End();
+  bool ended() const;
+
+  // A consistent copy of the figures, for Stats and reclaim.
+  struct Figures {
+    uint64_t allocations = 0;
+    uint64_t used_bytes = 0;
+    absl::flat_hash_map<uint32_t, uint64_t> device_bytes;  // devices it holds memory on
+    std::optional<UsageFigures> usage;                     // absent: never reported
+    std::optional<tenants::TenantRef> tenant;
+    bool ended = false;
+  };
+  Figures figures() const;
+
+ private:
+  const uint64_t id_;
+  const PeerCred cred_;
+  const absl::Time started_;
+  const std::string token_;
+
+  mutable absl::Mutex mu_;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<tenants::TenantRef> tenant_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::pair<uint32_t, uint64_t>> blocks_
+      ABSL_GUARDED_BY(mu_);  // id -> (device, bytes)
+  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint32_t, uint64_t> device_bytes_ ABSL_GUARDED_BY(mu_);
+  std::optional<UsageFigures> usage_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_SESSION_SESSION_H_
