@@ -16,28 +16,13 @@
 #include "client/slab_mapper.h"
 #include "client/stream_transport.h"
 #include "common/fd_channel.h"
+#include "common/grpc_status.h"
 #include "common/refusal_payload.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 
 namespace gpumem {
 namespace client {
 namespace {
-
-// Keeps the code and message; a PlacementRefusal in the binary error details
-// becomes a payload (see PlacementRefusalOf).
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  absl::Status out(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-  v1::RpcStatus details;
-  if (!s.error_details().empty() && details.ParseFromString(s.error_details())) {
-    for (const google::protobuf::Any& any : details.details()) {
-      if (any.Is<v1::PlacementRefusal>()) {
-        out.SetPayload(kPlacementRefusalTypeUrl, absl::Cord(any.value()));
-      }
-    }
-  }
-  return out;
-}
 
 struct MappedSlab {
   // Shared so copies run outside the client's lock.
@@ -149,7 +134,7 @@ absl::StatusOr<v1::AllocateResponse> Client::AllocateRaw(
   grpc::ClientContext ctx;
   impl_->Prepare(&ctx);
   v1::AllocateResponse response;
-  absl::Status s = FromGrpc(impl_->stub->Allocate(&ctx, request, &response));
+  absl::Status s = FromGrpcStatus(impl_->stub->Allocate(&ctx, request, &response));
   if (!s.ok()) return s;
   return response;
 }
@@ -166,7 +151,7 @@ absl::Status Client::Free(uint64_t allocation_id) {
   absl::StatusOr<v1::FreeResponse> streamed = impl_->stream->Free(req);
   if (!impl_->stream->unsupported()) return streamed.status();
   v1::FreeResponse resp;
-  return FromGrpc(impl_->stub->Free(&ctx, req, &resp));
+  return FromGrpcStatus(impl_->stub->Free(&ctx, req, &resp));
 }
 
 absl::StatusOr<v1::GetStatsResponse> Client::GetStats(bool include_slabs) {
@@ -175,7 +160,7 @@ absl::StatusOr<v1::GetStatsResponse> Client::GetStats(bool include_slabs) {
   v1::GetStatsRequest req;
   req.set_include_slabs(include_slabs);
   v1::GetStatsResponse resp;
-  absl::Status s = FromGrpc(impl_->stub->GetStats(&ctx, req, &resp));
+  absl::Status s = FromGrpcStatus(impl_->stub->GetStats(&ctx, req, &resp));
   if (!s.ok()) return s;
   return resp;
 }
@@ -187,7 +172,7 @@ absl::StatusOr<v1::Session> Client::GetSession() {
   impl_->Prepare(&ctx);
   v1::Session resp;
   absl::Status s =
-      FromGrpc(impl_->stub->GetSession(&ctx, v1::GetSessionRequest(), &resp));
+      FromGrpcStatus(impl_->stub->GetSession(&ctx, v1::GetSessionRequest(), &resp));
   if (!s.ok()) return s;
   return resp;
 }
@@ -195,7 +180,7 @@ absl::StatusOr<v1::Session> Client::GetSession() {
 absl::StatusOr<v1::GetUsageResponse> Client::GetUsage() {
   grpc::ClientContext ctx;
   v1::GetUsageResponse resp;
-  absl::Status s = FromGrpc(impl_->stub->GetUsage(&ctx, v1::GetUsageRequest(), &resp));
+  absl::Status s = FromGrpcStatus(impl_->stub->GetUsage(&ctx, v1::GetUsageRequest(), &resp));
   if (!s.ok()) return s;
   return resp;
 }
@@ -203,7 +188,7 @@ absl::StatusOr<v1::GetUsageResponse> Client::GetUsage() {
 absl::StatusOr<v1::GetLedgerResponse> Client::GetLedger(const v1::GetLedgerRequest& request) {
   grpc::ClientContext ctx;
   v1::GetLedgerResponse resp;
-  absl::Status s = FromGrpc(impl_->stub->GetLedger(&ctx, request, &resp));
+  absl::Status s = FromGrpcStatus(impl_->stub->GetLedger(&ctx, request, &resp));
   if (!s.ok()) return s;
   return resp;
 }
@@ -211,7 +196,7 @@ absl::StatusOr<v1::GetLedgerResponse> Client::GetLedger(const v1::GetLedgerReque
 absl::StatusOr<v1::SetQuotaResponse> Client::SetQuota(const v1::SetQuotaRequest& request) {
   grpc::ClientContext ctx;
   v1::SetQuotaResponse resp;
-  absl::Status s = FromGrpc(impl_->stub->SetQuota(&ctx, request, &resp));
+  absl::Status s = FromGrpcStatus(impl_->stub->SetQuota(&ctx, request, &resp));
   if (!s.ok()) return s;
   return resp;
 }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace gpumem {
@@ -25,13 +26,16 @@ uint64_t Admission::kicks() const {
 absl::StatusOr<uint64_t> Admission::Enqueue(std::unique_ptr<Waiter>& waiter, uint64_t seen) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::FailedPreconditionError("gpumemd is shutting down");
+  const uint32_t limit =
+      waiter->max_waiting() > 0 ? waiter->max_waiting() : options_.max_waiting_per_tenant;
   uint32_t& count = per_tenant_[waiter->tenant()];
-  if (count >= options_.max_waiting_per_tenant) {
+  if (count >= limit) {
+    const uint32_t waiting = count;
     if (count == 0) per_tenant_.erase(waiter->tenant());
     return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant \"", waiter->tenant_name(), "\" already has ", count,
-        " requests waiting for memory, its limit (max_waiting_requests ",
-        options_.max_waiting_per_tenant, "); retry later or without wait_ms"));
+        "tenant \"", waiter->tenant_name(), "\" has ", waiting,
+        " requests waiting for memory already, its limit (max_waiting_requests ", limit,
+        "); retry later or without wait_ms"));
   }
   ++count;
   const uint64_t ticket = next_ticket_++;
@@ -133,10 +137,10 @@ void Admission::Run() {
       } else {
         if (!ended_sessions_.empty()) {
           std::vector<uint64_t> gone;
+          const absl::flat_hash_set<uint64_t> ended(ended_sessions_.begin(),
+                                                    ended_sessions_.end());
           for (const auto& [ticket, e] : entries_) {
-            for (uint64_t s : ended_sessions_) {
-              if (e.waiter->session() == s) gone.push_back(ticket);
-            }
+            if (ended.contains(e.waiter->session())) gone.push_back(ticket);
           }
           for (uint64_t t : gone) exited.push_back(TakeLocked(t));
           ended_sessions_.clear();

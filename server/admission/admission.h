@@ -17,8 +17,9 @@
 // Every waiter is answered exactly once, through Waiter::Done, on that
 // thread, with no Admission lock held; after Done the waiter is destroyed.
 //
-// Limits: at most `max_waiting_per_tenant` requests of one tenant wait at
-// once; Enqueue refuses one more with RESOURCE_EXHAUSTED naming the limit.
+// Limits: at most the tenant's limit (Waiter::max_waiting, else
+// `max_waiting_per_tenant`) of one tenant's requests wait at once; Enqueue
+// refuses one more with RESOURCE_EXHAUSTED naming the tenant and the limit.
 //
 // No wake-up is lost: a caller reads kicks() before it tries to place its
 // request, and passes that number to Enqueue; if a release happened in
@@ -59,10 +60,12 @@ using Answer = absl::StatusOr<v1::AllocateResponse>;
 // calls the methods on its own thread only.
 class Waiter {
  public:
+  // `max_waiting`: how many of its tenant's requests may wait at once (0:
+  // AdmissionOptions::max_waiting_per_tenant).
   Waiter(uint64_t session, uint32_t tenant, std::string tenant_name, int32_t priority,
-         absl::Time deadline)
+         uint32_t max_waiting, absl::Time deadline)
       : session_(session), tenant_(tenant), tenant_name_(std::move(tenant_name)),
-        priority_(priority), deadline_(deadline) {}
+        priority_(priority), max_waiting_(max_waiting), deadline_(deadline) {}
   virtual ~Waiter() = default;
 
   // Serves the request if it can be served now (may call the backend): the
@@ -77,6 +80,7 @@ class Waiter {
   uint32_t tenant() const { return tenant_; }
   const std::string& tenant_name() const { return tenant_name_; }
   int32_t priority() const { return priority_; }
+  uint32_t max_waiting() const { return max_waiting_; }
   absl::Time deadline() const { return deadline_; }
 
  private:
@@ -84,6 +88,7 @@ class Waiter {
   const uint32_t tenant_;
   const std::string tenant_name_;
   const int32_t priority_;
+  const uint32_t max_waiting_;
   const absl::Time deadline_;
 };
 

@@ -69,7 +69,8 @@ class MemoryBroker::RequestWaiter final : public admission::Waiter {
   RequestWaiter(MemoryBroker* broker, const PeerCred& caller,
                 std::shared_ptr<Session> session, const tenants::TenantRef& tenant,
                 Prepared prepared, absl::Time deadline, AllocateCallback done)
-      : admission::Waiter(session->id(), tenant.id, tenant.name, tenant.priority, deadline),
+      : admission::Waiter(session->id(), tenant.id, tenant.name, tenant.priority,
+                          tenant.max_waiting_requests, deadline),
         broker_(broker),
         caller_(caller),
         session_(std::move(session)),
@@ -362,8 +363,12 @@ absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOfSession(Session& sessio
   absl::StatusOr<tenants::TenantRef> fixed =
       session.FixTenant([&] { return dir->Resolve(caller.uid, caller.gid); });
   if (!fixed.ok()) return fixed;
-  // Its priority now, if the directory in force still has the tenant.
-  if (const tenants::Tenant* t = dir->FindId(fixed->id)) fixed->priority = t->priority;
+  // Its priority and limits now, if the directory in force still has the
+  // tenant (a removed tenant keeps those it had).
+  if (const tenants::Tenant* t = dir->FindId(fixed->id)) {
+    fixed->priority = t->priority;
+    fixed->max_waiting_requests = t->max_waiting_requests;
+  }
   return fixed;
 }
 

@@ -43,7 +43,12 @@ struct TenantRef {
   uint32_t id = 0;
   std::string name;
   int32_t priority = 0;
+  // Allocate requests of this tenant that may wait at once.
+  uint32_t max_waiting_requests = 0;
 };
+
+// The daemon's max_waiting_requests when the config sets none.
+inline constexpr uint32_t kDefaultMaxWaitingRequests = 1024;
 
 // The name of uid `uid`'s own tenant when no tenants are configured
 // ("uid-1000"), and the uid such a name stands for.
@@ -54,6 +59,7 @@ struct Tenant {
   uint32_t id = 0;
   std::string name;
   int32_t priority = 0;
+  uint32_t max_waiting_requests = kDefaultMaxWaitingRequests;
   Quota quota;
   std::vector<uid_t> uids;
   std::vector<gid_t> gids;

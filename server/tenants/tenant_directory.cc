@@ -82,6 +82,9 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
     dir.next_id_ = previous->next_id_;
     dir.retired_ = previous->retired_;
   }
+  if (config.max_waiting_requests() > 0) {
+    dir.max_waiting_requests_ = config.max_waiting_requests();
+  }
   absl::flat_hash_map<std::string, uint32_t> by_name;
   for (int i = 0; i < config.tenant_size(); ++i) {
     const v1::TenantConfig& tc = config.tenant(i);
@@ -90,6 +93,8 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
     Tenant t;
     t.name = tc.name();
     t.priority = tc.priority();
+    t.max_waiting_requests = tc.max_waiting_requests() > 0 ? tc.max_waiting_requests()
+                                                           : dir.max_waiting_requests_;
     if (t.name.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(at, "tenant ", i + 1, " has no name"));
     }
@@ -190,7 +195,7 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
 }
 
 absl::StatusOr<TenantRef> TenantDirectory::Resolve(uid_t uid, gid_t gid) const {
-  if (tenants_.empty()) return TenantRef{uid, UidTenantName(uid), 0};
+  if (tenants_.empty()) return TenantRef{uid, UidTenantName(uid), 0, max_waiting_requests_};
   int index = -1;
   if (auto it = by_uid_.find(uid); it != by_uid_.end()) {
     index = static_cast<int>(it->second);
@@ -205,7 +210,7 @@ absl::StatusOr<TenantRef> TenantDirectory::Resolve(uid_t uid, gid_t gid) const {
         "and there is no default_tenant"));
   }
   const Tenant& t = tenants_[index];
-  return TenantRef{t.id, t.name, t.priority};
+  return TenantRef{t.id, t.name, t.priority, t.max_waiting_requests};
 }
 
 const Tenant* TenantDirectory::Find(absl::string_view name) const {

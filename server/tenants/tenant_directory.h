@@ -14,6 +14,9 @@
 //    naming the uid. Root is treated like any other uid.
 //  - With no tenants: each uid is its own tenant ("uid-1000", id = uid), no
 //    quota, priority 0.
+//  - Each tenant's limit on waiting requests is its own
+//    max_waiting_requests, else the config's, else
+//    kDefaultMaxWaitingRequests.
 //  - Tenant ids (what slabs, the quota book and GetStats key on; the ledger
 //    keys on names) are for this daemon's life. At start they are 1..N in
 //    config order. A directory built for a reload from the one in force
@@ -94,6 +97,8 @@ class TenantDirectory {
   absl::flat_hash_map<uint32_t, std::string> retired_;
   uint32_t next_id_ = 1;
   int default_index_ = -1;
+  // The daemon's limit on waiting requests per tenant (uid tenants too).
+  uint32_t max_waiting_requests_ = kDefaultMaxWaitingRequests;
 };
 
 // The directory in force (see the top of this file).

@@ -1,0 +1,69 @@
+// A test client that sends --requests Allocate requests at once, each
+// allowed to wait (--wait_ms), from as many threads over one connection,
+// and reports each answer on a line of its own:
+//   "sent N"          all requests are on their way
+//   "alloc ID"        one was served (the block is kept until the process ends)
+//   "error CODE MSG"  one was refused
+// Then it sleeps until it is killed.
+#include <unistd.h>
+
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "client/client.h"
+
+ABSL_FLAG(std::string, socket, "", "daemon socket");
+ABSL_FLAG(int, requests, 10, "requests sent at once");
+ABSL_FLAG(uint64_t, size, 1 << 20, "bytes each");
+ABSL_FLAG(uint32_t, wait_ms, 60000, "AllocateRequest.wait_ms");
+
+namespace gpumem {
+namespace {
+
+std::mutex out_mu;
+void Line(const std::string& s) {
+  std::lock_guard<std::mutex> lock(out_mu);
+  printf("%s\n", s.c_str());
+  fflush(stdout);
+}
+
+int Main() {
+  absl::StatusOr<std::unique_ptr<client::Client>> c =
+      client::Client::Connect(absl::GetFlag(FLAGS_socket));
+  if (!c.ok()) {
+    Line("error " + std::to_string(static_cast<int>(c.status().code())) + " " +
+         std::string(c.status().message()));
+    return 1;
+  }
+  v1::AllocateRequest req;
+  req.set_size_bytes(absl::GetFlag(FLAGS_size));
+  req.set_wait_ms(absl::GetFlag(FLAGS_wait_ms));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < absl::GetFlag(FLAGS_requests); ++i) {
+    threads.emplace_back([&] {
+      absl::StatusOr<v1::AllocateResponse> r = (*c)->AllocateRaw(req);
+      if (r.ok()) {
+        Line("alloc " + std::to_string(r->allocations(0).id()));
+      } else {
+        Line("error " + std::to_string(static_cast<int>(r.status().code())) + " " +
+             std::string(r.status().message()));
+      }
+    });
+  }
+  Line("sent " + std::to_string(threads.size()));
+  for (auto& t : threads) t.join();
+  for (;;) pause();
+}
+
+}  // namespace
+}  // namespace gpumem
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return gpumem::Main();
+}
