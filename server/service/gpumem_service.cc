@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <utility>
 
 #include <grpcpp/server_context.h>
@@ -77,6 +78,10 @@ class UnaryCall {
   // Answers the call. From any thread, once; the call may be deleted by the
   // time this returns.
   void Reply(const absl::StatusOr<Response>& answer) {
+    // Held while Finish starts, and taken by the queue thread before it
+    // deletes the call: the hand-over from this thread to that one is then
+    // one ThreadSanitizer sees (gRPC's own, through its queue, it cannot).
+    std::lock_guard<std::mutex> lock(reply_mu_);
     if (answer.ok()) {
       writer_.Finish(*answer, grpc::Status::OK, finish_tag_.tag());
     } else {
@@ -110,9 +115,11 @@ class UnaryCall {
         arrived_ = absl::Now();
         owner_->Handle(this);  // replies now, or later from another thread
         return;                // `this` may be finished and deleted later only
-      case Event::kFinished:
+      case Event::kFinished: {
+        std::lock_guard<std::mutex> lock(reply_mu_);  // Reply has let go
         finished_ = true;
         break;
+      }
       case Event::kDone:
         done_ = true;
         if (ctx_.IsCancelled() && wait_cancel_ != nullptr) wait_cancel_->Cancel(owner_->broker());
@@ -130,6 +137,7 @@ class UnaryCall {
   grpc::ServerAsyncResponseWriter<Response> writer_;
   absl::Time arrived_;
   std::shared_ptr<WaitCancel> wait_cancel_;
+  std::mutex reply_mu_;
   Tag accept_tag_{this, Event::kAccepted};
   Tag finish_tag_{this, Event::kFinished};
   Tag done_tag_{this, Event::kDone};

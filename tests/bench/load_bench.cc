@@ -27,6 +27,12 @@
 //    devices; GetStats p50/p99 empty and with --scale_blocks live 4 KiB
 //    blocks (held by 4 filler processes), daemon RSS per live block, and the
 //    time until the blocks are reclaimed once the fillers are killed.
+// --baseline_daemon=PATH: a second gpumemd (an earlier build) is started
+// beside the first with the same flags, and every load and anatomy row of
+// "daemon" is followed by the same row against it ("baseline"), so a change
+// is measured side by side in one run; the summary gives after/before for
+// the 4-client stream pairs/s ratio to the floor and the 1-client stream
+// p50 ratio.
 // --json prints everything as one JSON object instead of tables.
 #include <dirent.h>
 #include <signal.h>
@@ -74,6 +80,8 @@ ABSL_FLAG(int, scale_devices, 64, "simulated devices of the scale section");
 ABSL_FLAG(int, stream_threads, 1, "the daemon's --stream_threads");
 ABSL_FLAG(std::string, daemon_flags, "",
           "extra gpumemd flags for the load rows, space-separated (e.g. --ledger=none)");
+ABSL_FLAG(std::string, baseline_daemon, "",
+          "another gpumemd binary to measure beside this one (rows \"baseline\")");
 ABSL_FLAG(bool, json, false, "print JSON");
 // Internal: how this binary runs as a child of itself.
 ABSL_FLAG(std::string, role, "driver",
@@ -279,7 +287,7 @@ double Quantile(const std::vector<float>& sorted, double q) {
 
 struct Row {
   std::string section = "load";  // load | anatomy | soak
-  std::string target;            // floor | floor_fd | daemon
+  std::string target;            // floor | floor_fd | floor_async | daemon | baseline
   std::string transport;         // stream | unary
   int clients = 0;
   uint64_t pairs = 0, errors = 0;
@@ -522,6 +530,31 @@ int RunDriver() {
     fprintf(stderr, "load_bench: daemon did not start:\n%s", daemon.Log().c_str());
     return 1;
   }
+  const std::string baseline_path = absl::GetFlag(FLAGS_baseline_daemon);
+  std::unique_ptr<testing::DaemonProcess> baseline;
+  if (!baseline_path.empty()) {
+    baseline = std::make_unique<testing::DaemonProcess>(daemon_args);
+    baseline->SetBinary(baseline_path);
+    if (!baseline->Start()) {
+      fprintf(stderr, "load_bench: baseline daemon did not start:\n%s",
+              baseline->Log().c_str());
+      return 1;
+    }
+  }
+  // The row against the daemon, and the same against the baseline.
+  auto daemon_rows = [&](const std::string& section, const char* transport, int n) {
+    std::vector<Row> out;
+    Row d = driver.RunPhase("daemon", daemon.socket(), daemon.pid(), transport, n, seconds);
+    d.section = section;
+    out.push_back(d);
+    if (baseline != nullptr) {
+      Row b = driver.RunPhase("baseline", baseline->socket(), baseline->pid(), transport, n,
+                              seconds);
+      b.section = section;
+      out.push_back(b);
+    }
+    return out;
+  };
   const std::string floor_socket = driver.dir() + "/floor.sock";
   const std::string floor_fd_socket = driver.dir() + "/floor-fd.sock";
   const std::string floor_async_socket = driver.dir() + "/floor-async.sock";
@@ -542,7 +575,7 @@ int RunDriver() {
   }
   std::vector<Row> rows;
   auto emit = [&](Row r) {
-    if (r.target == "daemon") {
+    if (r.target == "daemon" || r.target == "baseline") {
       for (const Row& f : rows) {
         if (f.section == r.section && f.target == "floor" && f.transport == r.transport &&
             f.clients == r.clients && f.pairs_per_s > 0 && f.p50 > 0) {
@@ -564,7 +597,7 @@ int RunDriver() {
   for (int c : counts) {
     for (const char* transport : {"stream", "unary"}) {
       emit(driver.RunPhase("floor", floor_socket, floor.pid(), transport, c, seconds));
-      emit(driver.RunPhase("daemon", daemon.socket(), daemon.pid(), transport, c, seconds));
+      for (Row& r : daemon_rows("load", transport, c)) emit(r);
     }
   }
   if (absl::GetFlag(FLAGS_anatomy)) {
@@ -583,9 +616,7 @@ int RunDriver() {
           c.section = "anatomy";
           emit(c);
         }
-        Row d = driver.RunPhase("daemon", daemon.socket(), daemon.pid(), transport, 1, seconds);
-        d.section = "anatomy";
-        emit(d);
+        for (Row& r : daemon_rows("anatomy", transport, 1)) emit(r);
       }
     }
   }
@@ -602,6 +633,31 @@ int RunDriver() {
                          : 0.0);
     }
   }
+  if (baseline != nullptr && !json) {
+    // after/before of the two figures a refactor must keep.
+    auto find = [&](const char* target, int n) -> const Row* {
+      for (const Row& r : rows) {
+        if (r.section == "load" && r.target == target && r.transport == "stream" &&
+            r.clients == n) {
+          return &r;
+        }
+      }
+      return nullptr;
+    };
+    const Row* d4 = find("daemon", 4);
+    const Row* b4 = find("baseline", 4);
+    const Row* d1 = find("daemon", 1);
+    const Row* b1 = find("baseline", 1);
+    if (d4 != nullptr && b4 != nullptr && b4->x_floor_pairs > 0) {
+      printf("after/before: 4-client stream pairs/s x floor %.3f / %.3f = %.3f\n",
+             d4->x_floor_pairs, b4->x_floor_pairs, d4->x_floor_pairs / b4->x_floor_pairs);
+    }
+    if (d1 != nullptr && b1 != nullptr && b1->x_floor_p50 > 0) {
+      printf("after/before: 1-client stream p50 x floor %.3f / %.3f = %.3f\n",
+             d1->x_floor_p50, b1->x_floor_p50, d1->x_floor_p50 / b1->x_floor_p50);
+    }
+  }
+  if (baseline != nullptr) baseline->Stop();
   for (testing::ChildProcess* f : {&floor, &floor_fd, &floor_async}) f->Kill(SIGTERM);
   for (testing::ChildProcess* f : {&floor, &floor_fd, &floor_async}) f->Wait();
   const int stopped = daemon.Stop();

@@ -21,20 +21,11 @@
 #include "gtest/gtest.h"
 #include "server/backend/sim_backend.h"
 #include "server/core/memory_broker.h"
-#include "server/service/stats_proto.h"
+#include "tests/core/stats_of.h"
 #include "tests/backend/faulty_backend.h"
 
 namespace gpumem {
 namespace {
-
-// What GetStats would answer `caller` (the core's view, rendered), without
-// the counters of what was done so far: the state, for before/after compares.
-v1::GetStatsResponse StatsOf(const MemoryBroker& broker, const PeerCred& caller,
-                             bool include_slabs = false) {
-  v1::GetStatsResponse s = RenderStats(broker.Stats(caller, include_slabs));
-  s.clear_counters();
-  return s;
-}
 
 using testing::FaultyBackend;
 

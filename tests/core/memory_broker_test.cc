@@ -3,7 +3,7 @@
 // sleeping children forked before the broker's threads start, so that
 // sessions really end when a child is killed.
 #include "server/core/memory_broker.h"
-#include "server/service/stats_proto.h"
+#include "tests/core/stats_of.h"
 
 #include <signal.h>
 #include <sys/mman.h>
@@ -38,15 +38,6 @@
 
 namespace gpumem {
 namespace {
-
-// What GetStats would answer `caller` (the core's view, rendered), without
-// the counters of what was done so far: the state, for before/after compares.
-v1::GetStatsResponse StatsOf(const MemoryBroker& broker, const PeerCred& caller,
-                             bool include_slabs = false) {
-  v1::GetStatsResponse s = RenderStats(broker.Stats(caller, include_slabs));
-  s.clear_counters();
-  return s;
-}
 
 using ::gpumem::v1::AllocateRequest;
 using ::gpumem::v1::AllocateResponse;

@@ -1,5 +1,7 @@
 #include "tests/integration/daemon_fixture.h"
 
+#include <dirent.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -50,6 +52,17 @@ std::string RunfilePath(const std::string& rel) {
   return std::string(srcdir) + "/" + (ws ? ws : "gpumemd") + "/" + rel;
 }
 
+int ThreadCount(pid_t pid) {
+  DIR* d = opendir(("/proc/" + std::to_string(pid) + "/task").c_str());
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(d);
+  return n;
+}
+
 std::string MakeTempDir() {
   char tmpl[] = "/tmp/gpumemd-test-XXXXXX";
   char* d = mkdtemp(tmpl);
@@ -77,7 +90,8 @@ DaemonProcess::~DaemonProcess() {
 bool DaemonProcess::Start() {
   // A private ledger unless the test names one (a later flag wins); lock
   // order checked on every acquisition (a cycle aborts the daemon).
-  std::vector<std::string> argv = {RunfilePath("server/gpumemd"), "--socket=" + socket_,
+  std::vector<std::string> argv = {binary_.empty() ? RunfilePath("server/gpumemd") : binary_,
+                                   "--socket=" + socket_,
                                    "--ledger=" + dir_ + "/ledger.db",
                                    "--mutex_deadlock_detection"};
   argv.insert(argv.end(), args_.begin(), args_.end());

@@ -19,6 +19,9 @@ namespace testing {
 // Path of a binary in this test's runfiles, e.g. "server/gpumemd".
 std::string RunfilePath(const std::string& workspace_relative);
 
+// The number of threads of process `pid` (-1 if it is gone).
+int ThreadCount(pid_t pid);
+
 // A fresh directory under /tmp (short enough for a Unix socket path),
 // mode 0755 so that tests may run clients as another uid.
 std::string MakeTempDir();
@@ -26,6 +29,9 @@ std::string MakeTempDir();
 class DaemonProcess {
  public:
   explicit DaemonProcess(std::vector<std::string> extra_args = {});
+  // Another gpumemd binary than the runfiles' (benchmarks: an earlier build
+  // beside this one). Before Start().
+  void SetBinary(std::string path) { binary_ = std::move(path); }
   ~DaemonProcess();
 
   // Starts the daemon and waits up to 10 s for its socket. False on failure.
@@ -43,6 +49,7 @@ class DaemonProcess {
 
  private:
   std::vector<std::string> args_;
+  std::string binary_;
   std::string dir_;
   std::string socket_;
   std::string log_;

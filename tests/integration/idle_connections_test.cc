@@ -18,6 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
 #include "client/client.h"
 #include "common/fd_channel.h"
 #include "gtest/gtest.h"
@@ -29,16 +32,7 @@ namespace {
 
 using testing::DaemonClientTest;
 
-int Threads(pid_t pid) {
-  DIR* d = opendir(("/proc/" + std::to_string(pid) + "/task").c_str());
-  if (d == nullptr) return -1;
-  int n = 0;
-  while (struct dirent* e = readdir(d)) {
-    if (e->d_name[0] != '.') ++n;
-  }
-  closedir(d);
-  return n;
-}
+int Threads(pid_t pid) { return testing::ThreadCount(pid); }
 
 int Connect(const std::string& path) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -183,6 +177,80 @@ TEST_F(IdleConnectionsTest, AThousandConnectedClientsCostNoThreadEach) {
   EXPECT_EQ(now.first, sessions_before);
   EXPECT_EQ(now.second, used_before);
   EXPECT_LE(Threads(daemon_->pid()), before + 4);
+}
+
+// Reflection is the one method gRPC serves synchronously (a thread per
+// open stream): 64 reflection streams held open add only a bounded number
+// of daemon threads (calls past the bound are refused), and reflection and
+// every other call keep working.
+TEST_F(IdleConnectionsTest, OpenReflectionStreamsAreBoundedInThreads) {
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(client_->GetStats().ok());
+  const int before = Threads(daemon_->pid());
+  auto channel = grpc::CreateChannel("unix:" + daemon_->socket(),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  constexpr int kStreams = 64;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::GenericClientAsyncReaderWriter>> calls;
+  for (int i = 0; i < kStreams; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    calls.push_back(stub.PrepareCall(
+        contexts.back().get(), "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        &cq));
+    calls.back()->StartCall(reinterpret_cast<void*>(static_cast<intptr_t>(i + 1)));
+  }
+  for (int i = 0; i < kStreams; ++i) {
+    void* tag;
+    bool ok;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int during = Threads(daemon_->pid());
+  std::cerr << "daemon threads: " << before << " before, " << during << " with " << kStreams
+            << " reflection streams open\n";
+  EXPECT_LE(during, before + 6);  // a thread per stream would be +64
+  auto b = client_->Allocate(1 << 20);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->Free().ok());
+  for (auto& ctx : contexts) ctx->TryCancel();
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+  calls.clear();
+  contexts.clear();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Reflection answers again once the streams are gone (what grpcurl list does).
+  auto fresh = grpc::CreateChannel("unix:" + daemon_->socket(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub again(fresh);
+  grpc::ClientContext ctx;
+  grpc::CompletionQueue cq2;
+  auto call = again.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                &cq2);
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq2.Next(&tag, &ok));
+  EXPECT_TRUE(ok);
+  // list_services = "*" (field 7), as bytes: tag 0x3a, length 1, '*'.
+  grpc::Slice request_slice(std::string("\x3a\x01*", 3));
+  grpc::ByteBuffer request(&request_slice, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq2.Next(&tag, &ok));
+  EXPECT_TRUE(ok);
+  grpc::ByteBuffer reply;
+  call->Read(&reply, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq2.Next(&tag, &ok));
+  EXPECT_TRUE(ok) << "no reflection answer";
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(reply.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  EXPECT_NE(bytes.find("gpumem.v1.GpuMemory"), std::string::npos);
+  ctx.TryCancel();
+  cq2.Shutdown();
+  while (cq2.Next(&tag, &ok)) {
+  }
 }
 
 TEST_F(IdleConnectionsTest, GarbageIsClosedAtOnceAndTheDaemonKeepsServing) {

@@ -32,20 +32,11 @@
 #include "server/ledger/tenant_ledger.h"
 #include "server/quota/quota_book.h"
 #include "server/core/memory_broker.h"
-#include "server/service/stats_proto.h"
+#include "tests/core/stats_of.h"
 #include "server/tenants/tenant_directory.h"
 
 namespace gpumem {
 namespace {
-
-// What GetStats would answer `caller` (the core's view, rendered), without
-// the counters of what was done so far: the state, for before/after compares.
-v1::GetStatsResponse StatsOf(const MemoryBroker& broker, const PeerCred& caller,
-                             bool include_slabs = false) {
-  v1::GetStatsResponse s = RenderStats(broker.Stats(caller, include_slabs));
-  s.clear_counters();
-  return s;
-}
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uid_t kUidX = 4242;
