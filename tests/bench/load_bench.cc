@@ -501,7 +501,7 @@ void PrintRow(const Row& r) {
          r.target.c_str(), r.transport.c_str(), r.clients, r.pairs_per_s, r.p50, r.p99,
          r.p999, static_cast<unsigned long long>(r.errors), r.cpu_us_per_pair,
          r.switches_per_pair);
-  if (r.target == "daemon" && r.x_floor_pairs > 0) {
+  if ((r.target == "daemon" || r.target == "baseline") && r.x_floor_pairs > 0) {
     printf("   %5.2fx %5.2fx", r.x_floor_pairs, r.x_floor_p50);
   }
   printf("\n");
