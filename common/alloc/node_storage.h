@@ -11,18 +11,17 @@
 //   * Without a PagePopulator, Prepare does the work in the calling thread:
 //     it makes usable and faults in (MADV_POPULATE_WRITE) one batch of up to
 //     kBatchBytes of nodes at a time, so one new slot in ~1,000 pays for
-//     fresh memory (a batch: 12-25 us on the development VM, up to 380 us
-//     when the host backs the pages slowly).
+//     fresh memory, a batch at a time.
 //   * With one (the daemon's SlabPool), Prepare only posts a request: the
 //     populator's thread makes the next stretch usable (mprotect) and faults
 //     it in, ahead of the owner by a quarter of what it has handed out
 //     (AheadBytes: a page to 1 MiB of nodes). The owner never waits for it
 //     and takes no lock for it; posting wakes the populator's thread, which
-//     the posting call pays for (a futex wake: 5-30 us on the development
-//     VM, once per stretch, ~60 times on the way to a million ranges). If the owner outruns it (a slab filling
-//     faster than the host backs pages), Prepare makes the next batch usable
-//     itself (mprotect, ~1.3 us) and leaves its pages to fault one at a time
-//     (one page fault per 128 new slots) rather than in a batch.
+//     the posting call pays for (a futex wake, once per stretch). If the owner
+//     outruns it (a slab filling faster than the host backs pages), Prepare
+//     makes the next batch usable itself (one mprotect) and leaves its pages
+//     to fault one at a time (one page fault per 128 new slots) rather than
+//     in a batch.
 //   * Past the reservation (more than `reserve_slots` slots), the arrays
 //     double by mremap (page tables move, bytes do not), in the calling
 //     thread, after any background work on them has finished; the populator

@@ -2,8 +2,8 @@
 // of the search), Free and the bin-list, node-pool and neighbour-flag
 // helpers they are made of. Included at the end of offset_allocator.h and
 // nowhere else, so that callers (the SlabPool, the benchmark) compile the
-// fast paths in place, without a call per operation (measured: see
-// allocator_bench's tuning history). The cold paths (node storage growth,
+// fast paths in place, without a call per operation (tests/bench/
+// RESULTS.md has the measurements). The cold paths (node storage growth,
 // splitting for alignment padding, the exact fallback, statistics,
 // Validate) stay out of line in offset_allocator.cc. The guarantees, the
 // search and the invariants are described in offset_allocator.h.

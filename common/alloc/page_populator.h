@@ -2,10 +2,10 @@
 // use, so that the thread that will write that memory (a request holding
 // SlabPool's lock) does not pay for fresh pages itself.
 //
-// On the development VMs a fresh page costs 1.4 us to fault in and up to
-// 15-40 us when the host has to back it; a batch of them in one Allocate
-// call took up to 380 us (allocator_bench). Work posted here runs on this
-// thread, in the order posted, one task at a time.
+// Faulting fresh pages in is slow and uneven (the host may have to back
+// them), so a batch of them inside one Allocate call is the allocator's
+// worst stall (tests/bench/RESULTS.md has the figures). Work posted here
+// runs on this thread, in the order posted, one task at a time.
 //
 // Guarantees: Post never blocks on a running task (it takes a mutex that
 // the worker holds only to pop the queue). The thread starts at the first

@@ -1,10 +1,11 @@
 // CqEvent and EventQueue: the completion queues the daemon's async services
 // share, and what their tags point to.
 //
-// The async parts of the daemon (the Stream RPC, the health Watch) share the
-// completion queues StreamService drains: every thread blocked on a server
-// completion queue also polls every connection, so each extra queue thread
-// costs every call wake-ups (README, "Hot path"). A queue's thread calls
+// Every async part of the daemon (the unary calls, the Stream RPC, the
+// health Watch) shares the completion queues of EventQueues
+// (event_queues.h): every thread blocked on a server completion queue also
+// polls every connection, so each extra queue thread costs every call
+// wake-ups. A queue's thread calls
 // OnEvent(ok) of each tag it dequeues; the object behind the tag decides
 // what the event means and may delete its owner.
 //

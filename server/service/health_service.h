@@ -3,9 +3,9 @@
 //
 // Why not grpc::EnableDefaultHealthCheckService: in gRPC 1.51 on Linux the
 // default implementation uses the callback API, which starts a pool of
-// "nexting" threads that poll every connection of the server; with them a
-// stream round trip passed through extra threads, and load_bench measured
-// about twice the daemon CPU per Allocate+Free pair (README, "Hot path").
+// "nexting" threads that poll every connection of the server, so every
+// call of the daemon passes through extra threads (tests/bench/RESULTS.md,
+// "Hot path", has what it cost).
 //
 // What it answers:
 //  - Check: SERVING for "" (the whole daemon) and "gpumem.v1.GpuMemory"
