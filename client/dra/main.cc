@@ -24,6 +24,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/dra/api_server.h"
@@ -212,7 +214,18 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "gpumemd-dra: Kubernetes DRA kubelet plugin for gpumemd memory (see deploy/README.md)");
-  absl::ParseCommandLine(argc, argv);
+      "Kubernetes DRA kubelet plugin for gpumemd memory (see deploy/README.md)");
+  // --help lists this file's flags (Abseil's default looks for a file named
+  // after the program).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "client/dra/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::cerr << "gpumemd-dra: unexpected argument \"" << rest[1] << "\" (see --help)\n";
+    return 2;
+  }
   return gpumem::dra::Main();
 }
