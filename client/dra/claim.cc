@@ -126,7 +126,7 @@ absl::StatusOr<ClaimAllocation> ParseClaim(const std::string& body, const ClaimR
       if (!cc.is_object()) {
         return bad(absl::InvalidArgumentError(absl::StrCat(where, ".consumedCapacity is not an object")));
       }
-      for (const std::string key : {std::string("memory"), driver + "/memory"}) {
+      for (const std::string& key : {std::string("memory"), driver + "/memory"}) {
         if (!cc.contains(key)) continue;
         if (!cc[key].is_string()) {
           return bad(absl::InvalidArgumentError(
