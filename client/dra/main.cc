@@ -14,7 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -88,17 +90,25 @@ absl::StatusOr<uint64_t> QuantityFlag(const char* name, const std::string& v) {
   return b;
 }
 
-// A gRPC server on one Unix socket (a stale socket file is replaced).
+// A gRPC server on one Unix socket (a stale socket file is replaced). The
+// socket is bound under a temporary name and renamed into place once it
+// listens: the kubelet dials a registration socket as soon as inotify shows
+// it, and a socket bound but not yet listening refuses connections.
 absl::StatusOr<std::unique_ptr<grpc::Server>> Serve(const std::string& path,
                                                     std::vector<grpc::Service*> services) {
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  unlink(path.c_str());
+  const std::string tmp = path + ".new";
+  unlink(tmp.c_str());
   grpc::ServerBuilder b;
-  b.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
+  b.AddListeningPort("unix:" + tmp, grpc::InsecureServerCredentials());
   for (grpc::Service* s : services) b.RegisterService(s);
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-  if (!server) return absl::UnavailableError(absl::StrCat("cannot listen on ", path));
+  if (!server) return absl::UnavailableError(absl::StrCat("cannot listen on ", tmp));
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ",
+                                               std::strerror(errno)));
+  }
   return server;
 }
 
