@@ -27,7 +27,9 @@ if ds is None:
 spec = ds["spec"]["template"]["spec"]
 if spec.get("hostPID") or spec.get("hostIPC") or spec.get("hostNetwork"):
     fail("the DaemonSet must not share the host's PID/IPC/network namespace")
-(c,) = spec["containers"]
+c = next((c for c in spec["containers"] if c["name"] == "gpumemd"), None)
+if c is None:
+    fail("no gpumemd container in the DaemonSet")
 args = dict(a[2:].split("=", 1) for a in c["args"])
 sock = args["socket"]
 mount = next(m for m in c["volumeMounts"] if sock.startswith(m["mountPath"] + "/"))
