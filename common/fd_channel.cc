@@ -38,14 +38,18 @@ absl::StatusOr<int> ConnectFdChannel(const std::string& socket_path) {
 namespace {
 
 // One request and its response; *fd gets an attached fd (else -1).
+// `give_fd` is attached to the request; `payload` follows it.
 absl::Status Call(int channel, SlabOp op, uint64_t slab_id, SlabResponse* resp,
-                  int* fd) {
+                  int* fd, int give_fd = -1, const std::string& payload = "") {
   SlabRequest req;
   memcpy(req.magic, kFdChannelMagic, 4);
   req.version = kFdChannelVersion;
   req.op = static_cast<uint16_t>(op);
   req.slab_id = slab_id;
-  absl::Status s = WriteAll(channel, &req, sizeof(req));
+  std::string bytes(reinterpret_cast<const char*>(&req), sizeof(req));
+  bytes += payload;
+  absl::Status s = give_fd >= 0 ? SendWithFd(channel, bytes.data(), bytes.size(), give_fd)
+                                : WriteAll(channel, bytes.data(), bytes.size());
   if (!s.ok()) return s;
   s = RecvWithFd(channel, resp, sizeof(*resp), fd);
   if (!s.ok()) return s;
@@ -78,6 +82,31 @@ absl::StatusOr<std::string> HelloFdChannel(int channel) {
   s = ReadAll(channel, token.data(), token.size());
   if (!s.ok()) return s;
   return token;
+}
+
+absl::Status GiveSlabFd(int channel, uint64_t slab_id, int fd) {
+  if (fd < 0) return absl::InvalidArgumentError("no fd to give");
+  SlabResponse resp;
+  int got = -1;
+  absl::Status s = Call(channel, SlabOp::kGiveSlab, slab_id, &resp, &got, fd);
+  if (got >= 0) close(got);
+  return s;
+}
+
+absl::Status RebindFdChannel(int channel, const std::string& token) {
+  if (token.empty() || token.size() > kFdChannelMaxMessage) {
+    return absl::InvalidArgumentError("a session token is 1 to 1024 bytes");
+  }
+  SlabResponse resp;
+  int got = -1;
+  absl::Status s = Call(channel, SlabOp::kRebind, token.size(), &resp, &got, -1, token);
+  if (got >= 0) close(got);
+  if (!s.ok()) return s;
+  if (resp.message_len > kFdChannelMaxMessage) {
+    return absl::InternalError("slab channel: oversized token");
+  }
+  std::string answered(resp.message_len, '\0');
+  return ReadAll(channel, answered.data(), answered.size());
 }
 
 absl::StatusOr<SlabFd> RequestSlabFd(int channel, uint64_t slab_id) {

@@ -22,6 +22,16 @@
 //               when the connection closes) and answers with the session's
 //               token as the message bytes; the client sends it as gRPC
 //               metadata kSessionTokenHeader. Others get no token.
+//   kGiveSlab   after a daemon restart (ResumeResponse.needs_handle): the
+//               caller hands back the handle of a slab it holds open, as
+//               the fd attached to this request; the daemon checks it is
+//               that slab's (same memory) and of the caller's tenant.
+//   kRebind     after a daemon restart, instead of kHello: binds the
+//               restored connection-bound session whose token follows the
+//               request (slab_id: the token's length, at most
+//               kFdChannelMaxMessage) to this connection; answers the
+//               token. Refused (PERMISSION_DENIED) for a token that is
+//               unknown, of another uid, rebound already or expired.
 // A connection that sends anything else is closed.
 #ifndef GPUMEMD_COMMON_FD_CHANNEL_H_
 #define GPUMEMD_COMMON_FD_CHANNEL_H_
@@ -37,7 +47,13 @@ inline constexpr char kFdChannelMagic[4] = {'G', 'M', 'S', 'L'};
 inline constexpr uint16_t kFdChannelVersion = 2;
 inline constexpr uint32_t kFdChannelMaxMessage = 1024;
 
-enum class SlabOp : uint16_t { kOpenSlab = 1, kCloseSlab = 2, kHello = 3 };
+enum class SlabOp : uint16_t {
+  kOpenSlab = 1,
+  kCloseSlab = 2,
+  kHello = 3,
+  kGiveSlab = 4,
+  kRebind = 5,
+};
 
 // gRPC metadata key carrying a connection-bound session's token.
 inline constexpr char kSessionTokenHeader[] = "gpumem-session-token";
@@ -75,6 +91,14 @@ absl::Status CloseSlabFd(int channel, uint64_t slab_id);
 
 // Client side: the hello; the session token, empty when none is needed.
 absl::StatusOr<std::string> HelloFdChannel(int channel);
+
+// Client side, after a restart: hands `fd` (a slab's handle, still the
+// caller's) back for `slab_id`.
+absl::Status GiveSlabFd(int channel, uint64_t slab_id, int fd);
+
+// Client side, after a restart: binds the restored session of `token` to
+// this channel.
+absl::Status RebindFdChannel(int channel, const std::string& token);
 
 }  // namespace gpumem
 

@@ -7,6 +7,9 @@
 //    nothing);
 //  - SIGTERM/SIGINT: Drain (a second one cuts the wait short), then Stop,
 //    exit 0.
+//  - SIGUSR2: StopForRestart, exit kRestartExitStatus (75): everything is
+//    kept for the next daemon (deploy/gpumemd.service sends it for stop and
+//    restart, and restarts on this status).
 // Start-up errors are one line on stderr and exit status 1.
 #include <signal.h>
 #include <sys/resource.h>
@@ -62,6 +65,12 @@ ABSL_FLAG(std::optional<std::string>, metrics_listen, std::nullopt,
           "serve Prometheus metrics over HTTP on HOST:PORT, e.g. 127.0.0.1:9464");
 ABSL_FLAG(std::optional<std::string>, ledger, std::nullopt,
           "the ledger file (SQLite; directory created), or none to keep no ledger");
+ABSL_FLAG(std::optional<std::string>, state, std::nullopt,
+          "where what a restart needs is kept (a file, on tmpfs), or none to keep "
+          "nothing (a restart then closes every allocation)");
+ABSL_FLAG(std::optional<double>, restore_grace_seconds, std::nullopt,
+          "after a restart, how long clients have to come back before what they "
+          "held is closed");
 ABSL_FLAG(std::optional<int>, stream_threads, std::nullopt,
           "completion queues (one thread each) serving every gRPC call");
 ABSL_FLAG(std::optional<int>, stream_backend_threads, std::nullopt,
@@ -94,11 +103,16 @@ CommandLine FromFlags() {
   c.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
   c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   c.ledger = absl::GetFlag(FLAGS_ledger);
+  c.state = absl::GetFlag(FLAGS_state);
+  c.restore_grace_seconds = absl::GetFlag(FLAGS_restore_grace_seconds);
   c.stream_threads = absl::GetFlag(FLAGS_stream_threads);
   c.stream_backend_threads = absl::GetFlag(FLAGS_stream_backend_threads);
   c.query_threads = absl::GetFlag(FLAGS_query_threads);
   return c;
 }
+
+// EX_TEMPFAIL: stopped for a restart (deploy/gpumemd.service restarts on it).
+constexpr int kRestartExitStatus = 75;
 
 int Fail(const absl::Status& s) {
   std::cerr << "gpumemd: " << s.message() << std::endl;
@@ -120,6 +134,7 @@ int Run() {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGHUP);
+  sigaddset(&signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
   // Every client holds a connection or two: allow as many fds as the hard
@@ -135,6 +150,10 @@ int Run() {
 
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) daemon.Reload().IgnoreError();
+  if (sig == SIGUSR2) {
+    daemon.StopForRestart();
+    return kRestartExitStatus;
+  }
 
   // A second SIGTERM/SIGINT ends the drain at once; SIGHUP stays pending (a
   // reload while stopping means nothing).

@@ -105,6 +105,46 @@ uint32_t OffsetAllocator::SplitAfter(uint32_t i, uint64_t keep) {
   return t;
 }
 
+bool OffsetAllocator::AllocateAt(uint64_t offset, uint64_t size, Block* out) {
+  if (size == 0 || offset >= capacity_ || size > capacity_ - offset) return false;
+  uint32_t i = phys_head_;
+  if (restore_cursor_ != kNone && restore_cursor_ < num_slots_ &&
+      IsFree(node(restore_cursor_)) && node(restore_cursor_).offset <= offset) {
+    i = restore_cursor_;
+  }
+  while (i != kNone && node(i).offset + node(i).size <= offset) i = node(i).next_phys;
+  if (i == kNone || !IsFree(node(i)) || node(i).offset > offset) return false;
+  const uint64_t pad = offset - node(i).offset;
+  if (size > node(i).size - pad) return false;
+  const uint32_t bin = BinIndex(node(i).size);
+  if (pad == 0) {
+    Take<false>(i, bin, size, /*alignment=*/1, out);
+  } else {
+    // As Take's padded case, with the padding given: it stays free in node
+    // i, the block goes to a new node u and the rest to another new node.
+    const uint32_t u = SplitAfter(i, pad);
+    Rebin<false>(i, bin);
+    if (node(u).size > size) {
+      const uint32_t t = SplitAfter(u, size);
+      InsertFree(t, BinIndex(node(t).size));
+      slot_flags(u) = Flags(kPrevIsFree | kNextIsFree);
+    } else {
+      slot_flags(u) = Flags(kPrevIsFree);
+      ClearFlag(NeighbourFlags(node(u).next_phys), kPrevIsFree);
+    }
+    Node& b = node(u);
+    b.prev_free = kUsed;
+    b.next_free = kNone;
+    used_bytes_ += size;
+    ++live_blocks_;
+    out->offset = b.offset;
+    out->size = size;
+    out->handle = u;
+  }
+  restore_cursor_ = node(out->handle).next_phys;  // the free rest, if any
+  return true;
+}
+
 // Step 3 of the search, the exact fallback (see the header).
 __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
     uint64_t size, uint64_t alignment, uint32_t own_bin, uint32_t up_bin,

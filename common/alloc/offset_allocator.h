@@ -133,6 +133,13 @@ class OffsetAllocator {
   // `block` must be a live block returned by Allocate (checked; a mismatch
   // aborts the process, since it means the caller corrupted its state).
   void Free(const Block& block);
+  // Takes exactly [offset, offset + size), if it lies inside one free range:
+  // how a block that an earlier owner of the slab handed out is taken again
+  // (a restart restoring its allocations). False, changing nothing, when
+  // the range overlaps a live block, leaves the slab or is empty. O(1) per
+  // block when blocks are restored in increasing offset order (a cursor
+  // remembers where the last one ended), O(ranges) otherwise.
+  bool AllocateAt(uint64_t offset, uint64_t size, Block* out);
 
   uint64_t capacity() const { return capacity_; }
   uint64_t used_bytes() const { return used_bytes_; }  // sum of asked sizes
@@ -293,6 +300,7 @@ class OffsetAllocator {
   Flags flags_scratch_{};
   uint64_t exact_searches_ = 0;
   uint64_t exact_ranges_ = 0;
+  uint32_t restore_cursor_ = kNone;  // AllocateAt: where to start looking
 };
 
 }  // namespace gpumem

@@ -25,7 +25,7 @@ uint64_t Admission::kicks() const {
 
 absl::StatusOr<uint64_t> Admission::Enqueue(std::unique_ptr<Waiter>& waiter, uint64_t seen) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) return absl::FailedPreconditionError("gpumemd is shutting down");
+  if (stopping_) return stop_answer_;
   const uint32_t limit =
       waiter->max_waiting() > 0 ? waiter->max_waiting() : options_.max_waiting_per_tenant;
   uint32_t& count = per_tenant_[waiter->tenant()];
@@ -72,10 +72,11 @@ void Admission::Cancel(uint64_t ticket) {
   wake_.notify_one();
 }
 
-void Admission::Stop() {
+void Admission::Stop(absl::Status answer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ && !thread_.joinable()) return;
+    if (!stopping_) stop_answer_ = std::move(answer);
     stopping_ = true;
     wake_.notify_one();
   }
@@ -116,6 +117,7 @@ void Admission::Run() {
     std::vector<std::unique_ptr<Waiter>> exited, cancelled, expired, stopped;
     std::vector<uint64_t> pass;
     bool stop = false;
+    absl::Status stop_answer;
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto due = [this] {
@@ -133,6 +135,7 @@ void Admission::Run() {
       }
       if (stopping_) {
         stop = true;
+        stop_answer = stop_answer_;
         while (!entries_.empty()) stopped.push_back(TakeLocked(entries_.begin()->first));
       } else {
         if (!ended_sessions_.empty()) {
@@ -159,9 +162,7 @@ void Admission::Run() {
         }
       }
     }
-    for (auto& w : stopped) {
-      Answer(std::move(w), absl::FailedPreconditionError("gpumemd is shutting down"));
-    }
+    for (auto& w : stopped) Answer(std::move(w), stop_answer);
     if (stop) return;
     for (auto& w : exited) {
       Answer(std::move(w), absl::FailedPreconditionError("the waiting process has exited"));

@@ -120,9 +120,10 @@ class Admission {
   // The transport gave up on the request (its caller went away): answered
   // CANCELLED unless it was answered already.
   void Cancel(uint64_t ticket);
-  // Answers every waiter FAILED_PRECONDITION "gpumemd is shutting down",
-  // refuses new ones, and joins the thread. Idempotent.
-  void Stop();
+  // Answers every waiter with `answer` (FAILED_PRECONDITION "gpumemd is
+  // shutting down" by default), refuses new ones, and joins the thread.
+  // Idempotent.
+  void Stop(absl::Status answer = absl::FailedPreconditionError("gpumemd is shutting down"));
 
   // Requests waiting now, in all and per tenant id.
   uint64_t waiting() const;
@@ -148,6 +149,7 @@ class Admission {
   uint64_t kicks_ = 0;
   bool serve_ = false;  // a pass over the waiters is due
   bool stopping_ = false;
+  absl::Status stop_answer_;
   uint64_t next_ticket_ = 1;
   absl::flat_hash_map<uint64_t, Entry> entries_;
   WaiterQueue<uint64_t> order_;                         // serving order

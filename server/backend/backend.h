@@ -65,6 +65,15 @@ const char* HandleKindName(HandleKind kind);
 absl::StatusOr<HandleKind> ParseHandleKind(const std::string& name);
 inline bool HandleKindUsesFd(HandleKind kind) { return kind != HandleKind::kCudaIpc; }
 
+// What identifies a slab's handle, so that a handle met again after a
+// restart (from systemd's fd store, or given back by a client) can be told
+// to be that slab's: a memfd's inode and device numbers; zero where the
+// backend has no such identity.
+struct SlabIdentity {
+  uint64_t ino = 0;
+  uint64_t dev = 0;
+};
+
 // A device's memory as its driver reports it (cuMemGetInfo): includes what
 // processes other than the daemon hold.
 struct DriverMemInfo {
@@ -86,6 +95,8 @@ class Slab {
   }
   // Zeroes [offset, offset + length).
   virtual absl::Status Scrub(uint64_t offset, uint64_t length) = 0;
+  // See SlabIdentity.
+  virtual SlabIdentity Identity() const { return {}; }
 };
 
 class Backend {
@@ -108,6 +119,14 @@ class Backend {
   }
   // Bytes in live slabs on `device`.
   virtual uint64_t SlabBytes(uint32_t device) const = 0;
+  // A restart: the slab of `bytes` a previous daemon made on `device`, from
+  // a handle it kept (`fd`, which the backend takes: it is closed on
+  // failure), if the handle is that slab's (`identity`, as Slab::Identity()
+  // gave it then). FAILED_PRECONDITION saying what does not match;
+  // UNIMPLEMENTED for a kind whose memory does not outlive its exporter.
+  virtual absl::StatusOr<std::unique_ptr<Slab>> AdoptSlab(uint32_t device, uint64_t bytes,
+                                                          HandleKind kind, int fd,
+                                                          const SlabIdentity& identity);
   // The driver's own free/total figures; UNIMPLEMENTED where there is no
   // driver (sim).
   virtual absl::StatusOr<DriverMemInfo> DriverMemory(uint32_t device) const {

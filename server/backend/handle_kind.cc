@@ -1,4 +1,7 @@
-// Names of HandleKind, as --handle_kinds and the config spell them.
+// Names of HandleKind, as --handle_kinds and the config spell them; the
+// default Backend::AdoptSlab.
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "server/backend/backend.h"
 
@@ -19,6 +22,13 @@ absl::StatusOr<HandleKind> ParseHandleKind(const std::string& name) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown handle kind '", name, "' (known: memfd, cuda_vmm_fd, cuda_ipc)"));
+}
+
+absl::StatusOr<std::unique_ptr<Slab>> Backend::AdoptSlab(uint32_t, uint64_t, HandleKind kind,
+                                                        int fd, const SlabIdentity&) {
+  if (fd >= 0) close(fd);
+  return absl::UnimplementedError(absl::StrCat(
+      "the ", name(), " backend cannot take back ", HandleKindName(kind), " slabs"));
 }
 
 }  // namespace gpumem

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "absl/status/status.h"
@@ -33,6 +34,11 @@ class SimBackend::SimSlab : public Slab {
           absl::StrCat("cannot duplicate slab fd: ", strerror(errno)));
     }
     return fd;
+  }
+  SlabIdentity Identity() const override {
+    struct stat st;
+    if (fstat(fd_, &st) != 0) return {};
+    return SlabIdentity{static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev)};
   }
   absl::Status Scrub(uint64_t offset, uint64_t length) override {
     if (offset > size_ || length > size_ - offset) {
@@ -132,6 +138,46 @@ absl::StatusOr<std::unique_ptr<Slab>> SimBackend::CreateSlab(uint32_t device,
     return absl::ResourceExhaustedError(
         absl::StrCat("memfd for a ", FormatBytes(bytes), " slab: ", strerror(e)));
   }
+  return std::unique_ptr<Slab>(new SimSlab(device, bytes, fd, &used));
+}
+
+absl::StatusOr<std::unique_ptr<Slab>> SimBackend::AdoptSlab(uint32_t device, uint64_t bytes,
+                                                            HandleKind kind, int fd,
+                                                            const SlabIdentity& identity) {
+  auto refuse = [fd](absl::Status s) {
+    close(fd);
+    return s;
+  };
+  if (device >= devices_.size()) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat("no device ", device)));
+  }
+  if (kind != HandleKind::kMemfd) {
+    return refuse(absl::InvalidArgumentError("the sim backend takes back memfd slabs only"));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return refuse(absl::FailedPreconditionError("the handle is not a memfd"));
+  }
+  if (identity.ino == 0 || static_cast<uint64_t>(st.st_ino) != identity.ino ||
+      static_cast<uint64_t>(st.st_dev) != identity.dev) {
+    return refuse(absl::FailedPreconditionError(
+        "the handle is not the slab's (another file than the one the daemon made)"));
+  }
+  if (static_cast<uint64_t>(st.st_size) != bytes) {
+    return refuse(absl::FailedPreconditionError(absl::StrCat(
+        "the handle is ", st.st_size, " bytes; the slab was ", bytes)));
+  }
+  const uint64_t total = devices_[device].total_bytes;
+  std::atomic<uint64_t>& used = slab_bytes_[device];
+  uint64_t cur = used.load();
+  do {
+    if (bytes > total - cur) {
+      return refuse(absl::ResourceExhaustedError(absl::StrCat(
+          "device ", device, " has ", FormatBytes(total - cur), " left for slabs, ",
+          FormatBytes(bytes), " to take back")));
+    }
+  } while (!used.compare_exchange_weak(cur, cur + bytes));
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
   return std::unique_ptr<Slab>(new SimSlab(device, bytes, fd, &used));
 }
 

@@ -7,7 +7,9 @@
 // reads as zeros when new, and is shared with clients by passing its fd, so
 // the bytes a client writes are really seen by every other importer. Scrub
 // punches the range out (zeros, and gives the RAM back). Slabs are
-// HandleKind::kMemfd, the only kind it makes; no driver figures.
+// HandleKind::kMemfd, the only kind it makes; no driver figures. A memfd
+// outlives the daemon while anything holds it (systemd's fd store, a
+// client), so a restarted daemon takes its slabs back (AdoptSlab).
 //
 // Thread-safe: CreateSlab and slab destruction may run on any thread.
 #ifndef GPUMEMD_SERVER_BACKEND_SIM_BACKEND_H_
@@ -41,6 +43,12 @@ class SimBackend : public Backend {
   absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device, uint64_t bytes,
                                                    HandleKind kind) override;
   uint64_t SlabBytes(uint32_t device) const override;
+  // The memfd of a slab a previous daemon made: checked to be a memfd of
+  // `bytes` whose inode is `identity`'s (so a client cannot pass off another
+  // file as a slab), and counted against the device like a new slab.
+  absl::StatusOr<std::unique_ptr<Slab>> AdoptSlab(uint32_t device, uint64_t bytes,
+                                                  HandleKind kind, int fd,
+                                                  const SlabIdentity& identity) override;
 
   // Simulates a slow driver: CreateSlab on `device` sleeps `delay` first (a
   // real one spends milliseconds in cuMemCreate, map and memset). Call

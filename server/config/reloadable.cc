@@ -129,6 +129,10 @@ std::vector<std::string> RestartOnlyChanges(const Settings& running, const Setti
   }
   if (a.pool().slab_size() != b.pool().slab_size()) changed.push_back("pool.slab_size");
   if (a.ledger() != b.ledger()) changed.push_back("ledger");
+  if (a.state() != b.state()) changed.push_back("state");
+  if (a.restore_grace_seconds() != b.restore_grace_seconds()) {
+    changed.push_back("restore_grace_seconds");
+  }
   return changed;
 }
 

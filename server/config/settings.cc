@@ -129,6 +129,23 @@ absl::StatusOr<Settings> ResolveSettings(const CommandLine& flags, const std::st
   }
 
   Pick(&s.ledger, flags.ledger, NonEmpty(file.ledger()));
+  Pick(&s.state, flags.state, NonEmpty(file.state()));
+  if (s.state.value.empty()) s.state.value = absl::StrCat(s.socket.value, ".state");
+  if (s.state.value != "none" && s.state.value[0] != '/') {
+    return Bad(s.state.source, "state", "state", "must be an absolute path or none");
+  }
+  std::optional<double> grace_file;
+  if (file.restore_grace_seconds() > 0) grace_file = file.restore_grace_seconds();
+  const std::optional<double> grace =
+      flags.restore_grace_seconds.has_value() ? flags.restore_grace_seconds : grace_file;
+  if (grace.has_value()) {
+    const Source from = flags.restore_grace_seconds.has_value() ? Source::kFlag : Source::kConfig;
+    if (!(*grace >= 0 && *grace <= 86400)) {
+      return Bad(from, "restore_grace_seconds", "restore_grace_seconds",
+                 "must be in [0, 86400]");
+    }
+    s.restore_grace = {absl::Seconds(*grace), from};
+  }
   Pick(&s.metrics_listen, flags.metrics_listen, std::optional<std::string>());
 
   Pick(&s.drain_seconds, flags.drain_seconds, std::optional<double>());
@@ -176,6 +193,8 @@ std::string DefaultsText() {
       " --empty_slab_release_seconds=", absl::ToDoubleSeconds(d.empty_slab_release.value),
       " --reserve_fraction=", d.reserve_fraction.value, " --drain_seconds=",
       d.drain_seconds.value, " --ledger=", d.ledger.value,
+      " --state=<the socket's path>.state --restore_grace_seconds=",
+      absl::ToDoubleSeconds(d.restore_grace.value),
       " --stream_threads=", d.queue_threads.value,
       " --stream_backend_threads=", d.backend_threads.value,
       " --query_threads=", d.query_threads.value,

@@ -46,6 +46,8 @@ struct CommandLine {
   std::optional<double> drain_seconds;
   std::optional<std::string> metrics_listen;
   std::optional<std::string> ledger;
+  std::optional<std::string> state;
+  std::optional<double> restore_grace_seconds;
   std::optional<int> stream_threads;
   std::optional<int> stream_backend_threads;
   std::optional<int> query_threads;
@@ -82,6 +84,12 @@ struct Settings {
   // Empty: every kind the backend makes, its preferred first.
   Setting<std::vector<HandleKind>> handle_kinds{{}};
   Setting<std::string> ledger{"/var/lib/gpumemd/ledger.db"};  // "none": off
+  // What a restart needs (server/state/durable_state.h): "none" keeps
+  // nothing; empty (the default) is the socket's path with ".state".
+  Setting<std::string> state{""};
+  // After a restart, how long clients have to come back (re-present their
+  // blocks, give back a slab's handle) before what they held is closed.
+  Setting<absl::Duration> restore_grace{absl::Seconds(30)};
   Setting<std::string> metrics_listen{""};                    // "": off
   Setting<double> drain_seconds{0.0};
   Setting<int> queue_threads{1};    // completion queues, one thread each

@@ -2,12 +2,15 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace gpumem {
 
 AllocationTable::AllocationTable(ledger::TenantLedger* ledger,
-                                 std::function<std::string(uint32_t)> tenant_name)
+                                 std::function<std::string(uint32_t)> tenant_name,
+                                 state::DurableState* state)
     : ledger_(ledger),
+      state_(state),
       tenant_name_(std::move(tenant_name)),
       next_id_(ledger != nullptr ? ledger->first_allocation_id() : 1) {}
 
@@ -30,19 +33,37 @@ absl::StatusOr<std::vector<uint64_t>> AllocationTable::Commit(
     return absl::FailedPreconditionError("the calling process has exited");
   }
   next_id_ = id;
+  const int64_t now = state_ != nullptr ? absl::GetCurrentTimeNanos() : 0;
   for (size_t i = 0; i < records.size(); ++i) {
     AllocationRecord& r = records_[ids[i]];
     r = records[i];
     r.session = &session;
+    if (state_ != nullptr) {
+      state::AllocationRecordData d;
+      d.id = ids[i];
+      d.session = session.id();
+      d.slab_id = r.block.slab_id;
+      d.offset = r.block.offset;
+      d.size = r.block.size;
+      d.charged = r.charged;
+      d.time_ns = now;
+      d.uid = r.uid;
+      d.pid = r.pid;
+      d.tenant = r.tenant;
+      d.device = r.device;
+      r.state_slot = state_->PutAllocation(d);
+    }
     AppendEvent(ledger::EventKind::kAllocate, ids[i], r);
   }
   return ids;
 }
 
 AllocationRecord AllocationTable::EraseLocked(
-    absl::flat_hash_map<uint64_t, AllocationRecord>::iterator it, ledger::EventKind why) {
+    absl::flat_hash_map<uint64_t, AllocationRecord>::iterator it, ledger::EventKind why,
+    const std::string& detail) {
   AllocationRecord r = it->second;
-  AppendEvent(why, it->first, r);
+  AppendEvent(why, it->first, r, detail);
+  if (state_ != nullptr) state_->RemoveAllocation(r.state_slot);
   r.session->RemoveAllocation(SessionBlock{it->first, r.device, r.block.size});
   records_.erase(it);
   return r;
@@ -50,7 +71,7 @@ AllocationRecord AllocationTable::EraseLocked(
 
 absl::StatusOr<AllocationRecord> AllocationTable::Take(
     uint64_t id, const std::function<absl::Status(const AllocationRecord&)>& may_take,
-    ledger::EventKind why) {
+    ledger::EventKind why, const std::string& detail) {
   absl::MutexLock lock(&mu_);
   auto it = records_.find(id);
   if (it == records_.end()) {
@@ -58,17 +79,18 @@ absl::StatusOr<AllocationRecord> AllocationTable::Take(
         "no live allocation ", id, " (never allocated, already freed, or its process exited)"));
   }
   if (absl::Status ok = may_take(it->second); !ok.ok()) return ok;
-  return EraseLocked(it, why);
+  return EraseLocked(it, why, detail);
 }
 
 std::vector<AllocationRecord> AllocationTable::TakeAll(const std::vector<uint64_t>& ids,
-                                                       ledger::EventKind why) {
+                                                       ledger::EventKind why,
+                                                       const std::string& detail) {
   std::vector<AllocationRecord> out;
   out.reserve(ids.size());
   absl::MutexLock lock(&mu_);
   for (uint64_t id : ids) {
     auto it = records_.find(id);
-    if (it != records_.end()) out.push_back(EraseLocked(it, why));
+    if (it != records_.end()) out.push_back(EraseLocked(it, why, detail));
   }
   return out;
 }
@@ -79,10 +101,30 @@ std::vector<AllocationRecord> AllocationTable::Clear(ledger::EventKind why) {
   out.reserve(records_.size());
   for (const auto& [id, r] : records_) {
     AppendEvent(why, id, r);
+    if (state_ != nullptr) state_->RemoveAllocation(r.state_slot);
     out.push_back(r);
   }
   records_.clear();
   return out;
+}
+
+absl::Status AllocationTable::Restore(uint64_t id, AllocationRecord record, Session& session) {
+  absl::MutexLock lock(&mu_);
+  if (records_.contains(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("allocation ", id, " restored twice"));
+  }
+  if (!session.AddAllocations({SessionBlock{id, record.device, record.block.size}})) {
+    return absl::FailedPreconditionError("its session has ended");
+  }
+  record.session = &session;
+  records_[id] = record;
+  next_id_ = std::max(next_id_, id + 1);
+  return absl::OkStatus();
+}
+
+void AllocationTable::AdvanceIdsPast(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  next_id_ = std::max(next_id_, id + 1);
 }
 
 size_t AllocationTable::size() const {
@@ -97,7 +139,7 @@ void AllocationTable::ForEach(
 }
 
 void AllocationTable::AppendEvent(ledger::EventKind kind, uint64_t id,
-                                  const AllocationRecord& r) {
+                                  const AllocationRecord& r, const std::string& detail) {
   if (ledger_ == nullptr) return;
   ledger::LedgerEvent e;
   e.kind = kind;
@@ -108,6 +150,7 @@ void AllocationTable::AppendEvent(ledger::EventKind kind, uint64_t id,
   e.device = static_cast<int32_t>(r.device);
   e.bytes = r.charged;
   e.allocation_id = id;
+  e.detail = detail;
   ledger_->Append(std::move(e));
 }
 

@@ -16,6 +16,10 @@
 //    order is the table's. The caller gives the block back to its pool and
 //    credits its quota after taking the record: replaying the ledger never
 //    shows a tenant holding more than it did.
+//  - Durable: with a DurableState, every live allocation is recorded there
+//    in the same critical section that adds it (before anyone is answered)
+//    and its record goes when it leaves, so a restarted daemon finds exactly
+//    the allocations that were live (server/state/).
 //  - A record's session pointer is valid while the record is in the table:
 //    a session object outlives the TakeAll of its ids (the session's end
 //    callback holds it), and every other removal happens under the lock.
@@ -40,6 +44,7 @@
 #include "server/ledger/tenant_ledger.h"
 #include "server/pool/slab_pool.h"
 #include "server/session/session.h"
+#include "server/state/durable_state.h"
 
 namespace gpumem {
 
@@ -53,6 +58,7 @@ struct AllocationRecord {
   pid_t pid = 0;
   uint32_t tenant = 0;
   uint32_t device = 0;
+  uint32_t state_slot = state::kNoSlot;  // its durable record
 };
 
 class AllocationTable {
@@ -60,7 +66,8 @@ class AllocationTable {
   // `ledger` may be null (no events); `tenant_name` names tenant ids in
   // events. Both must outlive the table.
   AllocationTable(ledger::TenantLedger* ledger,
-                  std::function<std::string(uint32_t tenant)> tenant_name);
+                  std::function<std::string(uint32_t tenant)> tenant_name,
+                  state::DurableState* state = nullptr);
 
   // Adds `records` (all of `session`) and returns their ids, in order;
   // FAILED_PRECONDITION "the calling process has exited" (and nothing
@@ -73,25 +80,35 @@ class AllocationTable {
   // allocation is live. `why` is its ending event.
   absl::StatusOr<AllocationRecord> Take(
       uint64_t id, const std::function<absl::Status(const AllocationRecord&)>& may_take,
-      ledger::EventKind why);
+      ledger::EventKind why, const std::string& detail = "");
   // Removes those of `ids` still live (a session's, at its end).
   std::vector<AllocationRecord> TakeAll(const std::vector<uint64_t>& ids,
-                                        ledger::EventKind why);
+                                        ledger::EventKind why, const std::string& detail = "");
   // Removes every record (daemon shutdown).
   std::vector<AllocationRecord> Clear(ledger::EventKind why);
+
+  // A restart: allocation `id` as a previous daemon recorded it (durable
+  // record `slot`), for its restored session; no ledger event (the ledger
+  // reconciles what survived as a whole). FAILED_PRECONDITION if the session
+  // ended, ALREADY_EXISTS for an id restored twice.
+  absl::Status Restore(uint64_t id, AllocationRecord record, Session& session);
+  // New allocations get ids above `id`.
+  void AdvanceIdsPast(uint64_t id);
 
   size_t size() const;
   // Visits every live record under the lock (keep `visit` short).
   void ForEach(const std::function<void(uint64_t id, const AllocationRecord&)>& visit) const;
 
  private:
-  void AppendEvent(ledger::EventKind kind, uint64_t id, const AllocationRecord& r)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AppendEvent(ledger::EventKind kind, uint64_t id, const AllocationRecord& r,
+                   const std::string& detail = "") ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases `it` and forgets it in its session.
   AllocationRecord EraseLocked(absl::flat_hash_map<uint64_t, AllocationRecord>::iterator it,
-                               ledger::EventKind why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                               ledger::EventKind why, const std::string& detail)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ledger::TenantLedger* const ledger_;
+  state::DurableState* const state_;
   const std::function<std::string(uint32_t)> tenant_name_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_);

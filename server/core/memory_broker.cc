@@ -91,7 +91,7 @@ class MemoryBroker::RequestWaiter final : public admission::Waiter {
  private:
   AllocateAnswer Attempt() {
     absl::ReaderMutexLock gate(&broker_->gate_);
-    if (broker_->shut_down_) return ShuttingDown();
+    if (broker_->shut_down_) return broker_->ShuttingDown();
     return broker_
         ->Place(caller_, *session_, tenant_ref_, prepared_, PoolCarver::Mode::kMayCallBackend)
         .answer;
@@ -105,7 +105,11 @@ class MemoryBroker::RequestWaiter final : public admission::Waiter {
   const AllocateCallback done_;
 };
 
-absl::Status MemoryBroker::ShuttingDown() {
+absl::Status MemoryBroker::ShuttingDown() const {
+  if (restarting_.load()) {
+    return absl::UnavailableError(
+        "gpumemd is restarting: send the request again once it is back");
+  }
   return absl::FailedPreconditionError("gpumemd is shutting down");
 }
 
@@ -117,8 +121,12 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
                        : nullptr),
       tenants_(options_.tenants != nullptr ? options_.tenants : own_tenants_.get()),
       pools_(backend, options_.pool),
-      table_(options_.ledger, [this](uint32_t tenant) { return TenantName(tenant); }),
+      table_(options_.ledger, [this](uint32_t tenant) { return TenantName(tenant); },
+             options_.state),
       admission_(options_.admission) {
+  if (options_.slab_keeper != nullptr) {
+    for (uint32_t d = 0; d < pools_.size(); ++d) pools_.pool(d).SetKeeper(options_.slab_keeper);
+  }
   placer_options_.default_alignment = options_.default_alignment;
   for (const DeviceInfo& d : backend_->devices()) {
     std::vector<PeerLink>& row = peer_rows_.emplace_back();
@@ -129,7 +137,8 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
   sessions_ = std::make_unique<SessionRegistry>(
       [this](const std::shared_ptr<Session>& session, std::vector<uint64_t> ids) {
         OnSessionEnd(session, std::move(ids));
-      });
+      },
+      options_.state);
   if (options_.quotas != nullptr) {  // quotas count retained bytes
     options_.quotas->SetRetainedSource([this](uint32_t tenant, uint32_t device) {
       return pools_.pool(device).TenantRetained(tenant);
@@ -190,7 +199,21 @@ void MemoryBroker::Maintain() {
   while (!stopping_) {
     stop_mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.maintenance_interval);
     if (stopping_) break;
-    pools_.ReleaseIdleSlabs(absl::Now());
+    const absl::Time now = absl::Now();
+    pools_.ReleaseIdleSlabs(now);
+    bool finish = false;
+    {
+      absl::MutexLock lock(&restore_mu_);
+      if (now >= restore_deadline_) {
+        restore_deadline_ = absl::InfiniteFuture();
+        finish = true;
+      }
+    }
+    if (finish) {
+      stop_mu_.Unlock();  // FinishRestore takes the gate, as every call does
+      FinishRestore();
+      stop_mu_.Lock();
+    }
   }
 }
 
@@ -206,6 +229,25 @@ void MemoryBroker::Shutdown() {
   shut_down_ = true;
   counters_.Returned(table_.Clear(ledger::EventKind::kDaemonStop).size());
   pools_.ReleaseAll();  // retained slabs too
+  if (options_.state != nullptr) options_.state->Clear();  // nothing left to carry over
+}
+
+void MemoryBroker::ShutdownForRestart() {
+  {
+    absl::MutexLock stop(&stop_mu_);
+    stopping_ = true;
+  }
+  if (maintenance_.joinable()) maintenance_.join();
+  restarting_.store(true);
+  admission_.Stop(absl::UnavailableError(
+      "gpumemd is restarting: send the request again once it is back"));
+  // Once no call is in flight (every answer given was recorded), what is
+  // kept stays as it is now, for the next daemon: no event, no release.
+  absl::WriterMutexLock gate(&gate_);
+  if (shut_down_) return;
+  if (options_.state != nullptr) options_.state->Freeze();
+  if (options_.slab_keeper != nullptr) options_.slab_keeper->Freeze();
+  shut_down_ = true;
 }
 
 absl::StatusOr<HandleKind> MemoryBroker::RequestedKind(
@@ -451,7 +493,14 @@ MemoryBroker::Placed MemoryBroker::Place(const PeerCred& caller, Session& sessio
   return placed;
 }
 
-std::string MemoryBroker::TenantName(uint32_t id) const { return tenants_->Get()->NameOf(id); }
+std::string MemoryBroker::TenantName(uint32_t id) const {
+  {
+    absl::MutexLock lock(&restore_mu_);
+    auto it = restored_names_.find(id);
+    if (it != restored_names_.end()) return it->second;
+  }
+  return tenants_->Get()->NameOf(id);
+}
 
 void MemoryBroker::Return(const std::vector<AllocationRecord>& records) {
   if (records.empty()) return;

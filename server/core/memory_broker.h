@@ -67,6 +67,17 @@
 //  - Shutdown answers every waiter, waits for calls in flight, releases
 //    every allocation and slab (retained ones too), and from then on every
 //    call answers FAILED_PRECONDITION "gpumemd is shutting down".
+//    ShutdownForRestart does the same but releases nothing and records
+//    nothing: what it kept (BrokerOptions::state, slab_keeper) is left as
+//    it is for the next daemon.
+//  - A restart loses nothing (memory_broker_restore.cc): Restore takes back
+//    what a previous daemon kept — its sessions whose processes still run,
+//    its slabs (with their handles from systemd's fd store, or waiting for a
+//    client to give one back), every allocation of those in its exact place
+//    and charge, with its id — before anything is served. Clients confirm
+//    with Resume; what cannot survive (legacy IPC memory, a slab whose
+//    handle never comes back within restore_grace, a session whose process
+//    is gone) is closed, saying why.
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef GPUMEMD_SERVER_CORE_MEMORY_BROKER_H_
@@ -74,12 +85,15 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -96,6 +110,7 @@
 #include "server/quota/quota_book.h"
 #include "server/session/admin_group.h"
 #include "server/session/session_registry.h"
+#include "server/state/durable_state.h"
 #include "server/tenants/tenant_directory.h"
 
 namespace gpumem {
@@ -110,6 +125,13 @@ struct BrokerOptions {
   // How often idle slabs are looked for.
   absl::Duration maintenance_interval = absl::Seconds(1);
   admission::AdmissionOptions admission;
+  // What a restart needs is kept as it happens: the durable records
+  // (server/state/) and slabs' handles (server/restart/). May be null.
+  state::DurableState* state = nullptr;
+  SlabKeeper* slab_keeper = nullptr;
+  // How long after a restart clients have to come back (rebind a
+  // connection-bound session, give back a slab's handle).
+  absl::Duration restore_grace = absl::Seconds(30);
   // Tenants (the directory in force, replaced by reloads), quotas and the
   // ledger; each may be null (each uid its own tenant, no quota, no
   // ledger). They must outlive the broker.
@@ -137,6 +159,42 @@ class MemoryBroker {
   void StopWaiting();
   // Releases every allocation and slab; later calls fail. Idempotent.
   void Shutdown();
+  // Stops serving for a restart: waiters are answered UNAVAILABLE, nothing
+  // is released, recorded or closed (state and keeper frozen). Idempotent.
+  void ShutdownForRestart();
+
+  // ---- A restart ----
+  struct RestoreOutcome {
+    size_t sessions = 0, sessions_gone = 0;
+    size_t slabs = 0, slabs_awaiting_handle = 0, slabs_dropped = 0;
+    size_t allocations = 0, allocations_closed = 0;
+    std::vector<uint64_t> dropped_slabs;  // their records (and stored fds) go
+    std::vector<std::pair<uint64_t, uint64_t>> dropped_holders;  // (slab, session)
+    std::vector<uint64_t> refused_handles;  // kept handles the backend refused
+    // For the ledger (TenantLedger::Resume): the allocations that survived,
+    // as ALLOCATE events at their own time, and why the others were closed.
+    std::vector<ledger::LedgerEvent> survivors;
+    std::map<uint64_t, std::string> closed;
+    std::vector<std::string> notes;  // what was dropped and why, a line each
+    std::string Summary() const;
+  };
+  // Before serving, after Start: takes back what `previous` recorded, with
+  // the slab handles of `slab_fds` (taken: each is adopted or closed).
+  RestoreOutcome Restore(const state::Snapshot& previous, std::map<uint64_t, int> slab_fds);
+  // A client re-presents what it held (proto ResumeRequest).
+  absl::StatusOr<v1::ResumeResponse> Resume(const PeerCred& caller,
+                                            const v1::ResumeRequest& request);
+  // A client gives back the handle of a slab waiting for it (`fd` taken).
+  // Accepted only from a session of the slab's tenant, and only if it is
+  // that slab's handle (Backend::AdoptSlab checks).
+  absl::Status AcceptSlabHandle(const PeerCred& caller, uint64_t slab_id, int fd);
+  // A client of a restored connection-bound session binds its new slab
+  // channel to it with the session's token.
+  absl::StatusOr<std::shared_ptr<Session>> RebindConnection(const PeerCred& caller,
+                                                            absl::string_view token);
+  // The name of tenant `id` (restored tenants the config no longer has
+  // included; "uid:N" without configured tenants).
+  std::string TenantName(uint32_t id) const;
   // Waits until no allocation is live or `timeout` passes; true if none is.
   bool WaitUntilNoAllocations(absl::Duration timeout);
   size_t live_allocations() const;
@@ -240,7 +298,7 @@ class MemoryBroker {
     AllocateAnswer answer;
   };
 
-  static absl::Status ShuttingDown();
+  absl::Status ShuttingDown() const;
   absl::StatusOr<HandleKind> RequestedKind(const v1::AllocateRequest& request) const;
   AllocateOutcome Serve(const PeerCred& caller, const v1::AllocateRequest& request,
                         AllocateCallback on_waited, PoolCarver::Mode mode);
@@ -266,8 +324,10 @@ class MemoryBroker {
   void RequestReclaim(const Session& requester, uint64_t bytes_wanted,
                       const absl::Status& refusal);
   void OnSessionEnd(const std::shared_ptr<Session>& session, std::vector<uint64_t> ids);
-  std::string TenantName(uint32_t id) const;
   void Maintain();
+  // The grace time after a restart is over: slabs whose handle did not come
+  // back lose their blocks; connection-bound sessions nobody rebound end.
+  void FinishRestore();
 
   Backend* backend_;
   BrokerOptions options_;
@@ -287,10 +347,21 @@ class MemoryBroker {
   // exclusively, so it waits for calls in flight and none starts after.
   mutable absl::Mutex gate_;
   bool shut_down_ ABSL_GUARDED_BY(gate_) = false;
+  std::atomic<bool> restarting_{false};  // shut down by ShutdownForRestart
 
   ReclaimSender reclaim_sender_;  // set before serving, then read only
 
   std::unique_ptr<SessionRegistry> sessions_;
+
+  // After a Restore: names of restored tenants the directory no longer has
+  // (ids of their own), why closed allocations were closed, and the
+  // restored allocations of each session not yet confirmed by its Resume.
+  mutable absl::Mutex restore_mu_;
+  absl::flat_hash_map<uint32_t, std::string> restored_names_ ABSL_GUARDED_BY(restore_mu_);
+  std::map<uint64_t, std::string> closed_ ABSL_GUARDED_BY(restore_mu_);
+  absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> unconfirmed_
+      ABSL_GUARDED_BY(restore_mu_);
+  absl::Time restore_deadline_ ABSL_GUARDED_BY(restore_mu_) = absl::InfiniteFuture();
   absl::Mutex stop_mu_;
   bool stopping_ ABSL_GUARDED_BY(stop_mu_) = false;
   std::thread maintenance_;

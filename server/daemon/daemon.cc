@@ -6,8 +6,12 @@
 #include "server/daemon/daemon.h"
 
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <map>
+#include <set>
 #include <iostream>
 #include <optional>
 
@@ -30,6 +34,7 @@
 #include "server/metrics/metrics_endpoint.h"
 #include "server/metrics/stats_collector.h"
 #include "server/quota/quota_book.h"
+#include "server/restart/durable_slab_keeper.h"
 #include "server/service/async_service.h"
 #include "server/service/event_queues.h"
 #include "server/service/gpumem_service.h"
@@ -39,6 +44,8 @@
 #include "server/service/tenant_admin.h"
 #include "server/service/worker_pool.h"
 #include "server/session/peer_credentials.h"
+#include "server/state/durable_state.h"
+#include "server/systemd/fd_store.h"
 #include "server/systemd/listen_fds.h"
 #include "server/systemd/notifier.h"
 #include "server/tenants/tenant_directory.h"
@@ -61,8 +68,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const Settings& s) {
 }
 
 // The ledger at `path` ("none": off), its directory created if missing.
-absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> OpenLedger(const std::string& path) {
+absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> OpenLedger(const std::string& path,
+                                                                  bool defer_recovery) {
   ledger::LedgerOptions options;
+  options.defer_recovery = defer_recovery;
   if (path != "none") {
     options.path = path;
     const std::filesystem::path dir = std::filesystem::path(path).parent_path();
@@ -79,6 +88,11 @@ absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> OpenLedger(const std::stri
   if (!(*opened)->enabled()) {
     std::cerr << "gpumemd: ledger off (--ledger=none): no events are recorded and usage "
                  "history lasts only while this daemon runs\n";
+  } else if (defer_recovery) {
+    std::cerr << "gpumemd: ledger " << path << "; first allocation id "
+              << (*opened)->first_allocation_id() << "; "
+              << (*opened)->deferred_live().size()
+              << " allocation(s) live at the last stop, reconciled with what survived\n";
   } else {
     std::cerr << "gpumemd: ledger " << path << "; first allocation id "
               << (*opened)->first_allocation_id() << "; "
@@ -88,9 +102,21 @@ absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> OpenLedger(const std::stri
   return opened;
 }
 
+// The socket file at `path` is there (a kept listening socket is reachable
+// only through it).
+bool SocketFileIsThere(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
 }  // namespace
 
 struct Daemon::Parts {
+  ListenedFds passed;  // what systemd passed at start (until taken)
+  FdStore fd_store;
+  std::unique_ptr<state::DurableState> state;
+  state::Snapshot previous;  // what the last daemon kept (until restored)
+  std::unique_ptr<DurableSlabKeeper> keeper;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ledger::TenantLedger> ledger;
   tenants::TenantDirectoryHolder directory{tenants::TenantDirectory()};
@@ -111,6 +137,7 @@ struct Daemon::Parts {
   std::unique_ptr<SocketListener> listener;
   SystemdNotifier notifier;
   std::string serving;  // the status line
+  bool listener_stored = false;  // the listening socket is in the fd store
 };
 
 Daemon::Daemon(CommandLine flags, Settings settings,
@@ -124,7 +151,14 @@ Daemon::~Daemon() { Stop(); }
 
 absl::Status Daemon::Start() {
   absl::Status started = StartParts();
-  if (!started.ok()) Stop();
+  if (!started.ok()) {
+    // What the last daemon kept stays kept for the next try.
+    if (parts_->state != nullptr) {
+      StopKeeping(/*quiet=*/true);
+    } else {
+      Stop();
+    }
+  }
   return started;
 }
 
@@ -132,11 +166,31 @@ absl::Status Daemon::StartParts() {
   Parts& p = *parts_;
   const Settings& s = settings_;
 
+  // What systemd passed (an activation socket, what the last daemon kept in
+  // the fd store), taken before anything else can inherit or close it.
+  absl::StatusOr<ListenedFds> passed = TakeListenFds();
+  if (!passed.ok()) return passed.status();
+  p.passed = *std::move(passed);
+  for (const std::string& line : p.passed.dropped) std::cerr << "gpumemd: " << line << "\n";
+
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(s);
   if (!backend.ok()) return backend.status();
   p.backend = *std::move(backend);
 
-  absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> ledger = OpenLedger(s.ledger.value);
+  // What a restart needs, and what the last daemon left there.
+  if (s.state.value != "none") {
+    std::string note;
+    absl::StatusOr<std::unique_ptr<state::DurableState>> opened =
+        state::DurableState::Open(s.state.value, &p.previous, &note);
+    if (!opened.ok()) return opened.status();
+    p.state = *std::move(opened);
+    std::cerr << "gpumemd: state " << s.state.value << ": " << note << "\n";
+  } else {
+    std::cerr << "gpumemd: state off (--state=none): a restart closes every allocation\n";
+  }
+
+  absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> ledger =
+      OpenLedger(s.ledger.value, /*defer_recovery=*/p.state != nullptr);
   if (!ledger.ok()) return ledger.status();
   p.ledger = *std::move(ledger);
   p.quotas = std::make_unique<quota::QuotaBook>(
@@ -151,6 +205,16 @@ absl::Status Daemon::StartParts() {
   options.tenants = &p.directory;
   options.quotas = p.quotas.get();
   options.ledger = p.ledger.get();
+  options.restore_grace = s.restore_grace.value;
+  if (p.state != nullptr) {
+    options.state = p.state.get();
+    // The keeper names tenants through the broker, made just below; it is
+    // called only once the broker serves.
+    p.keeper = std::make_unique<DurableSlabKeeper>(
+        p.state.get(), p.fd_store.enabled() ? &p.fd_store : nullptr,
+        [&p](uint32_t tenant) { return p.broker->TenantName(tenant); });
+    options.slab_keeper = p.keeper.get();
+  }
   p.broker = std::make_unique<MemoryBroker>(p.backend.get(), options);
 
   // The reloadable settings and the tenant section, as every reload applies
@@ -164,6 +228,7 @@ absl::Status Daemon::StartParts() {
   if (absl::Status broker_started = p.broker->Start(); !broker_started.ok()) {
     return broker_started;
   }
+  if (p.state != nullptr) RestoreFromPrevious();
 
   MemoryBroker* broker = p.broker.get();
   p.tenant_admin = std::make_unique<TenantAdmin>(
@@ -219,19 +284,44 @@ absl::Status Daemon::StartParts() {
   p.health.Start(p.queues->first());
   p.queues->Start();
 
-  absl::StatusOr<std::optional<int>> activation = TakeActivationSocket();
-  if (!activation.ok()) return activation.status();
+  // The listening socket: systemd's (socket activation), else the one the
+  // last daemon kept in the fd store (clients' connects waited in its
+  // backlog meanwhile), else a new one, kept in the fd store from now on.
   p.listener = std::make_unique<SocketListener>(s.socket.value, broker, &p.peers);
-  absl::Status bound =
-      activation->has_value() ? p.listener->Adopt(**activation) : p.listener->Bind();
+  absl::Status bound;
+  const bool from_activation = p.passed.socket.has_value() && p.passed.socket_from_activation;
+  bool from_store = p.passed.socket.has_value() && !from_activation;
+  if (from_store && !SocketFileIsThere(s.socket.value)) {
+    // Its file was removed meanwhile: nobody can reach it any more.
+    std::cerr << "gpumemd: the kept listening socket's file " << s.socket.value
+              << " is gone: binding a new socket\n";
+    close(*p.passed.socket);
+    p.fd_store.Remove(kStoredListenName);
+    from_store = false;
+  }
+  if (from_activation) {
+    bound = p.listener->Adopt(*p.passed.socket);
+  } else if (from_store) {
+    bound = p.listener->Adopt(*p.passed.socket, /*owns_path=*/true);
+  } else {
+    bound = p.listener->Bind();
+  }
+  p.passed.socket.reset();
   if (!bound.ok()) return bound;
+  if (from_store) {
+    p.listener_stored = true;
+  } else if (!from_activation && p.fd_store.enabled()) {
+    p.listener_stored = p.fd_store.Deposit(kStoredListenName, p.listener->listen_fd()).ok();
+  }
   if (absl::Status listening = p.listener->Start(p.server.get()); !listening.ok()) {
     return listening;
   }
 
   p.serving = absl::StrCat("serving ", p.backend->devices().size(), " ", p.backend->name(),
                            " device(s) on ", p.listener->path(),
-                           activation->has_value() ? " (socket from systemd)" : "");
+                           from_activation ? " (socket from systemd)"
+                           : from_store    ? " (socket kept over the restart)"
+                                           : "");
   std::cerr << "gpumemd: " << p.serving << "\n";
   for (const DeviceInfo& d : p.backend->devices()) {
     std::cerr << "gpumemd:   device " << d.index << " " << d.uuid << " "
@@ -268,6 +358,70 @@ absl::Status Daemon::StartParts() {
               << "\n";
   }
   return absl::OkStatus();
+}
+
+void Daemon::RestoreFromPrevious() {
+  Parts& p = *parts_;
+  // The slab handles the fd store gave back, by slab id; other names of
+  // ours that are not slabs' are dropped here, saying so.
+  std::map<uint64_t, int> slab_fds;
+  for (const auto& [name, fd] : p.passed.stored) {
+    std::optional<uint64_t> id = SlabIdOfFdName(name);
+    if (!id.has_value() || slab_fds.count(*id) != 0) {
+      std::cerr << "gpumemd: fd store: dropped \"" << name << "\": not a name gpumemd gives\n";
+      close(fd);
+      p.fd_store.Remove(name);
+      continue;
+    }
+    slab_fds[*id] = fd;
+  }
+  p.passed.stored.clear();
+  std::set<uint64_t> handed;  // slabs whose handle came from the store
+  for (const auto& [id, fd] : slab_fds) handed.insert(id);
+
+  const size_t ledger_live = p.ledger->deferred_live().size();
+  if (p.previous.empty() && slab_fds.empty()) {
+    // Nothing carried over: the ledger closes what it had open, if anything.
+    if (ledger_live > 0) {
+      p.ledger->Resume({}, {},
+                       "nothing survived: the last daemon kept no state (a new state file)");
+    }
+    return;
+  }
+  MemoryBroker::RestoreOutcome out = p.broker->Restore(p.previous, std::move(slab_fds));
+
+  // The keeper takes over what it keeps from the last daemon's records; what
+  // did not survive leaves the state file and the fd store.
+  std::set<uint64_t> dropped(out.dropped_slabs.begin(), out.dropped_slabs.end());
+  std::set<uint64_t> refused(out.refused_handles.begin(), out.refused_handles.end());
+  for (const state::SlabRecord& r : p.previous.slabs) {
+    const bool stored = handed.count(r.slab_id) != 0;
+    if (dropped.count(r.slab_id) != 0) {
+      p.state->RemoveSlab(r.slot);
+      if (stored) p.fd_store.Remove(SlabFdName(r.slab_id));
+      continue;
+    }
+    if (stored && refused.count(r.slab_id) != 0) p.fd_store.Remove(SlabFdName(r.slab_id));
+    p.keeper->AdoptSlabRecord(r, stored && refused.count(r.slab_id) == 0);
+  }
+  std::set<std::pair<uint64_t, uint64_t>> dropped_holders(out.dropped_holders.begin(),
+                                                           out.dropped_holders.end());
+  for (const state::HolderRecord& r : p.previous.holders) {
+    if (dropped_holders.count({r.slab_id, r.session}) != 0) {
+      p.state->RemoveHolder(r.slot);
+    } else {
+      p.keeper->AdoptHolderRecord(r);
+    }
+  }
+  const size_t closures = p.ledger->Resume(out.survivors, out.closed, out.Summary());
+  std::cerr << "gpumemd: restart: " << out.Summary() << "; the ledger had " << ledger_live
+            << " open, closed " << closures << " with DAEMON_RESTART\n";
+  for (const std::string& line : out.notes) std::cerr << "gpumemd:   " << line << "\n";
+  if (out.slabs_awaiting_handle > 0) {
+    std::cerr << "gpumemd: clients have " << absl::FormatDuration(settings_.restore_grace.value)
+              << " to give back the handles of " << out.slabs_awaiting_handle << " slab(s)\n";
+  }
+  p.previous = state::Snapshot();
 }
 
 absl::Status Daemon::Reload() {
@@ -317,6 +471,8 @@ absl::Status Daemon::Reload() {
     running.handle_kinds = settings_.handle_kinds;
     running.slab_size = settings_.slab_size;
     running.ledger = settings_.ledger;
+    running.state = settings_.state;
+    running.restore_grace = settings_.restore_grace;
     settings_ = std::move(running);
     locations_ = std::move(locations);
     std::cerr << "gpumemd: reloaded " << settings_.config_path << ": "
@@ -367,6 +523,8 @@ void Daemon::Stop() {
   stopped_ = true;
   Parts& p = *parts_;
   if (p.broker != nullptr) p.broker->StopWaiting();  // nobody answers waiters after
+  // Everything is released: the next daemon starts afresh, on a new socket.
+  if (p.listener_stored) p.fd_store.Remove(kStoredListenName);
   if (p.listener != nullptr) p.listener->Stop();
   if (p.server != nullptr) {
     // In-flight calls are sub-millisecond; idle client connections would
@@ -384,6 +542,40 @@ void Daemon::Stop() {
   if (p.ledger != nullptr) p.ledger->Close();  // commits the DAEMON_STOP events
   p.notifier.StopWatchdog();
   if (served && p.server != nullptr) std::cerr << "gpumemd: stopped; every slab released\n";
+}
+
+void Daemon::StopForRestart() { StopKeeping(/*quiet=*/false); }
+
+void Daemon::StopKeeping(bool quiet) {
+  if (stopped_ || parts_ == nullptr) return;
+  stopped_ = true;
+  Parts& p = *parts_;
+  if (!quiet) {
+    std::cerr << "gpumemd: stopping for a restart: every allocation, slab and session is "
+                 "kept for the next daemon\n";
+    p.notifier.Stopping("stopping for a restart: state kept");
+  }
+  p.health.SetNotServing();
+  // First, while every call is answered and recorded: from now on nothing
+  // kept changes (no release, no event, no record removed).
+  if (p.broker != nullptr) p.broker->ShutdownForRestart();
+  if (p.listener != nullptr) {
+    p.listener->KeepPathAtStop();  // the socket lives on in the fd store
+    p.listener->Stop();
+  }
+  if (p.server != nullptr) {
+    p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
+  }
+  p.metrics.reset();
+  if (p.backend_workers != nullptr) p.backend_workers->Shutdown();
+  if (p.query_workers != nullptr) p.query_workers->Shutdown();
+  if (p.streams != nullptr) p.streams->Close();
+  if (p.queues != nullptr) p.queues->Shutdown();
+  if (p.ledger != nullptr) p.ledger->Close();  // what was recorded is committed
+  p.notifier.StopWatchdog();
+  // The broker is not shut down further: its slabs' handles close with the
+  // process, which the fd store's copies and the clients' mappings outlive.
+  if (!quiet) std::cerr << "gpumemd: stopped for a restart\n";
 }
 
 }  // namespace gpumem

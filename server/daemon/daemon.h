@@ -15,6 +15,9 @@
 //    are answered, health checks say NOT_SERVING, other calls keep working;
 //    the daemon waits up to drain_seconds for live allocations to be freed
 //    (`cut_short` ends the wait: a second signal).
+//  - StopForRestart (SIGUSR2): answers every call, then keeps every
+//    allocation, slab and session as they are for the next daemon (the
+//    state file, systemd's fd store) and exits; nothing is released.
 //  - Stop: stop accepting (the socket file is removed unless systemd owns
 //    it), finish in-flight gRPC calls, drain the worker pools and the
 //    completion queues, release every allocation and slab, commit the
@@ -51,10 +54,18 @@ class Daemon {
   // while waiting, and true ends the wait.
   void Drain(const std::string& why, const std::function<bool()>& cut_short);
   void Stop();
+  // Instead of Drain and Stop (SIGUSR2, and what `systemctl stop` and
+  // `systemctl restart` send under deploy/gpumemd.service): stops serving
+  // and keeps everything for the next daemon; nothing is released.
+  void StopForRestart();
 
  private:
   struct Parts;  // daemon.cc
   absl::Status StartParts();
+  // Before serving: takes back what the last daemon kept (state file, fd
+  // store) and reconciles the ledger with what survived.
+  void RestoreFromPrevious();
+  void StopKeeping(bool quiet);
 
   const CommandLine flags_;
   Settings settings_;

@@ -6,7 +6,9 @@
 // DAEMON_STOP (released at a clean shutdown) and DAEMON_RESTART (live when
 // the daemon died, closed at the next start) take them away. QUOTA_SET and
 // LEDGER_GAP are records only (device -1, and bytes is the new total quota
-// or the count of events lost).
+// or the count of events lost), and so is DAEMON_RESUMED (a daemon started
+// again and carried on with what the one before it left: bytes is the
+// number of allocations that survived, detail says what did not).
 #ifndef GPUMEMD_SERVER_LEDGER_LEDGER_EVENT_H_
 #define GPUMEMD_SERVER_LEDGER_LEDGER_EVENT_H_
 
@@ -27,6 +29,7 @@ enum class EventKind : uint8_t {
   kDaemonRestart,
   kQuotaSet,
   kLedgerGap,
+  kDaemonResumed,
 };
 
 // "ALLOCATE", "FREE", ... as stored in events.kind.

@@ -118,10 +118,11 @@ absl::Status LedgerStore::Exec(const char* sql) {
 }
 
 absl::StatusOr<std::unique_ptr<LedgerStore>> LedgerStore::Open(const std::string& path,
-                                                               int64_t now_ns,
-                                                               int64_t max_page_count) {
+                                                                int64_t now_ns,
+                                                                int64_t max_page_count,
+                                                                bool defer) {
   std::unique_ptr<LedgerStore> store(new LedgerStore(path));
-  absl::Status s = store->Init(now_ns, max_page_count);
+  absl::Status s = store->Init(now_ns, max_page_count, defer);
   if (!s.ok()) return s;
   return store;
 }
@@ -135,7 +136,7 @@ LedgerStore::~LedgerStore() {
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
 }
 
-absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count) {
+absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defer) {
   const std::string lock_path = path_ + "-lock";
   lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) {
@@ -190,7 +191,7 @@ absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count) {
     Exec("ROLLBACK").IgnoreError();
     return s;
   }
-  s = Recover(now_ns);
+  s = Recover(now_ns, defer);
   if (!s.ok()) { Exec("ROLLBACK").IgnoreError(); return s; }
   if (s = Exec("COMMIT"); !s.ok()) { Exec("ROLLBACK").IgnoreError(); return s; }
 
@@ -203,7 +204,7 @@ absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count) {
   return absl::OkStatus();
 }
 
-absl::Status LedgerStore::Recover(int64_t now_ns) {
+absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
   Recovery& r = recovery_;
   {
     Stmt q;
@@ -275,9 +276,29 @@ absl::Status LedgerStore::Recover(int64_t now_ns) {
       e.device = sqlite3_column_int(q.s, 5);
       e.bytes = sqlite3_column_int64(q.s, 6);
       e.detail = "live when the previous daemon stopped without closing it";
-      r.restart_events.push_back(std::move(e));
+      if (defer) {
+        --r.next_seq;  // not written now
+        e.seq = 0;
+        e.kind = EventKind::kAllocate;
+        e.detail.clear();
+        r.live.push_back(std::move(e));
+      } else {
+        r.restart_events.push_back(std::move(e));
+      }
     }
     if (rc != SQLITE_DONE) return Error("reading live allocations");
+  }
+  if (defer) {
+    // Nothing closed, nothing moved: the daemon reconciles (Resume).
+    Stmt m;
+    if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO meta(key, value) "
+                           "VALUES('allocation_id_reserved', ?)", -1, &m.s,
+                           nullptr) != SQLITE_OK) {
+      return Error("writing meta");
+    }
+    sqlite3_bind_int64(m.s, 1, id_reserved_);
+    if (sqlite3_step(m.s) != SQLITE_DONE) return Error("writing meta");
+    return absl::OkStatus();
   }
   // The daemon was down: no byte-seconds accrue for that time. Each row's
   // clock moves to now before the restart events take the bytes away.

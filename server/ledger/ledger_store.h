@@ -12,7 +12,10 @@
 //  - Open recovers: every allocation still in the `live` table (live when the
 //    last daemon died) gets a DAEMON_RESTART event, leaves `live`, and its
 //    bytes leave current usage, all in one transaction. Byte-seconds are not
-//    accrued for the time the daemon was down.
+//    accrued for the time the daemon was down. With `defer` (a daemon that
+//    may carry on with what the last one left, server/restart/) nothing is
+//    closed: the live rows are returned in Recovery::live, usage stays as it
+//    was, and the daemon reconciles through TenantLedger::Resume.
 //  - Allocation ids never repeat: Open hands out the first id of a fresh
 //    window above every id a previous run could have used, and Commit keeps
 //    the stored high-water mark at least kIdWindow/2 above the highest id
@@ -67,6 +70,7 @@ class LedgerStore {
     uint64_t next_seq = 1;
     uint64_t first_allocation_id = 1;
     std::vector<LedgerEvent> restart_events;  // written by Open
+    std::vector<LedgerEvent> live;            // with defer: the live rows, as ALLOCATEs
     UsageAccount usage;                       // after those events
   };
 
@@ -74,7 +78,8 @@ class LedgerStore {
   // it to make SQLite answer "database or disk is full".
   static absl::StatusOr<std::unique_ptr<LedgerStore>> Open(const std::string& path,
                                                            int64_t now_ns,
-                                                           int64_t max_page_count = 0);
+                                                           int64_t max_page_count = 0,
+                                                           bool defer = false);
   ~LedgerStore();
 
   const Recovery& recovery() const { return recovery_; }
@@ -97,8 +102,8 @@ class LedgerStore {
   LedgerStore(std::string path) : path_(std::move(path)) {}
   absl::Status Error(const char* what) const;
   absl::Status Exec(const char* sql);
-  absl::Status Init(int64_t now_ns, int64_t max_page_count);
-  absl::Status Recover(int64_t now_ns);
+  absl::Status Init(int64_t now_ns, int64_t max_page_count, bool defer);
+  absl::Status Recover(int64_t now_ns, bool defer);
   absl::Status WriteQuotas(const std::vector<QuotaRow>& quotas);
   absl::Status InsertEvent(const LedgerEvent& e);
 

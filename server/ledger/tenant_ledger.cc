@@ -24,12 +24,14 @@ absl::StatusOr<std::unique_ptr<TenantLedger>> TenantLedger::Open(LedgerOptions o
   std::unique_ptr<TenantLedger> ledger(new TenantLedger(std::move(options)));
   if (!ledger->options_.path.empty()) {
     absl::StatusOr<std::unique_ptr<LedgerStore>> store = LedgerStore::Open(
-        ledger->options_.path, absl::GetCurrentTimeNanos(), ledger->options_.max_page_count);
+        ledger->options_.path, absl::GetCurrentTimeNanos(), ledger->options_.max_page_count,
+        ledger->options_.defer_recovery);
     if (!store.ok()) return store.status();
     ledger->store_ = std::move(*store);
     const LedgerStore::Recovery& r = ledger->store_->recovery();
     ledger->first_allocation_id_ = r.first_allocation_id;
     ledger->restart_event_count_ = r.restart_events.size();
+    for (const LedgerEvent& e : r.live) ledger->deferred_live_[e.allocation_id] = e;
     absl::MutexLock lock(&ledger->mu_);
     ledger->next_seq_ = r.next_seq;
     ledger->committed_seq_ = r.next_seq - 1;
@@ -214,6 +216,43 @@ void TenantLedger::WriterLoop() {
     }
     if (stop && queue_.empty() && held.empty()) return;
   }
+}
+
+size_t TenantLedger::Resume(const std::vector<LedgerEvent>& survivors,
+                            const std::map<uint64_t, std::string>& closed,
+                            const std::string& summary) {
+  std::set<uint64_t> alive;
+  for (const LedgerEvent& e : survivors) alive.insert(e.allocation_id);
+  size_t closures = 0;
+  const int64_t now = absl::GetCurrentTimeNanos();
+  for (const auto& [id, e] : deferred_live_) {
+    if (alive.count(id) != 0) continue;
+    LedgerEvent c = e;
+    c.seq = 0;
+    c.time_ns = now;
+    c.kind = EventKind::kDaemonRestart;
+    auto why = closed.find(id);
+    c.detail = why != closed.end() ? why->second
+                                   : "live when the previous daemon stopped; did not survive";
+    Append(std::move(c));
+    ++closures;
+  }
+  for (const LedgerEvent& e : survivors) {
+    if (deferred_live_.count(e.allocation_id) != 0) continue;
+    LedgerEvent a = e;
+    a.seq = 0;
+    a.kind = EventKind::kAllocate;
+    Append(std::move(a));
+  }
+  LedgerEvent r;
+  r.kind = EventKind::kDaemonResumed;
+  r.time_ns = now;
+  r.device = -1;
+  r.bytes = survivors.size();
+  r.detail = summary;
+  Append(std::move(r));
+  deferred_live_.clear();
+  return closures;
 }
 
 }  // namespace ledger

@@ -46,6 +46,9 @@ struct LedgerOptions {
   size_t max_batch = 1000;
   size_t max_held = 1000000;
   int64_t max_page_count = 0;  // tests: see LedgerStore::Open
+  // The daemon may carry on with what the last one left (server/restart/):
+  // live allocations are not closed at Open but reconciled by Resume.
+  bool defer_recovery = false;
 };
 
 struct WriterStats {
@@ -71,6 +74,18 @@ class TenantLedger {
 
   // Queues `e` (seq is assigned; time_ns too when 0).
   void Append(LedgerEvent e);
+
+  // With defer_recovery, once the daemon knows what survived the restart:
+  // every allocation the ledger had live that is not among `survivors` is
+  // closed with DAEMON_RESTART (its detail from `closed` by id, or a
+  // default); every survivor the ledger had not recorded yet (made in the
+  // last moments before the crash) gets its ALLOCATE, at its own time; then
+  // one DAEMON_RESUMED event with `summary`. Usage, peak and byte-seconds
+  // continue from where they were. Returns the number of closures.
+  size_t Resume(const std::vector<LedgerEvent>& survivors,
+                const std::map<uint64_t, std::string>& closed, const std::string& summary);
+  // What Open found live (defer_recovery), by allocation id.
+  const std::map<uint64_t, LedgerEvent>& deferred_live() const { return deferred_live_; }
   // Records a quota in the quotas table with the next commit.
   void SetQuota(QuotaRow row);
   // Replaces the quotas table now (start-up: the config's quotas).
@@ -97,6 +112,7 @@ class TenantLedger {
   std::unique_ptr<LedgerStore> store_;
   uint64_t first_allocation_id_ = 1;
   size_t restart_event_count_ = 0;
+  std::map<uint64_t, LedgerEvent> deferred_live_;
 
   mutable absl::Mutex mu_;
   std::vector<LedgerEvent> queue_ ABSL_GUARDED_BY(mu_);

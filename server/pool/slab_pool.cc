@@ -22,6 +22,43 @@ std::atomic<uint64_t> next_slab_id{1};
 
 }  // namespace
 
+void SlabPool::AdvanceSlabIdsPast(uint64_t id) {
+  uint64_t cur = next_slab_id.load();
+  while (cur <= id && !next_slab_id.compare_exchange_weak(cur, id + 1)) {
+  }
+}
+
+SlabFacts SlabPool::FactsLocked(uint64_t id, const SlabEntry& e) const {
+  SlabFacts f;
+  f.slab_id = id;
+  f.device = device_;
+  f.size = e.size;
+  f.tenant = e.tenant;
+  f.kind = e.kind;
+  f.dedicated = e.dedicated;
+  f.reserved = e.reserved;
+  f.retained = e.retained;
+  f.identity = e.identity;
+  return f;
+}
+
+uint64_t SlabPool::MadeSlab(const Slab& slab, HandleKind kind, uint32_t tenant, bool dedicated,
+                            bool reserved) {
+  const uint64_t id = next_slab_id.fetch_add(1);
+  if (keeper_ != nullptr) {
+    SlabFacts f;
+    f.slab_id = id;
+    f.device = device_;
+    f.size = slab.size();
+    f.tenant = tenant;
+    f.kind = kind;
+    f.dedicated = dedicated;
+    f.reserved = reserved;
+    keeper_->SlabMade(f, &slab);  // kept before any block of it is handed out
+  }
+  return id;
+}
+
 SlabPool::SlabPool(Backend* backend, uint32_t device, PoolOptions options)
     : backend_(backend),
       device_(device),
@@ -43,7 +80,7 @@ uint64_t SlabPool::RoundUp(uint64_t v) const {
 uint64_t SlabPool::UnpooledLocked() const {
   // Backend bytes include retained slabs and slabs whose release is still
   // running outside the lock: both are really held.
-  const uint64_t held = backend_->SlabBytes(device_) + creating_bytes_;
+  const uint64_t held = backend_->SlabBytes(device_) + creating_bytes_ + awaiting_bytes_;
   return held >= total_bytes_ ? 0 : total_bytes_ - held;
 }
 
@@ -62,8 +99,9 @@ absl::Status SlabPool::Reserve() {
     const HandleKind kind = backend_->handle_kinds().front();
     absl::StatusOr<std::unique_ptr<Slab>> slab = backend_->CreateSlab(device_, bytes, kind);
     if (!slab.ok()) return BackendError(slab.status(), "reserving", bytes);
+    const uint64_t id = MadeSlab(**slab, kind, kNoTenant, false, true);
     absl::MutexLock lock(&mu_);
-    AddSlabLocked(std::move(*slab), kind, kNoTenant).second->reserved = true;
+    AddSlabLocked(id, std::move(*slab), kind, kNoTenant).second->reserved = true;
     reserved += bytes;
   }
   return absl::OkStatus();
@@ -77,12 +115,12 @@ absl::Status SlabPool::BackendError(const absl::Status& s, absl::string_view doi
 }
 
 std::pair<uint64_t, SlabPool::SlabEntry*> SlabPool::AddSlabLocked(
-    std::unique_ptr<Slab> slab, HandleKind kind, uint32_t tenant) {
-  const uint64_t id = next_slab_id.fetch_add(1);
+    uint64_t id, std::unique_ptr<Slab> slab, HandleKind kind, uint32_t tenant) {
   SlabEntry& e = slabs_[id];
-  e.allocator = std::make_unique<OffsetAllocator>(slab->size(), /*reserve_slots=*/0,
+  e.size = slab->size();
+  e.allocator = std::make_unique<OffsetAllocator>(e.size, /*reserve_slots=*/0,
                                                   PagePopulator::Shared());
-  pooled_bytes_ += slab->size();
+  pooled_bytes_ += e.size;
   e.slab = std::move(slab);
   e.kind = kind;
   e.tenant = tenant;
@@ -101,7 +139,7 @@ bool SlabPool::TakeLocked(uint64_t id, SlabEntry& e, uint64_t size,
   TenantPoolStats& t = tenants_[e.tenant];
   t.used_bytes += size;
   ++t.live_blocks;
-  *out = PoolBlock{id, e.slab->size(), b.offset, size, b.handle, e.tenant, new_slab};
+  *out = PoolBlock{id, e.size, b.offset, size, b.handle, e.tenant, new_slab};
   out->kind = e.kind;
   out->dedicated = e.dedicated;
   return true;
@@ -141,7 +179,10 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
     absl::MutexLock lock(&mu_);
     if (!dedicated) {
       for (auto& [id, e] : slabs_) {
-        if (e.dedicated || e.retained || e.tenant != tenant || e.kind != kind) continue;
+        if (e.dedicated || e.retained || e.tenant != tenant || e.kind != kind ||
+            e.slab == nullptr) {
+          continue;
+        }
         if (TakeLocked(id, e, size, alignment, false, &r.block)) {
           r.kind = CarveResult::Kind::kBlock;
           return r;
@@ -149,11 +190,13 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
       }
       // A reserved slab nobody has carved from: claimed for good.
       for (auto& [id, e] : slabs_) {
-        if (e.tenant != kNoTenant || e.kind != kind || e.allocator->capacity() < size) {
+        if (e.tenant != kNoTenant || e.kind != kind || e.allocator->capacity() < size ||
+            e.slab == nullptr) {
           continue;
         }
         e.tenant = tenant;
         ++tenants_[tenant].slab_count;
+        if (keeper_ != nullptr) keeper_->SlabChanged(FactsLocked(id, e));
         if (TakeLocked(id, e, size, alignment, false, &r.block)) {
           r.block.claimed_slab = true;
           r.kind = CarveResult::Kind::kBlock;
@@ -198,13 +241,14 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
   }
   // Backend work outside the lock: the capacity is promised meanwhile.
   absl::StatusOr<std::unique_ptr<Slab>> slab = backend_->CreateSlab(device_, bytes, kind);
+  const uint64_t new_id = slab.ok() ? MadeSlab(**slab, kind, tenant, dedicated, false) : 0;
   absl::MutexLock lock(&mu_);
   creating_bytes_ -= bytes;
   if (!slab.ok()) {
     r.error = BackendError(slab.status(), "creating", bytes);
     return r;
   }
-  auto [id, entry] = AddSlabLocked(std::move(*slab), kind, tenant);
+  auto [id, entry] = AddSlabLocked(new_id, std::move(*slab), kind, tenant);
   SlabEntry& e = *entry;
   e.dedicated = dedicated;  // before TakeLocked, which copies it into the block
   if (!TakeLocked(id, e, size, alignment, true, &r.block)) {
@@ -224,13 +268,14 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
 }
 
 bool SlabPool::Releasable(const SlabEntry& e) {
-  return !e.retained && e.holders.empty() && e.allocator->live_blocks() == 0;
+  return !e.retained && e.holders.empty() && e.allocator->live_blocks() == 0 &&
+         e.slab != nullptr;
 }
 
 uint64_t SlabPool::ReleasableLocked() const {
   uint64_t bytes = 0;
   for (const auto& [id, e] : slabs_) {
-    if (Releasable(e)) bytes += e.slab->size();
+    if (Releasable(e)) bytes += e.size;
   }
   return bytes;
 }
@@ -241,7 +286,7 @@ PoolRefusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
   // slab of unpooled capacity and empty slabs nobody holds.
   uint64_t own_free = 0, own_largest = 0;
   for (const auto& [id, e] : slabs_) {
-    if (e.retained || e.tenant != tenant || Releasable(e)) continue;
+    if (e.retained || e.tenant != tenant || Releasable(e) || e.slab == nullptr) continue;
     own_free += e.allocator->free_bytes();
     own_largest = std::max(own_largest, e.allocator->largest_free());
   }
@@ -272,7 +317,7 @@ PoolRefusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
 void SlabPool::ReleaseSlabLocked(std::map<uint64_t, SlabEntry>::iterator it,
                                  Graveyard* dead) {
   SlabEntry& e = it->second;
-  const uint64_t size = e.slab->size();
+  const uint64_t size = e.size;
   if (!e.retained) {
     pooled_bytes_ -= size;
     if (e.tenant != kNoTenant) {
@@ -285,6 +330,7 @@ void SlabPool::ReleaseSlabLocked(std::map<uint64_t, SlabEntry>::iterator it,
       e.retained = true;
       retained_bytes_ += size;
       tenants_[e.tenant].retained_bytes += size;
+      if (keeper_ != nullptr) keeper_->SlabChanged(FactsLocked(it->first, e));
     }
     return;
   }
@@ -297,6 +343,8 @@ void SlabPool::ReleaseSlabLocked(std::map<uint64_t, SlabEntry>::iterator it,
       t->second.retained_bytes == 0 && t->second.live_blocks == 0) {
     tenants_.erase(t);
   }
+  if (e.slab == nullptr) awaiting_bytes_ -= size;
+  if (keeper_ != nullptr) keeper_->SlabGone(it->first);  // before the backend takes it
   dead->push_back(std::move(e.slab));
   slabs_.erase(it);
 }
@@ -339,6 +387,7 @@ void SlabPool::Uncarve(const PoolBlock& block) {
       auto t = tenants_.find(it->second.tenant);
       if (t != tenants_.end()) --t->second.slab_count;
       it->second.tenant = kNoTenant;
+      if (keeper_ != nullptr) keeper_->SlabChanged(FactsLocked(it->first, it->second));
     }
     return;
   }
@@ -383,9 +432,15 @@ absl::StatusOr<T> SlabPool::GiveHandle(uint64_t slab_id, uint32_t tenant, uint64
       return absl::PermissionDeniedError(absl::StrCat(
           "slab ", slab_id, " belongs to another tenant"));
     }
+    if (e->slab == nullptr) {
+      return absl::UnavailableError(absl::StrCat(
+          "slab ", slab_id, " on device ", device_, " is waiting for its handle to come "
+          "back after the daemon restarted (from a client that has it open); try again soon"));
+    }
     // Recorded before the export: from here on the session may hold it.
     newly_held = e->holders.insert(session).second;
     exports_[session].insert(slab_id);
+    if (newly_held && keeper_ != nullptr) keeper_->HolderAdded(slab_id, session);
     slab = e->slab;
   }
   absl::StatusOr<T> given = give(*slab);
@@ -432,7 +487,9 @@ void SlabPool::DropHolderLocked(uint64_t slab_id, uint64_t session,
   }
   auto it = slabs_.find(slab_id);
   if (it == slabs_.end()) return;
-  it->second.holders.erase(session);
+  if (it->second.holders.erase(session) > 0 && keeper_ != nullptr) {
+    keeper_->HolderGone(slab_id, session);
+  }
   if (it->second.retained && it->second.holders.empty()) {
     ReleaseSlabLocked(it, dead);
   }
@@ -498,9 +555,124 @@ void SlabPool::ReleaseAll() {
     all.swap(slabs_);
     exports_.clear();
     tenants_.clear();
-    used_bytes_ = live_blocks_ = pooled_bytes_ = retained_bytes_ = 0;
+    used_bytes_ = live_blocks_ = pooled_bytes_ = retained_bytes_ = awaiting_bytes_ = 0;
+    if (keeper_ != nullptr) {
+      for (const auto& [id, e] : all) keeper_->SlabGone(id);
+    }
   }
   // `all` goes out of scope here: every slab back to the device.
+}
+
+absl::Status SlabPool::AdoptSlab(const SlabFacts& f, std::unique_ptr<Slab> slab) {
+  if (slab != nullptr && slab->size() != f.size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slab ", f.slab_id, ": its handle is ", slab->size(), " bytes, the record says ",
+        f.size));
+  }
+  AdvanceSlabIdsPast(f.slab_id);
+  absl::MutexLock lock(&mu_);
+  if (slabs_.count(f.slab_id) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("slab ", f.slab_id, " restored twice"));
+  }
+  SlabEntry& e = slabs_[f.slab_id];
+  e.size = f.size;
+  e.allocator = std::make_unique<OffsetAllocator>(f.size, 0, PagePopulator::Shared());
+  e.slab = std::move(slab);
+  e.kind = f.kind;
+  e.tenant = f.tenant;
+  e.dedicated = f.dedicated;
+  e.reserved = f.reserved;
+  e.retained = f.retained;
+  e.identity = f.identity;
+  e.empty_since = absl::Now();
+  if (e.retained) {
+    retained_bytes_ += f.size;
+    tenants_[f.tenant].retained_bytes += f.size;
+  } else {
+    pooled_bytes_ += f.size;
+    if (f.tenant != kNoTenant) ++tenants_[f.tenant].slab_count;
+  }
+  if (e.slab == nullptr) awaiting_bytes_ += f.size;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PoolBlock> SlabPool::AdoptBlock(uint64_t slab_id, uint64_t offset,
+                                               uint64_t size) {
+  absl::MutexLock lock(&mu_);
+  SlabEntry* e = FindLocked(slab_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
+  if (e->retained) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "slab ", slab_id, " was released: no block of it is live"));
+  }
+  OffsetAllocator::Block b;
+  if (!e->allocator->AllocateAt(offset, size, &b)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "[", offset, ", +", size, ") is not free in slab ", slab_id, " (", e->size,
+        " bytes): it overlaps another block or lies outside the slab"));
+  }
+  e->empty_since = absl::InfiniteFuture();
+  used_bytes_ += size;
+  ++live_blocks_;
+  TenantPoolStats& t = tenants_[e->tenant];
+  t.used_bytes += size;
+  ++t.live_blocks;
+  PoolBlock out{slab_id, e->size, b.offset, size, b.handle, e->tenant, false};
+  out.kind = e->kind;
+  out.dedicated = e->dedicated;
+  return out;
+}
+
+void SlabPool::AdoptHolder(uint64_t slab_id, uint64_t session, bool record) {
+  absl::MutexLock lock(&mu_);
+  SlabEntry* e = FindLocked(slab_id);
+  if (e == nullptr) return;
+  const bool fresh = e->holders.insert(session).second;
+  exports_[session].insert(slab_id);
+  if (fresh && record && keeper_ != nullptr) keeper_->HolderAdded(slab_id, session);
+}
+
+bool SlabPool::IsHolder(uint64_t slab_id, uint64_t session) const {
+  absl::MutexLock lock(&mu_);
+  auto it = slabs_.find(slab_id);
+  return it != slabs_.end() && it->second.holders.contains(session);
+}
+
+absl::Status SlabPool::CompleteSlab(uint64_t slab_id, std::unique_ptr<Slab> slab) {
+  absl::MutexLock lock(&mu_);
+  SlabEntry* e = FindLocked(slab_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
+  if (e->slab != nullptr) return absl::OkStatus();  // given back already
+  if (slab->size() != e->size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this handle is of ", slab->size(), " bytes; slab ", slab_id, " has ", e->size));
+  }
+  e->slab = std::move(slab);
+  awaiting_bytes_ -= e->size;
+  if (keeper_ != nullptr) {
+    keeper_->SlabMade(FactsLocked(slab_id, *e), e->slab.get());
+  }
+  return absl::OkStatus();
+}
+
+std::vector<SlabFacts> SlabPool::SlabsAwaitingHandles() const {
+  std::vector<SlabFacts> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, e] : slabs_) {
+    if (e.slab == nullptr) out.push_back(FactsLocked(id, e));
+  }
+  return out;
+}
+
+void SlabPool::DropAwaitingSlab(uint64_t slab_id) {
+  Graveyard dead;
+  absl::MutexLock lock(&mu_);
+  auto it = slabs_.find(slab_id);
+  if (it == slabs_.end() || it->second.slab != nullptr ||
+      it->second.allocator->live_blocks() != 0) {
+    return;
+  }
+  ReleaseSlabLocked(it, &dead);
 }
 
 uint64_t SlabPool::used_bytes() const {
@@ -511,7 +683,7 @@ uint64_t SlabPool::used_bytes() const {
 uint64_t SlabPool::LargestCarvableLocked() const {
   uint64_t largest = 0;
   for (const auto& [id, e] : slabs_) {
-    if (e.retained || Releasable(e)) continue;  // releasable: counted below
+    if (e.retained || Releasable(e) || e.slab == nullptr) continue;  // releasable: below
     largest = std::max(largest, e.allocator->largest_free());
   }
   return std::max(largest, RoundDown(UnpooledLocked() + ReleasableLocked()));
@@ -556,7 +728,7 @@ std::vector<SlabStats> SlabPool::Slabs() const {
     SlabStats s;
     s.slab_id = id;
     s.tenant = e.tenant;
-    s.size = e.slab->size();
+    s.size = e.size;
     s.used_bytes = e.allocator->used_bytes();
     s.free_bytes = e.retained ? 0 : e.allocator->free_bytes();
     s.largest_free = e.retained ? 0 : e.allocator->largest_free();
@@ -589,7 +761,7 @@ absl::flat_hash_map<uint64_t, uint64_t> SlabPool::SessionRetained() const {
     for (uint64_t id : ids) {
       auto it = slabs_.find(id);
       if (it != slabs_.end() && it->second.retained) {
-        out[session] += it->second.slab->size();
+        out[session] += it->second.size;
       }
     }
   }
@@ -598,12 +770,12 @@ absl::flat_hash_map<uint64_t, uint64_t> SlabPool::SessionRetained() const {
 
 absl::Status SlabPool::Validate() const {
   absl::MutexLock lock(&mu_);
-  uint64_t used = 0, live = 0, pooled = 0, retained = 0, all = 0;
+  uint64_t used = 0, live = 0, pooled = 0, retained = 0, all = 0, awaiting = 0;
   absl::flat_hash_map<uint32_t, TenantPoolStats> tenants;
   for (const auto& [id, e] : slabs_) {
     absl::Status s = e.allocator->Validate();
     if (!s.ok()) return s;
-    if (e.allocator->capacity() != e.slab->size()) {
+    if (e.allocator->capacity() != e.size) {
       return absl::InternalError(absl::StrCat("slab ", id, ": allocator size mismatch"));
     }
     if (e.dedicated && !e.retained && e.allocator->live_blocks() == 0) {
@@ -627,14 +799,18 @@ absl::Status SlabPool::Validate() const {
     }
     used += e.allocator->used_bytes();
     live += e.allocator->live_blocks();
-    (e.retained ? retained : pooled) += e.slab->size();
-    all += e.slab->size();
+    (e.retained ? retained : pooled) += e.size;
+    if (e.slab != nullptr) {
+      all += e.size;  // what the backend holds; an adopted slab awaiting its handle not
+    } else {
+      awaiting += e.size;
+    }
     if (e.tenant != kNoTenant) {
       TenantPoolStats& t = tenants[e.tenant];
       t.used_bytes += e.allocator->used_bytes();
       t.live_blocks += e.allocator->live_blocks();
       if (e.retained) {
-        t.retained_bytes += e.slab->size();
+        t.retained_bytes += e.size;
       } else {
         ++t.slab_count;
       }
@@ -661,6 +837,9 @@ absl::Status SlabPool::Validate() const {
         it->second.slab_count != t.slab_count) {
       return absl::InternalError(absl::StrCat("tenant ", tenant, ": figures disagree"));
     }
+  }
+  if (awaiting != awaiting_bytes_) {
+    return absl::InternalError("bytes of slabs awaiting their handle disagree");
   }
   if (creating_bytes_ == 0 && (all != backend_->SlabBytes(device_) || all > total_bytes_)) {
     return absl::InternalError("slab bytes disagree with the backend");

@@ -57,8 +57,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/backend/backend.h"
 #include "common/alloc/offset_allocator.h"
+#include "server/backend/backend.h"
+#include "server/pool/slab_keeper.h"
 
 namespace gpumem {
 
@@ -169,6 +170,34 @@ class SlabPool {
 
   // Makes the start-time reservation; call once.
   absl::Status Reserve();
+  // Where the pool keeps what a restart needs (may be null: nothing kept).
+  // Before the pool is used; it must outlive the pool.
+  void SetKeeper(SlabKeeper* keeper) { keeper_ = keeper; }
+
+  // A restart takes back what a previous daemon kept:
+  //  - AdoptSlab: a slab as it was (`slab` its handle, or null while the
+  //    handle has not come back: nothing is carved from it nor exported
+  //    until CompleteSlab, but its bytes count as held);
+  //  - AdoptBlock: a live block of an adopted slab, exactly where it was
+  //    (INVALID_ARGUMENT, nothing taken, if it overlaps another or lies
+  //    outside);
+  //  - AdoptHolder: a live session was given the slab's handle;
+  //  - CompleteSlab: a client gave back the handle of a slab adopted
+  //    without one (checked by the caller to be that slab's);
+  //  - DropAwaitingSlab: a slab whose handle never came back and that holds
+  //    no live block goes.
+  // New slabs get ids above every adopted one.
+  absl::Status AdoptSlab(const SlabFacts& facts, std::unique_ptr<Slab> slab);
+  absl::StatusOr<PoolBlock> AdoptBlock(uint64_t slab_id, uint64_t offset, uint64_t size);
+  // `record`: tell the keeper (a holder new since the restart).
+  void AdoptHolder(uint64_t slab_id, uint64_t session, bool record = false);
+  // Whether `session` was given slab `slab_id`'s handle.
+  bool IsHolder(uint64_t slab_id, uint64_t session) const;
+  absl::Status CompleteSlab(uint64_t slab_id, std::unique_ptr<Slab> slab);
+  std::vector<SlabFacts> SlabsAwaitingHandles() const;
+  void DropAwaitingSlab(uint64_t slab_id);
+  // Slab ids are unique for the daemon's life and across restarts.
+  static void AdvanceSlabIdsPast(uint64_t id);
 
   // A block of `size` bytes at `alignment` (power of two) for `tenant`, in
   // a slab of `kind` (one the backend makes). May call the backend (create
@@ -240,7 +269,9 @@ class SlabPool {
 
  private:
   struct SlabEntry {
-    std::shared_ptr<Slab> slab;
+    std::shared_ptr<Slab> slab;  // null: adopted, its handle not back yet
+    uint64_t size = 0;
+    SlabIdentity identity;       // of an adopted slab's handle
     std::unique_ptr<OffsetAllocator> allocator;
     uint32_t tenant = kNoTenant;
     HandleKind kind = HandleKind::kMemfd;
@@ -264,8 +295,14 @@ class SlabPool {
 
   SlabEntry* FindLocked(uint64_t slab_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a slab the backend made, owned by `tenant`; counts it.
-  std::pair<uint64_t, SlabEntry*> AddSlabLocked(std::unique_ptr<Slab> slab,
+  std::pair<uint64_t, SlabEntry*> AddSlabLocked(uint64_t id, std::unique_ptr<Slab> slab,
                                                 HandleKind kind, uint32_t tenant)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new slab's id, told to the keeper (outside the lock: it may export
+  // the handle) before the slab joins the pool.
+  uint64_t MadeSlab(const Slab& slab, HandleKind kind, uint32_t tenant, bool dedicated,
+                    bool reserved);
+  SlabFacts FactsLocked(uint64_t id, const SlabEntry& e) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A backend failure, naming the device and what the pool was doing.
   absl::Status BackendError(const absl::Status& s, absl::string_view doing,
@@ -295,8 +332,11 @@ class SlabPool {
   const uint64_t total_bytes_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, SlabEntry> slabs_ ABSL_GUARDED_BY(mu_);  // oldest first
+  SlabKeeper* keeper_ = nullptr;  // set before use, then read only
   // Capacity promised to slabs being created outside the lock.
   uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Adopted slabs whose handle has not come back: held, not in the backend.
+  uint64_t awaiting_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t live_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pooled_bytes_ ABSL_GUARDED_BY(mu_) = 0;    // carvable slabs

@@ -88,6 +88,14 @@ bool QuotaBook::TryCharge(uint32_t tenant, const std::string& tenant_name,
   return true;
 }
 
+void QuotaBook::Charge(uint32_t tenant, uint32_t device, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  TenantHoldings& h = HoldingsLocked(tenant);
+  h.total_bytes += bytes;
+  h.device_bytes[device] += bytes;
+  h.allocations += 1;
+}
+
 void QuotaBook::Credit(uint32_t tenant, uint32_t device, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   TenantHoldings& h = HoldingsLocked(tenant);

@@ -65,6 +65,10 @@ class QuotaBook {
   bool TryCharge(uint32_t tenant, const std::string& tenant_name, uint32_t device,
                  uint64_t bytes, QuotaRefusal* refusal);
   void Credit(uint32_t tenant, uint32_t device, uint64_t bytes);
+  // Charges an allocation that exists already, whatever the limits say (a
+  // restart restoring what a tenant held: it was within its quota when it
+  // was made, and a quota lowered since takes nothing back).
+  void Charge(uint32_t tenant, uint32_t device, uint64_t bytes);
 
   TenantHoldings Holdings(uint32_t tenant) const;
 

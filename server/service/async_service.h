@@ -19,7 +19,8 @@ using AsyncGpuMemory = v1::GpuMemory::WithAsyncMethod_Allocate<
     v1::GpuMemory::WithAsyncMethod_SetQuota<
     v1::GpuMemory::WithAsyncMethod_PutTenant<
     v1::GpuMemory::WithAsyncMethod_DeleteTenant<
-    v1::GpuMemory::WithRawMethod_Stream<v1::GpuMemory::Service>>>>>>>>>>;
+    v1::GpuMemory::WithAsyncMethod_Resume<
+    v1::GpuMemory::WithRawMethod_Stream<v1::GpuMemory::Service>>>>>>>>>>>;
 
 }  // namespace gpumem
 

@@ -176,6 +176,7 @@ void GpuMemoryService::Start(const std::vector<EventQueue*>& queues) {
     Listen<SetQuotaCall>(this, s, q, &AsyncGpuMemory::RequestSetQuota);
     Listen<PutTenantCall>(this, s, q, &AsyncGpuMemory::RequestPutTenant);
     Listen<DeleteTenantCall>(this, s, q, &AsyncGpuMemory::RequestDeleteTenant);
+    Listen<ResumeCall>(this, s, q, &AsyncGpuMemory::RequestResume);
   }
 }
 
@@ -257,6 +258,15 @@ void GpuMemoryService::Handle(GetSessionCall* call) {
   absl::StatusOr<PeerCred> caller = CallerOf(call->ctx(), *p_.peers, *p_.broker);
   if (!caller.ok()) return call->Reply(caller.status());
   call->Reply(p_.broker->GetSession(*caller));
+}
+
+// A look over the whole table (and frees of blocks nobody re-presented):
+// on the query workers, off the queue's thread.
+void GpuMemoryService::Handle(ResumeCall* call) {
+  absl::StatusOr<PeerCred> caller = CallerOf(call->ctx(), *p_.peers, *p_.broker);
+  if (!caller.ok()) return call->Reply(caller.status());
+  MemoryBroker* broker = p_.broker;
+  Query(call, [broker, call, caller = *caller] { return broker->Resume(caller, call->request()); });
 }
 
 // The tenant RPCs take the caller from the kernel as every RPC does; they

@@ -10,8 +10,9 @@
 //    core's), not by a thread: its answer comes from admission's thread
 //    through a callback. If the caller goes away (the call is cancelled),
 //    the wait is cancelled with it.
-//  - GetStats, GetUsage, GetLedger, SetQuota, PutTenant and DeleteTenant
-//    run on `query_workers` (they read the disk or walk every session).
+//  - GetStats, GetUsage, GetLedger, SetQuota, PutTenant, DeleteTenant and
+//    Resume run on `query_workers` (they read the disk or walk every
+//    session or allocation).
 //  - GetSession runs on the queue's thread.
 // Each handler finds its caller's kernel credentials (caller.h) and maps
 // absl statuses to gRPC statuses one to one (common/grpc_status.h): a
@@ -66,6 +67,7 @@ class GpuMemoryService {
   using SetQuotaCall = UnaryCall<v1::SetQuotaRequest, v1::SetQuotaResponse>;
   using PutTenantCall = UnaryCall<v1::PutTenantRequest, v1::PutTenantResponse>;
   using DeleteTenantCall = UnaryCall<v1::DeleteTenantRequest, v1::DeleteTenantResponse>;
+  using ResumeCall = UnaryCall<v1::ResumeRequest, v1::ResumeResponse>;
 
   // The handlers, on the queue's thread, each answering its call once.
   void Handle(AllocateCall* call);
@@ -77,6 +79,7 @@ class GpuMemoryService {
   void Handle(SetQuotaCall* call);
   void Handle(PutTenantCall* call);
   void Handle(DeleteTenantCall* call);
+  void Handle(ResumeCall* call);
 
   MemoryBroker* broker() const { return p_.broker; }
 

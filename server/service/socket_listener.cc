@@ -118,7 +118,7 @@ absl::Status SocketListener::Bind() {
   return absl::OkStatus();
 }
 
-absl::Status SocketListener::Adopt(int fd) {
+absl::Status SocketListener::Adopt(int fd, bool owns_path) {
   struct sockaddr_un addr;
   socklen_t len = sizeof(addr);
   memset(&addr, 0, sizeof(addr));
@@ -132,7 +132,7 @@ absl::Status SocketListener::Adopt(int fd) {
                               ? len - offsetof(sockaddr_un, sun_path) : 0;
   path_ = std::string(addr.sun_path, strnlen(addr.sun_path, path_len));
   listen_fd_ = fd;
-  owns_path_ = false;
+  owns_path_ = owns_path;
   return absl::OkStatus();
 }
 
@@ -241,6 +241,9 @@ void SocketListener::CloseConn(int fd) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   auto it = conns_.find(fd);
   const uint64_t bound = it == conns_.end() ? 0 : it->second.cred.bound_session;
+  if (it != conns_.end()) {
+    for (int received : it->second.fds) close(received);
+  }
   if (it != conns_.end()) conns_.erase(it);
   close(fd);
   // A connection-bound session lives exactly as long as its connection.
@@ -284,11 +287,30 @@ void SocketListener::OnReadable(int fd) {
 
 void SocketListener::ServeRequests(int fd, Conn& conn) {
   char buf[4096];
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
   for (;;) {
-    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    struct iovec iov = {buf, sizeof(buf)};
+    struct msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) return;
-    if (n <= 0) {
+    // Fds that came with these bytes (kGiveSlab's), queued in order; more
+    // than fit the control buffer were closed by the kernel: not our client.
+    bool bad_fds = (msg.msg_flags & MSG_CTRUNC) != 0;
+    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int received;
+        memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        conn.fds.push_back(received);
+      }
+    }
+    if (bad_fds || conn.fds.size() > kMaxQueuedFds || n <= 0) {
       CloseConn(fd);
       return;
     }
@@ -297,8 +319,19 @@ void SocketListener::ServeRequests(int fd, Conn& conn) {
     while (conn.in.size() - used >= sizeof(SlabRequest)) {
       SlabRequest req;
       memcpy(&req, conn.in.data() + used, sizeof(req));
-      used += sizeof(req);
-      if (!Answer(fd, conn, req)) {
+      // kRebind carries its token after the header (slab_id: its length).
+      uint64_t extra = 0;
+      if (static_cast<SlabOp>(req.op) == SlabOp::kRebind) {
+        if (req.slab_id == 0 || req.slab_id > kFdChannelMaxMessage) {
+          CloseConn(fd);
+          return;
+        }
+        extra = req.slab_id;
+      }
+      if (conn.in.size() - used < sizeof(req) + extra) break;  // the rest comes later
+      const std::string payload = conn.in.substr(used + sizeof(req), extra);
+      used += sizeof(req) + extra;
+      if (!Answer(fd, conn, req, payload)) {
         CloseConn(fd);
         return;
       }
@@ -307,7 +340,8 @@ void SocketListener::ServeRequests(int fd, Conn& conn) {
   }
 }
 
-bool SocketListener::Answer(int fd, Conn& conn, const SlabRequest& req) {
+bool SocketListener::Answer(int fd, Conn& conn, const SlabRequest& req,
+                            const std::string& payload) {
   if (memcmp(req.magic, kFdChannelMagic, 4) != 0 || req.version != kFdChannelVersion) {
     return false;  // not our protocol (or another version of it)
   }
@@ -337,11 +371,36 @@ bool SocketListener::Answer(int fd, Conn& conn, const SlabRequest& req) {
         }
       }
       break;
+    case SlabOp::kRebind:
+      if (conn.cred.bound_session != 0) {
+        status = absl::FailedPreconditionError(
+            "this channel has a session already: rebind on a new channel, before hello");
+      } else {
+        absl::StatusOr<std::shared_ptr<Session>> s =
+            broker_->RebindConnection(conn.cred, payload);
+        status = s.status();
+        if (s.ok()) {
+          conn.cred.bound_session = (*s)->id();
+          conn.token = (*s)->token();
+        }
+      }
+      break;
+    case SlabOp::kGiveSlab:
+      if (conn.fds.empty()) {
+        status = absl::InvalidArgumentError("GIVE_SLAB came without an fd attached");
+      } else {
+        const int given = conn.fds.front();
+        conn.fds.pop_front();
+        status = broker_->AcceptSlabHandle(conn.cred, req.slab_id, given);  // takes it
+      }
+      break;
     default:
       return false;
   }
   std::string out;
-  if (status.ok() && static_cast<SlabOp>(req.op) == SlabOp::kHello) {
+  const bool answers_token = static_cast<SlabOp>(req.op) == SlabOp::kHello ||
+                             static_cast<SlabOp>(req.op) == SlabOp::kRebind;
+  if (status.ok() && answers_token) {
     resp.message_len = static_cast<uint32_t>(conn.token.size());
     out.assign(reinterpret_cast<const char*>(&resp), sizeof(resp));
     out += conn.token;
@@ -371,6 +430,7 @@ void SocketListener::Stop() {
   }
   for (auto& [fd, conn] : conns_) {
     close(fd);
+    for (int received : conn.fds) close(received);
     if (conn.cred.bound_session != 0) broker_->EndConnection(conn.cred.bound_session);
   }
   conns_.clear();

@@ -16,7 +16,9 @@
 //  - Slab channel requests are answered in the loop: open (an fd over
 //    SCM_RIGHTS, recorded as held by the caller's session), close, and
 //    hello, which gives a caller in another pid namespace a session bound
-//    to this connection (ended when it closes) and its token. A
+//    to this connection (ended when it closes) and its token; after a
+//    restart, rebind (a restored connection-bound session, by its token)
+//    and give (a slab's handle handed back, checked by the backend). A
 //    channel whose peer does not read its answers (the socket buffer is
 //    full) or sends a malformed request is closed.
 // So the thread count does not grow with clients: 2,000 idle connections
@@ -64,10 +66,16 @@ class SocketListener {
   // bound and listening (systemd socket activation). The listener owns the
   // fd from now on; Stop() closes it but leaves the socket file, which
   // belongs to whoever bound it. path() becomes the socket's bound path.
-  absl::Status Adopt(int fd);
+  // `owns_path`: the socket is gpumemd's own, kept over a restart in
+  // systemd's fd store; then Stop() removes its file like Bind()'s.
+  absl::Status Adopt(int fd, bool owns_path = false);
   // Starts the loop; gRPC connections go to `server`.
   absl::Status Start(grpc::Server* server);
   void Stop();
+  // A stop for a restart: the socket file stays (the listening socket lives
+  // on in systemd's fd store, or the next daemon replaces the file).
+  void KeepPathAtStop() { owns_path_ = false; }
+  int listen_fd() const { return listen_fd_; }
 
   const std::string& path() const { return path_; }
 
@@ -77,15 +85,18 @@ class SocketListener {
     bool channel = false;       // past the first bytes: a slab channel
     uint64_t generation = 0;    // tells a reused fd number from the old one
     std::string in;             // bytes of a partly read request
-    std::string token;          // of the session bound to it (kHello)
+    std::string token;          // of the session bound to it (kHello, kRebind)
+    std::deque<int> fds;        // received, not yet taken by a kGiveSlab
   };
+  // A peer that sends more fds than it gives slabs for loses the channel.
+  static constexpr size_t kMaxQueuedFds = 16;
 
   void Loop();
   void AcceptAll();
   void OnReadable(int fd);
   void ServeRequests(int fd, Conn& conn);
   // Answers one request; false when the connection must be closed.
-  bool Answer(int fd, Conn& conn, const SlabRequest& req);
+  bool Answer(int fd, Conn& conn, const SlabRequest& req, const std::string& payload);
   void CloseConn(int fd);
   void ExpirePending();
 

@@ -4,8 +4,39 @@
 
 namespace gpumem {
 
-Session::Session(uint64_t id, PeerCred cred, std::string token)
-    : id_(id), cred_(cred), started_(absl::Now()), token_(std::move(token)) {}
+Session::Session(uint64_t id, PeerCred cred, std::string token, state::DurableState* state,
+                 uint64_t start_ticks, uint32_t slot, std::optional<tenants::TenantRef> tenant)
+    : id_(id),
+      cred_(cred),
+      started_(absl::Now()),
+      token_(std::move(token)),
+      state_(state),
+      start_ticks_(start_ticks) {
+  absl::MutexLock lock(&mu_);
+  tenant_ = std::move(tenant);
+  slot_ = slot;
+  if (slot_ == state::kNoSlot) RecordLocked();
+}
+
+void Session::RecordLocked() {
+  if (state_ == nullptr) return;
+  state::SessionRecord r;
+  r.id = id_;
+  r.start_ticks = start_ticks_;
+  r.pid = cred_.pid;
+  r.uid = cred_.uid;
+  r.gid = cred_.gid;
+  r.bound = cred_.pid <= 0 ? 1 : 0;
+  r.set_token(token_);
+  if (tenant_.has_value()) {
+    r.tenant_fixed = 1;
+    r.tenant = tenant_->id;
+    r.set_tenant_name(tenant_->name);
+  }
+  const uint32_t old = slot_;
+  slot_ = state_->PutSession(r);  // the new copy first: a crash between keeps one
+  state_->RemoveSession(old);
+}
 
 absl::StatusOr<tenants::TenantRef> Session::FixTenant(
     const std::function<absl::StatusOr<tenants::TenantRef>()>& resolve) {
@@ -13,7 +44,10 @@ absl::StatusOr<tenants::TenantRef> Session::FixTenant(
   if (ended_) return absl::FailedPreconditionError("the calling process has exited");
   if (tenant_.has_value()) return *tenant_;
   absl::StatusOr<tenants::TenantRef> resolved = resolve();
-  if (resolved.ok()) tenant_ = *resolved;
+  if (resolved.ok()) {
+    tenant_ = *resolved;
+    RecordLocked();
+  }
   return resolved;
 }
 
@@ -48,6 +82,10 @@ void Session::RecordUsage(const UsageFigures& usage) {
 
 std::vector<uint64_t> Session::End() {
   absl::MutexLock lock(&mu_);
+  if (!ended_ && state_ != nullptr) {
+    state_->RemoveSession(slot_);
+    slot_ = state::kNoSlot;
+  }
   ended_ = true;
   std::vector<uint64_t> ids;
   ids.reserve(blocks_.size());

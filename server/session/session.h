@@ -16,6 +16,12 @@
 // because the session already ended (and its caller gives the blocks back).
 // Nothing is ever recorded for an ended session.
 //
+// Durable: with a DurableState, a live session is recorded there (its
+// process's pid and start time, or its token; its uid, gid and fixed
+// tenant), so a restarted daemon finds it again (server/state/); the record
+// goes when the session ends, and stays when the daemon stops without
+// ending it (a restart keeping its state).
+//
 // Thread-safe. Sessions are shared (std::shared_ptr): the registry holds
 // each live one; requests hold the one they act for.
 #ifndef GPUMEMD_SERVER_SESSION_SESSION_H_
@@ -32,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/session/peer_credentials.h"
+#include "server/state/durable_state.h"
 #include "server/tenants/tenant.h"
 
 namespace gpumem {
@@ -51,8 +58,13 @@ struct SessionBlock {
 
 class Session {
  public:
-  // `token` is set for connection-bound sessions only.
-  Session(uint64_t id, PeerCred cred, std::string token = "");
+  // `token` is set for connection-bound sessions only. `state` (may be
+  // null) keeps its record; `start_ticks` is its process's start time
+  // (/proc/PID/stat), 0 for connection-bound sessions; `slot` is the record
+  // a restore found it in (kNoSlot: a new session, recorded now).
+  Session(uint64_t id, PeerCred cred, std::string token = "",
+          state::DurableState* state = nullptr, uint64_t start_ticks = 0,
+          uint32_t slot = state::kNoSlot, std::optional<tenants::TenantRef> tenant = {});
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -61,6 +73,7 @@ class Session {
   const PeerCred& cred() const { return cred_; }
   absl::Time started() const { return started_; }
   const std::string& token() const { return token_; }
+  uint64_t start_ticks() const { return start_ticks_; }
 
   // The session's tenant: the one fixed earlier, or `resolve()`'s answer,
   // which is fixed now if it is a tenant (a refusal is not kept: a later
@@ -96,12 +109,19 @@ class Session {
   Figures figures() const;
 
  private:
+  // Writes the record of the session as it is now (mu_ held), replacing the
+  // previous one.
+  void RecordLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const uint64_t id_;
   const PeerCred cred_;
   const absl::Time started_;
   const std::string token_;
+  state::DurableState* const state_;
+  const uint64_t start_ticks_;
 
   mutable absl::Mutex mu_;
+  uint32_t slot_ ABSL_GUARDED_BY(mu_) = state::kNoSlot;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<tenants::TenantRef> tenant_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::pair<uint32_t, uint64_t>> blocks_

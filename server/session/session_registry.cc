@@ -12,6 +12,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -27,11 +31,35 @@ bool Exited(int pidfd) {
   return poll(&p, 1, 0) > 0;
 }
 
+// The kernel's start time of process `pid` (clock ticks since boot, field
+// 22 of /proc/PID/stat), which tells a process from a later one given the
+// same pid; 0 when it cannot be read.
+uint64_t StartTicks(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = fopen(path, "re");
+  if (f == nullptr) return 0;
+  char buf[1024];
+  const size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  // The command name (field 2) is in parentheses and may hold spaces: count
+  // fields after its closing one.
+  const char* p = strrchr(buf, ')');
+  if (p == nullptr) return 0;
+  int field = 2;
+  for (++p; *p != '\0' && field < 22; ++p) {
+    if (*p == ' ') ++field;
+  }
+  return strtoull(p, nullptr, 10);
+}
+
 constexpr uint64_t kWakeKey = 0;  // session ids start at 1
 
 }  // namespace
 
-SessionRegistry::SessionRegistry(EndCallback on_end) : on_end_(std::move(on_end)) {
+SessionRegistry::SessionRegistry(EndCallback on_end, state::DurableState* state)
+    : on_end_(std::move(on_end)), state_(state) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   struct epoll_event ev = {};
@@ -120,10 +148,80 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::BindConnection(
   PeerCred bound = cred;
   bound.bound_session = id;
   Entry e;
-  e.session = std::make_shared<Session>(id, bound, token);
+  e.session = std::make_shared<Session>(id, bound, token, state_);
   by_token_[token] = id;
   sessions_[id] = e;
   return e.session;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Restore(
+    const state::SessionRecord& r, std::optional<tenants::TenantRef> tenant) {
+  PeerCred cred{r.pid, r.uid, r.gid, 0};
+  absl::MutexLock lock(&mu_);
+  next_id_ = std::max(next_id_, r.id + 1);
+  if (sessions_.contains(r.id)) {
+    return absl::AlreadyExistsError(absl::StrCat("session ", r.id, " restored twice"));
+  }
+  Entry e;
+  if (r.bound) {
+    cred.pid = 0;
+    cred.bound_session = r.id;
+    e.session = std::make_shared<Session>(r.id, cred, r.token_string(), state_, 0, r.slot,
+                                          std::move(tenant));
+    by_token_[r.token_string()] = r.id;
+    unbound_.insert(r.id);
+    sessions_[r.id] = e;
+    return e.session;
+  }
+  const int pidfd = r.pid > 0 ? PidfdOpen(r.pid) : -1;
+  if (pidfd < 0 || Exited(pidfd) || StartTicks(r.pid) != r.start_ticks) {
+    if (pidfd >= 0) close(pidfd);
+    return absl::NotFoundError(absl::StrCat(
+        "the process of session ", r.id, " (pid ", r.pid, ") is gone"));
+  }
+  struct epoll_event ev = {};
+  ev.events = EPOLLIN;
+  ev.data.u64 = r.id;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, pidfd, &ev) != 0) {
+    close(pidfd);
+    return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(errno)));
+  }
+  e.session = std::make_shared<Session>(r.id, cred, "", state_, r.start_ticks, r.slot,
+                                        std::move(tenant));
+  e.pidfd = pidfd;
+  by_pid_[r.pid] = r.id;
+  sessions_[r.id] = e;
+  return e.session;
+}
+
+void SessionRegistry::AdvanceIdsPast(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  next_id_ = std::max(next_id_, id + 1);
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::RebindConnection(
+    absl::string_view token, const PeerCred& cred) {
+  absl::MutexLock lock(&mu_);
+  auto it = by_token_.find(std::string(token));
+  if (it == by_token_.end() || !unbound_.contains(it->second) ||
+      sessions_.at(it->second).session->cred().uid != cred.uid) {
+    return absl::PermissionDeniedError(
+        "no session of this uid waits for that token (it was not restored, was "
+        "rebound already, or expired): start a new session");
+  }
+  unbound_.erase(it->second);
+  return sessions_.at(it->second).session;
+}
+
+int SessionRegistry::ExpireUnbound() {
+  std::vector<uint64_t> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    expired.assign(unbound_.begin(), unbound_.end());
+    unbound_.clear();
+  }
+  for (uint64_t id : expired) End(id);
+  return static_cast<int>(expired.size());
 }
 
 absl::StatusOr<uint64_t> SessionRegistry::ResolveToken(absl::string_view token,
@@ -154,7 +252,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::CreateLocked(
     return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(errno)));
   }
   Entry e;
-  e.session = std::make_shared<Session>(id, cred);
+  e.session = std::make_shared<Session>(id, cred, "", state_, StartTicks(cred.pid));
   e.pidfd = pidfd;
   by_pid_[cred.pid] = id;
   sessions_[id] = e;
@@ -181,6 +279,7 @@ void SessionRegistry::End(uint64_t session_id) {
     }
     session = std::move(it->second.session);
     if (!session->token().empty()) by_token_.erase(session->token());
+    unbound_.erase(session_id);
     auto p = by_pid_.find(session->cred().pid);
     if (p != by_pid_.end() && p->second == session_id) by_pid_.erase(p);
     sessions_.erase(it);

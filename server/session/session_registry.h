@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -44,7 +45,8 @@ class SessionRegistry {
   using EndCallback = std::function<void(const std::shared_ptr<Session>& session,
                                          std::vector<uint64_t> allocation_ids)>;
 
-  explicit SessionRegistry(EndCallback on_end);
+  // `state` (may be null) keeps each session's record for a restart.
+  explicit SessionRegistry(EndCallback on_end, state::DurableState* state = nullptr);
   ~SessionRegistry();  // stops the watcher; does not call on_end
   SessionRegistry(const SessionRegistry&) = delete;
   SessionRegistry& operator=(const SessionRegistry&) = delete;
@@ -64,6 +66,23 @@ class SessionRegistry {
   // The connection-bound session a token names, if it is live and of `uid`;
   // PERMISSION_DENIED otherwise.
   absl::StatusOr<uint64_t> ResolveToken(absl::string_view token, uid_t uid) const;
+  // A session a previous daemon recorded (a restart): a process-bound one
+  // comes back if the same process still runs (same pid and start time),
+  // watched as before; a connection-bound one comes back waiting for its
+  // client to bind a new connection to it (RebindConnection) until
+  // ExpireUnbound. Its id is kept. NOT_FOUND when its process is gone.
+  absl::StatusOr<std::shared_ptr<Session>> Restore(const state::SessionRecord& record,
+                                                   std::optional<tenants::TenantRef> tenant);
+  // New sessions get ids above `id` (those a previous daemon gave).
+  void AdvanceIdsPast(uint64_t id);
+  // A restored connection-bound session, for the caller that presents its
+  // token (same uid) on a new connection; PERMISSION_DENIED otherwise.
+  absl::StatusOr<std::shared_ptr<Session>> RebindConnection(absl::string_view token,
+                                                            const PeerCred& cred);
+  // Ends the restored connection-bound sessions nobody rebound; returns how
+  // many.
+  int ExpireUnbound();
+
   // The live session of the caller's process, if it has one (never
   // creates); null otherwise.
   std::shared_ptr<Session> Find(const PeerCred& cred) const;
@@ -82,6 +101,7 @@ class SessionRegistry {
   void End(uint64_t session_id);  // removes, ends and calls on_end
 
   EndCallback on_end_;
+  state::DurableState* const state_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   mutable absl::Mutex mu_;
@@ -89,6 +109,8 @@ class SessionRegistry {
   absl::flat_hash_map<uint64_t, Entry> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<pid_t, uint64_t> by_pid_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> by_token_ ABSL_GUARDED_BY(mu_);
+  // Restored connection-bound sessions whose client has not come back yet.
+  absl::flat_hash_set<uint64_t> unbound_ ABSL_GUARDED_BY(mu_);
   std::thread watcher_;
 };
 

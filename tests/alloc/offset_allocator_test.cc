@@ -571,5 +571,69 @@ TEST(OffsetAllocatorFTrace, NoRefusalWhileAFittingHoleExists) {
   }
 }
 
+// AllocateAt takes exactly the range asked for when it lies in one free
+// range, and nothing otherwise; blocks restored that way free and coalesce
+// like any other, and the allocator stays valid. Against a model: a random
+// set of non-overlapping blocks (some adjacent, some at the slab's ends),
+// restored in increasing order and then in a random order, plus ranges that
+// overlap them.
+TEST(OffsetAllocatorRestore, AllocateAtTakesExactlyTheRangeAsked) {
+  std::mt19937_64 rng(20261201);
+  for (int round = 0; round < 200; ++round) {
+    const uint64_t capacity = 1 + rng() % (1 << 20);
+    std::vector<std::pair<uint64_t, uint64_t>> blocks;  // (offset, size)
+    uint64_t at = 0;
+    while (at < capacity) {
+      at += (rng() % 3 == 0) ? 0 : rng() % 4096;  // adjacent a third of the time
+      if (at >= capacity) break;
+      const uint64_t size = 1 + rng() % std::min<uint64_t>(8192, capacity - at);
+      blocks.emplace_back(at, size);
+      at += size;
+    }
+    const bool in_order = round % 2 == 0;
+    std::vector<std::pair<uint64_t, uint64_t>> order = blocks;
+    if (!in_order) std::shuffle(order.begin(), order.end(), rng);
+    OffsetAllocator a(capacity);
+    std::vector<OffsetAllocator::Block> taken;
+    uint64_t used = 0;
+    for (const auto& [offset, size] : order) {
+      OffsetAllocator::Block b;
+      ASSERT_TRUE(a.AllocateAt(offset, size, &b)) << offset << "+" << size;
+      EXPECT_EQ(b.offset, offset);
+      EXPECT_EQ(b.size, size);
+      taken.push_back(b);
+      used += size;
+      // The same range, or one overlapping it by a byte, cannot be taken again.
+      OffsetAllocator::Block x;
+      EXPECT_FALSE(a.AllocateAt(offset, size, &x));
+      EXPECT_FALSE(a.AllocateAt(offset + size - 1, 1, &x));
+      if (offset > 0) EXPECT_FALSE(a.AllocateAt(offset - 1, 2, &x));
+    }
+    ASSERT_TRUE(a.Validate().ok()) << a.Validate();
+    EXPECT_EQ(a.used_bytes(), used);
+    EXPECT_EQ(a.live_blocks(), blocks.size());
+    // Outside the slab, or empty: refused.
+    OffsetAllocator::Block x;
+    EXPECT_FALSE(a.AllocateAt(capacity, 1, &x));
+    EXPECT_FALSE(a.AllocateAt(0, 0, &x));
+    EXPECT_FALSE(a.AllocateAt(capacity - 1, 2, &x));
+    // What is left free is exactly the gaps.
+    std::vector<std::pair<uint64_t, uint64_t>> gaps;
+    uint64_t end = 0;
+    for (const auto& [offset, size] : blocks) {
+      if (offset > end) gaps.emplace_back(end, offset - end);
+      end = offset + size;
+    }
+    if (end < capacity) gaps.emplace_back(end, capacity - end);
+    EXPECT_EQ(a.FreeRangeList(), gaps);
+    // Freed in a random order they coalesce back into one range.
+    std::shuffle(taken.begin(), taken.end(), rng);
+    for (const OffsetAllocator::Block& b : taken) a.Free(b);
+    ASSERT_TRUE(a.Validate().ok()) << a.Validate();
+    EXPECT_EQ(a.FreeRangeList(),
+              (std::vector<std::pair<uint64_t, uint64_t>>{{0, capacity}}));
+  }
+}
+
 }  // namespace
 }  // namespace gpumem

@@ -1,0 +1,121 @@
+// DurableState: what the daemon must carry over a restart (its slabs, the
+// allocations in them, the sessions that own them and hold their handles,
+// the names of their tenants), kept in a file that outlives the process: on
+// tmpfs (/run/gpumemd/state by default), it survives a crash, kill -9, an
+// upgrade, a stop followed by a start, and a container's restart when the
+// directory is a hostPath; not a reboot, where GPU memory is gone anyway.
+//
+// The idea: the file is mapped shared, so every store the daemon makes into
+// it is in the page cache the moment it is made, and a process that dies
+// between two instructions leaves exactly the stores it made. Each record
+// lives in a fixed-size slot of its table; a slot is written field by field
+// while its state word says free, and published by one atomic release store
+// of the state word. A record is therefore, at any instant, either wholly
+// there or absent: no fsync, no journal, no torn record. Each record also
+// carries a checksum, so a slot damaged any other way is dropped on load,
+// and a version, so an update (a new record published, then the old one
+// freed) leaves at most two copies of a key, of which the newer wins.
+//
+// Guarantees:
+//  - Open makes the file (mode 0600) or adopts one a previous daemon left on
+//    this boot, and holds an exclusive flock on it; a second daemon is
+//    refused naming the file. A file from another boot (kernel boot id), of
+//    another format or another version is started over, saying why.
+//  - Put* returns the slot that holds the record (for Remove), or an
+//    invalid slot when the table is full (then the record is not kept: the
+//    daemon says so once per table; a restart would lose that record).
+//  - Load returns every record that is wholly there, deduplicated by key,
+//    newest version first, and what it dropped.
+//  - Thread-safe: any thread may Put and Remove; a slot is only ever
+//    written by the thread that took it.
+//
+// Tables and capacities are fixed at creation (sparse: a slot costs memory
+// only once used): see kCapacities in durable_state.cc.
+#ifndef GPUMEMD_SERVER_STATE_DURABLE_STATE_H_
+#define GPUMEMD_SERVER_STATE_DURABLE_STATE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/state/records.h"
+
+namespace gpumem {
+namespace state {
+
+// Where a record lives; kNoSlot when it was not kept.
+inline constexpr uint32_t kNoSlot = UINT32_MAX;
+
+// Everything a file held, as Load found it.
+struct Snapshot {
+  std::vector<SlabRecord> slabs;
+  std::vector<AllocationRecordData> allocations;
+  std::vector<SessionRecord> sessions;
+  std::vector<HolderRecord> holders;
+  // Slots with a bad checksum, and older copies of an updated key.
+  uint64_t damaged = 0;
+  uint64_t superseded = 0;
+  bool empty() const {
+    return slabs.empty() && allocations.empty() && sessions.empty() && holders.empty();
+  }
+};
+
+class DurableState {
+ public:
+  // Opens `path` (its directory is created, mode 0700). `previous` receives
+  // what the file held when it was written by an earlier daemon of this boot
+  // (empty for a new file), and `note` one line saying what was found.
+  static absl::StatusOr<std::unique_ptr<DurableState>> Open(const std::string& path,
+                                                            Snapshot* previous,
+                                                            std::string* note);
+  ~DurableState();
+  DurableState(const DurableState&) = delete;
+  DurableState& operator=(const DurableState&) = delete;
+
+  // Forgets every record (a daemon that releases everything at its stop).
+  void Clear();
+  // From now on Put and Remove change nothing (Put answers kNoSlot): a
+  // daemon stopping for a restart leaves the file as it is to the next.
+  void Freeze() { frozen_.store(true); }
+
+  uint32_t PutSlab(const SlabRecord& r);
+  uint32_t PutAllocation(const AllocationRecordData& r);
+  uint32_t PutSession(const SessionRecord& r);
+  uint32_t PutHolder(const HolderRecord& r);
+  void RemoveSlab(uint32_t slot);
+  void RemoveAllocation(uint32_t slot);
+  void RemoveSession(uint32_t slot);
+  void RemoveHolder(uint32_t slot);
+
+  // Reads the file as a restarted daemon would (tests, diagnostics).
+  Snapshot Load() const;
+
+  const std::string& path() const { return path_; }
+  // Bytes of the file in use (slots ever written).
+  uint64_t used_bytes() const;
+
+  struct Table;  // durable_state.cc
+
+ private:
+  DurableState() = default;
+  uint32_t Put(int table, const void* payload, size_t size, uint64_t key);
+  void Remove(int table, uint32_t slot);
+
+  std::string path_;
+  int fd_ = -1;
+  char* base_ = nullptr;
+  size_t mapped_ = 0;
+  std::atomic<uint64_t> next_version_{1};
+  std::atomic<bool> frozen_{false};
+  std::vector<std::unique_ptr<Table>> tables_;
+};
+
+}  // namespace state
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_STATE_DURABLE_STATE_H_
