@@ -2,17 +2,22 @@
 // daemon's answer reaches the caller with its code and message unchanged.
 #include "client/client.h"
 
+#include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/client_impl.h"
 #include "client/slab_mapper.h"
 #include "client/stream_transport.h"
 #include "common/fd_channel.h"
@@ -22,15 +27,6 @@
 
 namespace gpumem {
 namespace client {
-namespace {
-
-struct MappedSlab {
-  // Shared so copies run outside the client's lock.
-  std::shared_ptr<OpenedSlab> slab;
-  uint64_t refs = 0;
-};
-
-}  // namespace
 
 std::optional<v1::PlacementRefusal> PlacementRefusalOf(const absl::Status& status) {
   return RefusalFromStatus(status);
@@ -42,33 +38,41 @@ std::string DefaultSocketPath() {
   return "/run/gpumemd/gpumemd.sock";
 }
 
-struct Client::Impl {
-  std::string socket_path;
-  std::unique_ptr<v1::GpuMemory::Stub> stub;
-  // The hot path; the unary stub serves a daemon without the stream.
-  std::unique_ptr<StreamTransport> stream;
-  // Set when the daemon cannot see this process's pid (another pid
-  // namespace): the session bound to our slab channel, sent with each call.
-  std::string session_token;
+namespace {
 
-  void Prepare(grpc::ClientContext* ctx) const {
-    if (!session_token.empty()) ctx->AddMetadata(kSessionTokenHeader, session_token);
-  }
-  absl::Mutex mu;
-  int channel_fd ABSL_GUARDED_BY(mu) = -1;
-  absl::flat_hash_map<uint64_t, MappedSlab> slabs ABSL_GUARDED_BY(mu);
-  // One mapper per handle kind, made on first use.
-  absl::flat_hash_map<int, std::unique_ptr<SlabMapper>> mappers ABSL_GUARDED_BY(mu);
-  v1::HandleKind handle_kind ABSL_GUARDED_BY(mu) = v1::HANDLE_KIND_UNSPECIFIED;
-  std::optional<v1::UsageReport> usage ABSL_GUARDED_BY(mu);
-};
+// GPUMEM_RECONNECT_MS, else 30 s.
+absl::Duration ReconnectWait() {
+  const char* env = std::getenv("GPUMEM_RECONNECT_MS");
+  int64_t ms = 0;
+  if (env != nullptr && absl::SimpleAtoi(env, &ms) && ms >= 0) return absl::Milliseconds(ms);
+  return absl::Seconds(30);
+}
+
+}  // namespace
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
-  absl::MutexLock lock(&impl_->mu);
-  impl_->slabs.clear();  // closes every opened slab
-  if (impl_->channel_fd >= 0) close(impl_->channel_fd);
+  {
+    absl::MutexLock lock(&impl_->restart_mu);
+    impl_->stopping = true;
+  }
+  if (impl_->watcher.joinable()) {
+    if (impl_->owner_pid == getpid()) {
+      uint64_t one = 1;
+      (void)!write(impl_->wake_fd, &one, sizeof(one));
+      impl_->watcher.join();
+    } else {
+      impl_->watcher.detach();  // a fork() child: the thread is the parent's
+    }
+  }
+  if (impl_->wake_fd >= 0) close(impl_->wake_fd);
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->slabs.clear();  // closes every opened slab
+  }
+  absl::MutexLock lock(&impl_->link_mu);
+  impl_->link.reset();
 }
 
 const std::string& Client::socket_path() const { return impl_->socket_path; }
@@ -80,14 +84,33 @@ void Client::SetHandleKind(v1::HandleKind kind) {
 
 void Client::OnReclaimRequest(
     std::function<void(const v1::ReclaimRequest&)> on_reclaim) {
-  impl_->stream->StartPushReader(
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->on_reclaim = on_reclaim;
+  }
+  impl_->Link()->stream()->StartPushReader(
       [on_reclaim = std::move(on_reclaim)](const v1::StreamReply& push) {
         if (push.has_reclaim()) on_reclaim(push.reclaim());
       });
 }
 
 absl::Status Client::ReportReclaimed(uint64_t freed_bytes) {
-  return impl_->stream->Reclaimed(freed_bytes);
+  return impl_->Link()->stream()->Reclaimed(freed_bytes);
+}
+
+void Client::OnRestart(std::function<void(const RestartReport&)> on_restart) {
+  absl::MutexLock lock(&impl_->mu);
+  impl_->on_restart = std::move(on_restart);
+}
+
+uint64_t Client::restarts() const {
+  absl::MutexLock lock(&impl_->restart_mu);
+  return impl_->restarts;
+}
+
+bool Client::IsLost(uint64_t allocation_id) const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->lost.contains(allocation_id);
 }
 
 void Client::SetUsageReport(const v1::UsageReport& usage) {
@@ -99,109 +122,223 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path)
   if (socket_path.empty()) socket_path = DefaultSocketPath();
   auto impl = std::make_unique<Impl>();
   impl->socket_path = socket_path;
-  // The slab channel first: it fails fast with a clear message when nobody
-  // is listening, and its hello tells whether this process needs a
-  // connection-bound session (then the channel is its lifeline).
-  absl::StatusOr<int> channel_fd = ConnectFdChannel(socket_path);
-  if (!channel_fd.ok()) return channel_fd.status();
-  absl::StatusOr<std::string> token = HelloFdChannel(*channel_fd);
-  if (!token.ok()) {
-    close(*channel_fd);
-    return token.status();
+  impl->reconnect_wait = ReconnectWait();
+  bool rebound = false;
+  absl::StatusOr<std::shared_ptr<DaemonLink>> link =
+      DaemonLink::Open(socket_path, /*rebind_token=*/"", &rebound);
+  if (!link.ok()) return link.status();
+  impl->link = *std::move(link);
+  impl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (impl->wake_fd < 0) {
+    return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
   }
-  impl->session_token = *token;
-  impl->channel_fd = *channel_fd;
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-  // A channel of its own: a Client made after a daemon restart must not
-  // share the old Client's (dead) connection from gRPC's global pool.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto channel = grpc::CreateCustomChannel(
-      "unix:" + socket_path, grpc::InsecureChannelCredentials(), args);
-  impl->stub = v1::GpuMemory::NewStub(channel);
-  impl->stream = std::make_unique<StreamTransport>(impl->stub.get(), impl->session_token);
-  return std::unique_ptr<Client>(new Client(std::move(impl)));
+  impl->owner_pid = getpid();
+  std::unique_ptr<Client> client(new Client(std::move(impl)));
+  Client* c = client.get();
+  c->impl_->watcher = std::thread([c] { c->WatchLoop(); });
+  return client;
+}
+
+namespace {
+
+// A call that failed because the daemon went away: UNAVAILABLE, and its
+// link hangs up (or was replaced) within a second. Marks the restart begun
+// so that the retry waits for it.
+bool DaemonWentAway(const absl::Status& s, Client::Impl& impl, const DaemonLink* link) {
+  if (s.code() != absl::StatusCode::kUnavailable) return false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(1);
+  for (;;) {
+    if (impl.Link().get() != link) return true;
+    if (link->HungUp()) {
+      absl::MutexLock lock(&impl.restart_mu);
+      if (impl.Link().get() == link) impl.restarting = true;
+      return true;
+    }
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+}
+
+// Waits while a restart is under way; UNAVAILABLE once the wait ran out.
+absl::Status WaitUntilServing(Client::Impl& impl) {
+  absl::MutexLock lock(&impl.restart_mu);
+  auto serving = [&impl]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl.restart_mu) {
+    return !impl.restarting || impl.stopping;
+  };
+  if (serving()) return absl::OkStatus();
+  if (!impl.gone &&
+      impl.restart_mu.AwaitWithTimeout(absl::Condition(&serving), impl.reconnect_wait)) {
+    return absl::OkStatus();
+  }
+  if (!impl.gone) {
+    impl.gone = true;
+    impl.gone_why = absl::StrCat("gpumemd at ", impl.socket_path, " went away and did not come "
+                                 "back within ", absl::FormatDuration(impl.reconnect_wait),
+                                 " (GPUMEM_RECONNECT_MS); the library keeps trying");
+  }
+  return absl::UnavailableError(impl.gone_why);
+}
+
+}  // namespace
+
+template <typename T, typename Fn>
+absl::StatusOr<T> Client::WithRestart(Fn call) {
+  for (int attempt = 0;; ++attempt) {
+    if (absl::Status ready = WaitUntilServing(*impl_); !ready.ok()) return ready;
+    std::shared_ptr<DaemonLink> link;
+    absl::StatusOr<T> out = absl::UnknownError("not called");
+    {
+      absl::ReaderMutexLock calls(&impl_->calls);
+      link = impl_->Link();
+      out = call(*link);
+    }
+    if (out.ok() || attempt >= 2 || !DaemonWentAway(out.status(), *impl_, link.get())) {
+      return out;
+    }
+  }
 }
 
 absl::StatusOr<v1::AllocateResponse> Client::AllocateRaw(
     const v1::AllocateRequest& request) {
-  // A request that may wait goes unary: the daemon serves waiting only
-  // there (a waiting request would hold up its stream's queue).
-  if (request.wait_ms() == 0) {
-    absl::StatusOr<v1::AllocateResponse> streamed = impl_->stream->Allocate(request);
-    if (!impl_->stream->unsupported()) return streamed;
-  }
-  grpc::ClientContext ctx;
-  impl_->Prepare(&ctx);
-  v1::AllocateResponse response;
-  absl::Status s = FromGrpcStatus(impl_->stub->Allocate(&ctx, request, &response));
-  if (!s.ok()) return s;
-  return response;
+  return WithRestart<v1::AllocateResponse>(
+      [this, &request](DaemonLink& link) -> absl::StatusOr<v1::AllocateResponse> {
+        absl::StatusOr<v1::AllocateResponse> answer = absl::UnknownError("not sent");
+        // A request that may wait goes unary: the daemon serves waiting
+        // only there (a waiting request would hold up its stream's queue).
+        bool sent = false;
+        if (request.wait_ms() == 0) {
+          answer = link.stream()->Allocate(request);
+          sent = !link.stream()->unsupported();
+        }
+        if (!sent) {
+          grpc::ClientContext ctx;
+          link.Prepare(&ctx);
+          v1::AllocateResponse response;
+          absl::Status s = FromGrpcStatus(link.stub()->Allocate(&ctx, request, &response));
+          answer = s.ok() ? absl::StatusOr<v1::AllocateResponse>(std::move(response))
+                          : absl::StatusOr<v1::AllocateResponse>(s);
+        }
+        if (answer.ok()) {
+          // Live from now on: a restart re-presents it.
+          absl::MutexLock lock(&impl_->mu);
+          for (const v1::Allocation& a : answer->allocations()) impl_->live[a.id()] = a;
+        }
+        return answer;
+      });
 }
 
 absl::Status Client::Free(uint64_t allocation_id) {
-  grpc::ClientContext ctx;
-  impl_->Prepare(&ctx);
+  {
+    absl::MutexLock lock(&impl_->mu);
+    auto lost = impl_->lost.find(allocation_id);
+    if (lost != impl_->lost.end()) {
+      absl::Status why = lost->second;
+      impl_->lost.erase(lost);
+      impl_->live.erase(allocation_id);
+      return why;
+    }
+    impl_->freeing.insert(allocation_id);
+  }
   v1::FreeRequest req;
   req.set_id(allocation_id);
   {
     absl::MutexLock lock(&impl_->mu);
     if (impl_->usage.has_value()) *req.mutable_usage() = *impl_->usage;
   }
-  absl::StatusOr<v1::FreeResponse> streamed = impl_->stream->Free(req);
-  if (!impl_->stream->unsupported()) return streamed.status();
-  v1::FreeResponse resp;
-  return FromGrpcStatus(impl_->stub->Free(&ctx, req, &resp));
+  absl::StatusOr<v1::FreeResponse> freed = WithRestart<v1::FreeResponse>(
+      [this, &req](DaemonLink& link) -> absl::StatusOr<v1::FreeResponse> {
+        absl::StatusOr<v1::FreeResponse> answer = link.stream()->Free(req);
+        if (link.stream()->unsupported()) {
+          grpc::ClientContext ctx;
+          link.Prepare(&ctx);
+          v1::FreeResponse resp;
+          absl::Status s = FromGrpcStatus(link.stub()->Free(&ctx, req, &resp));
+          answer = s.ok() ? absl::StatusOr<v1::FreeResponse>(resp)
+                          : absl::StatusOr<v1::FreeResponse>(s);
+        }
+        if (answer.ok() || answer.status().code() == absl::StatusCode::kNotFound) {
+          absl::MutexLock lock(&impl_->mu);
+          impl_->live.erase(req.id());
+        }
+        return answer;
+      });
+  absl::MutexLock lock(&impl_->mu);
+  impl_->freeing.erase(allocation_id);
+  // Sent before a restart, carried out, its answer cut off: done.
+  if (impl_->freed_meanwhile.erase(allocation_id) > 0) return absl::OkStatus();
+  return freed.status();
 }
 
 absl::StatusOr<v1::GetStatsResponse> Client::GetStats(bool include_slabs) {
-  grpc::ClientContext ctx;
-  impl_->Prepare(&ctx);
-  v1::GetStatsRequest req;
-  req.set_include_slabs(include_slabs);
-  v1::GetStatsResponse resp;
-  absl::Status s = FromGrpcStatus(impl_->stub->GetStats(&ctx, req, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return WithRestart<v1::GetStatsResponse>(
+      [include_slabs](DaemonLink& link) -> absl::StatusOr<v1::GetStatsResponse> {
+        grpc::ClientContext ctx;
+        link.Prepare(&ctx);
+        v1::GetStatsRequest req;
+        req.set_include_slabs(include_slabs);
+        v1::GetStatsResponse resp;
+        absl::Status s = FromGrpcStatus(link.stub()->GetStats(&ctx, req, &resp));
+        if (!s.ok()) return s;
+        return resp;
+      });
 }
 
 absl::StatusOr<v1::Session> Client::GetSession() {
-  absl::StatusOr<v1::Session> streamed = impl_->stream->GetSession();
-  if (!impl_->stream->unsupported()) return streamed;
-  grpc::ClientContext ctx;
-  impl_->Prepare(&ctx);
-  v1::Session resp;
-  absl::Status s =
-      FromGrpcStatus(impl_->stub->GetSession(&ctx, v1::GetSessionRequest(), &resp));
-  if (!s.ok()) return s;
-  return resp;
+  absl::StatusOr<v1::Session> out = WithRestart<v1::Session>(
+      [](DaemonLink& link) -> absl::StatusOr<v1::Session> {
+        absl::StatusOr<v1::Session> streamed = link.stream()->GetSession();
+        if (!link.stream()->unsupported()) return streamed;
+        grpc::ClientContext ctx;
+        link.Prepare(&ctx);
+        v1::Session resp;
+        absl::Status s =
+            FromGrpcStatus(link.stub()->GetSession(&ctx, v1::GetSessionRequest(), &resp));
+        if (!s.ok()) return s;
+        return resp;
+      });
+  if (out.ok()) {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->session_id = out->session_id();
+  }
+  return out;
 }
 
 absl::StatusOr<v1::GetUsageResponse> Client::GetUsage() {
-  grpc::ClientContext ctx;
-  v1::GetUsageResponse resp;
-  absl::Status s = FromGrpcStatus(impl_->stub->GetUsage(&ctx, v1::GetUsageRequest(), &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return WithRestart<v1::GetUsageResponse>(
+      [](DaemonLink& link) -> absl::StatusOr<v1::GetUsageResponse> {
+        grpc::ClientContext ctx;
+        v1::GetUsageResponse resp;
+        absl::Status s =
+            FromGrpcStatus(link.stub()->GetUsage(&ctx, v1::GetUsageRequest(), &resp));
+        if (!s.ok()) return s;
+        return resp;
+      });
 }
 
 absl::StatusOr<v1::GetLedgerResponse> Client::GetLedger(const v1::GetLedgerRequest& request) {
-  grpc::ClientContext ctx;
-  v1::GetLedgerResponse resp;
-  absl::Status s = FromGrpcStatus(impl_->stub->GetLedger(&ctx, request, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return WithRestart<v1::GetLedgerResponse>(
+      [&request](DaemonLink& link) -> absl::StatusOr<v1::GetLedgerResponse> {
+        grpc::ClientContext ctx;
+        v1::GetLedgerResponse resp;
+        absl::Status s = FromGrpcStatus(link.stub()->GetLedger(&ctx, request, &resp));
+        if (!s.ok()) return s;
+        return resp;
+      });
 }
 
 absl::StatusOr<v1::SetQuotaResponse> Client::SetQuota(const v1::SetQuotaRequest& request) {
-  grpc::ClientContext ctx;
-  v1::SetQuotaResponse resp;
-  absl::Status s = FromGrpcStatus(impl_->stub->SetQuota(&ctx, request, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return WithRestart<v1::SetQuotaResponse>(
+      [&request](DaemonLink& link) -> absl::StatusOr<v1::SetQuotaResponse> {
+        grpc::ClientContext ctx;
+        v1::SetQuotaResponse resp;
+        absl::Status s = FromGrpcStatus(link.stub()->SetQuota(&ctx, request, &resp));
+        if (!s.ok()) return s;
+        return resp;
+      });
 }
 
 absl::StatusOr<void*> Client::MapBlock(const v1::Allocation& a) {
+  std::shared_ptr<DaemonLink> link = impl_->Link();
   absl::MutexLock lock(&impl_->mu);
   auto it = impl_->slabs.find(a.slab_id());
   if (it == impl_->slabs.end()) {
@@ -211,20 +348,8 @@ absl::StatusOr<void*> Client::MapBlock(const v1::Allocation& a) {
       if (!made.ok()) return made.status();
       m = impl_->mappers.emplace(a.handle_kind(), *std::move(made)).first;
     }
-    Impl* impl = impl_.get();
-    // Called by fd kinds only, under impl->mu (held by this function).
-    auto fetch_fd = [impl, &a]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::StatusOr<SlabFd> {
-      if (impl->channel_fd < 0) {
-        absl::StatusOr<int> fd = ConnectFdChannel(impl->socket_path);
-        if (!fd.ok()) return fd.status();
-        impl->channel_fd = *fd;
-      }
-      absl::StatusOr<SlabFd> slab = RequestSlabFd(impl->channel_fd, a.slab_id());
-      if (!slab.ok() && slab.status().code() == absl::StatusCode::kUnavailable) {
-        close(impl->channel_fd);
-        impl->channel_fd = -1;
-      }
-      return slab;
+    auto fetch_fd = [&link, &a]() -> absl::StatusOr<SlabFd> {
+      return link->OpenSlab(a.slab_id());
     };
     absl::StatusOr<std::unique_ptr<OpenedSlab>> opened = m->second->Open(a, fetch_fd);
     if (!opened.ok()) return opened.status();
@@ -239,23 +364,15 @@ absl::StatusOr<void*> Client::MapBlock(const v1::Allocation& a) {
 }
 
 void Client::UnmapBlock(const v1::Allocation& a) {
+  std::shared_ptr<DaemonLink> link = impl_->Link();
   absl::MutexLock lock(&impl_->mu);
   auto it = impl_->slabs.find(a.slab_id());
   if (it == impl_->slabs.end()) return;
   if (--it->second.refs == 0) {
     impl_->slabs.erase(it);  // closes the slab
-    // Legacy IPC handles came with the allocation, not over the channel:
-    // open it now to say the slab is closed.
-    if (impl_->channel_fd < 0 && a.handle_kind() == v1::HANDLE_KIND_CUDA_IPC) {
-      absl::StatusOr<int> fd = ConnectFdChannel(impl_->socket_path);
-      if (fd.ok()) impl_->channel_fd = *fd;
-    }
-    // Tell the daemon, so a released slab is not kept retained for us.
-    if (impl_->channel_fd >= 0 &&
-        CloseSlabFd(impl_->channel_fd, a.slab_id()).code() == absl::StatusCode::kUnavailable) {
-      close(impl_->channel_fd);
-      impl_->channel_fd = -1;
-    }
+    // Tell the daemon, so a released slab is not kept retained for us (a
+    // daemon gone has nothing to keep).
+    link->CloseSlab(a.slab_id()).IgnoreError();
   }
 }
 
@@ -288,18 +405,23 @@ absl::StatusOr<Buffer> Client::Allocate(uint64_t size,
     req.set_handle_kind(impl_->handle_kind);
     if (impl_->usage.has_value()) *req.mutable_usage() = *impl_->usage;
   }
-  absl::StatusOr<v1::AllocateResponse> resp = AllocateRaw(req);
-  if (!resp.ok()) return resp.status();
-  if (resp->allocations_size() != 1) {
-    return absl::InternalError("daemon returned no allocation");
+  for (int attempt = 0;; ++attempt) {
+    const uint64_t restarts_before = restarts();
+    absl::StatusOr<v1::AllocateResponse> resp = AllocateRaw(req);
+    if (!resp.ok()) return resp.status();
+    if (resp->allocations_size() != 1) {
+      return absl::InternalError("daemon returned no allocation");
+    }
+    const v1::Allocation& a = resp->allocations(0);
+    absl::StatusOr<void*> data = MapBlock(a);
+    if (data.ok()) return Buffer(this, a, *data);
+    Free(a.id()).IgnoreError();  // waits for a restart under way
+    // The daemon restarted between the answer and the map: ask the new one.
+    if (attempt > 0 || data.status().code() != absl::StatusCode::kUnavailable ||
+        restarts() == restarts_before) {
+      return data.status();
+    }
   }
-  const v1::Allocation& a = resp->allocations(0);
-  absl::StatusOr<void*> data = MapBlock(a);
-  if (!data.ok()) {
-    Free(a.id()).IgnoreError();
-    return data.status();
-  }
-  return Buffer(this, a, *data);
 }
 
 absl::StatusOr<std::vector<Buffer>> Client::AllocateSharded(

@@ -12,6 +12,16 @@
 //
 // A Buffer frees its block when destroyed (RAII). If the process dies
 // instead, the daemon frees everything the process held within a second.
+//
+// A daemon restart (crash, kill -9, upgrade) changes nothing for the
+// program: the client notices at once (its slab channel hangs up), and a
+// library thread reconnects in the background, re-presents this process's
+// session and every live block (Resume), and hands back the handles of
+// slabs the new daemon lacks. Blocks that survived keep their ids and
+// pointers and are freed normally; calls made meanwhile wait (at most
+// GPUMEM_RECONNECT_MS, default 30000) and then go to the new daemon. A
+// block that did not survive stays mapped until its Buffer goes; its Free
+// answers the daemon's reason (NOT_FOUND), and OnRestart tells the program.
 // With the sim backend data() is host memory shared with the daemon and any
 // other importer; with the cuda backend data() is a device pointer on the
 // allocation's device (found by UUID, so CUDA_VISIBLE_DEVICES may renumber).
@@ -26,9 +36,11 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 
 namespace gpumem {
@@ -125,14 +137,40 @@ class Client {
   void OnReclaimRequest(std::function<void(const v1::ReclaimRequest&)> on_reclaim);
   absl::Status ReportReclaimed(uint64_t freed_bytes);
 
- private:
+  // The library's own state (client/client_impl.h).
   struct Impl;
+
+  // After each daemon restart this client came through, on the library's
+  // thread: which of its blocks survived and which were lost, each lost one
+  // with the daemon's reason. Must return quickly and must not wait for
+  // this Client's calls (they may be waiting for this restart to finish).
+  struct RestartReport {
+    std::vector<uint64_t> kept;
+    std::vector<std::pair<uint64_t, absl::Status>> lost;
+    absl::Duration took;  // from the hangup to serving again
+  };
+  void OnRestart(std::function<void(const RestartReport&)> on_restart);
+  // Daemon restarts this client came through so far.
+  uint64_t restarts() const;
+  // The block `allocation_id` was lost at a restart (its Free answers why).
+  bool IsLost(uint64_t allocation_id) const;
+
+ private:
   explicit Client(std::unique_ptr<Impl> impl);
   absl::StatusOr<void*> MapBlock(const v1::Allocation& a);
   void UnmapBlock(const v1::Allocation& a);
   absl::Status CopyBlock(const v1::Allocation& a, uint64_t offset, const void* src,
                          void* dst, uint64_t n);
   friend class Buffer;
+
+  // Runs `call` on the current link; when it fails because the daemon went
+  // away, waits for the reconnect and runs it once more on the new link.
+  template <typename T, typename Fn>
+  absl::StatusOr<T> WithRestart(Fn call);
+  absl::Status FreeOnce(uint64_t allocation_id, bool* daemon_gone);
+  // The restart thread (client_restart.cc).
+  void WatchLoop();
+  void Reconnect();
 
   std::unique_ptr<Impl> impl_;
 };

@@ -23,7 +23,9 @@ class VmmSlab : public OpenedSlab {
     if (mapped_) d_->cuMemUnmap(va_, size_);
     if (va_ != 0) d_->cuMemAddressFree(va_, size_);
     if (handle_ != 0) d_->cuMemRelease(handle_);
+    if (fd_ >= 0) close(fd_);
   }
+  int handle_fd() const override { return fd_; }
   char* base() const override { return reinterpret_cast<char*>(va_); }
   uint64_t size() const override { return size_; }
   absl::Status Write(uint64_t offset, const void* src, uint64_t n) override {
@@ -33,7 +35,7 @@ class VmmSlab : public OpenedSlab {
     return dev_.Read(*d_, va_, size_, offset, dst, n);
   }
 
-  // Takes ownership of `fd` (closed here whatever happens).
+  // Takes ownership of `fd`: kept for the slab's life (handle_fd()).
   absl::Status Open(int fd) {
     const std::string where = absl::StrCat("device ", dev_.uuid);
     absl::Status s = dev_.MakeCurrent(*d_);
@@ -44,7 +46,7 @@ class VmmSlab : public OpenedSlab {
                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
                      "cuMemImportFromShareableHandle", where);
     }
-    close(fd);  // the import holds the memory now
+    fd_ = fd;  // the import holds the memory; the fd is kept to give back
     if (!s.ok()) return s;
     s = CudaStatus(*d_, d_->cuMemAddressReserve(&va_, size_, 0, 0, 0), "cuMemAddressReserve",
                    where);
@@ -66,6 +68,7 @@ class VmmSlab : public OpenedSlab {
   CUmemGenericAllocationHandle handle_ = 0;
   CUdeviceptr va_ = 0;
   bool mapped_ = false;
+  int fd_ = -1;
 };
 
 class CudaVmmSlabMapper : public SlabMapper {

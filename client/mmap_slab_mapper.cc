@@ -14,8 +14,12 @@ namespace {
 
 class MmapSlab : public OpenedSlab {
  public:
-  MmapSlab(char* base, uint64_t size) : base_(base), size_(size) {}
-  ~MmapSlab() override { munmap(base_, size_); }
+  MmapSlab(char* base, uint64_t size, int fd) : base_(base), size_(size), fd_(fd) {}
+  ~MmapSlab() override {
+    munmap(base_, size_);
+    close(fd_);
+  }
+  int handle_fd() const override { return fd_; }
   char* base() const override { return base_; }
   uint64_t size() const override { return size_; }
   absl::Status Write(uint64_t offset, const void* src, uint64_t n) override {
@@ -32,6 +36,7 @@ class MmapSlab : public OpenedSlab {
  private:
   char* base_;
   uint64_t size_;
+  int fd_;
 };
 
 class MmapSlabMapper : public SlabMapper {
@@ -43,12 +48,13 @@ class MmapSlabMapper : public SlabMapper {
     if (!slab.ok()) return slab.status();
     void* base = mmap(nullptr, slab->size, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0);
     int err = errno;
-    close(slab->fd);
     if (base == MAP_FAILED) {
+      close(slab->fd);
       return absl::ResourceExhaustedError(
           absl::StrCat("mmap of slab ", a.slab_id(), " failed: ", std::strerror(err)));
     }
-    return std::unique_ptr<OpenedSlab>(new MmapSlab(static_cast<char*>(base), slab->size));
+    return std::unique_ptr<OpenedSlab>(
+        new MmapSlab(static_cast<char*>(base), slab->size, slab->fd));
   }
 };
 

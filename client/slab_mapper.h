@@ -47,10 +47,15 @@ class OpenedSlab {
   // for memfd, cuMemcpyHtoD/DtoH for CUDA. OUT_OF_RANGE outside the slab.
   virtual absl::Status Write(uint64_t offset, const void* src, uint64_t n) = 0;
   virtual absl::Status Read(uint64_t offset, void* dst, uint64_t n) = 0;
+  // The slab's handle (memfd, CUDA VMM fd), kept open for the slab's life
+  // so that it can be given back to a restarted daemon that lacks it
+  // (fd_channel.h, kGiveSlab); -1 for kinds without one (legacy IPC).
+  virtual int handle_fd() const { return -1; }
 };
 
 // Gets a slab's fd from the daemon (the slab-handle channel); called at
-// most once per Open, and only by the fd kinds. The mapper closes the fd.
+// most once per Open, and only by the fd kinds. The opened slab keeps the
+// fd (handle_fd()) and closes it when destroyed; a failed Open closes it.
 using SlabFdSource = std::function<absl::StatusOr<SlabFd>()>;
 
 class SlabMapper {

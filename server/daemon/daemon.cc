@@ -381,10 +381,13 @@ void Daemon::RestoreFromPrevious() {
 
   const size_t ledger_live = p.ledger->deferred_live().size();
   if (p.previous.empty() && slab_fds.empty()) {
-    // Nothing carried over: the ledger closes what it had open, if anything.
+    // Nothing carried over: the ledger closes what it had open, if anything
+    // (ended before the stop, if the last daemon's records say so).
     if (ledger_live > 0) {
       p.ledger->Resume({}, {},
-                       "nothing survived: the last daemon kept no state (a new state file)");
+                       p.previous.adopted ? "nothing was live at the last stop"
+                                          : "nothing survived: the last daemon kept no state",
+                       p.previous.adopted ? std::max<int64_t>(p.previous.last_change_ns, 1) : 0);
     }
     return;
   }
@@ -413,7 +416,14 @@ void Daemon::RestoreFromPrevious() {
       p.keeper->AdoptHolderRecord(r);
     }
   }
-  const size_t closures = p.ledger->Resume(out.survivors, out.closed, out.Summary());
+  const size_t closures = p.ledger->Resume(
+      out.survivors, out.closed, out.Summary(),
+      p.previous.adopted ? std::max<int64_t>(p.previous.last_change_ns, 1) : 0);
+  // The restart's record is on disk before anything is served: a daemon
+  // killed again at once must not lose it.
+  if (absl::Status flushed = p.ledger->Flush(); !flushed.ok()) {
+    std::cerr << "gpumemd: ledger: " << flushed.message() << "\n";
+  }
   std::cerr << "gpumemd: restart: " << out.Summary() << "; the ledger had " << ledger_live
             << " open, closed " << closures << " with DAEMON_RESTART\n";
   for (const std::string& line : out.notes) std::cerr << "gpumemd:   " << line << "\n";

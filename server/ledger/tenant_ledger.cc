@@ -220,7 +220,7 @@ void TenantLedger::WriterLoop() {
 
 size_t TenantLedger::Resume(const std::vector<LedgerEvent>& survivors,
                             const std::map<uint64_t, std::string>& closed,
-                            const std::string& summary) {
+                            const std::string& summary, int64_t ended_before_ns) {
   std::set<uint64_t> alive;
   for (const LedgerEvent& e : survivors) alive.insert(e.allocation_id);
   size_t closures = 0;
@@ -229,9 +229,17 @@ size_t TenantLedger::Resume(const std::vector<LedgerEvent>& survivors,
     if (alive.count(id) != 0) continue;
     LedgerEvent c = e;
     c.seq = 0;
+    auto why = closed.find(id);
+    if (why == closed.end() && ended_before_ns > 0) {
+      // Ended before the crash; its event was in the batch the crash lost.
+      c.time_ns = std::max(ended_before_ns, e.time_ns);
+      c.kind = EventKind::kFree;
+      c.detail = "ended before the daemon stopped; its event was lost with the daemon";
+      Append(std::move(c));
+      continue;
+    }
     c.time_ns = now;
     c.kind = EventKind::kDaemonRestart;
-    auto why = closed.find(id);
     c.detail = why != closed.end() ? why->second
                                    : "live when the previous daemon stopped; did not survive";
     Append(std::move(c));

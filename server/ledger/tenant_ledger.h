@@ -77,13 +77,17 @@ class TenantLedger {
 
   // With defer_recovery, once the daemon knows what survived the restart:
   // every allocation the ledger had live that is not among `survivors` is
-  // closed with DAEMON_RESTART (its detail from `closed` by id, or a
-  // default); every survivor the ledger had not recorded yet (made in the
+  // closed: with DAEMON_RESTART when the restart ended it (it is in
+  // `closed`, with why, or nothing is known: `ended_before_ns` 0), else
+  // (the daemon's own records show it ended before the crash, its event
+  // lost with the daemon's last batch) with FREE at `ended_before_ns`;
+  // every survivor the ledger had not recorded yet (made in the
   // last moments before the crash) gets its ALLOCATE, at its own time; then
   // one DAEMON_RESUMED event with `summary`. Usage, peak and byte-seconds
   // continue from where they were. Returns the number of closures.
   size_t Resume(const std::vector<LedgerEvent>& survivors,
-                const std::map<uint64_t, std::string>& closed, const std::string& summary);
+                const std::map<uint64_t, std::string>& closed, const std::string& summary,
+                int64_t ended_before_ns = 0);
   // What Open found live (defer_recovery), by allocation id.
   const std::map<uint64_t, LedgerEvent>& deferred_live() const { return deferred_live_; }
   // Records a quota in the quotas table with the next commit.

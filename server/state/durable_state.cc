@@ -22,6 +22,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/strings/strip.h"
 
 namespace gpumem {
@@ -63,6 +64,9 @@ struct Header {
   uint64_t slot_bytes[kTables];
   uint64_t capacity[kTables];
   std::atomic<uint64_t> high_water[kTables];
+  // When a record was last published or removed (Unix ns): a daemon that
+  // died did nothing after this.
+  std::atomic<int64_t> last_change_ns;
 };
 static_assert(sizeof(Header) <= kHeaderBytes, "header too big");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "need lock-free 64-bit atomics");
@@ -254,8 +258,11 @@ absl::StatusOr<std::unique_ptr<DurableState>> DurableState::Open(const std::stri
     table->name = kShapes[t].name;
     s->tables_.push_back(std::move(table));
   }
+  s->last_change_ns_ = &header->last_change_ns;
   if (adopt) {
     Snapshot& p = *previous;
+    p.adopted = true;
+    p.last_change_ns = header->last_change_ns.load();
     p.slabs = LoadTable<SlabRecord>(*s->tables_[kSlabs], &p.damaged, &p.superseded, true);
     p.allocations = LoadTable<AllocationRecordData>(*s->tables_[kAllocations], &p.damaged,
                                                     &p.superseded, true);
@@ -317,6 +324,7 @@ uint32_t DurableState::Put(int table, const void* payload, size_t size, uint64_t
   h->version = version;
   h->checksum = Checksum(version, payload, size);
   h->state.store(kLive, std::memory_order_release);  // published
+  last_change_ns_->store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
   return slot;
 }
 
@@ -324,6 +332,7 @@ void DurableState::Remove(int table, uint32_t slot) {
   if (slot == kNoSlot || frozen_.load(std::memory_order_relaxed)) return;
   Table& t = *tables_[table];
   t.head(slot)->state.store(0, std::memory_order_release);
+  last_change_ns_->store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
   absl::MutexLock lock(&t.mu);
   t.free.push_back(slot);
 }

@@ -60,6 +60,10 @@ struct Snapshot {
   // Slots with a bad checksum, and older copies of an updated key.
   uint64_t damaged = 0;
   uint64_t superseded = 0;
+  // The file was an earlier daemon's (of this boot): what it lacks was not
+  // live; and when that daemon last changed it (Unix ns).
+  bool adopted = false;
+  int64_t last_change_ns = 0;
   bool empty() const {
     return slabs.empty() && allocations.empty() && sessions.empty() && holders.empty();
   }
@@ -112,6 +116,7 @@ class DurableState {
   size_t mapped_ = 0;
   std::atomic<uint64_t> next_version_{1};
   std::atomic<bool> frozen_{false};
+  std::atomic<int64_t>* last_change_ns_ = nullptr;  // in the file's header
   std::vector<std::unique_ptr<Table>> tables_;
 };
 
