@@ -350,11 +350,14 @@ absl::StatusOr<v1::ResumeResponse> MemoryBroker::Resume(const PeerCred& caller,
       unconfirmed_.erase(it);
     }
   }
+  size_t freed = 0;
   if (!orphans.empty()) {
-    Return(table_.TakeAll(orphans, ledger::EventKind::kFree,
-                          "not re-presented by its session after the restart"));
+    std::vector<AllocationRecord> taken = table_.TakeAll(
+        orphans, ledger::EventKind::kFree, "not re-presented by its session after the restart");
+    freed = taken.size();
+    Return(std::move(taken));
   }
-  out.set_orphans_freed(static_cast<uint32_t>(orphans.size()));
+  out.set_orphans_freed(static_cast<uint32_t>(freed));
   return out;
 }
 
