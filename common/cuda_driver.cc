@@ -105,4 +105,13 @@ std::string FormatCudaUuid(const CUuuid& uuid) {
       u[14], u[15]);
 }
 
+ScopedCudaContext::ScopedCudaContext(const CudaDriver& driver, CUcontext ctx)
+    : driver_(driver), pushed_(driver.cuCtxPushCurrent_v2(ctx)) {}
+
+ScopedCudaContext::~ScopedCudaContext() {
+  if (pushed_ != CUDA_SUCCESS) return;
+  CUcontext popped = nullptr;
+  driver_.cuCtxPopCurrent_v2(&popped);
+}
+
 }  // namespace gpumem

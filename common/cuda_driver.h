@@ -35,14 +35,20 @@ struct CudaDriver {
   X(cuInit) X(cuGetErrorString) X(cuGetErrorName) X(cuDeviceGetCount)       \
   X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetUuid_v2)                   \
   X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuDeviceGetAttribute)     \
-  X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent)   \
-  X(cuCtxSynchronize) X(cuMemGetInfo_v2) X(cuMemGetAllocationGranularity)   \
+  X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain)                      \
+  X(cuDevicePrimaryCtxRelease_v2) X(cuCtxSetCurrent) X(cuCtxGetCurrent)     \
+  X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxSynchronize)          \
+  X(cuMemGetInfo_v2) X(cuMemGetAllocationGranularity)                       \
   X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle)            \
   X(cuMemImportFromShareableHandle) X(cuMemAddressReserve)                  \
   X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)           \
   X(cuMemsetD8_v2) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoH_v2) X(cuMemAlloc_v2)   \
   X(cuMemFree_v2) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2)             \
-  X(cuIpcCloseMemHandle)
+  X(cuIpcCloseMemHandle) X(cuStreamCreate) X(cuStreamDestroy_v2)            \
+  X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent)              \
+  X(cuLaunchHostFunc) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)     \
+  X(cuEventSynchronize) X(cuEventDestroy_v2) X(cuMemsetD8Async)             \
+  X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2)
 #define GPUMEM_CUDA_DRIVER_FIELD(name) decltype(&::name) name = nullptr;
   GPUMEM_CUDA_DRIVER_FUNCTIONS(GPUMEM_CUDA_DRIVER_FIELD)
 #undef GPUMEM_CUDA_DRIVER_FIELD
@@ -67,6 +73,24 @@ CUresult CudaErrorOf(const absl::Status& status);
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it.
 std::string FormatCudaUuid(const CUuuid& uuid);
+
+// Makes `ctx` the calling thread's current context for the life of the
+// object and then gives the thread back the context it had (the driver's
+// context stack: cuCtxPushCurrent / cuCtxPopCurrent), so code that runs on
+// an application's threads leaves the application's context alone.
+class ScopedCudaContext {
+ public:
+  ScopedCudaContext(const CudaDriver& driver, CUcontext ctx);
+  ~ScopedCudaContext();
+  ScopedCudaContext(const ScopedCudaContext&) = delete;
+  ScopedCudaContext& operator=(const ScopedCudaContext&) = delete;
+  // CUDA_SUCCESS when `ctx` is current now (the push worked).
+  CUresult result() const { return pushed_; }
+
+ private:
+  const CudaDriver& driver_;
+  CUresult pushed_;
+};
 
 }  // namespace gpumem
 

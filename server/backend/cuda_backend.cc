@@ -1,5 +1,8 @@
-// Each device's primary context is retained once at start and made current
-// on the calling thread before every driver call that needs one.
+// Each device's primary context is retained once at start. Every backend
+// call that needs a context pushes the device's own onto the calling thread
+// and pops it when done (ScopedCudaContext), whatever thread it runs on (the
+// broker's, a backend worker, the slab channel's listener) and whatever that
+// thread had current.
 #include "server/backend/cuda_backend.h"
 
 #include <cuda.h>
@@ -37,7 +40,9 @@ class CudaSlabBase : public Slab {
       return absl::OutOfRangeError("scrub range outside the slab");
     }
     if (length == 0) return absl::OkStatus();
-    absl::Status s = Call(d_->cuCtxSetCurrent(dev_->ctx), "cuCtxSetCurrent");
+    ScopedCudaContext scope(*d_, dev_->ctx);
+    absl::Status s = Call(scope.result(), "cuCtxPushCurrent");
+    // cuMemsetD8 returns before the bytes are zero: wait for them.
     if (s.ok()) s = Call(d_->cuMemsetD8_v2(base_ + offset, 0, length), "cuMemsetD8");
     if (s.ok()) s = Call(d_->cuCtxSynchronize(), "cuCtxSynchronize");
     return s;
@@ -59,7 +64,7 @@ class VmmSlab : public CudaSlabBase {
  public:
   using CudaSlabBase::CudaSlabBase;
   ~VmmSlab() override {
-    d_->cuCtxSetCurrent(dev_->ctx);
+    ScopedCudaContext scope(*d_, dev_->ctx);
     if (mapped_) d_->cuMemUnmap(base_, size_);
     if (base_ != 0) d_->cuMemAddressFree(base_, size_);
     if (handle_ != 0) d_->cuMemRelease(handle_);
@@ -67,7 +72,8 @@ class VmmSlab : public CudaSlabBase {
   HandleKind handle_kind() const override { return HandleKind::kCudaVmmFd; }
 
   absl::Status Init() {
-    absl::Status s = Call(d_->cuCtxSetCurrent(dev_->ctx), "cuCtxSetCurrent");
+    ScopedCudaContext scope(*d_, dev_->ctx);
+    absl::Status s = Call(scope.result(), "cuCtxPushCurrent");
     if (!s.ok()) return s;
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -93,8 +99,11 @@ class VmmSlab : public CudaSlabBase {
   }
 
   absl::StatusOr<int> ExportFd() const override {
+    ScopedCudaContext scope(*d_, dev_->ctx);
+    absl::Status s = Call(scope.result(), "cuCtxPushCurrent");
+    if (!s.ok()) return s;
     int fd = -1;
-    absl::Status s = Call(d_->cuMemExportToShareableHandle(
+    s = Call(d_->cuMemExportToShareableHandle(
                               &fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
                           "cuMemExportToShareableHandle");
     if (!s.ok()) return s;
@@ -111,12 +120,14 @@ class IpcSlab : public CudaSlabBase {
  public:
   using CudaSlabBase::CudaSlabBase;
   ~IpcSlab() override {
-    if (base_ != 0 && d_->cuCtxSetCurrent(dev_->ctx) == CUDA_SUCCESS) d_->cuMemFree_v2(base_);
+    ScopedCudaContext scope(*d_, dev_->ctx);
+    if (base_ != 0 && scope.result() == CUDA_SUCCESS) d_->cuMemFree_v2(base_);
   }
   HandleKind handle_kind() const override { return HandleKind::kCudaIpc; }
 
   absl::Status Init() {
-    absl::Status s = Call(d_->cuCtxSetCurrent(dev_->ctx), "cuCtxSetCurrent");
+    ScopedCudaContext scope(*d_, dev_->ctx);
+    absl::Status s = Call(scope.result(), "cuCtxPushCurrent");
     if (!s.ok()) return s;
     s = Call(d_->cuMemAlloc_v2(&base_, size_), "cuMemAlloc");
     if (!s.ok()) return s;
@@ -169,8 +180,8 @@ class CudaBackendImpl : public Backend {
       return absl::InvalidArgumentError(absl::StrCat("no device ", device));
     }
     const Device& dev = devices_[device];
-    absl::Status s = CudaStatus(*d_, d_->cuCtxSetCurrent(dev.ctx), "cuCtxSetCurrent",
-                                dev.context);
+    ScopedCudaContext scope(*d_, dev.ctx);
+    absl::Status s = CudaStatus(*d_, scope.result(), "cuCtxPushCurrent", dev.context);
     if (!s.ok()) return s;
     size_t free = 0, total = 0;
     s = CudaStatus(*d_, d_->cuMemGetInfo_v2(&free, &total), "cuMemGetInfo", dev.context);

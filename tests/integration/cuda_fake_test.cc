@@ -33,6 +33,10 @@ using testing::DaemonProcess;
 using testing::RunfilePath;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
+// What each process's context costs on a device it uses (the fake's
+// FAKE_CUDA_CONTEXT_BYTES, set below): the daemon has one on every device,
+// each client process one on each device it maps memory of.
+constexpr uint64_t kCtx = 4 * kMiB;
 
 std::string FakeDriverPath() { return RunfilePath("tests/fake_cuda/libcuda.so.1"); }
 
@@ -52,6 +56,7 @@ void UseFakeDriver() {
   dir = dir.substr(0, dir.rfind('/'));
   setenv("LD_LIBRARY_PATH", dir.c_str(), 1);
   setenv("FAKE_CUDA_DEVICES", "2x256MiB", 1);
+  setenv("FAKE_CUDA_CONTEXT_BYTES", "4MiB", 1);
   unsetenv("CUDA_VISIBLE_DEVICES");
 }
 
@@ -130,18 +135,20 @@ TEST_F(CudaFakeTest, TwoProcessesShareAVmmSlabAndKillGivesMemoryBack) {
   StartDaemon({"--slab_size=16MiB", "--empty_slab_release_seconds=0"});
   const v1::DeviceStats before = Device(1);
   EXPECT_EQ(before.driver_total_bytes(), 256 * kMiB);
-  EXPECT_EQ(before.driver_free_bytes(), 256 * kMiB);
+  EXPECT_EQ(before.driver_free_bytes(), 256 * kMiB - kCtx);  // the daemon's context
   std::string hex;
   auto writer = StartWriter("1", "vmm", 3 * kMiB, &hex);
   EXPECT_EQ(Read(hex), "read ok");
   v1::DeviceStats held = Device(1);
   EXPECT_EQ(held.used_bytes(), 3 * kMiB);
-  EXPECT_EQ(held.driver_free_bytes(), 256 * kMiB - 16 * kMiB);  // one slab, counted once
+  // One slab, counted once although two processes map it, and the writer's
+  // context.
+  EXPECT_EQ(held.driver_free_bytes(), 256 * kMiB - 16 * kMiB - 2 * kCtx);
   writer->Kill(SIGKILL);
   EXPECT_EQ(writer->Wait(), -SIGKILL);
   EXPECT_TRUE(Eventually([&] { return Device(1).used_bytes() == 0; }));
   // The empty slab goes back to the driver, whose free figure is whole again.
-  EXPECT_TRUE(Eventually([&] { return Device(1).driver_free_bytes() == 256 * kMiB; }))
+  EXPECT_TRUE(Eventually([&] { return Device(1).driver_free_bytes() == 256 * kMiB - kCtx; }))
       << Device(1).DebugString();
 }
 
@@ -159,16 +166,17 @@ TEST_F(CudaFakeTest, TwoProcessesShareALegacyIpcSlabAndKillGivesItBack) {
   ASSERT_TRUE(a.ParseFromString(absl::HexStringToBytes(hex)));
   EXPECT_GT(a.offset(), 0u);
   EXPECT_EQ(Read(hex), "read ok");
-  EXPECT_EQ(Device(0).driver_free_bytes(), 256 * kMiB - 16 * kMiB);
+  EXPECT_EQ(Device(0).driver_free_bytes(), 256 * kMiB - 16 * kMiB - 3 * kCtx);
   // The writers were given the handle bytes: the slab goes back only once
   // both are gone.
   writer->Kill(SIGKILL);
   writer->Wait();
   EXPECT_TRUE(Eventually([&] { return Device(0).used_bytes() == kMiB; }));
-  EXPECT_EQ(Device(0).driver_free_bytes(), 256 * kMiB - 16 * kMiB);
+  EXPECT_TRUE(Eventually(
+      [&] { return Device(0).driver_free_bytes() == 256 * kMiB - 16 * kMiB - 2 * kCtx; }));
   second->Kill(SIGKILL);
   second->Wait();
-  EXPECT_TRUE(Eventually([&] { return Device(0).driver_free_bytes() == 256 * kMiB; }))
+  EXPECT_TRUE(Eventually([&] { return Device(0).driver_free_bytes() == 256 * kMiB - kCtx; }))
       << Device(0).DebugString();
 }
 
@@ -226,7 +234,7 @@ TEST_F(CudaFakeTest, MemoryHeldOutsideGpumemdIsVisibleAndRefusedByTheDriver) {
   CUdeviceptr outside = 0;
   ASSERT_EQ((*d)->cuMemAlloc_v2(&outside, 200 * kMiB), CUDA_SUCCESS);
   v1::DeviceStats s = Device(0);
-  EXPECT_EQ(s.driver_free_bytes(), 56 * kMiB);
+  EXPECT_EQ(s.driver_free_bytes(), 56 * kMiB - 2 * kCtx);  // the daemon's and this process's
   EXPECT_EQ(s.free_bytes(), 256 * kMiB);  // the daemon's own view
   auto refused = Alloc(100 * kMiB, "0");  // a dedicated slab the driver cannot make
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
