@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/byte_size.h"
 #include "common/cuda_driver.h"
 
@@ -26,12 +27,23 @@ struct Device {
   std::string context;  // "device 0 (GPU-...)", for error messages
 };
 
+// The driver's free memory on a device, learnt after every change the
+// backend makes there and whenever its figures are asked for.
+struct Room {
+  std::atomic<uint64_t> bytes{UINT64_MAX};
+  void Refresh(const CudaDriver& d, const Device& dev);
+};
+
 class CudaSlabBase : public Slab {
  public:
   CudaSlabBase(const CudaDriver* d, const Device* dev, uint64_t size,
-               std::atomic<uint64_t>* account)
-      : d_(d), dev_(dev), size_(size), account_(account) {}
-  ~CudaSlabBase() override { account_->fetch_sub(size_); }
+               std::atomic<uint64_t>* account, Room* room)
+      : d_(d), dev_(dev), size_(size), account_(account), room_(room) {}
+  // Runs after the subclass gave the memory back.
+  ~CudaSlabBase() override {
+    account_->fetch_sub(size_);
+    room_->Refresh(*d_, *dev_);
+  }
   uint32_t device() const override { return dev_->info.index; }
   uint64_t size() const override { return size_; }
 
@@ -56,8 +68,17 @@ class CudaSlabBase : public Slab {
   const Device* dev_;
   uint64_t size_;
   std::atomic<uint64_t>* account_;
+  Room* room_;
   CUdeviceptr base_ = 0;  // the daemon's own mapping of the whole slab
 };
+
+void Room::Refresh(const CudaDriver& d, const Device& dev) {
+  ScopedCudaContext scope(d, dev.ctx);
+  size_t free = 0, total = 0;
+  if (scope.result() == CUDA_SUCCESS && d.cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS) {
+    bytes.store(free);
+  }
+}
 
 // cuMemCreate memory, mapped into the daemon at [base_, base_ + size_).
 class VmmSlab : public CudaSlabBase {
@@ -156,10 +177,12 @@ class CudaBackendImpl : public Backend {
         devices_(std::move(devices)),
         peers_(std::move(peers)),
         kinds_(std::move(kinds)),
-        slab_bytes_(new std::atomic<uint64_t>[devices_.size()]) {
+        slab_bytes_(new std::atomic<uint64_t>[devices_.size()]),
+        room_(new Room[devices_.size()]) {
     for (size_t i = 0; i < devices_.size(); ++i) {
       slab_bytes_[i] = 0;
       infos_.push_back(devices_[i].info);
+      room_[i].Refresh(*d_, devices_[i]);
     }
   }
   const char* name() const override { return "cuda"; }
@@ -174,6 +197,12 @@ class CudaBackendImpl : public Backend {
   uint64_t SlabBytes(uint32_t device) const override {
     return device < devices_.size() ? slab_bytes_[device].load() : 0;
   }
+  uint64_t NewSlabRoom(uint32_t device) const override {
+    return device < devices_.size() ? room_[device].bytes.load() : 0;
+  }
+  void RefreshNewSlabRoom(uint32_t device) override {
+    if (device < devices_.size()) room_[device].Refresh(*d_, devices_[device]);
+  }
 
   absl::StatusOr<DriverMemInfo> DriverMemory(uint32_t device) const override {
     if (device >= devices_.size()) {
@@ -186,6 +215,7 @@ class CudaBackendImpl : public Backend {
     size_t free = 0, total = 0;
     s = CudaStatus(*d_, d_->cuMemGetInfo_v2(&free, &total), "cuMemGetInfo", dev.context);
     if (!s.ok()) return s;
+    room_[device].bytes.store(free);
     return DriverMemInfo{free, total};
   }
 
@@ -215,17 +245,30 @@ class CudaBackendImpl : public Backend {
       }
     } while (!used.compare_exchange_weak(cur, cur + bytes));
     // From here the slab's destructor gives the bytes back, also on failure.
+    // What the driver has free, not cuDeviceTotalMem, is what a new slab can
+    // have: other processes and every context (the daemon's own too) hold
+    // memory that total does not show.
+    Room& room = room_[device];
+    room.Refresh(*d_, dev);
+    if (bytes > room.bytes.load()) {
+      used.fetch_sub(bytes);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          dev.context, ": the driver has ", FormatBytes(room.bytes.load()), " free of ",
+          FormatBytes(dev.info.total_bytes), " (other processes and contexts hold the rest), ",
+          FormatBytes(bytes), " asked"));
+    }
     absl::Status s;
     std::unique_ptr<Slab> slab;
     if (kind == HandleKind::kCudaIpc) {
-      auto ipc = std::make_unique<IpcSlab>(d_, &dev, bytes, &used);
+      auto ipc = std::make_unique<IpcSlab>(d_, &dev, bytes, &used, &room);
       s = ipc->Init();
       slab = std::move(ipc);
     } else {
-      auto vmm = std::make_unique<VmmSlab>(d_, &dev, bytes, &used);
+      auto vmm = std::make_unique<VmmSlab>(d_, &dev, bytes, &used, &room);
       s = vmm->Init();
       slab = std::move(vmm);
     }
+    room.Refresh(*d_, dev);
     if (!s.ok()) return s;
     return slab;
   }
@@ -237,7 +280,14 @@ class CudaBackendImpl : public Backend {
   std::vector<PeerLink> peers_;
   std::vector<HandleKind> kinds_;
   std::unique_ptr<std::atomic<uint64_t>[]> slab_bytes_;
+  std::unique_ptr<Room[]> room_;
 };
+
+const char* ComputeModeName(int mode) {
+  return mode == CU_COMPUTEMODE_EXCLUSIVE_PROCESS ? "EXCLUSIVE_PROCESS"
+         : mode == CU_COMPUTEMODE_PROHIBITED     ? "PROHIBITED"
+                                                  : "DEFAULT";
+}
 
 }  // namespace
 
@@ -256,6 +306,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library
     return absl::FailedPreconditionError("cuda backend: the driver sees no GPU");
   }
   std::vector<Device> devices;
+  std::vector<std::string> bad_modes;
   bool all_fd = true;
   for (int i = 0; i < count; ++i) {
     const std::string where = absl::StrCat("device ", i);
@@ -268,10 +319,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library
     char name[256] = {};
     d.cuDeviceGetName(name, sizeof(name), dev);
     info.name = name;
-    CUuuid uuid;
-    s = CudaStatus(d, d.cuDeviceGetUuid_v2(&uuid, dev), "cuDeviceGetUuid", where);
-    if (!s.ok()) return s;
-    info.uuid = FormatCudaUuid(uuid);
+    // "MIG-..." for a MIG instance, as nvidia-smi and CUDA_VISIBLE_DEVICES
+    // name it.
+    absl::StatusOr<std::string> uuid = CudaDeviceUuid(d, dev);
+    if (!uuid.ok()) return uuid.status();
+    info.uuid = *uuid;
     device.context = absl::StrCat("device ", i, " (", info.uuid, ")");
     size_t total = 0;
     s = CudaStatus(d, d.cuDeviceTotalMem_v2(&total, dev), "cuDeviceTotalMem",
@@ -291,6 +343,16 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library
     d.cuDeviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                            dev);
     all_fd = all_fd && fd != 0;
+    // The daemon's own context is one more on every device: a device that
+    // admits one process's context (EXCLUSIVE_PROCESS) would refuse every
+    // client the daemon lends its memory to, and PROHIBITED admits none.
+    int mode = CU_COMPUTEMODE_DEFAULT;
+    d.cuDeviceGetAttribute(&mode, CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, dev);
+    if (mode != CU_COMPUTEMODE_DEFAULT) {
+      bad_modes.push_back(absl::StrCat(device.context, " [", info.pci_bus_id, "] is in ",
+                                       ComputeModeName(mode), " compute mode"));
+      continue;
+    }
     s = CudaStatus(d, d.cuDevicePrimaryCtxRetain(&device.ctx, dev),
                    "cuDevicePrimaryCtxRetain", device.context);
     if (!s.ok()) return s;
@@ -311,6 +373,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library
     }
     device.granularity = granularity;
     devices.push_back(std::move(device));
+  }
+  if (!bad_modes.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda backend: ", absl::StrJoin(bad_modes, "; "),
+        ": a shared pool needs the daemon's context and every client's on each device "
+        "(EXCLUSIVE_PROCESS admits one process, PROHIBITED none); set the DEFAULT mode "
+        "(nvidia-smi -i <bus id> -c DEFAULT) or hide the device from gpumemd "
+        "(CUDA_VISIBLE_DEVICES)"));
   }
   std::vector<PeerLink> peers(static_cast<size_t>(count) * count, PeerLink::kHost);
   for (int a = 0; a < count; ++a) {

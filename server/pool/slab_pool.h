@@ -31,6 +31,10 @@
 //    released at once instead.
 //  - Live slab bytes never exceed the device's capacity (the backend
 //    refuses), and capacity promised to a slab being created counts as used.
+//    A new slab is planned only where the backend says the device has room
+//    for it (Backend::NewSlabRoom: on cuda the driver's free memory), so a
+//    device short of memory the pool never sees (other processes, contexts)
+//    is refused by the pool with its figures, not by a failing driver call.
 //  - Carve answers with a block, a refusal (capacity or fragmentation, with
 //    the figures), or the backend's error with the device and operation in
 //    its message; a failed Carve leaves the pool as it was.
@@ -130,6 +134,10 @@ struct PoolStats {
   uint64_t used_bytes = 0;       // bytes in live blocks, as asked
   uint64_t retained_bytes = 0;   // released slabs a live session may hold
   uint64_t pooled_free_bytes = 0;
+  // total - used - retained, or less where the device has less room for
+  // new slabs than that (Backend::NewSlabRoom): free bytes of carvable
+  // slabs plus that room.
+  uint64_t free_bytes = 0;
   uint64_t largest_pooled_free = 0;
   uint64_t largest_carvable = 0;  // see SlabPool::largest_carvable()
   uint64_t live_blocks = 0;
@@ -266,6 +274,9 @@ class SlabPool {
   uint64_t LargestCarvableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t RoundUp(uint64_t v) const;
   uint64_t RoundDown(uint64_t v) const { return v - v % options_.granularity; }
+  // Capacity for new slabs: by total_bytes alone, and within the backend's
+  // NewSlabRoom too.
+  uint64_t UnpooledByTotalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t UnpooledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Backend* const backend_;

@@ -274,9 +274,9 @@ placement::DeviceSnapshot MemoryBroker::Snapshot() const {
   for (placement::DeviceView& v : snap.devices) {
     const PoolStats s = pools_[v.index]->Stats();
     v.used_bytes = s.used_bytes;
-    // Retained bytes are held by some process: not free, not offered.
-    const uint64_t held = s.used_bytes + s.retained_bytes;
-    v.free_bytes = held >= v.total_bytes ? 0 : v.total_bytes - held;
+    // Retained bytes are held by some process: not free, not offered; nor
+    // is what the device itself has no room for (issue 22: NewSlabRoom).
+    v.free_bytes = s.free_bytes;
     v.largest_free_bytes = s.largest_carvable;
   }
   const Backend* backend = backend_;
@@ -787,9 +787,13 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
   absl::flat_hash_map<uint32_t, std::vector<TenantPoolStats>> tenants;
   absl::flat_hash_map<uint64_t, uint64_t> session_retained;
   for (const DeviceInfo& d : devices) {
+    // The driver's own view first (no pool lock is held here): asking also
+    // tells the backend what room the device has (issue 22).
+    absl::StatusOr<DriverMemInfo> driver = backend_->DriverMemory(d.index);
     PoolStats stats;
     stats.total_bytes = d.total_bytes;
     stats.largest_carvable = d.total_bytes;  // after Shutdown: all free
+    stats.free_bytes = d.total_bytes;
     std::vector<SlabStats> slabs;
     if (!shut_down_) {
       const SlabPool& pool = *pools_[d.index];
@@ -815,15 +819,12 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
     ds->set_pooled_bytes(stats.pooled_bytes);
     ds->set_used_bytes(stats.used_bytes);
     ds->set_retained_bytes(stats.retained_bytes);
-    const uint64_t held = stats.used_bytes + stats.retained_bytes;
-    ds->set_free_bytes(held >= d.total_bytes ? 0 : d.total_bytes - held);
+    ds->set_free_bytes(stats.free_bytes);  // issue 22: within the device's room
     ds->set_largest_free_block_bytes(stats.largest_carvable);
     ds->set_fragmentation(stats.fragmentation);
     ds->set_slab_count(stats.slab_count);
     ds->set_allocation_count(stats.live_blocks);
     ds->set_granularity_bytes(backend_->Granularity(d.index));
-    // The driver's own view (no pool lock is held here).
-    absl::StatusOr<DriverMemInfo> driver = backend_->DriverMemory(d.index);
     if (driver.ok()) {
       ds->set_driver_free_bytes(driver->free_bytes);
       ds->set_driver_total_bytes(driver->total_bytes);

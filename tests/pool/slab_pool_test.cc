@@ -29,6 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/backend/sim_backend.h"
+#include "tests/backend/faulty_backend.h"
 
 namespace gpumem {
 namespace {
@@ -323,6 +324,42 @@ TEST(SlabPoolTest, FullDeviceReleasesAnotherTenantsEmptySlabsForANewSlab) {
 // would create a slab, or release empty slabs to make room, it says so and
 // leaves the pool (and the backend) exactly as they were; refusals and
 // blocks are the answers it gives with backend work allowed.
+// The device has less room than total_bytes says (memory of other
+// processes): new slabs are planned within it, the free figure shows it, a
+// carve that needs more is refused with figures (after asking the backend
+// again: others may have freed memory), and without backend work the pool
+// says it needs the backend rather than refusing on an old figure.
+TEST(SlabPoolTest, NewSlabsFitTheRoomTheDeviceHas) {
+  testing::FaultyBackend backend(std::make_unique<SimBackend>(std::vector<uint64_t>{4 * kSlab}));
+  backend.SetDeviceFree(kSlab + kSlab / 2);
+  backend.RefreshNewSlabRoom(0);
+  SlabPool pool(&backend, 0, Options(absl::Hours(1)));
+  const HandleKind kind = backend.handle_kinds().front();
+  absl::StatusOr<PoolBlock> a = Carve(pool, kSlab, kGran, 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(pool.Stats().free_bytes, kSlab / 2);  // not 4 slabs - 1
+  EXPECT_EQ(pool.Carve(kSlab, kGran, 1, kind, false).kind, CarveResult::Kind::kNeedsBackend);
+  const int refreshes = backend.refreshes();
+  CarveResult r = pool.Carve(kSlab, kGran, 1, kind, true);
+  ASSERT_EQ(r.kind, CarveResult::Kind::kRefused);
+  EXPECT_EQ(r.refusal.reason, PoolRefusal::Reason::kCapacity);
+  EXPECT_EQ(r.refusal.free_bytes, kSlab / 2);
+  CheckRefusal(r.refusal, kSlab);
+  EXPECT_GT(backend.refreshes(), refreshes);
+  // A smaller block still gets a slab cut to the room that is left.
+  absl::StatusOr<PoolBlock> b = Carve(pool, kSlab / 4, kGran, 2);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(pool.Slabs().back().size, kSlab / 2);
+  // Others give memory back: learnt when it is needed.
+  backend.SetDeviceFree(2 * kSlab);
+  absl::StatusOr<PoolBlock> c = Carve(pool, kSlab, kGran, 1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  pool.Release(*a);
+  pool.Release(*b);
+  pool.Release(*c);
+  EXPECT_TRUE(pool.Validate().ok());
+}
+
 TEST(SlabPoolTest, CarveWithoutBackendWorkUsesExistingSlabsOnly) {
   SimBackend backend({4 * kSlab});
   SlabPool pool(&backend, 0, Options(absl::Hours(1)));
