@@ -147,6 +147,15 @@ absl::StatusOr<CachingPool::Arena*> ArenaOfDevice(int d) {
   return *arena;
 }
 
+// In a fork() child of a process that used CUDA, what the program must know
+// is that it cannot use CUDA at all, not that the client is its parent's.
+absl::Status ForkAware(absl::Status s) {
+  if (LibraryCodeOf(s) != GPUMEM_E_FORKED) return s;
+  absl::StatusOr<const CudaDriver*> d = LoadCudaDriver();
+  if (!d.ok() && !CudaDriverMissing(d.status())) return d.status();
+  return s;
+}
+
 }  // namespace
 }  // namespace client
 }  // namespace gpumem
@@ -166,13 +175,13 @@ void* gpumem_torch_malloc(ssize_t size, int device, void* stream) {
   }
   absl::StatusOr<gpumem::client::CachingPool::Arena*> arena = gpumem::client::ArenaOfDevice(device);
   if (!arena.ok()) {
-    gpumem::client::SetError(arena.status());
+    gpumem::client::SetError(gpumem::client::ForkAware(arena.status()));
     return nullptr;
   }
   absl::StatusOr<void*> p =
       gpumem::client::State().client.load(std::memory_order_acquire)->pool->Allocate(static_cast<uint64_t>(size), *arena);
   if (!p.ok()) {
-    gpumem::client::SetError(p.status());
+    gpumem::client::SetError(gpumem::client::ForkAware(p.status()));
     return nullptr;
   }
   gpumem::client::SetOk();

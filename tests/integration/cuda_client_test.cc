@@ -343,6 +343,13 @@ TEST_F(CudaClientTest, AForkChildIsToldItCannotUseCuda) {
       s = opened.status();
     }
     verdict = absl::StrCat(static_cast<int>(s.code()), " ", s.message());
+    // PyTorch's entry points in the child (this process used them before).
+    if (gpumem_torch_malloc(4096, 0, nullptr) != nullptr ||
+        gpumem_last_error() != GPUMEM_E_FAILED_PRECONDITION ||
+        !absl::StrContains(gpumem_last_error_message(), "fork()")) {
+      verdict += absl::StrCat(" | torch: ", gpumem_last_error(), " ",
+                              gpumem_last_error_message());
+    }
     (void)!write(pipefd[1], verdict.data(), verdict.size());
     _exit(0);  // the child shares the test's violations file: it records none
   }
@@ -357,6 +364,7 @@ TEST_F(CudaClientTest, AForkChildIsToldItCannotUseCuda) {
       << verdict;
   EXPECT_TRUE(absl::StrContains(verdict, "fork")) << verdict;
   EXPECT_FALSE(absl::StrContains(verdict, "unavailable")) << verdict;
+  EXPECT_FALSE(absl::StrContains(verdict, "torch:")) << verdict;
   close(slab->fd);
   close(*channel);
   EXPECT_EQ(gpumem_free(c, p), GPUMEM_OK);
