@@ -274,7 +274,7 @@ CachingPool::~CachingPool() {
     stopping_ = true;
   }
   // Blocks freed while device work used them go back once it is done.
-  WaitDeferred(0, /*device_rule_only=*/false);
+  WaitDeferred(/*device_rule_only=*/false);
   if (watcher_.joinable()) {
     uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof(one));
@@ -420,7 +420,7 @@ absl::StatusOr<void*> CachingPool::AllocateSlow(uint64_t size, uint32_t cls,
         !HasDeferred()) {
       break;
     }
-    WaitDeferred(0, /*device_rule_only=*/false);
+    WaitDeferred(/*device_rule_only=*/false);
   }
   return out;
 }
@@ -649,43 +649,77 @@ void CachingPool::Defer(DeferredFree d, const std::string& uuid, bool after_stre
       d.fence_ok = true;
     }
   }
-  d.device_rule = !after_stream;
+  d.device_rule = d.fence_ok && d.fence.event == nullptr;
   bool over;
   {
     absl::MutexLock dl(&deferred_mu_);
     deferred_bytes_ += d.bytes;
-    if (d.device_rule) deferred_device_rule_bytes_ += d.bytes;
-    over = deferred_device_rule_bytes_ > 2 * options_.lease_bytes;
-    deferred_.push_back(std::move(d));
+    ++deferred_count_;
+    if (d.device_rule) {
+      deferred_device_rule_bytes_ += d.bytes;
+      ++deferred_device_rule_count_;
+      if (device_queues_.size() <= static_cast<size_t>(d.fence.device)) {
+        device_queues_.resize(d.fence.device + 1);
+      }
+      device_queues_[d.fence.device].push_back(std::move(d));
+    } else {
+      stream_queue_.push_back(std::move(d));
+    }
+    over = deferred_device_rule_bytes_ > 2 * options_.lease_bytes ||
+           deferred_device_rule_count_ > 8192;
   }
-  // Free()'s blocks are bounded: past two leases' worth, one synchronize of
-  // their devices gives them all back.
-  if (over) WaitDeferred(0, /*device_rule_only=*/true);
+  // Free()'s blocks are bounded: past two leases' worth (or 8192 blocks),
+  // one synchronize of their devices gives them all back.
+  if (over) WaitDeferred(/*device_rule_only=*/true);
 }
 
 bool CachingPool::HasDeferred() {
   absl::MutexLock dl(&deferred_mu_);
-  return !deferred_.empty();
+  return deferred_count_ > 0;
 }
 
 void CachingPool::CollectDeferredLocked() {
   std::vector<DeferredFree> ready;
   {
     absl::MutexLock dl(&deferred_mu_);
-    if (deferred_.empty()) return;
+    if (deferred_count_ == 0) return;
     FreeFences* fences = fences_.load(std::memory_order_acquire);
-    std::vector<DeferredFree> waiting;
-    for (DeferredFree& d : deferred_) {
-      if (!d.fence_ok || fences == nullptr || fences->Passed(d.fence)) {
-        deferred_bytes_ -= d.bytes;
-        if (d.device_rule) deferred_device_rule_bytes_ -= d.bytes;
-        if (d.fence_ok && fences != nullptr) fences->Release(d.fence);
-        ready.push_back(std::move(d));
-      } else {
-        waiting.push_back(std::move(d));
+    auto passed = [&](const DeferredFree& d) {
+      return !d.fence_ok || fences == nullptr || fences->Passed(d.fence);
+    };
+    auto take = [&](DeferredFree& d) {
+      deferred_bytes_ -= d.bytes;
+      --deferred_count_;
+      if (d.device_rule) {
+        deferred_device_rule_bytes_ -= d.bytes;
+        --deferred_device_rule_count_;
+      }
+      if (d.fence_ok && fences != nullptr) fences->Release(d.fence);
+      ready.push_back(std::move(d));
+    };
+    // A device's queue is in fence order: what passed is a prefix.
+    for (std::deque<DeferredFree>& q : device_queues_) {
+      while (!q.empty() && passed(q.front())) {
+        take(q.front());
+        q.pop_front();
       }
     }
-    deferred_.swap(waiting);
+    // Events of different streams pass in any order: look at the oldest few.
+    std::deque<DeferredFree> keep;
+    int looked = 0;
+    while (!stream_queue_.empty() && looked++ < 64) {
+      DeferredFree& d = stream_queue_.front();
+      if (passed(d)) {
+        take(d);
+      } else {
+        keep.push_back(std::move(d));
+      }
+      stream_queue_.pop_front();
+    }
+    while (!keep.empty()) {
+      stream_queue_.push_front(std::move(keep.back()));
+      keep.pop_back();
+    }
   }
   for (DeferredFree& d : ready) {
     if (d.lease != nullptr) {
@@ -706,32 +740,30 @@ void CachingPool::CollectDeferredLocked() {
   }
 }
 
-void CachingPool::WaitDeferred(uint64_t keep_bytes, bool device_rule_only) {
+void CachingPool::WaitDeferred(bool device_rule_only) {
   std::vector<FreeFences::Fence> wait;
   FreeFences* fences = fences_.load(std::memory_order_acquire);
   {
     absl::MutexLock dl(&deferred_mu_);
-    uint64_t left = device_rule_only ? deferred_device_rule_bytes_ : deferred_bytes_;
-    std::vector<int> synced;  // devices whose synchronize covers all their Free()s
-    for (const DeferredFree& d : deferred_) {
-      if (left <= keep_bytes) break;
-      if (device_rule_only && !d.device_rule) continue;
-      left -= d.bytes;
-      if (!d.fence_ok) continue;
-      if (d.fence.event == nullptr) {
-        if (std::find(synced.begin(), synced.end(), d.fence.device) != synced.end()) continue;
-        synced.push_back(d.fence.device);
+    // The oldest fence of each device: waiting for it synchronizes the
+    // device, which covers every fence taken before that began.
+    for (const std::deque<DeferredFree>& q : device_queues_) {
+      if (!q.empty()) wait.push_back(q.front().fence);
+    }
+    if (!device_rule_only) {
+      for (const DeferredFree& d : stream_queue_) {
+        if (d.fence_ok) wait.push_back(d.fence);
       }
-      wait.push_back(d.fence);
     }
   }
-  // A device's oldest fence: waiting for it synchronizes the device, which
-  // covers every fence taken before that began.
   for (const FreeFences::Fence& f : wait) {
     if (fences != nullptr) fences->Wait(f).IgnoreError();  // failed: counts as passed
   }
   absl::MutexLock lock(&mu_);
-  CollectDeferredLocked();
+  // Everything waited for has passed now, whatever the order.
+  for (int round = 0; round < 1 + static_cast<int>(wait.size() / 64); ++round) {
+    CollectDeferredLocked();
+  }
 }
 
 absl::StatusOr<int> CachingPool::DeviceOf(const void* ptr) {
@@ -1083,7 +1115,7 @@ void CachingPool::WatchLoop() {
 
 absl::StatusOr<uint64_t> CachingPool::Trim() {
   if (Forked()) return ForkedError();
-  WaitDeferred(0, /*device_rule_only=*/false);
+  WaitDeferred(/*device_rule_only=*/false);
   absl::MutexLock lock(&mu_);
   absl::Status s = EnsureConnectedLocked();
   if (!s.ok()) return s;
@@ -1116,7 +1148,7 @@ PoolStats CachingPool::Stats() {
   }
   st.lost_bytes = lost_bytes_;
   absl::MutexLock dl(&deferred_mu_);
-  st.deferred_blocks = deferred_.size();
+  st.deferred_blocks = deferred_count_;
   st.deferred_bytes = deferred_bytes_;
   return st;
 }

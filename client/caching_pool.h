@@ -21,7 +21,8 @@
 //     the free has passed (client/free_fences.h). Free() waits for all the
 //     work this process queued on the block's device before it (the next
 //     cuCtxSynchronize of the device: run when the blocks waiting exceed
-//     2 leases' worth on a free, when the daemon has no memory left for an
+//     2 leases' worth (or 8192 blocks) on a free, when the daemon has no
+//     memory left for an
 //     allocation, and by Trim() and the destructor); FreeAfterStream() for
 //     the work queued on one stream before it (an event, polled on every
 //     slow-path allocation and reaper tick, waited for only when the daemon
@@ -69,6 +70,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -195,11 +197,9 @@ class CachingPool {
   void EnsureFencesLocked(const Buffer& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the deferred blocks whose fence has passed.
   void CollectDeferredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits (no pool lock held) for deferred blocks' fences, oldest first,
-  // until at most `keep_bytes` wait (of the Free() kind only, or all), then
-  // collects.
-  void WaitDeferred(uint64_t keep_bytes, bool device_rule_only)
-      ABSL_LOCKS_EXCLUDED(mu_, deferred_mu_);
+  // Waits (no pool lock held) for the fences of every deferred block (of
+  // the Free() kind only, or all), then collects them.
+  void WaitDeferred(bool device_rule_only) ABSL_LOCKS_EXCLUDED(mu_, deferred_mu_);
   bool HasDeferred() ABSL_LOCKS_EXCLUDED(deferred_mu_);
   void ReturnToLeaseLocked(Lease* lease, uintptr_t ptr, uint32_t handle, uint32_t cls)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -258,8 +258,13 @@ class CachingPool {
   std::unique_ptr<FreeFences> fences_owner_ ABSL_GUARDED_BY(mu_);
   std::atomic<FreeFences*> fences_{nullptr};  // set once, with the first device lease
   absl::Mutex deferred_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::vector<DeferredFree> deferred_ ABSL_GUARDED_BY(deferred_mu_);
+  // Free()'s blocks by device (FreeFences' index), each queue in fence
+  // order; FreeAfterStream()'s in the order freed.
+  std::vector<std::deque<DeferredFree>> device_queues_ ABSL_GUARDED_BY(deferred_mu_);
+  std::deque<DeferredFree> stream_queue_ ABSL_GUARDED_BY(deferred_mu_);
+  uint64_t deferred_count_ ABSL_GUARDED_BY(deferred_mu_) = 0;
   uint64_t deferred_bytes_ ABSL_GUARDED_BY(deferred_mu_) = 0;
+  uint64_t deferred_device_rule_count_ ABSL_GUARDED_BY(deferred_mu_) = 0;
   uint64_t deferred_device_rule_bytes_ ABSL_GUARDED_BY(deferred_mu_) = 0;
 
   int wake_fd_ = -1;  // eventfd: stops the watcher

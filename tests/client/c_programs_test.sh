@@ -20,7 +20,9 @@ ln -sf libgpumem.so.1 "$build/libgpumem.so"  # the name -lgpumem looks for
 inc=$(dirname "$header")
 gcc $SANITIZER_CFLAGS -std=c99 -Wall -Wextra -Werror -pedantic -I"$inc" "$c_program" -o "$build/c_program" \
   -L"$build" -lgpumem -Wl,-rpath,"$build" || fail "c_program.c did not build"
-gcc $SANITIZER_CFLAGS -std=c11 -Wall -Werror -fopenmp -I"$inc" "$omp_example" -o "$build/omp_shards" \
+# Host-only OpenMP (-foffload=disable: with gcc's nvptx offload compiler
+# installed, its default would also build for the GPU).
+gcc $SANITIZER_CFLAGS -std=c11 -Wall -Werror -fopenmp -foffload=disable -I"$inc" "$omp_example" -o "$build/omp_shards" \
   -L"$build" -lgpumem -Wl,-rpath,"$build" || fail "omp_shards.c did not build"
 readelf -d "$build/c_program" | grep -q 'NEEDED.*libgpumem.so.1' || fail "not linked to libgpumem.so.1"
 
