@@ -29,22 +29,22 @@ cp "$smi" "$work/path/nvidia-smi"
 chmod +x "$work/path/nvidia-smi"
 # Only what run needs: python3, the fake nvidia-smi; no bazel, no compiler.
 ln -s /usr/bin/python3 "$work/path/python3"
-for tool in env sh date cat; do ln -s "$(command -v $tool)" "$work/path/$tool"; done
+for tool in env sh bash date cat grep sed seq sleep kill mktemp; do ln -s "$(command -v $tool)" "$work/path/$tool"; done
 export PATH=$work/path
 export LD_PRELOAD=${SANITIZER_PRELOAD}
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # Refusals: no --bin, a folder that is not one, no driver without --fake.
-rc=0; python3 "$run" >/dev/null 2>&1 || rc=$?
+rc=0; "$run" >/dev/null 2>&1 || rc=$?
 [ "$rc" = 2 ] || fail "run without --bin: exit $rc"
-rc=0; out=$(python3 "$run" --bin=/nonexistent 2>&1) || rc=$?
+rc=0; out=$("$run" --bin=/nonexistent 2>&1) || rc=$?
 [ "$rc" = 2 ] && [[ "$out" == *"tests/gpu/pack"* ]] || fail "run --bin=/nonexistent: exit $rc: $out"
-rc=0; out=$(python3 "$run" --bin="$work" 2>&1) || rc=$?
+rc=0; out=$("$run" --bin="$work" 2>&1) || rc=$?
 [ "$rc" = 2 ] && [[ "$out" == *"no libcuda.so.1"* ]] || fail "run without a driver: exit $rc: $out"
 
 start=$(date +%s)
 rc=0
-python3 "$run" --bin="$work" --fake --json --keep >"$work/out.json" 2>"$work/err" || rc=$?
+"$run" --bin="$work" --fake --json --keep >"$work/out.json" 2>"$work/err" || rc=$?
 echo "run --fake: exit $rc in $(( $(date +%s) - start )) s"
 cat "$work/out.json"
 [ -s "$work/out.json" ] || { cat "$work/err"; fail "run --fake printed no JSON"; }
