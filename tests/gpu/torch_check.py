@@ -19,6 +19,12 @@ def report(result, detail, **extra):
 
 lib, device = sys.argv[1], int(sys.argv[2])
 try:
+    import ctypes
+    ctypes.CDLL(lib)
+except OSError as e:
+    # Carried libraries built against a newer C library than this python's.
+    report("skip" if "GLIBC" in str(e) else "fail", "loading %s: %s" % (lib, e))
+try:
     import torch
 except ImportError:
     report("skip", "torch is not installed")

@@ -5,7 +5,12 @@
 // the right device, SIGKILL gives the memory back (down to the driver's own
 // free figure), and driver failures reach the caller with the right code and
 // words: out of memory (injected, or memory held outside gpumemd), a lost
-// device, a handle kind the daemon does not offer. The test process itself
+// device, a handle kind the daemon does not offer. And what a real GPU holds
+// the daemon to (issue 22): a write is on the device when it returns (a
+// reader in another process at once sees it), MIG instances are named
+// "MIG-...", slabs are admitted against what the driver has free (other
+// processes' memory and every context's cost), and a device in
+// EXCLUSIVE_PROCESS compute mode stops the start, saying why. The test process itself
 // only makes raw RPCs; processes that open slabs are cuda_share_client.
 #include <signal.h>
 #include <unistd.h>
