@@ -218,6 +218,23 @@ TEST_F(CudaClientTest, EveryEntryPointLeavesTheCallersContextAsFound) {
     same("gpumem_stats_json");
     EXPECT_EQ(gpumem_close(c), GPUMEM_OK);
     same("gpumem_close");
+    // The C++ client: a new Client maps its slab anew, copies, frees.
+    {
+      auto cc = client::Client::Connect(daemon_->socket());
+      ASSERT_TRUE(cc.ok()) << cc.status();
+      v1::PlacementRequest where;
+      where.add_devices("1");
+      auto b = (*cc)->Allocate(kMiB, where);
+      ASSERT_TRUE(b.ok()) << b.status();
+      same("Client::Allocate");
+      std::vector<char> bytes(4096, 7);
+      EXPECT_TRUE(b->Write(0, bytes.data(), bytes.size()).ok());
+      EXPECT_TRUE(b->Read(0, bytes.data(), bytes.size()).ok());
+      same("Buffer::Write/Read");
+      EXPECT_TRUE(b->Free().ok());
+      same("Buffer::Free");
+    }
+    same("~Client");
   }
   ASSERT_EQ(d.cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
 }
