@@ -57,6 +57,9 @@ struct Client::Impl {
   absl::Mutex mu;
   int channel_fd ABSL_GUARDED_BY(mu) = -1;
   absl::flat_hash_map<uint64_t, MappedSlab> slabs ABSL_GUARDED_BY(mu);
+  // Slabs of abandoned Buffers: memory given back, addresses kept reserved
+  // until this Client goes (OpenedSlab::Retire).
+  std::vector<std::shared_ptr<OpenedSlab>> retired ABSL_GUARDED_BY(mu);
   // One mapper per handle kind, made on first use.
   absl::flat_hash_map<int, std::unique_ptr<SlabMapper>> mappers ABSL_GUARDED_BY(mu);
   v1::HandleKind handle_kind ABSL_GUARDED_BY(mu) = v1::HANDLE_KIND_UNSPECIFIED;
@@ -68,6 +71,7 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() {
   absl::MutexLock lock(&impl_->mu);
   impl_->slabs.clear();  // closes every opened slab
+  impl_->retired.clear();
   if (impl_->channel_fd >= 0) close(impl_->channel_fd);
 }
 
@@ -238,11 +242,18 @@ absl::StatusOr<void*> Client::MapBlock(const v1::Allocation& a) {
   return it->second.slab->base() + a.offset();
 }
 
-void Client::UnmapBlock(const v1::Allocation& a) {
+void Client::UnmapBlock(const v1::Allocation& a, bool retire) {
   absl::MutexLock lock(&impl_->mu);
   auto it = impl_->slabs.find(a.slab_id());
   if (it == impl_->slabs.end()) return;
-  if (--it->second.refs == 0) {
+  if (--it->second.refs == 0 && retire) {
+    // The daemon that lent it is gone: nobody to tell; keep the addresses.
+    it->second.slab->Retire();
+    impl_->retired.push_back(std::move(it->second.slab));
+    impl_->slabs.erase(it);
+    return;
+  }
+  if (it->second.refs == 0) {
     impl_->slabs.erase(it);  // closes the slab
     // Legacy IPC handles came with the allocation, not over the channel:
     // open it now to say the slab is closed.
@@ -370,14 +381,14 @@ absl::Status Buffer::Free() {
   if (client_ == nullptr) return absl::FailedPreconditionError("empty Buffer");
   Client* c = client_;
   client_ = nullptr;
-  c->UnmapBlock(info_);
+  c->UnmapBlock(info_, /*retire=*/false);
   data_ = nullptr;
   return c->Free(info_.id());
 }
 
 void Buffer::Abandon() {
   if (client_ == nullptr) return;
-  client_->UnmapBlock(info_);
+  client_->UnmapBlock(info_, /*retire=*/true);
   client_ = nullptr;
   data_ = nullptr;
 }
