@@ -14,6 +14,8 @@
 #include "absl/status/statusor.h"
 #include "client/caching_pool.h"
 
+struct gpumem_client;
+
 namespace gpumem {
 namespace client {
 inline constexpr uint32_t kOpenMagic = 0x67706d31;    // "gpm1"
@@ -22,6 +24,8 @@ inline constexpr uint32_t kClosedMagic = 0x67706d30;  // "gpm0"
 // Sets this thread's last error from `s` and returns its code.
 int SetError(const absl::Status& s);
 int SetOk();
+// The pool of an open handle (or the status the C ABI answers).
+absl::StatusOr<CachingPool*> PoolOf(gpumem_client* c);
 }  // namespace client
 }  // namespace gpumem
 

@@ -24,12 +24,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/fd_channel.h"
+#include "client/cuda_device_context.h"
 #include "client/size_classes.h"
 #include "common/alloc/offset_allocator.h"
-
-#ifndef MAP_FIXED_NOREPLACE
-#define MAP_FIXED_NOREPLACE 0x100000
-#endif
 
 namespace gpumem {
 namespace client {
@@ -125,6 +122,9 @@ struct CachingPool::Lease {
   absl::Time empty_since;                   // mu_
   bool released = false;                    // mu_
   std::atomic<bool> lost{false};
+  // Device memory (a CUDA handle kind): its frees are stream-ordered.
+  bool on_device = false;
+  std::string uuid;
 };
 
 struct CachingPool::LeaseTable {
@@ -134,7 +134,28 @@ struct CachingPool::LeaseTable {
 
 struct CachingPool::LargeBlock {
   Buffer buffer;
+  uint64_t generation = 0;  // the daemon connection it came from
 };
+
+// A freed block waiting for its fence: a lease's block (lease set) or a
+// large block (large set).
+struct CachingPool::DeferredFree {
+  uintptr_t ptr = 0;
+  uint64_t bytes = 0;
+  Lease* lease = nullptr;
+  uint32_t handle = 0, cls = 0;
+  std::unique_ptr<LargeBlock> large;
+  FreeFences::Fence fence;
+  bool fence_ok = false;   // false: nothing to wait for (the device failed)
+  bool device_rule = false;  // Free()'s rule, not FreeAfterStream()'s
+};
+
+namespace {
+bool OnDevice(const Buffer& b) {
+  return b.allocation().handle_kind() != v1::HANDLE_KIND_MEMFD &&
+         b.allocation().handle_kind() != v1::HANDLE_KIND_UNSPECIFIED;
+}
+}  // namespace
 
 namespace {
 struct CachedBlock {
@@ -252,6 +273,8 @@ CachingPool::~CachingPool() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  // Blocks freed while device work used them go back once it is done.
+  WaitDeferred(/*device_rule_only=*/false);
   if (watcher_.joinable()) {
     uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof(one));
@@ -287,7 +310,6 @@ CachingPool::~CachingPool() {
   retired_clients_.clear();  // joins their stream readers, which write wake_fd_
   if (wake_fd_ >= 0) close(wake_fd_);
   if (watch_fd_ >= 0) close(watch_fd_);
-  for (auto& [begin, size] : lost_) munmap(reinterpret_cast<void*>(begin), size);
 }
 
 bool CachingPool::Forked() const {
@@ -385,7 +407,26 @@ absl::StatusOr<void*> CachingPool::Allocate(uint64_t size, Arena* arena) {
 
 absl::StatusOr<void*> CachingPool::AllocateSlow(uint64_t size, uint32_t cls,
                                                 Arena* arena) {
-  absl::MutexLock lock(&mu_);
+  absl::StatusOr<void*> out = absl::UnknownError("not tried");
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      absl::MutexLock lock(&mu_);
+      CollectDeferredLocked();
+      out = AllocateSlowLocked(size, cls, arena);
+    }
+    // The daemon has no memory left: blocks freed while device work used
+    // them will do once that work is done.
+    if (out.ok() || out.status().code() != absl::StatusCode::kResourceExhausted ||
+        !HasDeferred()) {
+      break;
+    }
+    WaitDeferred(/*device_rule_only=*/false);
+  }
+  return out;
+}
+
+absl::StatusOr<void*> CachingPool::AllocateSlowLocked(uint64_t size, uint32_t cls,
+                                                      Arena* arena) {
   absl::Status s = EnsureConnectedLocked();
   if (!s.ok()) return s;
   if (size > options_.cache_max_request || ClassSize(cls) > options_.lease_bytes) {
@@ -431,6 +472,9 @@ absl::StatusOr<void*> CachingPool::AllocateSlow(uint64_t size, uint32_t cls,
     }
     l->shadow = static_cast<std::atomic<uint64_t>*>(shadow);
     l->alloc = std::make_unique<OffsetAllocator>(l->size);
+    l->on_device = OnDevice(*buf);
+    l->uuid = buf->device_uuid();
+    if (l->on_device) EnsureFencesLocked(*buf);
     l->buffer = std::move(*buf);
     lease = l.get();
     leases_.push_back(std::move(l));
@@ -452,8 +496,10 @@ absl::StatusOr<void*> CachingPool::AllocateLarge(uint64_t size,
   absl::StatusOr<Buffer> buf = client_->Allocate(size, p);
   if (!buf.ok()) return buf.status();
   void* data = buf->data();
+  if (OnDevice(*buf)) EnsureFencesLocked(*buf);
   auto block = std::make_unique<LargeBlock>();
   block->buffer = std::move(*buf);
+  block->generation = generation_;
   large_[reinterpret_cast<uintptr_t>(data)] = std::move(block);
   return data;
 }
@@ -473,18 +519,26 @@ absl::StatusOr<std::vector<CachingPool::Shard>> CachingPool::AllocateSharded(
   std::vector<Shard> out;
   for (Buffer& b : *bufs) {
     out.push_back({b.data(), b.size(), static_cast<int>(b.device_index())});
+    if (OnDevice(b)) EnsureFencesLocked(b);
     auto block = std::make_unique<LargeBlock>();
     block->buffer = std::move(b);
+    block->generation = generation_;
     large_[reinterpret_cast<uintptr_t>(out.back().ptr)] = std::move(block);
   }
   return out;
 }
 
-absl::Status CachingPool::Free(void* ptr) {
+absl::Status CachingPool::Free(void* ptr) { return FreeWith(ptr, false, nullptr); }
+
+absl::Status CachingPool::FreeAfterStream(void* ptr, void* stream) {
+  return FreeWith(ptr, true, stream);
+}
+
+absl::Status CachingPool::FreeWith(void* ptr, bool after_stream, void* stream) {
   if (Forked()) return ForkedError();
   const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
   Lease* lease = FindLease(p);
-  if (lease == nullptr) return FreeLarge(p);
+  if (lease == nullptr) return FreeLarge(p, after_stream, stream);
   const uint64_t off = p - lease->base;
   if (off & (size_classes::kGranule - 1)) {
     return LibraryError(GPUMEM_E_DOUBLE_FREE, absl::StrFormat(
@@ -499,6 +553,16 @@ absl::Status CachingPool::Free(void* ptr) {
   }
   const uint32_t cls = ClassOfWord(word);
   const uint64_t bytes = ClassSize(cls);
+  if (lease->on_device) {
+    DeferredFree d;
+    d.ptr = p;
+    d.bytes = bytes;
+    d.lease = lease;
+    d.handle = HandleOf(word);
+    d.cls = cls;
+    Defer(std::move(d), lease->uuid, after_stream, stream);
+    return absl::OkStatus();
+  }
   if (cls < kThreadClasses) {
     ThreadCache* tc = CacheFor(lease->arena);
     if (tc != nullptr) {
@@ -529,7 +593,7 @@ absl::Status CachingPool::Free(void* ptr) {
   return absl::OkStatus();
 }
 
-absl::Status CachingPool::FreeLarge(uintptr_t p) {
+absl::Status CachingPool::FreeLarge(uintptr_t p, bool after_stream, void* stream) {
   if (p == 0) return absl::OkStatus();  // free(NULL) does nothing
   absl::MutexLock lock(&mu_);
   absl::Status connected = EnsureConnectedLocked();  // notices a restart first
@@ -540,6 +604,17 @@ absl::Status CachingPool::FreeLarge(uintptr_t p) {
     if (!connected.ok()) {  // cannot happen after a restart: that moves it to lost_large_
       return connected;
     }
+    if (OnDevice(block->buffer)) {
+      DeferredFree d;
+      d.ptr = p;
+      d.bytes = block->buffer.size();
+      const std::string uuid = block->buffer.device_uuid();
+      d.large = std::move(block);
+      mu_.Unlock();  // Defer may wait; it takes the locks it needs
+      Defer(std::move(d), uuid, after_stream, stream);
+      mu_.Lock();
+      return absl::OkStatus();
+    }
     return block->buffer.Free();
   }
   bool found;
@@ -547,6 +622,148 @@ absl::Status CachingPool::FreeLarge(uintptr_t p) {
   if (found) return lost;
   return LibraryError(GPUMEM_E_FOREIGN_POINTER, absl::StrFormat(
       "%p was not allocated by this client", reinterpret_cast<void*>(p)));
+}
+
+void CachingPool::EnsureFencesLocked(const Buffer& b) {
+  if (fences_owner_ != nullptr) return;
+  (void)b;
+  // The mapper that opened the block loaded the driver already.
+  absl::StatusOr<const CudaDriver*> d = LoadCudaDriver();
+  if (!d.ok()) return;  // frees then wait for nothing (cannot happen: it is mapped)
+  fences_owner_ = std::make_unique<FreeFences>(*d);
+  fences_.store(fences_owner_.get(), std::memory_order_release);
+}
+
+void CachingPool::Defer(DeferredFree d, const std::string& uuid, bool after_stream,
+                        void* stream) {
+  FreeFences* fences = fences_.load(std::memory_order_acquire);
+  if (fences != nullptr) {
+    absl::StatusOr<FreeFences::Fence> f =
+        after_stream ? fences->AfterStream(uuid, static_cast<CUstream>(stream))
+                     : fences->AfterDevice(uuid);
+    // A stream this library cannot record on (another context's): the
+    // device's work, which covers it when it is of the primary context.
+    if (!f.ok() && after_stream) f = fences->AfterDevice(uuid);
+    if (f.ok()) {
+      d.fence = *f;
+      d.fence_ok = true;
+    }
+  }
+  d.device_rule = d.fence_ok && d.fence.event == nullptr;
+  bool over;
+  {
+    absl::MutexLock dl(&deferred_mu_);
+    deferred_bytes_ += d.bytes;
+    ++deferred_count_;
+    if (d.device_rule) {
+      deferred_device_rule_bytes_ += d.bytes;
+      ++deferred_device_rule_count_;
+      if (device_queues_.size() <= static_cast<size_t>(d.fence.device)) {
+        device_queues_.resize(d.fence.device + 1);
+      }
+      device_queues_[d.fence.device].push_back(std::move(d));
+    } else {
+      stream_queue_.push_back(std::move(d));
+    }
+    over = deferred_device_rule_bytes_ > 2 * options_.lease_bytes ||
+           deferred_device_rule_count_ > 8192;
+  }
+  // Free()'s blocks are bounded: past two leases' worth (or 8192 blocks),
+  // one synchronize of their devices gives them all back.
+  if (over) WaitDeferred(/*device_rule_only=*/true);
+}
+
+bool CachingPool::HasDeferred() {
+  absl::MutexLock dl(&deferred_mu_);
+  return deferred_count_ > 0;
+}
+
+void CachingPool::CollectDeferredLocked() {
+  std::vector<DeferredFree> ready;
+  {
+    absl::MutexLock dl(&deferred_mu_);
+    if (deferred_count_ == 0) return;
+    FreeFences* fences = fences_.load(std::memory_order_acquire);
+    auto passed = [&](const DeferredFree& d) {
+      return !d.fence_ok || fences == nullptr || fences->Passed(d.fence);
+    };
+    auto take = [&](DeferredFree& d) {
+      deferred_bytes_ -= d.bytes;
+      --deferred_count_;
+      if (d.device_rule) {
+        deferred_device_rule_bytes_ -= d.bytes;
+        --deferred_device_rule_count_;
+      }
+      if (d.fence_ok && fences != nullptr) fences->Release(d.fence);
+      ready.push_back(std::move(d));
+    };
+    // A device's queue is in fence order: what passed is a prefix.
+    for (std::deque<DeferredFree>& q : device_queues_) {
+      while (!q.empty() && passed(q.front())) {
+        take(q.front());
+        q.pop_front();
+      }
+    }
+    // Events of different streams pass in any order: look at the oldest few.
+    std::deque<DeferredFree> keep;
+    int looked = 0;
+    while (!stream_queue_.empty() && looked++ < 64) {
+      DeferredFree& d = stream_queue_.front();
+      if (passed(d)) {
+        take(d);
+      } else {
+        keep.push_back(std::move(d));
+      }
+      stream_queue_.pop_front();
+    }
+    while (!keep.empty()) {
+      stream_queue_.push_front(std::move(keep.back()));
+      keep.pop_back();
+    }
+  }
+  for (DeferredFree& d : ready) {
+    if (d.lease != nullptr) {
+      if (d.lease->lost.load()) {
+        LostBlockFreedLocked(d.lease);
+      } else {
+        in_use_outside_caches_ -= static_cast<int64_t>(d.bytes);
+        ReturnToLeaseLocked(d.lease, d.ptr, d.handle, d.cls);
+      }
+    } else if (d.large->generation != generation_ || client_ == nullptr) {
+      // Its daemon went away meanwhile: a new one may have reused the id.
+      const uint64_t size = d.large->buffer.size();
+      d.large->buffer.Abandon();
+      ReserveLost(d.ptr, size);
+    } else {
+      d.large->buffer.Free().IgnoreError();  // a daemon gone reclaims it itself
+    }
+  }
+}
+
+void CachingPool::WaitDeferred(bool device_rule_only) {
+  std::vector<FreeFences::Fence> wait;
+  FreeFences* fences = fences_.load(std::memory_order_acquire);
+  {
+    absl::MutexLock dl(&deferred_mu_);
+    // The oldest fence of each device: waiting for it synchronizes the
+    // device, which covers every fence taken before that began.
+    for (const std::deque<DeferredFree>& q : device_queues_) {
+      if (!q.empty()) wait.push_back(q.front().fence);
+    }
+    if (!device_rule_only) {
+      for (const DeferredFree& d : stream_queue_) {
+        if (d.fence_ok) wait.push_back(d.fence);
+      }
+    }
+  }
+  for (const FreeFences::Fence& f : wait) {
+    if (fences != nullptr) fences->Wait(f).IgnoreError();  // failed: counts as passed
+  }
+  absl::MutexLock lock(&mu_);
+  // Everything waited for has passed now, whatever the order.
+  for (int round = 0; round < 1 + static_cast<int>(wait.size() / 64); ++round) {
+    CollectDeferredLocked();
+  }
 }
 
 absl::StatusOr<int> CachingPool::DeviceOf(const void* ptr) {
@@ -565,6 +782,31 @@ absl::StatusOr<int> CachingPool::DeviceOf(const void* ptr) {
   if (it != large_.end()) return static_cast<int>(it->second->buffer.device_index());
   if (IsLost(p)) return LibraryError(GPUMEM_E_LOST, "the block was lost when the daemon restarted");
   return LibraryError(GPUMEM_E_FOREIGN_POINTER, absl::StrFormat("%p was not allocated by this client", ptr));
+}
+
+absl::StatusOr<int> CachingPool::OrdinalOf(const void* ptr) {
+  if (Forked()) return ForkedError();
+  absl::StatusOr<int> daemon_index = DeviceOf(ptr);  // a live block, or why not
+  if (!daemon_index.ok()) return daemon_index.status();
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  bool on_device = false;
+  std::string uuid;
+  if (Lease* lease = FindLease(p)) {
+    on_device = lease->on_device;
+    uuid = lease->uuid;
+  } else {
+    absl::MutexLock lock(&mu_);
+    auto it = large_.find(p);
+    if (it == large_.end()) return LibraryError(GPUMEM_E_FOREIGN_POINTER, "not a live block");
+    on_device = OnDevice(it->second->buffer);
+    uuid = it->second->buffer.device_uuid();
+  }
+  if (!on_device) return -1;
+  absl::StatusOr<const CudaDriver*> d = LoadCudaDriver();
+  if (!d.ok()) return d.status();
+  absl::StatusOr<CudaDeviceContext> dev = CudaDeviceContext::Find(**d, uuid);
+  if (!dev.ok()) return dev.status();
+  return dev->ordinal;
 }
 
 void CachingPool::ReturnToLeaseLocked(Lease* lease, uintptr_t ptr, uint32_t handle,
@@ -793,26 +1035,16 @@ void CachingPool::LostBlockFreedLocked(Lease* l) {
   UnmapLostLeaseLocked(l);
 }
 
-// Keeps a lost block's addresses from being handed out again (a new mapping
-// there would turn a stale pointer into someone else's memory): PROT_NONE,
-// so touching a stale pointer faults. Only pages nothing else has mapped.
+// Records a lost block's addresses, so a stale pointer into them answers
+// GPUMEM_E_LOST. They are kept from being handed out again by the mapper
+// (Buffer::Abandon retires the slab: the CUDA address reservation, or an
+// inaccessible host mapping, stays until the client goes), not here: a CUDA
+// reservation is not a host mapping, so no host mmap could hold it.
 void CachingPool::ReserveLost(uintptr_t begin, uint64_t size) {
-  const uint64_t page = PageSize();
-  uintptr_t lo = begin & ~(page - 1);
-  uintptr_t hi = (begin + size + page - 1) & ~(page - 1);
-  void* want = reinterpret_cast<void*>(lo);
-  void* got = mmap(want, hi - lo, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-  if (got == want) {
-    lost_.push_back({lo, hi - lo});
-    return;
-  }
-  if (got != MAP_FAILED) munmap(got, hi - lo);  // old kernel: ignored the hint
-  // Shares a page with another lost block already reserved, or something
-  // else was mapped there meanwhile: recorded only if fully inside ours.
   for (auto& [b, n] : lost_) {
     if (begin >= b && begin + size <= b + n) return;
   }
+  lost_.push_back({begin, size});
 }
 
 bool CachingPool::IsLost(uintptr_t p) {
@@ -848,6 +1080,7 @@ void CachingPool::WatchLoop() {
         // The daemon asked for idle memory back: what Trim() does.
         absl::MutexLock lock(&mu_);
         if (stopping_ || client_ == nullptr || daemon_lost_.load()) continue;
+        CollectDeferredLocked();
         for (ThreadCache* tc : caches_) DrainCacheLocked(tc);
         const uint64_t freed = ReleaseEmptyLeasesLocked(absl::ZeroDuration());
         client_->ReportReclaimed(freed).IgnoreError();  // a daemon gone reclaims all
@@ -865,6 +1098,8 @@ void CachingPool::WatchLoop() {
       continue;
     }
     if (client_ == nullptr) continue;
+    // Blocks whose device work has finished go back first.
+    CollectDeferredLocked();
     // Reaper: a cache unused for a whole tick goes back to the leases; then
     // leases empty for the idle time go back to the daemon.
     for (ThreadCache* tc : caches_) {
@@ -880,6 +1115,7 @@ void CachingPool::WatchLoop() {
 
 absl::StatusOr<uint64_t> CachingPool::Trim() {
   if (Forked()) return ForkedError();
+  WaitDeferred(/*device_rule_only=*/false);
   absl::MutexLock lock(&mu_);
   absl::Status s = EnsureConnectedLocked();
   if (!s.ok()) return s;
@@ -911,6 +1147,9 @@ PoolStats CachingPool::Stats() {
     st.large_bytes += block->buffer.size();
   }
   st.lost_bytes = lost_bytes_;
+  absl::MutexLock dl(&deferred_mu_);
+  st.deferred_blocks = deferred_count_;
+  st.deferred_bytes = deferred_bytes_;
   return st;
 }
 

@@ -15,6 +15,19 @@
 //     goes back to the daemon once it has been empty for idle_release_ms, or
 //     at once on Trim(). A thread cache that sees no use for one reaper tick
 //     is emptied into the leases first.
+//   * Frees of device memory (CUDA handle kinds) are stream-ordered: device
+//     work queued before a free may still use the block, so it is not
+//     reused, given back to the daemon or unmapped until a fence taken at
+//     the free has passed (client/free_fences.h). Free() waits for all the
+//     work this process queued on the block's device before it (the next
+//     cuCtxSynchronize of the device: run when the blocks waiting exceed
+//     2 leases' worth (or 8192 blocks) on a free, when the daemon has no
+//     memory left for an
+//     allocation, and by Trim() and the destructor); FreeAfterStream() for
+//     the work queued on one stream before it (an event, polled on every
+//     slow-path allocation and reaper tick, waited for only when the daemon
+//     has no memory left, by Trim() and the destructor). Both return at
+//     once otherwise. Host memory (memfd, the sim backend) is reused at once.
 //   * The daemon is told the pool's leased and in-use bytes (UsageReport)
 //     with every lease taken or given back, so its GetStats shows them for
 //     this session; between those requests the figures it shows are the
@@ -35,7 +48,9 @@
 //     backoff on the next request.
 //     Free of such a pointer answers GPUMEM_E_LOST. Blocks the program still holds
 //     stay mapped (orphaned host/device memory: writes are harmless but
-//     lost) until it frees them; then the addresses are reserved PROT_NONE.
+//     lost) until it frees them; then the memory is released but its
+//     addresses stay reserved (the mapper's retired slab: the CUDA address
+//     reservation, or an inaccessible host mapping), never handed out again.
 //   * fork(): the child must not use the parent's pool (its daemon session,
 //     leases and threads are the parent's); every call in the child answers
 //     GPUMEM_E_FORKED without touching any lock.
@@ -55,6 +70,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -66,6 +82,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/free_fences.h"
 #include "client/gpumem.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 
@@ -99,6 +116,8 @@ struct PoolStats {
   uint64_t large_blocks = 0;
   uint64_t large_bytes = 0;    // direct daemon allocations
   uint64_t lost_bytes = 0;     // abandoned at daemon restarts (address space kept reserved)
+  uint64_t deferred_blocks = 0;  // freed, waiting for device work queued before the free
+  uint64_t deferred_bytes = 0;
   struct LeaseRow {
     int device;
     uint64_t bytes, used_bytes, live_blocks;
@@ -128,8 +147,17 @@ class CachingPool {
   // One block per shard on distinct devices, all or nothing.
   absl::StatusOr<std::vector<Shard>> AllocateSharded(
       uint64_t total, uint32_t shards, const v1::PlacementRequest& placement);
+  // Frees `ptr`; on device memory it is reused only after all work this
+  // process queued on its device before the free (see above).
   absl::Status Free(void* ptr);
+  // The same, waiting only for the work queued on `stream` (a CUstream of
+  // the block's device's primary context; null: its NULL stream) before the
+  // free: PyTorch's contract for its allocator's free.
+  absl::Status FreeAfterStream(void* ptr, void* stream);
   absl::StatusOr<int> DeviceOf(const void* ptr);
+  // This process's CUDA ordinal of a live block's device, or -1 for host
+  // memory (gpumem_device_ordinal).
+  absl::StatusOr<int> OrdinalOf(const void* ptr);
   // Empties every thread cache and gives every empty lease back. Bytes given back.
   absl::StatusOr<uint64_t> Trim();
   PoolStats Stats();
@@ -147,16 +175,32 @@ class CachingPool {
   struct ThreadCache;
   struct LeaseTable;
   struct LargeBlock;
+  struct DeferredFree;
 
  private:
   explicit CachingPool(PoolOptions options);
   ThreadCache* CacheFor(Arena* arena);
   Lease* FindLease(uintptr_t p) const;
 
-  absl::StatusOr<void*> AllocateSlow(uint64_t size, uint32_t cls, Arena* arena);
+  absl::StatusOr<void*> AllocateSlow(uint64_t size, uint32_t cls, Arena* arena)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<void*> AllocateSlowLocked(uint64_t size, uint32_t cls, Arena* arena)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<void*> AllocateLarge(uint64_t size, const v1::PlacementRequest& p)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status FreeLarge(uintptr_t p);
+  // Free and FreeAfterStream (`stream` null and `after_stream` false: Free).
+  absl::Status FreeWith(void* ptr, bool after_stream, void* stream);
+  absl::Status FreeLarge(uintptr_t p, bool after_stream, void* stream);
+  // Stream-ordered frees: queues `d` until a fence taken now has passed.
+  void Defer(DeferredFree d, const std::string& uuid, bool after_stream, void* stream);
+  // The fences of device memory, made with the first lease or block of it.
+  void EnsureFencesLocked(const Buffer& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the deferred blocks whose fence has passed.
+  void CollectDeferredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (no pool lock held) for the fences of every deferred block (of
+  // the Free() kind only, or all), then collects them.
+  void WaitDeferred(bool device_rule_only) ABSL_LOCKS_EXCLUDED(mu_, deferred_mu_);
+  bool HasDeferred() ABSL_LOCKS_EXCLUDED(deferred_mu_);
   void ReturnToLeaseLocked(Lease* lease, uintptr_t ptr, uint32_t handle, uint32_t cls)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DrainCacheLocked(ThreadCache* tc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -208,6 +252,20 @@ class CachingPool {
   // In-use bytes counted outside thread caches (slow path, exited threads).
   int64_t in_use_outside_caches_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Stream-ordered frees (see the header): blocks waiting for their fence,
+  // oldest first. Lock order: mu_ before deferred_mu_.
+  std::unique_ptr<FreeFences> fences_owner_ ABSL_GUARDED_BY(mu_);
+  std::atomic<FreeFences*> fences_{nullptr};  // set once, with the first device lease
+  absl::Mutex deferred_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  // Free()'s blocks by device (FreeFences' index), each queue in fence
+  // order; FreeAfterStream()'s in the order freed.
+  std::vector<std::deque<DeferredFree>> device_queues_ ABSL_GUARDED_BY(deferred_mu_);
+  std::deque<DeferredFree> stream_queue_ ABSL_GUARDED_BY(deferred_mu_);
+  uint64_t deferred_count_ ABSL_GUARDED_BY(deferred_mu_) = 0;
+  uint64_t deferred_bytes_ ABSL_GUARDED_BY(deferred_mu_) = 0;
+  uint64_t deferred_device_rule_count_ ABSL_GUARDED_BY(deferred_mu_) = 0;
+  uint64_t deferred_device_rule_bytes_ ABSL_GUARDED_BY(deferred_mu_) = 0;
 
   int wake_fd_ = -1;  // eventfd: stops the watcher
   std::thread watcher_;

@@ -70,6 +70,7 @@ Client::~Client() {
   {
     absl::MutexLock lock(&impl_->mu);
     impl_->slabs.clear();  // closes every opened slab
+    impl_->retired.clear();
   }
   absl::MutexLock lock(&impl_->link_mu);
   impl_->link.reset();
@@ -363,12 +364,19 @@ absl::StatusOr<void*> Client::MapBlock(const v1::Allocation& a) {
   return it->second.slab->base() + a.offset();
 }
 
-void Client::UnmapBlock(const v1::Allocation& a) {
+void Client::UnmapBlock(const v1::Allocation& a, bool retire) {
   std::shared_ptr<DaemonLink> link = impl_->Link();
   absl::MutexLock lock(&impl_->mu);
   auto it = impl_->slabs.find(a.slab_id());
   if (it == impl_->slabs.end()) return;
-  if (--it->second.refs == 0) {
+  if (--it->second.refs == 0 && retire) {
+    // The daemon that lent it is gone: nobody to tell; keep the addresses.
+    it->second.slab->Retire();
+    impl_->retired.push_back(std::move(it->second.slab));
+    impl_->slabs.erase(it);
+    return;
+  }
+  if (it->second.refs == 0) {
     impl_->slabs.erase(it);  // closes the slab
     // Tell the daemon, so a released slab is not kept retained for us (a
     // daemon gone has nothing to keep).
@@ -492,14 +500,15 @@ absl::Status Buffer::Free() {
   if (client_ == nullptr) return absl::FailedPreconditionError("empty Buffer");
   Client* c = client_;
   client_ = nullptr;
-  c->UnmapBlock(info_);
+  // A block lost at a restart: its memory goes, its addresses stay taken.
+  c->UnmapBlock(info_, /*retire=*/c->IsLost(info_.id()));
   data_ = nullptr;
   return c->Free(info_.id());
 }
 
 void Buffer::Abandon() {
   if (client_ == nullptr) return;
-  client_->UnmapBlock(info_);
+  client_->UnmapBlock(info_, /*retire=*/true);
   client_ = nullptr;
   data_ = nullptr;
 }

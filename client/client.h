@@ -74,9 +74,12 @@ class Buffer {
   // Frees now and reports the daemon's answer; the Buffer becomes empty.
   absl::Status Free();
 
-  // Unmaps the block and forgets it without telling the daemon; the Buffer
-  // becomes empty. For a daemon that has gone away: a restarted daemon may
-  // have given this id to another block, so freeing it there would be wrong.
+  // Forgets the block without telling the daemon; the Buffer becomes
+  // empty. For a daemon that has gone away: a restarted daemon may have
+  // given this id to another block, so freeing it there would be wrong. When
+  // the last Buffer of its slab is abandoned the slab's memory is given back
+  // but its addresses stay reserved for the Client's life
+  // (OpenedSlab::Retire), so no later allocation lands on them.
   void Abandon();
 
  private:
@@ -158,7 +161,9 @@ class Client {
  private:
   explicit Client(std::unique_ptr<Impl> impl);
   absl::StatusOr<void*> MapBlock(const v1::Allocation& a);
-  void UnmapBlock(const v1::Allocation& a);
+  // One Buffer fewer in the block's slab; the last closes it (`retire`:
+  // retires it, see Buffer::Abandon).
+  void UnmapBlock(const v1::Allocation& a, bool retire);
   absl::Status CopyBlock(const v1::Allocation& a, uint64_t offset, const void* src,
                          void* dst, uint64_t n);
   friend class Buffer;

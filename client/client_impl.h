@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -56,6 +57,9 @@ struct Client::Impl {
 
   absl::Mutex mu;
   absl::flat_hash_map<uint64_t, MappedSlab> slabs ABSL_GUARDED_BY(mu);
+  // Slabs of abandoned or lost Buffers: memory given back, addresses kept
+  // reserved until this Client goes (OpenedSlab::Retire).
+  std::vector<std::shared_ptr<OpenedSlab>> retired ABSL_GUARDED_BY(mu);
   // One mapper per handle kind, made on first use.
   absl::flat_hash_map<int, std::unique_ptr<SlabMapper>> mappers ABSL_GUARDED_BY(mu);
   v1::HandleKind handle_kind ABSL_GUARDED_BY(mu) = v1::HANDLE_KIND_UNSPECIFIED;

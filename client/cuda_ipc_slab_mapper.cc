@@ -1,7 +1,9 @@
 // The legacy IPC mapper: cuIpcOpenMemHandle of the slab's 64 handle bytes
-// (from the allocation), with the slab's device current; closed with
-// cuIpcCloseMemHandle. The driver allows one open per handle per context, so
-// the caller's per-slab cache matters here.
+// (from the allocation), inside a ScopedCudaContext of the slab's device;
+// closed with cuIpcCloseMemHandle. The driver allows one open per handle per
+// context, so the caller's per-slab cache matters here. The memory is the
+// exporter's: Retire (its exporter is gone) keeps the handle open, which
+// keeps the addresses, and closes it only in the destructor.
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -17,14 +19,18 @@ class IpcSlab : public OpenedSlab {
   IpcSlab(const CudaDriver* d, CudaDeviceContext dev, CUdeviceptr base, uint64_t size)
       : d_(d), dev_(std::move(dev)), base_(base), size_(size) {}
   ~IpcSlab() override {
-    if (dev_.MakeCurrent(*d_).ok()) d_->cuIpcCloseMemHandle(base_);
+    ScopedCudaContext scope(*d_, dev_.ctx);
+    if (scope.result() == CUDA_SUCCESS) d_->cuIpcCloseMemHandle(base_);
   }
   char* base() const override { return reinterpret_cast<char*>(base_); }
   uint64_t size() const override { return size_; }
+  void Retire() override { retired_ = true; }
   absl::Status Write(uint64_t offset, const void* src, uint64_t n) override {
+    if (retired_) return absl::FailedPreconditionError("the slab was retired");
     return dev_.Write(*d_, base_, size_, offset, src, n);
   }
   absl::Status Read(uint64_t offset, void* dst, uint64_t n) override {
+    if (retired_) return absl::FailedPreconditionError("the slab was retired");
     return dev_.Read(*d_, base_, size_, offset, dst, n);
   }
 
@@ -33,6 +39,7 @@ class IpcSlab : public OpenedSlab {
   CudaDeviceContext dev_;
   CUdeviceptr base_;
   uint64_t size_;
+  bool retired_ = false;
 };
 
 class CudaIpcSlabMapper : public SlabMapper {
@@ -50,7 +57,8 @@ class CudaIpcSlabMapper : public SlabMapper {
     std::memcpy(handle.reserved, a.ipc_handle().data(), sizeof(handle.reserved));
     absl::StatusOr<CudaDeviceContext> dev = CudaDeviceContext::Find(*d_, a.device_uuid());
     if (!dev.ok()) return dev.status();
-    absl::Status s = dev->MakeCurrent(*d_);
+    ScopedCudaContext scope(*d_, dev->ctx);
+    absl::Status s = dev->Entered(*d_, scope);
     if (!s.ok()) return s;
     CUdeviceptr base = 0;
     s = CudaStatus(*d_,
@@ -70,8 +78,8 @@ class CudaIpcSlabMapper : public SlabMapper {
 absl::StatusOr<std::unique_ptr<SlabMapper>> NewCudaIpcSlabMapper(const char* cuda_library) {
   absl::StatusOr<const CudaDriver*> d = LoadCudaDriver(cuda_library);
   if (!d.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot open legacy CUDA IPC slabs: ", d.status().message()));
+    return absl::Status(d.status().code(), absl::StrCat("cannot open legacy CUDA IPC slabs: ",
+                                                        d.status().message()));
   }
   return std::unique_ptr<SlabMapper>(new CudaIpcSlabMapper(*d));
 }

@@ -1,7 +1,9 @@
 // The CUDA VMM mapper: import the slab's POSIX fd and map it on the slab's
 // device (the one with the allocation's UUID, in this process's numbering).
 // Open: import, reserve, map, set access; the slab's destructor undoes them
-// in reverse. A failure part way undoes the steps already done.
+// in reverse. A failure part way undoes the steps already done. Retire
+// unmaps and releases the memory but keeps the address reservation until
+// the destructor. Every step runs inside a ScopedCudaContext of the device.
 #include <unistd.h>
 
 #include <cstdint>
@@ -19,26 +21,35 @@ class VmmSlab : public OpenedSlab {
   VmmSlab(const CudaDriver* d, CudaDeviceContext dev, uint64_t size)
       : d_(d), dev_(std::move(dev)), size_(size) {}
   ~VmmSlab() override {
-    dev_.MakeCurrent(*d_).IgnoreError();
-    if (mapped_) d_->cuMemUnmap(va_, size_);
+    ScopedCudaContext scope(*d_, dev_.ctx);
+    Unmap();
     if (va_ != 0) d_->cuMemAddressFree(va_, size_);
-    if (handle_ != 0) d_->cuMemRelease(handle_);
     if (fd_ >= 0) close(fd_);
   }
   int handle_fd() const override { return fd_; }
   char* base() const override { return reinterpret_cast<char*>(va_); }
   uint64_t size() const override { return size_; }
+  void Retire() override {
+    ScopedCudaContext scope(*d_, dev_.ctx);
+    Unmap();
+    retired_ = true;
+    if (fd_ >= 0) close(fd_);  // nothing left to give back
+    fd_ = -1;
+  }
   absl::Status Write(uint64_t offset, const void* src, uint64_t n) override {
+    if (retired_) return absl::FailedPreconditionError("the slab was retired");
     return dev_.Write(*d_, va_, size_, offset, src, n);
   }
   absl::Status Read(uint64_t offset, void* dst, uint64_t n) override {
+    if (retired_) return absl::FailedPreconditionError("the slab was retired");
     return dev_.Read(*d_, va_, size_, offset, dst, n);
   }
 
   // Takes ownership of `fd`: kept for the slab's life (handle_fd()).
   absl::Status Open(int fd) {
     const std::string where = absl::StrCat("device ", dev_.uuid);
-    absl::Status s = dev_.MakeCurrent(*d_);
+    ScopedCudaContext scope(*d_, dev_.ctx);
+    absl::Status s = dev_.Entered(*d_, scope);
     if (s.ok()) {
       s = CudaStatus(*d_,
                      d_->cuMemImportFromShareableHandle(
@@ -62,12 +73,21 @@ class VmmSlab : public OpenedSlab {
   }
 
  private:
+  // With the device's context current.
+  void Unmap() {
+    if (mapped_) d_->cuMemUnmap(va_, size_);
+    mapped_ = false;
+    if (handle_ != 0) d_->cuMemRelease(handle_);
+    handle_ = 0;
+  }
+
   const CudaDriver* d_;
   CudaDeviceContext dev_;
   uint64_t size_;
   CUmemGenericAllocationHandle handle_ = 0;
   CUdeviceptr va_ = 0;
   bool mapped_ = false;
+  bool retired_ = false;
   int fd_ = -1;
 };
 
@@ -102,8 +122,8 @@ class CudaVmmSlabMapper : public SlabMapper {
 absl::StatusOr<std::unique_ptr<SlabMapper>> NewCudaVmmSlabMapper(const char* cuda_library) {
   absl::StatusOr<const CudaDriver*> d = LoadCudaDriver(cuda_library);
   if (!d.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot open CUDA VMM slabs: ", d.status().message()));
+    return absl::Status(d.status().code(), absl::StrCat("cannot open CUDA VMM slabs: ",
+                                                        d.status().message()));
   }
   return std::unique_ptr<SlabMapper>(new CudaVmmSlabMapper(*d));
 }

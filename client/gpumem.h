@@ -97,7 +97,19 @@ int gpumem_malloc_sharded(gpumem_client* client, size_t total, unsigned shards,
 
 /* Returns a block. See the codes above for what bad pointers get; NULL is a
  * no-op (GPUMEM_OK), as with free(). A large block (or shard) freed twice is
- * GPUMEM_E_FOREIGN_POINTER: its memory went back to the daemon. */
+ * GPUMEM_E_FOREIGN_POINTER: its memory went back to the daemon.
+ *
+ * Device memory (a CUDA daemon): gpumem_free returns at once, and the block
+ * is reused (by this process, or by the daemon for another) only after all
+ * the work this process queued on the block's device before the call has
+ * completed, as cudaFree's implicit synchronization would ensure, but
+ * without waiting in the call: freed blocks wait, and one cuCtxSynchronize
+ * of the device (on the device's primary context, run by the library) gives
+ * them back when those waiting exceed two leases' worth, when the daemon has
+ * no memory left for an allocation, and in gpumem_trim and gpumem_close.
+ * Work queued in other contexts than the device's primary one is not waited
+ * for: synchronize it before freeing. Host memory (the sim backend) is
+ * reused at once. */
 int gpumem_free(gpumem_client* client, void* ptr);
 
 /* How many devices the daemon has (-1 on error, last error set). */
@@ -106,8 +118,19 @@ int gpumem_device_count(gpumem_client* client);
 /* The daemon's device index of a live block, or -1 (last error set). */
 int gpumem_device_of(gpumem_client* client, const void* ptr);
 
+/* Where a live block is in this process's own terms: *ordinal is the CUDA
+ * device ordinal of its device in this process (cuDeviceGet's numbering,
+ * after CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and the container's GPUs;
+ * with a single GPU offload target, also the OpenMP device number), or -1
+ * when the block is host memory the program may dereference (the sim
+ * backend). GPUMEM_E_FAILED_PRECONDITION when its device is not visible to
+ * this process. */
+int gpumem_device_ordinal(gpumem_client* client, const void* ptr, int* ordinal);
+
 /* Gives every empty lease back to the daemon now (also blocks cached by
- * threads). `released` (may be NULL) receives the bytes given back. */
+ * threads, and freed blocks once the device work queued before their free
+ * has completed: it may wait for that). `released` (may be NULL) receives
+ * the bytes given back. */
 int gpumem_trim(gpumem_client* client, size_t* released);
 
 /* The library's figures (leased, in use, cached, large) and the daemon's
@@ -125,10 +148,17 @@ const char* gpumem_status_name(int code);
 
 /* PyTorch's pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator):
  * one process-wide client configured from the environment. `device` is the
- * process's own ordinal (under CUDA_VISIBLE_DEVICES); it is mapped to the
- * daemon's device by UUID. `stream` is unused (a cudaStream_t). Returns NULL
- * when the memory cannot be had (last error set), which PyTorch reports as
- * out of memory. */
+ * process's own CUDA ordinal, as the driver numbers it (cuDeviceGet, after
+ * CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and the container's GPUs; "MIG-"
+ * instances included); it is mapped to the daemon's device by UUID. Returns
+ * NULL when the memory cannot be had (last error set), which PyTorch reports
+ * as out of memory.
+ *
+ * gpumem_torch_free follows PyTorch's contract for its allocator: it returns
+ * at once, and the block is reused only after the work queued on `stream`
+ * (the cudaStream_t the block was allocated on) before the free has
+ * completed: an event is recorded on `stream` at the free, and the block
+ * waits for it. */
 void* gpumem_torch_malloc(ssize_t size, int device, void* stream);
 void gpumem_torch_free(void* ptr, ssize_t size, int device, void* stream);
 

@@ -233,6 +233,17 @@ int gpumem_device_of(gpumem_client* c, const void* ptr) {
   return *d;
 }
 
+int gpumem_device_ordinal(gpumem_client* c, const void* ptr, int* ordinal) {
+  if (ordinal == nullptr) return SetError(absl::InvalidArgumentError("ordinal is NULL"));
+  *ordinal = -1;
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) return SetError(pool.status());
+  absl::StatusOr<int> o = (*pool)->OrdinalOf(ptr);
+  if (!o.ok()) return SetError(o.status());
+  *ordinal = *o;
+  return SetOk();
+}
+
 int gpumem_trim(gpumem_client* c, size_t* released) {
   absl::StatusOr<CachingPool*> pool = PoolOf(c);
   if (!pool.ok()) return SetError(pool.status());
@@ -251,9 +262,9 @@ int gpumem_stats_json(gpumem_client* c, char** json) {
   std::string out = absl::StrFormat(
       "{\"generation\":%d,\"leases\":%d,\"leased_bytes\":%d,\"in_use_bytes\":%d,"
       "\"cached_bytes\":%d,\"large_blocks\":%d,\"large_bytes\":%d,\"lost_bytes\":%d,"
-      "\"lease_rows\":[",
+      "\"deferred_blocks\":%d,\"deferred_bytes\":%d,\"lease_rows\":[",
       st.generation, st.leases, st.leased_bytes, st.in_use_bytes, st.cached_bytes,
-      st.large_blocks, st.large_bytes, st.lost_bytes);
+      st.large_blocks, st.large_bytes, st.lost_bytes, st.deferred_blocks, st.deferred_bytes);
   for (size_t i = 0; i < st.rows.size(); ++i) {
     const auto& r = st.rows[i];
     absl::StrAppendFormat(&out,

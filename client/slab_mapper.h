@@ -9,7 +9,8 @@
 //    device pointer. Closing tears down in reverse: cuMemUnmap,
 //    cuMemAddressFree, cuMemRelease.
 //  - CUDA legacy IPC (HANDLE_KIND_CUDA_IPC): cuIpcOpenMemHandle of the
-//    allocation's 64 handle bytes; closing is cuIpcCloseMemHandle.
+//    allocation's 64 handle bytes; closing is cuIpcCloseMemHandle. The
+//    memory is the exporter's (the daemon's) and dies with it.
 // The CUDA mappers load the driver with dlopen("libcuda.so.1") like the
 // daemon, and pick the device by the allocation's UUID in this process's own
 // numbering, so CUDA_VISIBLE_DEVICES may reorder or hide devices; a device
@@ -20,8 +21,16 @@
 // An OpenedSlab closes the slab when destroyed. Caching and refcounting
 // (one open per slab per process) are the caller's (gpumem::Client).
 //
+// Retiring: an OpenedSlab of memory that is gone (the daemon that lent it
+// went away) can give the memory back while keeping its addresses: Retire()
+// unmaps and releases it but keeps the address range reserved (the CUDA
+// reservation, or an inaccessible host mapping) until the object is
+// destroyed, so the range is never handed out again meanwhile and a stale
+// pointer into it can never reach someone else's memory.
+//
 // Thread-safety: mappers and opened slabs may be used from any thread; the
-// CUDA ones make the device's primary context current on the calling thread.
+// CUDA ones push the device's primary context for each driver call and pop
+// it after, so the calling thread's current context is left as it was.
 #ifndef GPUMEMD_CLIENT_SLAB_MAPPER_H_
 #define GPUMEMD_CLIENT_SLAB_MAPPER_H_
 
@@ -43,6 +52,9 @@ class OpenedSlab {
   // pointer (CUDA).
   virtual char* base() const = 0;
   virtual uint64_t size() const = 0;
+  // Releases the memory, keeps the addresses (see above). Write and Read
+  // fail afterwards (FAILED_PRECONDITION).
+  virtual void Retire() = 0;
   // Copies between host memory and [offset, offset + n) of the slab: memcpy
   // for memfd, cuMemcpyHtoD/DtoH for CUDA. OUT_OF_RANGE outside the slab.
   virtual absl::Status Write(uint64_t offset, const void* src, uint64_t n) = 0;

@@ -2,12 +2,21 @@
 // client from the environment, and the process's CUDA ordinals mapped to the
 // daemon's devices by UUID.
 //
-// Ordinal d is the d-th entry of CUDA_VISIBLE_DEVICES when it is set (an
-// index in the daemon's numbering, or a GPU-/MIG- UUID or unique prefix of
-// one, as CUDA accepts), else the daemon's device d. Each ordinal has its own
-// arena (placement: that UUID only, plus GPUMEM_PLACEMENT's exclude list), so
-// a pointer returned for device d is always on device d. The table is built
-// on first use; a failure is reported then and retried on the next call.
+// Ordinal d is what the CUDA driver calls device d in this process
+// (cuDeviceGet(d), after CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and the
+// container's set of GPUs), found by its UUID among the daemon's devices
+// ("MIG-..." for a MIG instance). Only without any CUDA driver (the sim
+// backend on a machine with no NVIDIA driver) is d read from
+// CUDA_VISIBLE_DEVICES' text (an index in the daemon's numbering, or a
+// GPU-/MIG- UUID or unique prefix of one) or, without it, taken as the
+// daemon's device d. Each ordinal has its own arena (placement: that UUID
+// only, plus GPUMEM_PLACEMENT's exclude list), so a pointer returned for
+// device d is always on device d. The table is built on first use; a
+// failure is reported then and retried on the next call.
+//
+// Frees are stream-ordered, as PyTorch's own allocator: gpumem_torch_free
+// returns at once, and the block is reused only once the work queued on
+// `stream` before the free has completed (CachingPool::FreeAfterStream).
 #include <sys/types.h>
 
 #include <atomic>
@@ -19,11 +28,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "client/c_handle.h"
+#include "client/cuda_device_context.h"
 #include "client/env_config.h"
 #include "client/gpumem.h"
+#include "common/cuda_driver.h"
 
 namespace gpumem {
 namespace client {
@@ -42,17 +54,17 @@ TorchState& State() {
   return *s;
 }
 
-// The daemon UUID of this process's ordinal `d`.
-absl::StatusOr<std::string> UuidOfOrdinal(CachingPool* pool, int d) {
-  absl::StatusOr<std::vector<std::string>> uuids = pool->DeviceUuids();
-  if (!uuids.ok()) return uuids.status();
+// Without a CUDA driver: ordinal d from CUDA_VISIBLE_DEVICES' text, or the
+// daemon's device d.
+absl::StatusOr<std::string> UuidOfOrdinalWithoutDriver(const std::vector<std::string>& uuids,
+                                                       int d) {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   if (visible == nullptr) {
-    if (d >= static_cast<int>(uuids->size())) {
+    if (d >= static_cast<int>(uuids.size())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "device ", d, " does not exist: the daemon has ", uuids->size(), " devices"));
+          "device ", d, " does not exist: the daemon has ", uuids.size(), " devices"));
     }
-    return (*uuids)[d];
+    return uuids[d];
   }
   std::vector<std::string> entries = absl::StrSplit(visible, ',', absl::SkipWhitespace());
   if (d >= static_cast<int>(entries.size())) {
@@ -63,14 +75,14 @@ absl::StatusOr<std::string> UuidOfOrdinal(CachingPool* pool, int d) {
   std::string e(absl::StripAsciiWhitespace(entries[d]));
   int index;
   if (absl::SimpleAtoi(e, &index)) {
-    if (index < 0 || index >= static_cast<int>(uuids->size())) {
+    if (index < 0 || index >= static_cast<int>(uuids.size())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "CUDA_VISIBLE_DEVICES entry ", d, " (\"", e, "\") names no daemon device"));
     }
-    return (*uuids)[index];
+    return uuids[index];
   }
   std::string found;
-  for (const std::string& u : *uuids) {
+  for (const std::string& u : uuids) {
     if (absl::StartsWithIgnoreCase(u, e)) {
       if (!found.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -84,6 +96,25 @@ absl::StatusOr<std::string> UuidOfOrdinal(CachingPool* pool, int d) {
         "CUDA_VISIBLE_DEVICES entry \"", e, "\" matches no daemon device"));
   }
   return found;
+}
+
+// The daemon UUID of this process's ordinal `d`.
+absl::StatusOr<std::string> UuidOfOrdinal(CachingPool* pool, int d) {
+  absl::StatusOr<std::vector<std::string>> uuids = pool->DeviceUuids();
+  if (!uuids.ok()) return uuids.status();
+  absl::StatusOr<const CudaDriver*> driver = LoadCudaDriver();
+  if (!driver.ok()) {
+    if (CudaDriverMissing(driver.status())) return UuidOfOrdinalWithoutDriver(*uuids, d);
+    return driver.status();
+  }
+  absl::StatusOr<std::string> mine = CudaDeviceContext::UuidOfOrdinal(**driver, d);
+  if (!mine.ok()) return mine.status();
+  for (const std::string& u : *uuids) {
+    if (SameCudaUuid(u, *mine)) return u;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "device ", d, " of this process (", *mine, ") is not one gpumemd serves (it serves ",
+      absl::StrJoin(*uuids, ", "), ")"));
 }
 
 absl::StatusOr<CachingPool::Arena*> ArenaOfDevice(int d) {
@@ -116,6 +147,15 @@ absl::StatusOr<CachingPool::Arena*> ArenaOfDevice(int d) {
   return *arena;
 }
 
+// In a fork() child of a process that used CUDA, what the program must know
+// is that it cannot use CUDA at all, not that the client is its parent's.
+absl::Status ForkAware(absl::Status s) {
+  if (LibraryCodeOf(s) != GPUMEM_E_FORKED) return s;
+  absl::StatusOr<const CudaDriver*> d = LoadCudaDriver();
+  if (!d.ok() && !CudaDriverMissing(d.status())) return d.status();
+  return s;
+}
+
 }  // namespace
 }  // namespace client
 }  // namespace gpumem
@@ -135,13 +175,13 @@ void* gpumem_torch_malloc(ssize_t size, int device, void* stream) {
   }
   absl::StatusOr<gpumem::client::CachingPool::Arena*> arena = gpumem::client::ArenaOfDevice(device);
   if (!arena.ok()) {
-    gpumem::client::SetError(arena.status());
+    gpumem::client::SetError(gpumem::client::ForkAware(arena.status()));
     return nullptr;
   }
   absl::StatusOr<void*> p =
       gpumem::client::State().client.load(std::memory_order_acquire)->pool->Allocate(static_cast<uint64_t>(size), *arena);
   if (!p.ok()) {
-    gpumem::client::SetError(p.status());
+    gpumem::client::SetError(gpumem::client::ForkAware(p.status()));
     return nullptr;
   }
   gpumem::client::SetOk();
@@ -151,7 +191,6 @@ void* gpumem_torch_malloc(ssize_t size, int device, void* stream) {
 void gpumem_torch_free(void* ptr, ssize_t size, int device, void* stream) {
   (void)size;
   (void)device;
-  (void)stream;
   gpumem_client* c = gpumem::client::State().client.load(std::memory_order_acquire);
   if (c == nullptr) {
     if (ptr != nullptr) {
@@ -160,7 +199,19 @@ void gpumem_torch_free(void* ptr, ssize_t size, int device, void* stream) {
     }
     return;
   }
-  gpumem_free(c, ptr);  // sets the last error; PyTorch ignores a free's result
+  // Sets the last error; PyTorch ignores a free's result.
+  absl::StatusOr<gpumem::client::CachingPool*> pool = gpumem::client::PoolOf(c);
+  if (!pool.ok()) {
+    gpumem::client::SetError(pool.status());
+    return;
+  }
+  // Reused only after the work queued on `stream` before now has run.
+  absl::Status s = (*pool)->FreeAfterStream(ptr, stream);
+  if (s.ok()) {
+    gpumem::client::SetOk();
+  } else {
+    gpumem::client::SetError(s);
+  }
 }
 
 }  // extern "C"

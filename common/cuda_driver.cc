@@ -3,17 +3,38 @@
 #include "common/cuda_driver.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <cstring>
 
-#include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace gpumem {
+namespace {
+
+constexpr char kNoDriverPayload[] = "type.gpumem/no_cuda_driver";
+
+absl::Status ForkedChildError(int parent_pid) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this process (pid ", getpid(), ") was fork()ed from one that had initialised CUDA (pid ",
+      parent_pid, "), and a fork()ed child cannot use CUDA (the driver answers "
+      "CUDA_ERROR_NOT_INITIALIZED): start it with exec instead (for Python's multiprocessing, "
+      "the 'spawn' start method), or fork before the parent first uses the GPU"));
+}
+
+}  // namespace
+
+bool CudaDriverMissing(const absl::Status& status) {
+  return status.GetPayload(kNoDriverPayload).has_value();
+}
 
 std::string CudaDriver::ErrorText(CUresult r) const {
   const char* name = nullptr;
@@ -29,12 +50,17 @@ absl::StatusOr<const CudaDriver*> LoadCudaDriver(const char* library) {
   static auto* loaded = new std::map<std::string, std::unique_ptr<CudaDriver>>;
   std::lock_guard<std::mutex> lock(mu);
   auto it = loaded->find(library);
-  if (it != loaded->end()) return it->second.get();
+  if (it != loaded->end()) {
+    if (it->second->init_pid != getpid()) return ForkedChildError(it->second->init_pid);
+    return it->second.get();
+  }
   auto d = std::make_unique<CudaDriver>();
   d->lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
   if (d->lib == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    absl::Status missing = absl::FailedPreconditionError(absl::StrCat(
         "no NVIDIA driver on this machine (cannot load ", library, ": ", dlerror(), ")"));
+    missing.SetPayload(kNoDriverPayload, absl::Cord("1"));
+    return missing;
   }
   std::string missing;
 #define GPUMEM_CUDA_DRIVER_LOAD(name)                                    \
@@ -47,6 +73,9 @@ absl::StatusOr<const CudaDriver*> LoadCudaDriver(const char* library) {
     return absl::FailedPreconditionError(absl::StrCat(
         library, " lacks driver entry points (driver too old?):", missing));
   }
+  d->cuDeviceGetUuid_v1 =
+      reinterpret_cast<decltype(d->cuDeviceGetUuid_v1)>(dlsym(d->lib, "cuDeviceGetUuid"));
+  d->init_pid = getpid();
   CUresult r = d->cuInit(0);
   if (r != CUDA_SUCCESS) {
     std::string text = d->ErrorText(r);
@@ -62,6 +91,13 @@ absl::StatusOr<const CudaDriver*> LoadCudaDriver(const char* library) {
 absl::Status CudaStatus(const CudaDriver& driver, CUresult r, absl::string_view call,
                         absl::string_view context) {
   if (r == CUDA_SUCCESS) return absl::OkStatus();
+  if (r == CUDA_ERROR_NOT_INITIALIZED && driver.init_pid != 0 && driver.init_pid != getpid()) {
+    absl::Status forked = ForkedChildError(driver.init_pid);
+    absl::Status s(forked.code(), absl::StrCat(context, context.empty() ? "" : ": ", call, ": ",
+                                               forked.message()));
+    s.SetPayload(kDriverErrorPayload, absl::Cord(absl::StrCat(static_cast<int>(r))));
+    return s;
+  }
   std::string message = absl::StrCat(context, context.empty() ? "" : ": ", call, ": ",
                                      driver.ErrorText(r));
   absl::StatusCode code = absl::StatusCode::kInternal;
@@ -97,12 +133,40 @@ CUresult CudaErrorOf(const absl::Status& status) {
   return static_cast<CUresult>(v);
 }
 
-std::string FormatCudaUuid(const CUuuid& uuid) {
+std::string FormatCudaUuid(const CUuuid& uuid, bool mig) {
   const unsigned char* u = reinterpret_cast<const unsigned char*>(uuid.bytes);
   return absl::StrFormat(
-      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-      u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-      u[14], u[15]);
+      "%s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+      mig ? "MIG" : "GPU", u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
+      u[11], u[12], u[13], u[14], u[15]);
+}
+
+absl::StatusOr<std::string> CudaDeviceUuid(const CudaDriver& driver, CUdevice dev) {
+  CUuuid v2;
+  absl::Status s = CudaStatus(driver, driver.cuDeviceGetUuid_v2(&v2, dev), "cuDeviceGetUuid_v2",
+                              absl::StrCat("device ", dev));
+  if (!s.ok()) return s;
+  // A MIG instance: _v2 names the instance, the first version the GPU.
+  bool mig = false;
+  CUuuid v1;
+  if (driver.cuDeviceGetUuid_v1 != nullptr &&
+      driver.cuDeviceGetUuid_v1(&v1, dev) == CUDA_SUCCESS) {
+    mig = std::memcmp(v1.bytes, v2.bytes, sizeof(v2.bytes)) != 0;
+  }
+  return FormatCudaUuid(v2, mig);
+}
+
+bool SameCudaUuid(absl::string_view a, absl::string_view b) {
+  return absl::EqualsIgnoreCase(a, b);
+}
+
+ScopedCudaContext::ScopedCudaContext(const CudaDriver& driver, CUcontext ctx)
+    : driver_(driver), pushed_(driver.cuCtxPushCurrent_v2(ctx)) {}
+
+ScopedCudaContext::~ScopedCudaContext() {
+  if (pushed_ != CUDA_SUCCESS) return;
+  CUcontext popped = nullptr;
+  driver_.cuCtxPopCurrent_v2(&popped);
 }
 
 }  // namespace gpumem

@@ -15,6 +15,11 @@
 //   anything else                                   -> INTERNAL
 // and carries kDriverErrorPayload (common/driver_error.h; the CUresult in
 // decimal), so layers above can tell a driver's refusal from their own.
+//
+// fork(): a child fork()ed after its parent initialised CUDA cannot use it
+// (the driver answers CUDA_ERROR_NOT_INITIALIZED there). LoadCudaDriver in
+// such a child, and CudaStatus of that error there, are FAILED_PRECONDITION
+// saying so and what to do instead, never "device unavailable".
 #ifndef GPUMEMD_COMMON_CUDA_DRIVER_H_
 #define GPUMEMD_COMMON_CUDA_DRIVER_H_
 
@@ -35,27 +40,44 @@ struct CudaDriver {
   X(cuInit) X(cuGetErrorString) X(cuGetErrorName) X(cuDeviceGetCount)       \
   X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetUuid_v2)                   \
   X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuDeviceGetAttribute)     \
-  X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent)   \
-  X(cuCtxSynchronize) X(cuMemGetInfo_v2) X(cuMemGetAllocationGranularity)   \
+  X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain)                      \
+  X(cuDevicePrimaryCtxRelease_v2) X(cuCtxSetCurrent) X(cuCtxGetCurrent)     \
+  X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxSynchronize)          \
+  X(cuMemGetInfo_v2) X(cuMemGetAllocationGranularity)                       \
   X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle)            \
   X(cuMemImportFromShareableHandle) X(cuMemAddressReserve)                  \
   X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)           \
   X(cuMemsetD8_v2) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoH_v2) X(cuMemAlloc_v2)   \
   X(cuMemFree_v2) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2)             \
-  X(cuIpcCloseMemHandle)
+  X(cuIpcCloseMemHandle) X(cuStreamCreate) X(cuStreamDestroy_v2)            \
+  X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent)              \
+  X(cuLaunchHostFunc) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)     \
+  X(cuEventSynchronize) X(cuEventDestroy_v2) X(cuMemsetD8Async)             \
+  X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2)
 #define GPUMEM_CUDA_DRIVER_FIELD(name) decltype(&::name) name = nullptr;
   GPUMEM_CUDA_DRIVER_FUNCTIONS(GPUMEM_CUDA_DRIVER_FIELD)
 #undef GPUMEM_CUDA_DRIVER_FIELD
+  // The first cuDeviceGetUuid (cuda.h now maps the name to _v2): for a MIG
+  // device it gives the GPU's UUID where _v2 gives the instance's. Optional
+  // (null when the library lacks it).
+  CUresult (*cuDeviceGetUuid_v1)(CUuuid*, CUdevice) = nullptr;
+  // The process that called cuInit; another pid is a fork() child.
+  int init_pid = 0;
 
   // "CUDA_ERROR_OUT_OF_MEMORY (2): out of memory".
   std::string ErrorText(CUresult r) const;
 };
 
 // dlopens `library`, resolves every entry point and calls cuInit(0).
-// FAILED_PRECONDITION when the library is missing, lacks an entry point or
-// cuInit fails. The table stays valid for the process's life (the library is
-// never closed).
+// FAILED_PRECONDITION when the library is missing (CudaDriverMissing says
+// so), lacks an entry point or cuInit fails, or in a fork() child of a
+// process that loaded it. The table stays valid for the process's life (the
+// library is never closed).
 absl::StatusOr<const CudaDriver*> LoadCudaDriver(const char* library = "libcuda.so.1");
+
+// True for LoadCudaDriver's answer on a machine without the library (no
+// NVIDIA driver at all), as opposed to one that has it but cannot use it.
+bool CudaDriverMissing(const absl::Status& status);
 
 // OK for CUDA_SUCCESS; otherwise "<context>: <call>: <error text>" with the
 // code described above.
@@ -65,8 +87,35 @@ absl::Status CudaStatus(const CudaDriver& driver, CUresult r, absl::string_view 
 // The CUresult carried by a status CudaStatus made, or CUDA_SUCCESS.
 CUresult CudaErrorOf(const absl::Status& status);
 
-// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it.
-std::string FormatCudaUuid(const CUuuid& uuid);
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" ("MIG-..." for a MIG
+// instance), as nvidia-smi and CUDA_VISIBLE_DEVICES spell it.
+std::string FormatCudaUuid(const CUuuid& uuid, bool mig = false);
+
+// Device `dev`'s UUID as nvidia-smi prints it: "MIG-..." when it is a MIG
+// instance (cuDeviceGetUuid_v2 and the first cuDeviceGetUuid differ).
+absl::StatusOr<std::string> CudaDeviceUuid(const CudaDriver& driver, CUdevice dev);
+
+// The same UUID spelled either way ("GPU-"/"MIG-" prefix and case aside
+// from the hex digits' case).
+bool SameCudaUuid(absl::string_view a, absl::string_view b);
+
+// Makes `ctx` the calling thread's current context for the life of the
+// object and then gives the thread back the context it had (the driver's
+// context stack: cuCtxPushCurrent / cuCtxPopCurrent), so code that runs on
+// an application's threads leaves the application's context alone.
+class ScopedCudaContext {
+ public:
+  ScopedCudaContext(const CudaDriver& driver, CUcontext ctx);
+  ~ScopedCudaContext();
+  ScopedCudaContext(const ScopedCudaContext&) = delete;
+  ScopedCudaContext& operator=(const ScopedCudaContext&) = delete;
+  // CUDA_SUCCESS when `ctx` is current now (the push worked).
+  CUresult result() const { return pushed_; }
+
+ private:
+  const CudaDriver& driver_;
+  CUresult pushed_;
+};
 
 }  // namespace gpumem
 

@@ -8,13 +8,20 @@
  * Each shard is copied back with omp_target_memcpy and the sum is checked
  * against its closed form (a[k] = 2k + 1, so the sum is N^2).
  *
- * The daemon's device index is used as the OpenMP device number when OpenMP
- * sees that many devices (the example assumes both number GPUs alike; a real
- * program maps them by UUID); otherwise the region runs on the host device,
- * which is what OMP_TARGET_OFFLOAD=DISABLED and the sim backend give.
+ * Which device runs each shard's region: gpumem_device_ordinal says where
+ * the shard is in this process's numbering. Device memory (a CUDA daemon)
+ * has a CUDA ordinal, which is the OpenMP device number when the program is
+ * built for one GPU offload target (gcc -foffload=nvptx-none: libgomp's
+ * nvptx plugin numbers devices as the CUDA driver does); the region must
+ * run there, because the host cannot touch device memory. When OpenMP has
+ * no such device (no offload support built in or installed, or
+ * OMP_TARGET_OFFLOAD=DISABLED) the example says so and exits with status 3
+ * rather than run the region on the host over device pointers. Host memory
+ * (the sim backend, ordinal -1) runs on the host device.
  *
- * Build: gcc -fopenmp -Iclient omp_shards.c -lgpumem
- * Run:   GPUMEMD_SOCKET=/run/gpumemd/gpumemd.sock ./omp_shards [N]
+ * Build: gcc -fopenmp -foffload=nvptx-none -Iclient omp_shards.c -lgpumem
+ * Run:   GPUMEMD_SOCKET=/run/gpumemd/gpumemd.sock OMP_TARGET_OFFLOAD=MANDATORY ./omp_shards [N]
+ * Exit status: 0 sum ok, 1 failure, 3 no OpenMP offload device for device memory.
  */
 #include <omp.h>
 #include <stdio.h>
@@ -66,12 +73,35 @@ int main(int argc, char** argv) {
   }
   const int host = omp_get_initial_device();
   const int visible = omp_get_num_devices();
+  /* The OpenMP device of each shard: its CUDA ordinal, or the host for host
+   * memory. Device memory needs a device OpenMP can offload to. */
+  int target[MAX_SHARDS];
+  for (int s = 0; s < shards; ++s) {
+    int ordinal = -1;
+    if (gpumem_device_ordinal(c, ptrs[s], &ordinal) != GPUMEM_OK) {
+      fprintf(stderr, "omp_shards: shard %d: %s: %s\n", s,
+              gpumem_status_name(gpumem_last_error()), gpumem_last_error_message());
+      return 1;
+    }
+    if (ordinal >= 0 && ordinal >= visible) {
+      fprintf(stderr,
+              "omp_shards: no OpenMP offload device for shard %d (CUDA device %d of this "
+              "process; OpenMP sees %d offload device%s): device memory cannot be used on the "
+              "host; build with -foffload=nvptx-none and run where the offload plugin is "
+              "installed\n",
+              s, ordinal, visible, visible == 1 ? "" : "s");
+      for (int t = 0; t < shards; ++t) gpumem_free(c, ptrs[t]);
+      gpumem_close(c);
+      return 3;
+    }
+    target[s] = ordinal >= 0 ? ordinal : host;
+  }
   double sum = 0;
   int failed = 0;
 #pragma omp parallel num_threads(shards) reduction(+ : sum) reduction(| : failed)
   {
     const int s = omp_get_thread_num();
-    const int dev = devices[s] < visible ? devices[s] : host;
+    const int dev = target[s];
     double* p = (double*)ptrs[s];
     const size_t m = count[s], base = first[s];
 #pragma omp target teams distribute parallel for is_device_ptr(p) device(dev)

@@ -9,8 +9,9 @@
 //
 // Guarantees every backend gives:
 //  - devices() is fixed for the backend's lifetime; indices are 0..N-1.
-//  - CreateSlab never exceeds a device's total_bytes in live slabs: it fails
-//    with RESOURCE_EXHAUSTED instead.
+//  - CreateSlab never exceeds a device's total_bytes in live slabs, nor what
+//    NewSlabRoom says the device has left: it fails with RESOURCE_EXHAUSTED
+//    instead.
 //  - A new slab reads as zeros.
 //  - A slab's size is a multiple of Granularity(device) when the caller asks
 //    for such a size (the pool does); backends refuse other sizes or round
@@ -127,6 +128,18 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<Slab>> AdoptSlab(uint32_t device, uint64_t bytes,
                                                           HandleKind kind, int fd,
                                                           const SlabIdentity& identity);
+  // Bytes the device can still give to new slabs as far as the backend last
+  // learnt, beyond the slabs it has: on cuda the driver's free memory (other
+  // processes' use and every context's own cost taken out, which
+  // total_bytes does not show). UINT64_MAX where total_bytes is the only
+  // limit (sim). Cheap: callers hold locks.
+  virtual uint64_t NewSlabRoom(uint32_t device) const {
+    (void)device;
+    return UINT64_MAX;
+  }
+  // Learns NewSlabRoom anew (other processes may have freed memory since);
+  // may make a driver call, so callers hold no lock.
+  virtual void RefreshNewSlabRoom(uint32_t device) { (void)device; }
   // The driver's own free/total figures; UNIMPLEMENTED where there is no
   // driver (sim).
   virtual absl::StatusOr<DriverMemInfo> DriverMemory(uint32_t device) const {

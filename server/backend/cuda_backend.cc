@@ -1,5 +1,8 @@
-// Each device's primary context is retained once at start and made current
-// on the calling thread before every driver call that needs one.
+// Each device's primary context is retained once at start. Every backend
+// call that needs a context pushes the device's own onto the calling thread
+// and pops it when done (ScopedCudaContext), whatever thread it runs on (the
+// broker's, a backend worker, the slab channel's listener) and whatever that
+// thread had current.
 #include "server/backend/cuda_backend.h"
 
 #include <cuda.h>
@@ -10,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/byte_size.h"
 #include "common/cuda_driver.h"
 
@@ -23,12 +27,23 @@ struct Device {
   std::string context;  // "device 0 (GPU-...)", for error messages
 };
 
+// The driver's free memory on a device, learnt after every change the
+// backend makes there and whenever its figures are asked for.
+struct Room {
+  std::atomic<uint64_t> bytes{UINT64_MAX};
+  void Refresh(const CudaDriver& d, const Device& dev);
+};
+
 class CudaSlabBase : public Slab {
  public:
   CudaSlabBase(const CudaDriver* d, const Device* dev, uint64_t size,
-               std::atomic<uint64_t>* account)
-      : d_(d), dev_(dev), size_(size), account_(account) {}
-  ~CudaSlabBase() override { account_->fetch_sub(size_); }
+               std::atomic<uint64_t>* account, Room* room)
+      : d_(d), dev_(dev), size_(size), account_(account), room_(room) {}
+  // Runs after the subclass gave the memory back.
+  ~CudaSlabBase() override {
+    account_->fetch_sub(size_);
+    room_->Refresh(*d_, *dev_);
+  }
   uint32_t device() const override { return dev_->info.index; }
   uint64_t size() const override { return size_; }
 
@@ -37,7 +52,9 @@ class CudaSlabBase : public Slab {
       return absl::OutOfRangeError("scrub range outside the slab");
     }
     if (length == 0) return absl::OkStatus();
-    absl::Status s = Call(d_->cuCtxSetCurrent(dev_->ctx), "cuCtxSetCurrent");
+    ScopedCudaContext scope(*d_, dev_->ctx);
+    absl::Status s = Call(scope.result(), "cuCtxPushCurrent");
+    // cuMemsetD8 returns before the bytes are zero: wait for them.
     if (s.ok()) s = Call(d_->cuMemsetD8_v2(base_ + offset, 0, length), "cuMemsetD8");
     if (s.ok()) s = Call(d_->cuCtxSynchronize(), "cuCtxSynchronize");
     return s;
@@ -51,15 +68,24 @@ class CudaSlabBase : public Slab {
   const Device* dev_;
   uint64_t size_;
   std::atomic<uint64_t>* account_;
+  Room* room_;
   CUdeviceptr base_ = 0;  // the daemon's own mapping of the whole slab
 };
+
+void Room::Refresh(const CudaDriver& d, const Device& dev) {
+  ScopedCudaContext scope(d, dev.ctx);
+  size_t free = 0, total = 0;
+  if (scope.result() == CUDA_SUCCESS && d.cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS) {
+    bytes.store(free);
+  }
+}
 
 // cuMemCreate memory, mapped into the daemon at [base_, base_ + size_).
 class VmmSlab : public CudaSlabBase {
  public:
   using CudaSlabBase::CudaSlabBase;
   ~VmmSlab() override {
-    d_->cuCtxSetCurrent(dev_->ctx);
+    ScopedCudaContext scope(*d_, dev_->ctx);
     if (mapped_) d_->cuMemUnmap(base_, size_);
     if (base_ != 0) d_->cuMemAddressFree(base_, size_);
     if (handle_ != 0) d_->cuMemRelease(handle_);
@@ -67,7 +93,8 @@ class VmmSlab : public CudaSlabBase {
   HandleKind handle_kind() const override { return HandleKind::kCudaVmmFd; }
 
   absl::Status Init() {
-    absl::Status s = Call(d_->cuCtxSetCurrent(dev_->ctx), "cuCtxSetCurrent");
+    ScopedCudaContext scope(*d_, dev_->ctx);
+    absl::Status s = Call(scope.result(), "cuCtxPushCurrent");
     if (!s.ok()) return s;
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -93,8 +120,11 @@ class VmmSlab : public CudaSlabBase {
   }
 
   absl::StatusOr<int> ExportFd() const override {
+    ScopedCudaContext scope(*d_, dev_->ctx);
+    absl::Status s = Call(scope.result(), "cuCtxPushCurrent");
+    if (!s.ok()) return s;
     int fd = -1;
-    absl::Status s = Call(d_->cuMemExportToShareableHandle(
+    s = Call(d_->cuMemExportToShareableHandle(
                               &fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
                           "cuMemExportToShareableHandle");
     if (!s.ok()) return s;
@@ -111,12 +141,14 @@ class IpcSlab : public CudaSlabBase {
  public:
   using CudaSlabBase::CudaSlabBase;
   ~IpcSlab() override {
-    if (base_ != 0 && d_->cuCtxSetCurrent(dev_->ctx) == CUDA_SUCCESS) d_->cuMemFree_v2(base_);
+    ScopedCudaContext scope(*d_, dev_->ctx);
+    if (base_ != 0 && scope.result() == CUDA_SUCCESS) d_->cuMemFree_v2(base_);
   }
   HandleKind handle_kind() const override { return HandleKind::kCudaIpc; }
 
   absl::Status Init() {
-    absl::Status s = Call(d_->cuCtxSetCurrent(dev_->ctx), "cuCtxSetCurrent");
+    ScopedCudaContext scope(*d_, dev_->ctx);
+    absl::Status s = Call(scope.result(), "cuCtxPushCurrent");
     if (!s.ok()) return s;
     s = Call(d_->cuMemAlloc_v2(&base_, size_), "cuMemAlloc");
     if (!s.ok()) return s;
@@ -145,10 +177,12 @@ class CudaBackendImpl : public Backend {
         devices_(std::move(devices)),
         peers_(std::move(peers)),
         kinds_(std::move(kinds)),
-        slab_bytes_(new std::atomic<uint64_t>[devices_.size()]) {
+        slab_bytes_(new std::atomic<uint64_t>[devices_.size()]),
+        room_(new Room[devices_.size()]) {
     for (size_t i = 0; i < devices_.size(); ++i) {
       slab_bytes_[i] = 0;
       infos_.push_back(devices_[i].info);
+      room_[i].Refresh(*d_, devices_[i]);
     }
   }
   const char* name() const override { return "cuda"; }
@@ -163,18 +197,25 @@ class CudaBackendImpl : public Backend {
   uint64_t SlabBytes(uint32_t device) const override {
     return device < devices_.size() ? slab_bytes_[device].load() : 0;
   }
+  uint64_t NewSlabRoom(uint32_t device) const override {
+    return device < devices_.size() ? room_[device].bytes.load() : 0;
+  }
+  void RefreshNewSlabRoom(uint32_t device) override {
+    if (device < devices_.size()) room_[device].Refresh(*d_, devices_[device]);
+  }
 
   absl::StatusOr<DriverMemInfo> DriverMemory(uint32_t device) const override {
     if (device >= devices_.size()) {
       return absl::InvalidArgumentError(absl::StrCat("no device ", device));
     }
     const Device& dev = devices_[device];
-    absl::Status s = CudaStatus(*d_, d_->cuCtxSetCurrent(dev.ctx), "cuCtxSetCurrent",
-                                dev.context);
+    ScopedCudaContext scope(*d_, dev.ctx);
+    absl::Status s = CudaStatus(*d_, scope.result(), "cuCtxPushCurrent", dev.context);
     if (!s.ok()) return s;
     size_t free = 0, total = 0;
     s = CudaStatus(*d_, d_->cuMemGetInfo_v2(&free, &total), "cuMemGetInfo", dev.context);
     if (!s.ok()) return s;
+    room_[device].bytes.store(free);
     return DriverMemInfo{free, total};
   }
 
@@ -204,17 +245,30 @@ class CudaBackendImpl : public Backend {
       }
     } while (!used.compare_exchange_weak(cur, cur + bytes));
     // From here the slab's destructor gives the bytes back, also on failure.
+    // What the driver has free, not cuDeviceTotalMem, is what a new slab can
+    // have: other processes and every context (the daemon's own too) hold
+    // memory that total does not show.
+    Room& room = room_[device];
+    room.Refresh(*d_, dev);
+    if (bytes > room.bytes.load()) {
+      used.fetch_sub(bytes);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          dev.context, ": the driver has ", FormatBytes(room.bytes.load()), " free of ",
+          FormatBytes(dev.info.total_bytes), " (other processes and contexts hold the rest), ",
+          FormatBytes(bytes), " asked"));
+    }
     absl::Status s;
     std::unique_ptr<Slab> slab;
     if (kind == HandleKind::kCudaIpc) {
-      auto ipc = std::make_unique<IpcSlab>(d_, &dev, bytes, &used);
+      auto ipc = std::make_unique<IpcSlab>(d_, &dev, bytes, &used, &room);
       s = ipc->Init();
       slab = std::move(ipc);
     } else {
-      auto vmm = std::make_unique<VmmSlab>(d_, &dev, bytes, &used);
+      auto vmm = std::make_unique<VmmSlab>(d_, &dev, bytes, &used, &room);
       s = vmm->Init();
       slab = std::move(vmm);
     }
+    room.Refresh(*d_, dev);
     if (!s.ok()) return s;
     return slab;
   }
@@ -226,7 +280,14 @@ class CudaBackendImpl : public Backend {
   std::vector<PeerLink> peers_;
   std::vector<HandleKind> kinds_;
   std::unique_ptr<std::atomic<uint64_t>[]> slab_bytes_;
+  std::unique_ptr<Room[]> room_;
 };
+
+const char* ComputeModeName(int mode) {
+  return mode == CU_COMPUTEMODE_EXCLUSIVE_PROCESS ? "EXCLUSIVE_PROCESS"
+         : mode == CU_COMPUTEMODE_PROHIBITED     ? "PROHIBITED"
+                                                  : "DEFAULT";
+}
 
 }  // namespace
 
@@ -245,6 +306,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library
     return absl::FailedPreconditionError("cuda backend: the driver sees no GPU");
   }
   std::vector<Device> devices;
+  std::vector<std::string> bad_modes;
   bool all_fd = true;
   for (int i = 0; i < count; ++i) {
     const std::string where = absl::StrCat("device ", i);
@@ -257,10 +319,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library
     char name[256] = {};
     d.cuDeviceGetName(name, sizeof(name), dev);
     info.name = name;
-    CUuuid uuid;
-    s = CudaStatus(d, d.cuDeviceGetUuid_v2(&uuid, dev), "cuDeviceGetUuid", where);
-    if (!s.ok()) return s;
-    info.uuid = FormatCudaUuid(uuid);
+    // "MIG-..." for a MIG instance, as nvidia-smi and CUDA_VISIBLE_DEVICES
+    // name it.
+    absl::StatusOr<std::string> uuid = CudaDeviceUuid(d, dev);
+    if (!uuid.ok()) return uuid.status();
+    info.uuid = *uuid;
     device.context = absl::StrCat("device ", i, " (", info.uuid, ")");
     size_t total = 0;
     s = CudaStatus(d, d.cuDeviceTotalMem_v2(&total, dev), "cuDeviceTotalMem",
@@ -280,6 +343,16 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library
     d.cuDeviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                            dev);
     all_fd = all_fd && fd != 0;
+    // The daemon's own context is one more on every device: a device that
+    // admits one process's context (EXCLUSIVE_PROCESS) would refuse every
+    // client the daemon lends its memory to, and PROHIBITED admits none.
+    int mode = CU_COMPUTEMODE_DEFAULT;
+    d.cuDeviceGetAttribute(&mode, CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, dev);
+    if (mode != CU_COMPUTEMODE_DEFAULT) {
+      bad_modes.push_back(absl::StrCat(device.context, " [", info.pci_bus_id, "] is in ",
+                                       ComputeModeName(mode), " compute mode"));
+      continue;
+    }
     s = CudaStatus(d, d.cuDevicePrimaryCtxRetain(&device.ctx, dev),
                    "cuDevicePrimaryCtxRetain", device.context);
     if (!s.ok()) return s;
@@ -300,6 +373,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library
     }
     device.granularity = granularity;
     devices.push_back(std::move(device));
+  }
+  if (!bad_modes.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda backend: ", absl::StrJoin(bad_modes, "; "),
+        ": a shared pool needs the daemon's context and every client's on each device "
+        "(EXCLUSIVE_PROCESS admits one process, PROHIBITED none); set the DEFAULT mode "
+        "(nvidia-smi -i <bus id> -c DEFAULT) or hide the device from gpumemd "
+        "(CUDA_VISIBLE_DEVICES)"));
   }
   std::vector<PeerLink> peers(static_cast<size_t>(count) * count, PeerLink::kHost);
   for (int a = 0; a < count; ++a) {

@@ -15,7 +15,20 @@
 // granularity (cuMemGetAllocationGranularity); CreateSlab refuses others with
 // INVALID_ARGUMENT. Every new slab is zeroed before it is returned (the driver
 // does not zero memory). The daemon keeps each VMM slab mapped for its life,
-// so Scrub is one cuMemsetD8 on that mapping.
+// so Scrub is one cuMemsetD8 on that mapping, waited for (cuMemsetD8 returns
+// before the bytes are written).
+//
+// Memory: slabs are admitted against what the driver has free
+// (cuMemGetInfo, NewSlabRoom), not cuDeviceTotalMem: other processes and
+// every context (the daemon's own included) hold memory the total does not
+// show. The figure is learnt at start, around every slab created or
+// released, and whenever DriverMemory is asked (GetStats).
+//
+// Devices: UUIDs are nvidia-smi's ("MIG-..." for a MIG instance). A device in
+// EXCLUSIVE_PROCESS or PROHIBITED compute mode stops Create with
+// FAILED_PRECONDITION naming it: the daemon's context would leave no room
+// for its clients' (EXCLUSIVE_PROCESS admits one process's context at a
+// time), so lending its memory cannot work.
 //
 // Errors name the device and the call: "device 0 (GPU-...): cuMemCreate:
 // CUDA_ERROR_OUT_OF_MEMORY (2): out of memory" as RESOURCE_EXHAUSTED; other
@@ -23,7 +36,8 @@
 // common/cuda_driver.h).
 //
 // Thread-safe: CreateSlab, slab methods and DriverMemory may run on any
-// thread (each call makes the device's primary context current first).
+// thread: each call pushes the device's primary context for its driver calls
+// and pops it after, leaving the thread's own current context alone.
 #ifndef GPUMEMD_SERVER_BACKEND_CUDA_BACKEND_H_
 #define GPUMEMD_SERVER_BACKEND_CUDA_BACKEND_H_
 

@@ -43,8 +43,14 @@ StatsView MemoryBroker::Stats(const PeerCred& caller, bool include_slabs) const 
   for (const DeviceInfo& d : devices) {
     DeviceStatsView& dv = out.devices.emplace_back();
     dv.info = d;
+    // The driver's own view first (no pool lock is held here): asking also
+    // tells the backend what room the device has, which the pool's free
+    // figure below is held within (issue 22).
+    absl::StatusOr<DriverMemInfo> driver = backend_->DriverMemory(d.index);
+    if (driver.ok()) dv.driver = *driver;
     dv.pool.total_bytes = d.total_bytes;
     dv.pool.largest_carvable = d.total_bytes;  // after Shutdown: all free
+    dv.pool.free_bytes = d.total_bytes;
     if (!shut_down_) {
       const SlabPool& pool = pools_.pool(d.index);
       dv.pool = pool.Stats();
@@ -65,9 +71,6 @@ StatsView MemoryBroker::Stats(const PeerCred& caller, bool include_slabs) const 
       }
     }
     dv.granularity_bytes = backend_->Granularity(d.index);
-    // The driver's own view (no pool lock is held here).
-    absl::StatusOr<DriverMemInfo> driver = backend_->DriverMemory(d.index);
-    if (driver.ok()) dv.driver = *driver;
     dv.peers = peer_rows_[d.index];
   }
   // Tenants that only wait hold nothing yet, but are shown with their

@@ -22,7 +22,7 @@ namespace gpumem {
 
 struct DeviceStatsView {
   DeviceInfo info;
-  PoolStats pool;
+  PoolStats pool;  // free_bytes within the device's room (Backend::NewSlabRoom)
   uint64_t granularity_bytes = 0;
   std::optional<DriverMemInfo> driver;   // the backend's own view, if it has one
   std::vector<PeerLink> peers;           // [to]

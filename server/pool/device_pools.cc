@@ -24,8 +24,9 @@ placement::DeviceSnapshot DevicePools::Snapshot() const {
   for (placement::DeviceView& v : snap.devices) {
     const PoolStats s = pools_[v.index]->Stats();
     v.used_bytes = s.used_bytes;
-    // Retained bytes are held by some process: not free, not offered.
-    v.free_bytes = s.free_bytes();
+    // Retained bytes are held by some process: not free, not offered; nor
+    // is what the device itself has no room for (issue 22: NewSlabRoom).
+    v.free_bytes = s.free_bytes;
     v.largest_free_bytes = s.largest_carvable;
   }
   const Backend* backend = backend_;

@@ -77,11 +77,19 @@ uint64_t SlabPool::RoundUp(uint64_t v) const {
   return (v + g - 1) / g * g;
 }
 
-uint64_t SlabPool::UnpooledLocked() const {
+uint64_t SlabPool::UnpooledByTotalLocked() const {
   // Backend bytes include retained slabs and slabs whose release is still
   // running outside the lock: both are really held.
   const uint64_t held = backend_->SlabBytes(device_) + creating_bytes_ + awaiting_bytes_;
   return held >= total_bytes_ ? 0 : total_bytes_ - held;
+}
+
+uint64_t SlabPool::UnpooledLocked() const {
+  // And what the device really has left (slabs being created have not
+  // taken theirs from it yet).
+  const uint64_t room = backend_->NewSlabRoom(device_);
+  const uint64_t by_device = room > creating_bytes_ ? room - creating_bytes_ : 0;
+  return std::min(UnpooledByTotalLocked(), by_device);
 }
 
 absl::Status SlabPool::Reserve() {
@@ -210,6 +218,17 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
       bytes = dedicated ? need : RoundDown(std::min(options_.slab_size, UnpooledLocked()));
       return bytes >= need && bytes <= UnpooledLocked();
     };
+    if (!fits() && RoundDown(UnpooledByTotalLocked() + ReleasableLocked()) >= need) {
+      // Only the device's room, as last learnt, is short; it may have more
+      // now (other processes freed memory). Learning it is backend work.
+      if (!may_call_backend) {
+        r.kind = CarveResult::Kind::kNeedsBackendWork;
+        return r;
+      }
+      mu_.Unlock();
+      backend_->RefreshNewSlabRoom(device_);
+      mu_.Lock();
+    }
     if (!fits() && RoundDown(UnpooledLocked() + ReleasableLocked()) >= need) {
       if (!may_call_backend) {
         r.kind = CarveResult::Kind::kNeedsBackendWork;
@@ -718,6 +737,15 @@ PoolStats SlabPool::Stats() const {
   }
   s.largest_carvable = LargestCarvableLocked();
   s.fragmentation = Fragmentation(s.largest_pooled_free, s.pooled_free_bytes);
+  // total - used - retained, unless the device itself has less room left
+  // for new slabs than that (on cuda: memory the pool does not see).
+  const uint64_t held = s.used_bytes + s.retained_bytes;
+  s.free_bytes = held >= total_bytes_ ? 0 : total_bytes_ - held;
+  const uint64_t room = backend_->NewSlabRoom(device_);
+  if (room != UINT64_MAX) {
+    const uint64_t fresh = room > creating_bytes_ ? room - creating_bytes_ : 0;
+    s.free_bytes = std::min(s.free_bytes, s.pooled_free_bytes + fresh);
+  }
   return s;
 }
 

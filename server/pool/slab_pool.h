@@ -31,6 +31,10 @@
 //    released at once instead.
 //  - Live slab bytes never exceed the device's capacity (the backend
 //    refuses), and capacity promised to a slab being created counts as used.
+//    A new slab is planned only where the backend says the device has room
+//    for it (Backend::NewSlabRoom: on cuda the driver's free memory), so a
+//    device short of memory the pool never sees (other processes, contexts)
+//    is refused by the pool with its figures, not by a failing driver call.
 //  - Carve answers with a block, a refusal (capacity or fragmentation, with
 //    the figures), or the backend's error with the device and operation in
 //    its message; a failed Carve leaves the pool as it was. TryCarve is the
@@ -137,6 +141,12 @@ struct PoolStats {
   uint64_t used_bytes = 0;       // bytes in live blocks, as asked
   uint64_t retained_bytes = 0;   // released slabs a live session may hold
   uint64_t pooled_free_bytes = 0;
+  // What is left to allocate on the device, pooled or not: neither in live
+  // blocks nor retained by a session that may still hold a slab (total -
+  // used - retained), or less where the device has less room for new slabs
+  // than that (Backend::NewSlabRoom): free bytes of carvable slabs plus that
+  // room.
+  uint64_t free_bytes = 0;
   uint64_t largest_pooled_free = 0;
   uint64_t largest_carvable = 0;  // see SlabPool::largest_carvable()
   uint64_t live_blocks = 0;
@@ -144,13 +154,6 @@ struct PoolStats {
   uint32_t retained_slab_count = 0;
   // 1 - largest_pooled_free / pooled_free_bytes (0 when nothing is free).
   double fragmentation = 0.0;
-
-  // What is left to allocate on the device, pooled or not: neither in live
-  // blocks nor retained by a session that may still hold a slab.
-  uint64_t free_bytes() const {
-    const uint64_t held = used_bytes + retained_bytes;
-    return held >= total_bytes ? 0 : total_bytes - held;
-  }
 };
 
 // One tenant's figures on this device.
@@ -324,6 +327,9 @@ class SlabPool {
   uint64_t LargestCarvableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t RoundUp(uint64_t v) const;
   uint64_t RoundDown(uint64_t v) const { return v - v % options_.granularity; }
+  // Capacity for new slabs: by total_bytes alone, and within the backend's
+  // NewSlabRoom too.
+  uint64_t UnpooledByTotalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t UnpooledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Backend* const backend_;

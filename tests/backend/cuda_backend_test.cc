@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "common/cuda_driver.h"
@@ -26,6 +27,7 @@ namespace gpumem {
 namespace {
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kCtx = 4 * kMiB;  // FAKE_CUDA_CONTEXT_BYTES, set in main()
 constexpr char kUuid0[] = "GPU-00112233-4455-6677-8899-aabbccddeeff";
 std::string lost_file;  // FAKE_CUDA_LOST_FILE
 
@@ -232,7 +234,7 @@ TEST(CudaBackendTest, LegacyIpcSlabsHave64HandleBytesAndNoFd) {
   EXPECT_EQ(b->SlabBytes(1), 0u);
 }
 
-TEST(CudaBackendTest, DriverOutOfMemoryNamesDeviceAndError) {
+TEST(CudaBackendTest, MemoryTheDriverHasNotFreeIsRefusedNamingTheDevice) {
   std::unique_ptr<Backend> b = NewBackend();
   ASSERT_NE(b, nullptr);
   // Memory held outside the backend, straight from the driver.
@@ -243,14 +245,17 @@ TEST(CudaBackendTest, DriverOutOfMemoryNamesDeviceAndError) {
   absl::StatusOr<DriverMemInfo> info = b->DriverMemory(2);
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->total_bytes, 32 * kMiB);
-  EXPECT_EQ(info->free_bytes, 8 * kMiB);
-  auto slab = b->CreateSlab(2, 16 * kMiB);  // the backend's own count allows it
+  EXPECT_EQ(info->free_bytes, 8 * kMiB - kCtx);  // this process's context costs too
+  // The backend's own count (32 MiB total) allows it, what the driver has
+  // free does not: refused before any driver allocation is tried, naming
+  // the figures.
+  EXPECT_EQ(b->NewSlabRoom(2), 8 * kMiB - kCtx);
+  auto slab = b->CreateSlab(2, 16 * kMiB);
   ASSERT_EQ(slab.status().code(), absl::StatusCode::kResourceExhausted) << slab.status();
   const std::string msg(slab.status().message());
   EXPECT_TRUE(absl::StrContains(msg, "device 2 (GPU-")) << msg;
-  EXPECT_TRUE(absl::StrContains(msg, "cuMemCreate")) << msg;
-  EXPECT_TRUE(absl::StrContains(msg, "CUDA_ERROR_OUT_OF_MEMORY")) << msg;
-  EXPECT_TRUE(slab.status().GetPayload(kDriverErrorPayload).has_value());
+  EXPECT_TRUE(absl::StrContains(msg, "the driver has 4.00 MiB free of 32.00 MiB")) << msg;
+  EXPECT_FALSE(absl::StrContains(msg, "cuMemCreate")) << msg;
   EXPECT_EQ(b->SlabBytes(2), 0u);  // nothing counted for the failed slab
   ASSERT_EQ(d.cuMemFree_v2(outside), CUDA_SUCCESS);
   EXPECT_TRUE(b->CreateSlab(2, 16 * kMiB).ok());
@@ -267,6 +272,40 @@ TEST(CudaBackendTest, LostDeviceIsUnavailableNamingTheCall) {
   EXPECT_TRUE(absl::StrContains(slab.status().message(), "device 0 (" + std::string(kUuid0)));
   EXPECT_EQ(b->SlabBytes(0), 0u);
   EXPECT_TRUE(b->CreateSlab(0, 2 * kMiB).ok());  // back once the device is
+}
+
+// Every backend call that needs a context pushes the device's own and pops
+// it: from a thread that has none (the slab channel's listener exports), or
+// one that has another current (it is left as found).
+TEST(CudaBackendTest, CallsBringTheirOwnContextAndLeaveTheCallersAlone) {
+  std::unique_ptr<Backend> b = NewBackend();
+  ASSERT_NE(b, nullptr);
+  auto slab = b->CreateSlab(0, 2 * kMiB);
+  ASSERT_TRUE(slab.ok()) << slab.status();
+  absl::StatusOr<int> fd = absl::UnknownError("not run");
+  std::thread([&] { fd = (*slab)->ExportFd(); }).join();
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  close(*fd);
+  const CudaDriver& d = Driver();
+  CUcontext mine = nullptr, now = nullptr;
+  ASSERT_EQ(d.cuDevicePrimaryCtxRetain(&mine, 1), CUDA_SUCCESS);
+  ASSERT_EQ(d.cuCtxSetCurrent(mine), CUDA_SUCCESS);
+  auto slab2 = b->CreateSlab(0, 2 * kMiB, HandleKind::kCudaVmmFd);
+  ASSERT_TRUE(slab2.ok()) << slab2.status();
+  ASSERT_EQ(d.cuCtxGetCurrent(&now), CUDA_SUCCESS);
+  EXPECT_EQ(now, mine) << "CreateSlab";
+  EXPECT_TRUE((*slab2)->Scrub(0, kMiB).ok());
+  fd = (*slab2)->ExportFd();
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  close(*fd);
+  EXPECT_TRUE(b->DriverMemory(0).ok());
+  auto ipc = b->CreateSlab(0, 2 * kMiB, HandleKind::kCudaIpc);
+  ASSERT_TRUE(ipc.ok()) << ipc.status();
+  slab2->reset();
+  ipc->reset();
+  ASSERT_EQ(d.cuCtxGetCurrent(&now), CUDA_SUCCESS);
+  EXPECT_EQ(now, mine) << "Scrub, ExportFd, DriverMemory or a slab's release";
+  ASSERT_EQ(d.cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
 }
 
 TEST(CudaBackendTest, MissingDriverIsOneClearLine) {
@@ -286,6 +325,7 @@ int main(int argc, char** argv) {
   setenv("FAKE_CUDA_UUIDS", "GPU-00112233-4455-6677-8899-aabbccddeeff", 1);
   setenv("FAKE_CUDA_PEERS", "1-2", 1);
   setenv("FAKE_CUDA_DIRTY", "1", 1);
+  setenv("FAKE_CUDA_CONTEXT_BYTES", "4MiB", 1);
   setenv("FAKE_CUDA_LOST_FILE", gpumem::lost_file.c_str(), 1);
   unsetenv("CUDA_VISIBLE_DEVICES");
   ::testing::InitGoogleTest(&argc, argv);

@@ -6,6 +6,11 @@
 //  - FailExport(status): every slab's ExportFd fails with `status` (OK clears).
 //  - SlowCreate(device, delay): CreateSlab on `device` sleeps `delay` first,
 //    as cuMemCreate plus mapping and zeroing may on a large slab.
+//  - SetDeviceFree(bytes): the device has only `bytes` left for new slabs
+//    (memory other processes hold, as a driver's cuMemGetInfo would say).
+//    The backend learns it as the cuda backend does: on RefreshNewSlabRoom,
+//    and around the slabs it makes and releases; NewSlabRoom says what it
+//    learnt last. refreshes() counts RefreshNewSlabRoom calls.
 // Counters say how many calls were made. Thread-safe.
 #ifndef GPUMEMD_TESTS_BACKEND_FAULTY_BACKEND_H_
 #define GPUMEMD_TESTS_BACKEND_FAULTY_BACKEND_H_
@@ -47,6 +52,21 @@ class FaultyBackend : public Backend {
     slow_device_ = device;
     slow_delay_ = delay;
   }
+  void SetDeviceFree(uint64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    device_free_ = bytes;
+  }
+  int refreshes() const { return refreshes_.load(); }
+  uint64_t NewSlabRoom(uint32_t device) const override {
+    absl::MutexLock lock(&mu_);
+    return device_free_ == UINT64_MAX ? inner_->NewSlabRoom(device) : room_seen_;
+  }
+  void RefreshNewSlabRoom(uint32_t device) override {
+    refreshes_.fetch_add(1);
+    absl::MutexLock lock(&mu_);
+    room_seen_ = device_free_;
+    inner_->RefreshNewSlabRoom(device);
+  }
   int creates() const { return creates_.load(); }
   int exports() const { return exports_.load(); }
 
@@ -71,6 +91,16 @@ class FaultyBackend : public Backend {
       if (device == slow_device_) delay = slow_delay_;
     }
     if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
+    {
+      absl::MutexLock lock(&mu_);
+      if (device_free_ != UINT64_MAX) {
+        if (bytes > device_free_) {
+          return absl::ResourceExhaustedError("the device has no room for the slab");
+        }
+        device_free_ -= bytes;
+        room_seen_ = device_free_;
+      }
+    }
     absl::StatusOr<std::unique_ptr<Slab>> slab = inner_->CreateSlab(device, bytes, kind);
     if (!slab.ok()) return slab.status();
     return std::unique_ptr<Slab>(new FaultySlab(this, std::move(*slab)));
@@ -81,6 +111,13 @@ class FaultyBackend : public Backend {
    public:
     FaultySlab(FaultyBackend* owner, std::unique_ptr<Slab> inner)
         : owner_(owner), inner_(std::move(inner)) {}
+    ~FaultySlab() override {
+      absl::MutexLock lock(&owner_->mu_);
+      if (owner_->device_free_ != UINT64_MAX) {
+        owner_->device_free_ += inner_->size();
+        owner_->room_seen_ = owner_->device_free_;
+      }
+    }
     uint32_t device() const override { return inner_->device(); }
     uint64_t size() const override { return inner_->size(); }
     HandleKind handle_kind() const override { return inner_->handle_kind(); }
@@ -112,6 +149,9 @@ class FaultyBackend : public Backend {
   absl::Duration slow_delay_;
   std::atomic<int> creates_{0};
   std::atomic<int> exports_{0};
+  std::atomic<int> refreshes_{0};
+  uint64_t device_free_ = UINT64_MAX;  // UINT64_MAX: as the inner backend
+  uint64_t room_seen_ = UINT64_MAX;
 };
 
 }  // namespace testing

@@ -15,8 +15,20 @@
 //   gpumemd Allocate (warm) / Free  with --socket: Client::Allocate of
 //                                   --size bytes to a usable device pointer,
 //                                   its slab already open; then Buffer::Free
+//   gpumemd first map / close       with --socket: the first block in a slab
+//                                   this process has not opened (a fresh
+//                                   Client each time, the slab made already
+//                                   at the daemon): the RPC, the slab's fd
+//                                   over the socket and the VMM open; then
+//                                   Free and closing the Client (unmap)
+//   gpumem_malloc / gpumem_free     with --socket: the C ABI's cached path
+//                                   (warm: blocks of --size from a lease),
+//                                   the free stream-ordered on CUDA memory
 // Operations are timed in rounds, each kind in turn, so noise hits all alike.
-// Prints median and p99 microseconds; --json prints the same as JSON.
+// Prints median and p99 microseconds; --json prints the same as JSON, with
+// "client_cost": what the client adds, per first map (first map minus the
+// driver's own VMM open of the same slab) and per warm allocation (the
+// RPC path and the cached path), beside cuMemAlloc's figure.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,6 +45,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "client/gpumem.h"
 #include "client/slab_mapper.h"
 #include "common/cuda_driver.h"
 
@@ -73,6 +86,7 @@ struct Series {
 struct OpPair {
   std::string open_name, close_name;
   std::function<void()> open, close;
+  std::function<void()> prepare;  // untimed, before each open
 };
 
 // The legacy IPC exporter: a child process, forked before this process
@@ -131,6 +145,14 @@ IpcExporter StartExporter(const std::string& driver, int device, uint64_t bytes)
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+// The median of the first series whose name starts with `prefix`.
+double P50Of(const std::vector<Series>& series, const std::string& prefix) {
+  for (const Series& s : series) {
+    if (s.name.rfind(prefix, 0) == 0) return Percentile(s.us, 0.5);
+  }
+  return 0;
 }
 
 int Run() {
@@ -204,8 +226,11 @@ int Run() {
        [&] { opened.reset(); }},
   };
   std::unique_ptr<Client> client;
+  std::unique_ptr<Client> fresh;
   std::vector<Buffer> warm;
   Buffer buffer;
+  gpumem_client* cabi = nullptr;
+  void* cblock = nullptr;
   if (!absl::GetFlag(FLAGS_socket).empty()) {
     auto c = Client::Connect(absl::GetFlag(FLAGS_socket));
     Check(c.status(), "connect");
@@ -222,6 +247,48 @@ int Run() {
                        buffer = std::move(*b);
                      },
                      [&] { Check(buffer.Free(), "gpumemd Free"); }});
+    // A first map: a Client that has not opened the slab yet (connected
+    // before the clock starts), whose first block lands in the slab `warm`
+    // keeps at the daemon.
+    auto connect_fresh = [&] {
+      auto c2 = Client::Connect(absl::GetFlag(FLAGS_socket));
+      Check(c2.status(), "connect");
+      fresh = std::move(*c2);
+      // Its RPC stream up before the clock starts: what is timed is the map.
+      Check(fresh->GetSession().status(), "GetSession");
+    };
+    connect_fresh();
+    pairs.push_back({"gpumemd first map (RPC + slab fd + VMM open)",
+                     "gpumemd close (Free + unmap)",
+                     [&, where] {
+                       auto b = fresh->Allocate(size, where);
+                       Check(b.status(), "gpumemd first map");
+                       buffer = std::move(*b);
+                     },
+                     [&] {
+                       Check(buffer.Free(), "gpumemd Free");
+                       fresh.reset();
+                     },
+                     connect_fresh});
+    cabi = gpumem_connect(absl::GetFlag(FLAGS_socket).c_str());
+    if (cabi == nullptr) Die(std::string("gpumem_connect: ") + gpumem_last_error_message());
+    const std::string on = "--gpus=" + vmm_alloc.device_uuid();
+    // Warm: the first block made its lease (and mapped it).
+    if (gpumem_malloc_str(cabi, size, on.c_str(), &cblock) != GPUMEM_OK) {
+      Die(std::string("gpumem_malloc: ") + gpumem_last_error_message());
+    }
+    gpumem_free(cabi, cblock);
+    pairs.push_back({"gpumem_malloc (warm, C ABI cache)", "gpumem_free (stream-ordered)",
+                     [&, on] {
+                       if (gpumem_malloc_str(cabi, size, on.c_str(), &cblock) != GPUMEM_OK) {
+                         Die(std::string("gpumem_malloc: ") + gpumem_last_error_message());
+                       }
+                     },
+                     [&] {
+                       if (gpumem_free(cabi, cblock) != GPUMEM_OK) {
+                         Die(std::string("gpumem_free: ") + gpumem_last_error_message());
+                       }
+                     }});
   }
 
   std::vector<Series> series;
@@ -232,6 +299,7 @@ int Run() {
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     for (size_t i = 0; i < pairs.size(); ++i) {
       for (int k = 0; k < absl::GetFlag(FLAGS_per_round); ++k) {
+        if (pairs[i].prepare) pairs[i].prepare();
         auto t0 = Clock::now();
         pairs[i].open();
         auto t1 = Clock::now();
@@ -244,7 +312,9 @@ int Run() {
     }
   }
   warm.clear();
+  fresh.reset();
   client.reset();
+  if (cabi != nullptr) gpumem_close(cabi);
   close(slab_fd);
   d.cuMemRelease(vmm);
   close(exporter.hold);
@@ -261,7 +331,18 @@ int Run() {
                   i ? ", " : "", series[i].name.c_str(), series[i].us.size(),
                   Percentile(series[i].us, 0.5), Percentile(series[i].us, 0.99));
     }
-    std::printf("]}\n");
+    std::printf("]");
+    if (!absl::GetFlag(FLAGS_socket).empty()) {
+      const double first = P50Of(series, "gpumemd first map"), driver = P50Of(series, "VMM open");
+      std::printf(", \"client_cost\": {\"first_map_us\": %.2f, \"first_map_driver_us\": %.2f, "
+                  "\"first_map_added_us\": %.2f, \"warm_rpc_alloc_us\": %.2f, "
+                  "\"warm_cached_alloc_us\": %.2f, \"warm_cached_free_us\": %.2f, "
+                  "\"driver_alloc_us\": %.2f}",
+                  first, driver, first - driver, P50Of(series, "gpumemd Allocate"),
+                  P50Of(series, "gpumem_malloc"), P50Of(series, "gpumem_free"),
+                  P50Of(series, "cuMemAlloc"));
+    }
+    std::printf("}\n");
     return 0;
   }
   std::printf("device %d: %s; allocations of %s, slabs of %s\n", device, name,
@@ -270,6 +351,15 @@ int Run() {
   for (const Series& s : series) {
     std::printf("%-46s %8zu %12.2f %12.2f\n", s.name.c_str(), s.us.size(),
                 Percentile(s.us, 0.5), Percentile(s.us, 0.99));
+  }
+  if (!absl::GetFlag(FLAGS_socket).empty()) {
+    const double first = P50Of(series, "gpumemd first map"), driver = P50Of(series, "VMM open");
+    std::printf("client cost (p50): first map %.2f us (%.2f us over the driver's VMM open), "
+                "warm allocation %.2f us by RPC, %.2f us cached (free %.2f us); cuMemAlloc "
+                "%.2f us\n",
+                first, first - driver, P50Of(series, "gpumemd Allocate"),
+                P50Of(series, "gpumem_malloc"), P50Of(series, "gpumem_free"),
+                P50Of(series, "cuMemAlloc"));
   }
   return 0;
 }

@@ -16,7 +16,11 @@ echo "$out"
 /usr/bin/python3 -c 'import json,sys
 j = json.loads(sys.argv[1])
 ops = [r["op"] for r in j["rows"]]
-assert len(ops) == 8, ops
-assert ops[2].startswith("VMM open") and ops[4].startswith("IPC open") and ops[6].startswith("gpumemd Allocate"), ops
-assert all(r["n"] == 10 and r["p50_us"] > 0 for r in j["rows"])' "$out"
+assert len(ops) == 12, ops
+assert ops[2].startswith("VMM open") and ops[4].startswith("IPC open"), ops
+assert ops[6].startswith("gpumemd Allocate") and ops[8].startswith("gpumemd first map"), ops
+assert ops[10].startswith("gpumem_malloc") and ops[11].startswith("gpumem_free"), ops
+assert all(r["n"] == 10 and r["p50_us"] > 0 for r in j["rows"])
+c = j["client_cost"]
+assert c["first_map_us"] > 0 and c["warm_cached_alloc_us"] > 0, c' "$out"
 echo PASS

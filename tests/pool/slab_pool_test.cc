@@ -29,6 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/backend/sim_backend.h"
+#include "tests/backend/faulty_backend.h"
 
 namespace gpumem {
 namespace {
@@ -317,6 +318,44 @@ TEST(SlabPoolTest, FullDeviceReleasesAnotherTenantsEmptySlabsForANewSlab) {
   EXPECT_TRUE(pool.HasSlab(blocks[0].slab_id));
   EXPECT_EQ(SlabTenant(pool, blocks[0].slab_id), 1u);
   EXPECT_VALID(pool);
+}
+
+// The device has less room than total_bytes says (memory of other
+// processes): new slabs are planned within it, the free figure shows it, a
+// carve that needs more is refused with figures (after asking the backend
+// again: others may have freed memory), and TryCarve (which never calls
+// the backend, not even to ask it again) answers kNeedsBackendWork rather
+// than refusing on an old figure.
+TEST(SlabPoolTest, NewSlabsFitTheRoomTheDeviceHas) {
+  testing::FaultyBackend backend(std::make_unique<SimBackend>(std::vector<uint64_t>{4 * kSlab}));
+  backend.SetDeviceFree(kSlab + kSlab / 2);
+  backend.RefreshNewSlabRoom(0);
+  SlabPool pool(&backend, 0, Options(absl::Hours(1)));
+  const HandleKind kind = backend.handle_kinds().front();
+  absl::StatusOr<PoolBlock> a = Carve(pool, kSlab, kGran, 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(pool.Stats().free_bytes, kSlab / 2);  // not 4 slabs - 1
+  const int refreshes = backend.refreshes();
+  EXPECT_EQ(pool.TryCarve(kSlab, kGran, 1, kind).kind, CarveResult::Kind::kNeedsBackendWork);
+  EXPECT_EQ(backend.refreshes(), refreshes);
+  CarveResult r = pool.Carve(kSlab, kGran, 1, kind);
+  ASSERT_EQ(r.kind, CarveResult::Kind::kRefused);
+  EXPECT_EQ(r.refusal.reason, PoolRefusal::Reason::kCapacity);
+  EXPECT_EQ(r.refusal.free_bytes, kSlab / 2);
+  CheckRefusal(r.refusal, kSlab);
+  EXPECT_GT(backend.refreshes(), refreshes);
+  // A smaller block still gets a slab cut to the room that is left.
+  absl::StatusOr<PoolBlock> b = Carve(pool, kSlab / 4, kGran, 2);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(pool.Slabs().back().size, kSlab / 2);
+  // Others give memory back: learnt when it is needed.
+  backend.SetDeviceFree(2 * kSlab);
+  absl::StatusOr<PoolBlock> c = Carve(pool, kSlab, kGran, 1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  pool.Release(*a);
+  pool.Release(*b);
+  pool.Release(*c);
+  EXPECT_TRUE(pool.Validate().ok());
 }
 
 // Without backend work a carve serves from existing slabs only: where it

@@ -3,8 +3,11 @@
 DaemonSet's socket (--socket) lies in the hostPath-mounted directory, the
 client pod mounts the same host directory and names the same socket, the
 probes ask gpumemd_probe about that socket, no pod asks for the host's PID
-namespace, the grace period exceeds --drain_seconds, and every gpumemd flag
-in the manifest is one the built daemon accepts (--help lists it)."""
+namespace, the grace period exceeds --drain_seconds, the daemon offers only
+slab handles that cross PID namespaces (--handle_kinds=cuda_vmm_fd: fds over
+the socket do, legacy CUDA IPC handles do not, and the pods share no PID
+namespace with the daemon), and every gpumemd flag in the manifest is one
+the built daemon accepts (--help lists it)."""
 import os
 import subprocess
 import sys
@@ -41,6 +44,12 @@ for probe in ("readinessProbe", "livenessProbe"):
         fail("%s does not ask gpumemd_probe about %s: %s" % (probe, sock, cmd))
 if spec["terminationGracePeriodSeconds"] <= float(args.get("drain_seconds", 0)):
     fail("terminationGracePeriodSeconds must exceed --drain_seconds")
+if args.get("backend") == "cuda":
+    kinds = args.get("handle_kinds", "").split(",")
+    if kinds != ["cuda_vmm_fd"]:
+        fail("the DaemonSet must offer --handle_kinds=cuda_vmm_fd only (legacy CUDA IPC "
+             "handles do not cross PID namespaces; the default offers them), not %r"
+             % args.get("handle_kinds"))
 
 help_text = subprocess.run([gpumemd, "--help"], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True).stdout

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# tests/gpu/run in CI: its flags and refusals, then every check against the
+# fake driver, from a folder laid out as tests/gpu/pack lays it out (the
+# programs Bazel built here, run with this machine's libraries), with a PATH
+# that has no bazel (run builds nothing) and the fake nvidia-smi. The JSON
+# must list every check; none may fail, and only those that cannot run on
+# the fake (OpenMP offload, PyTorch, and the tenant check outside root) may
+# be skipped.
+set -euo pipefail
+run=$1 gpumemd=$2 gpumemctl=$3 share=$4 bench=$5 checks=$6 lib=$7 fake=$8 smi=$9 omp=${10}
+header=${11}
+source tests/client/sanitizer_env.sh
+sanitizer_env "$lib"
+# Copies, under /tmp: the tenant check runs one program as uid 65534.
+work=$(mktemp -d /tmp/gpumemd-gpurun-XXXXXX)
+chmod 0755 "$work"
+rm_bin=$(command -v rm)
+trap '"$rm_bin" -rf "$work"' EXIT
+mkdir -p "$work/bin" "$work/lib" "$work/fake" "$work/path"
+for p in "$gpumemd" "$gpumemctl" "$share" "$bench" "$checks"; do
+  cp -L "$p" "$work/bin/"
+done
+cp "$lib" "$work/lib/libgpumem.so.1"
+ln -s libgpumem.so.1 "$work/lib/libgpumem.so"
+cp "$fake" "$work/fake/libcuda.so.1"
+gcc $SANITIZER_CFLAGS -std=c11 -fopenmp -foffload=disable -I"$(dirname "$header")" "$omp" -o "$work/bin/omp_shards" \
+  -L"$work/lib" -lgpumem
+cp "$smi" "$work/path/nvidia-smi"
+chmod +x "$work/path/nvidia-smi"
+# Only what run needs: python3, the fake nvidia-smi; no bazel, no compiler.
+ln -s /usr/bin/python3 "$work/path/python3"
+for tool in env sh bash date cat grep sed seq sleep kill mktemp; do ln -s "$(command -v $tool)" "$work/path/$tool"; done
+export PATH=$work/path
+export LD_PRELOAD=${SANITIZER_PRELOAD}
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Refusals: no --bin, a folder that is not one, no driver without --fake.
+rc=0; "$run" >/dev/null 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "run without --bin: exit $rc"
+rc=0; out=$("$run" --bin=/nonexistent 2>&1) || rc=$?
+[ "$rc" = 2 ] && [[ "$out" == *"tests/gpu/pack"* ]] || fail "run --bin=/nonexistent: exit $rc: $out"
+rc=0; out=$("$run" --bin="$work" 2>&1) || rc=$?
+[ "$rc" = 2 ] && [[ "$out" == *"no libcuda.so.1"* ]] || fail "run without a driver: exit $rc: $out"
+
+start=$(date +%s)
+rc=0
+"$run" --bin="$work" --fake --json --keep >"$work/out.json" 2>"$work/err" || rc=$?
+echo "run --fake: exit $rc in $(( $(date +%s) - start )) s"
+cat "$work/out.json"
+[ -s "$work/out.json" ] || { cat "$work/err"; fail "run --fake printed no JSON"; }
+python3 - "$work/out.json" "$rc" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+rc = int(sys.argv[2])
+want = ["driver", "start", "uuids", "granularity", "share_vmm", "share_ipc", "driver_free",
+        "bench", "zeros", "fill", "stream_free", "contexts", "fork", "restart", "kill", "omp",
+        "torch", "violations"]
+checks = j["checks"]
+missing = [c for c in want if c not in checks]
+assert not missing, "missing checks: %s" % missing
+# The tenant check needs root and setuid (skipped where it cannot).
+may_skip = {"omp", "torch", "zeros"}
+bad = {k: v for k, v in checks.items()
+       if v["result"] == "fail" or (v["result"] == "skip" and k not in may_skip)}
+assert not bad, json.dumps(bad, indent=1)
+assert rc == 0, "exit %d with no failed check" % rc
+assert j["fake_driver"] is True and j["failed"] == []
+# The OpenMP example refused device memory without an offload device.
+assert checks["omp"]["result"] == "skip" and "refused cleanly" in checks["omp"]["detail"], checks["omp"]
+rows = {r["op"] for r in j["bench"]["rows"]}
+assert any(op.startswith("gpumemd first map") for op in rows), rows
+assert "first_map_added_us" in j["bench"]["client_cost"], j["bench"]
+assert checks["fill"]["refused_by"] == "placement", checks["fill"]
+print("PASS: %d checks in %.1f s" % (len(checks), j["seconds"]))
+PY

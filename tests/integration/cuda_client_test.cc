@@ -1,0 +1,446 @@
+// The client library (C ABI and PyTorch entry points) in this process,
+// over a cuda gpumemd, both on the strict fake driver (tests/fake_cuda): the
+// rules a real GPU holds the library to.
+//  - Frees are stream-ordered: memory freed while work queued on it is
+//    pending is reused only after that work completed (gpumem_torch_free:
+//    the work queued on its stream before the free; gpumem_free: all work
+//    queued on the device before it). The fake records any reuse, unmap or
+//    release with work pending as a violation.
+//  - A torch ordinal is this process's own CUDA device: the machine has
+//    three GPUs, the daemon numbers them in the driver's default order, this
+//    process (a container with two of them, CUDA_DEVICE_ORDER=PCI_BUS_ID)
+//    numbers them otherwise.
+//  - Every entry point leaves the calling thread's current context as it
+//    found it.
+//  - A fork() child of a process that initialised CUDA is told why it
+//    cannot use the GPU.
+//  - Addresses of memory lost at a daemon restart are never handed out
+//    again (the driver's address reservation is kept).
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/gpumem.h"
+#include "client/slab_mapper.h"
+#include "common/cuda_driver.h"
+#include "common/fd_channel.h"
+#include "gtest/gtest.h"
+#include "tests/integration/daemon_fixture.h"
+
+namespace gpumem {
+namespace {
+
+using testing::DaemonProcess;
+using testing::RunfilePath;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+// PCI order: global devices 0, 1, 2. The driver's default order (and so the
+// daemon's numbering) is 2, 0, 1; this process sees 0 and 1, in PCI order.
+constexpr char kUuids[] =
+    "GPU-00000000-0000-4000-8000-000000000000,"
+    "GPU-11111111-1111-4111-8111-111111111111,"
+    "GPU-22222222-2222-4222-8222-222222222222";
+// Placement text for daemon device 1 (global 0, this process's ordinal 0).
+constexpr char kOnOrdinal0[] = "--gpus=1";
+
+std::string FakeDriverPath() { return RunfilePath("tests/fake_cuda/libcuda.so.1"); }
+std::string violations_file;  // FAKE_CUDA_VIOLATIONS
+
+const CudaDriver& Driver() {
+  static const CudaDriver* d = [] {
+    absl::StatusOr<const CudaDriver*> loaded = LoadCudaDriver(FakeDriverPath().c_str());
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(loaded.status().message()).c_str());
+      std::abort();
+    }
+    return *loaded;
+  }();
+  return *d;
+}
+
+void ClearViolations() {
+  reinterpret_cast<void (*)()>(dlsym(Driver().lib, "fakeCudaClearViolations"))();
+}
+
+CUcontext Primary(int ordinal) {
+  CUcontext ctx = nullptr;
+  EXPECT_EQ(Driver().cuDevicePrimaryCtxRetain(&ctx, ordinal), CUDA_SUCCESS);
+  return ctx;
+}
+
+CUcontext CurrentContext() {
+  CUcontext ctx = nullptr;
+  EXPECT_EQ(Driver().cuCtxGetCurrent(&ctx), CUDA_SUCCESS);
+  return ctx;
+}
+
+// Blocks its stream until *gate is set.
+void WaitGate(void* gate) {
+  auto* g = static_cast<std::atomic<bool>*>(gate);
+  while (!g->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// The daemon's device figures (strings in protobuf's JSON), by index.
+std::vector<long long> DaemonUsed(gpumem_client* c) {
+  char* j = nullptr;
+  EXPECT_EQ(gpumem_stats_json(c, &j), GPUMEM_OK) << gpumem_last_error_message();
+  std::string json = j != nullptr ? j : "";
+  gpumem_string_free(j);
+  std::vector<long long> out;
+  size_t at = json.find("\"devices\":", json.find("\"daemon\":"));
+  const size_t end = json.find("\"sessions\":", at);
+  while ((at = json.find("\"index\":", at)) < end) {
+    const size_t next = json.find("\"index\":", at + 1);
+    const size_t used = json.find("\"used_bytes\":\"", at);
+    out.push_back(used < next ? std::atoll(json.c_str() + used + 14) : 0);
+    at += 8;
+  }
+  return out;
+}
+
+class CudaClientTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    daemon_ = new DaemonProcess({"--backend=cuda", "--slab_size=16MiB",
+                                 "--empty_slab_release_seconds=0"});
+    ASSERT_TRUE(StartDaemon()) << daemon_->Log();
+    setenv("GPUMEMD_SOCKET", daemon_->socket().c_str(), 1);
+  }
+  static void TearDownTestSuite() {
+    delete daemon_;
+    daemon_ = nullptr;
+  }
+  // The daemon sees the whole machine in the driver's default order.
+  static bool StartDaemon() {
+    unsetenv("FAKE_CUDA_SUBSET");
+    unsetenv("CUDA_DEVICE_ORDER");
+    const bool ok = daemon_->Start();
+    setenv("FAKE_CUDA_SUBSET", "0,1", 1);
+    setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1);
+    return ok;
+  }
+  // Violations of this process and the daemon (both write the file).
+  void SetUp() override {
+    ClearViolations();
+    std::ofstream(violations_file, std::ios::trunc).flush();
+  }
+  void TearDown() override {
+    std::ifstream in(violations_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_EQ(text.str(), "");
+  }
+  gpumem_client* Connect() {
+    gpumem_client* c = gpumem_connect(daemon_->socket().c_str());
+    EXPECT_NE(c, nullptr) << gpumem_last_error_message();
+    return c;
+  }
+  static DaemonProcess* daemon_;
+};
+DaemonProcess* CudaClientTest::daemon_ = nullptr;
+
+TEST_F(CudaClientTest, TorchOrdinalsAreThisProcesssOwnCudaDevices) {
+  gpumem_client* c = Connect();
+  const std::vector<long long> before = DaemonUsed(c);
+  ASSERT_EQ(before.size(), 3u);
+  void* p = gpumem_torch_malloc(4096, 0, nullptr);
+  ASSERT_NE(p, nullptr) << gpumem_last_error_message();
+  // Ordinal 0 here is global device 0: the daemon's device 1.
+  const std::vector<long long> after = DaemonUsed(c);
+  EXPECT_GT(after[1], before[1]);
+  EXPECT_EQ(after[0], before[0]);
+  EXPECT_EQ(after[2], before[2]);
+  gpumem_torch_free(p, 4096, 0, nullptr);
+  EXPECT_EQ(gpumem_last_error(), GPUMEM_OK) << gpumem_last_error_message();
+  // This process has two devices, whatever the daemon has.
+  EXPECT_EQ(gpumem_torch_malloc(4096, 2, nullptr), nullptr);
+  EXPECT_TRUE(absl::StrContains(gpumem_last_error_message(), "device 2"))
+      << gpumem_last_error_message();
+  gpumem_close(c);
+}
+
+TEST_F(CudaClientTest, EveryEntryPointLeavesTheCallersContextAsFound) {
+  const CudaDriver& d = Driver();
+  // The application's own context: its device 1 (the library works on 0).
+  for (CUcontext app : {Primary(1), static_cast<CUcontext>(nullptr)}) {
+    ASSERT_EQ(d.cuCtxSetCurrent(app), CUDA_SUCCESS);
+    auto same = [&](const char* call) {
+      EXPECT_EQ(CurrentContext(), app) << call << " changed the current context";
+    };
+    gpumem_client* c = Connect();
+    same("gpumem_connect");
+    void* small = nullptr;
+    void* large = nullptr;
+    ASSERT_EQ(gpumem_malloc_str(c, 4096, kOnOrdinal0, &small), GPUMEM_OK)
+        << gpumem_last_error_message();
+    same("gpumem_malloc_str (a new lease)");
+    ASSERT_EQ(gpumem_malloc_str(c, 12 * kMiB, kOnOrdinal0, &large), GPUMEM_OK)
+        << gpumem_last_error_message();
+    same("gpumem_malloc_str (a large block)");
+    void* shards[2];
+    gpumem_placement visible = {};
+    visible.gpus = "1,2";  // the daemon's devices this process can see
+    ASSERT_EQ(gpumem_malloc_sharded(c, 2 * kMiB, 2, &visible, shards, nullptr, nullptr),
+              GPUMEM_OK) << gpumem_last_error_message();
+    same("gpumem_malloc_sharded");
+    EXPECT_EQ(gpumem_device_of(c, small), 1);
+    same("gpumem_device_of");
+    EXPECT_EQ(gpumem_free(c, small), GPUMEM_OK);
+    EXPECT_EQ(gpumem_free(c, large), GPUMEM_OK);
+    EXPECT_EQ(gpumem_free(c, shards[0]), GPUMEM_OK);
+    EXPECT_EQ(gpumem_free(c, shards[1]), GPUMEM_OK);
+    same("gpumem_free");
+    void* t = gpumem_torch_malloc(8192, 0, nullptr);
+    ASSERT_NE(t, nullptr) << gpumem_last_error_message();
+    same("gpumem_torch_malloc");
+    gpumem_torch_free(t, 8192, 0, nullptr);
+    same("gpumem_torch_free");
+    size_t released = 0;
+    EXPECT_EQ(gpumem_trim(c, &released), GPUMEM_OK) << gpumem_last_error_message();
+    same("gpumem_trim");
+    char* json = nullptr;
+    EXPECT_EQ(gpumem_stats_json(c, &json), GPUMEM_OK);
+    gpumem_string_free(json);
+    same("gpumem_stats_json");
+    EXPECT_EQ(gpumem_close(c), GPUMEM_OK);
+    same("gpumem_close");
+    // The C++ client: a new Client maps its slab anew, copies, frees.
+    {
+      auto cc = client::Client::Connect(daemon_->socket());
+      ASSERT_TRUE(cc.ok()) << cc.status();
+      v1::PlacementRequest where;
+      where.add_devices("1");
+      auto b = (*cc)->Allocate(kMiB, where);
+      ASSERT_TRUE(b.ok()) << b.status();
+      same("Client::Allocate");
+      std::vector<char> bytes(4096, 7);
+      EXPECT_TRUE(b->Write(0, bytes.data(), bytes.size()).ok());
+      EXPECT_TRUE(b->Read(0, bytes.data(), bytes.size()).ok());
+      same("Buffer::Write/Read");
+      EXPECT_TRUE(b->Free().ok());
+      same("Buffer::Free");
+    }
+    same("~Client");
+  }
+  ASSERT_EQ(d.cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
+}
+
+// The work queued on `stream` before the free keeps a block from reuse,
+// for a block served from a lease and for a large block (a daemon
+// allocation of its own, unmapped when freed).
+TEST_F(CudaClientTest, TorchFreeWaitsForWorkQueuedOnItsStream) {
+  const CudaDriver& d = Driver();
+  ScopedCudaContext app(d, Primary(0));  // as PyTorch: device 0's primary context
+  ASSERT_EQ(app.result(), CUDA_SUCCESS);
+  CUstream stream = nullptr;
+  ASSERT_EQ(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  for (size_t size : {size_t{1} << 20, size_t{6} << 20}) {
+    SCOPED_TRACE(size);
+    std::atomic<bool> gate{false};
+    void* p = gpumem_torch_malloc(static_cast<ssize_t>(size), 0, stream);
+    ASSERT_NE(p, nullptr) << gpumem_last_error_message();
+    // A kernel that writes the block, held up behind the gate.
+    ASSERT_EQ(d.cuLaunchHostFunc(stream, WaitGate, &gate), CUDA_SUCCESS);
+    ASSERT_EQ(d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(p), 0xAB, size, stream),
+              CUDA_SUCCESS);
+    // PyTorch frees the tensor while the kernel is still queued.
+    gpumem_torch_free(p, static_cast<ssize_t>(size), 0, stream);
+    ASSERT_EQ(gpumem_last_error(), GPUMEM_OK) << gpumem_last_error_message();
+    // The next owner (another stream) gets memory the kernel does not write.
+    void* q = gpumem_torch_malloc(static_cast<ssize_t>(size), 0, nullptr);
+    ASSERT_NE(q, nullptr) << gpumem_last_error_message();
+    EXPECT_NE(q, p);
+    std::vector<unsigned char> mine(size, 0x11), back(size);
+    ASSERT_EQ(d.cuMemcpyHtoD_v2(reinterpret_cast<CUdeviceptr>(q), mine.data(), size),
+              CUDA_SUCCESS);
+    ASSERT_EQ(d.cuStreamSynchronize(nullptr), CUDA_SUCCESS);
+    gate.store(true);
+    ASSERT_EQ(d.cuStreamSynchronize(stream), CUDA_SUCCESS);
+    ASSERT_EQ(d.cuMemcpyDtoH_v2(back.data(), reinterpret_cast<CUdeviceptr>(q), size),
+              CUDA_SUCCESS);
+    EXPECT_EQ(back, mine) << "the next owner's bytes were overwritten";
+    gpumem_torch_free(q, static_cast<ssize_t>(size), 0, nullptr);
+  }
+  ASSERT_EQ(d.cuStreamDestroy_v2(stream), CUDA_SUCCESS);
+}
+
+// gpumem_free's rule: a block is reused only after all the work this
+// process queued on its device before the free has completed.
+TEST_F(CudaClientTest, GpumemFreeWaitsForTheDevicesQueuedWork) {
+  const CudaDriver& d = Driver();
+  gpumem_client* c = Connect();
+  ScopedCudaContext app(d, Primary(0));
+  CUstream stream = nullptr;
+  ASSERT_EQ(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  for (size_t size : {size_t{64} << 10, size_t{6} << 20}) {
+    SCOPED_TRACE(size);
+    std::atomic<bool> gate{false};
+    void* p = nullptr;
+    ASSERT_EQ(gpumem_malloc_str(c, size, kOnOrdinal0, &p), GPUMEM_OK)
+        << gpumem_last_error_message();
+    ASSERT_EQ(d.cuLaunchHostFunc(stream, WaitGate, &gate), CUDA_SUCCESS);
+    ASSERT_EQ(d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(p), 0xCD, size, stream),
+              CUDA_SUCCESS);
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(gpumem_free(c, p), GPUMEM_OK) << gpumem_last_error_message();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1))
+        << "gpumem_free waited for the queued work";
+    void* q = nullptr;
+    ASSERT_EQ(gpumem_malloc_str(c, size, kOnOrdinal0, &q), GPUMEM_OK);
+    EXPECT_NE(q, p);
+    std::vector<unsigned char> mine(size, 0x22), back(size);
+    ASSERT_EQ(d.cuMemcpyHtoD_v2(reinterpret_cast<CUdeviceptr>(q), mine.data(), size),
+              CUDA_SUCCESS);
+    ASSERT_EQ(d.cuStreamSynchronize(nullptr), CUDA_SUCCESS);
+    // Trim gives everything free back to the daemon: it has to wait for the
+    // queued work, which the gate releases a little later.
+    std::thread opener([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      gate.store(true);
+    });
+    EXPECT_EQ(gpumem_free(c, q), GPUMEM_OK);
+    EXPECT_EQ(gpumem_trim(c, nullptr), GPUMEM_OK) << gpumem_last_error_message();
+    opener.join();
+    ASSERT_EQ(d.cuStreamSynchronize(stream), CUDA_SUCCESS);
+    // Nothing is held back any more: it all went back to the daemon.
+    char* json = nullptr;
+    ASSERT_EQ(gpumem_stats_json(c, &json), GPUMEM_OK);
+    EXPECT_TRUE(absl::StrContains(json, "\"deferred_blocks\":0,")) << json;
+    EXPECT_TRUE(absl::StrContains(json, "\"leases\":0,")) << json;
+    gpumem_string_free(json);
+  }
+  ASSERT_EQ(d.cuStreamDestroy_v2(stream), CUDA_SUCCESS);
+  gpumem_close(c);
+}
+
+TEST_F(CudaClientTest, AForkChildIsToldItCannotUseCuda) {
+  gpumem_client* c = Connect();
+  void* p = nullptr;
+  ASSERT_EQ(gpumem_malloc_str(c, 4096, kOnOrdinal0, &p), GPUMEM_OK)
+      << gpumem_last_error_message();  // CUDA is initialised and used here now
+  // What the child needs to open a slab by hand: the allocation and its fd.
+  auto client = client::Client::Connect(daemon_->socket());
+  ASSERT_TRUE(client.ok()) << client.status();
+  v1::AllocateRequest req;
+  req.set_size_bytes(kMiB);
+  req.mutable_placement()->add_devices("1");
+  auto raw = (*client)->AllocateRaw(req);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  const v1::Allocation a = raw->allocations(0);
+  auto channel = ConnectFdChannel(daemon_->socket());
+  ASSERT_TRUE(channel.ok());
+  auto slab = RequestSlabFd(*channel, a.slab_id());
+  ASSERT_TRUE(slab.ok()) << slab.status();
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    // The library's mapper, as a new client in the child would use it.
+    std::string verdict;
+    auto mapper = client::NewSlabMapper(v1::HANDLE_KIND_CUDA_VMM_FD);
+    absl::Status s = mapper.status();
+    if (mapper.ok()) {
+      auto opened = (*mapper)->Open(a, [&]() -> absl::StatusOr<SlabFd> {
+        return SlabFd{dup(slab->fd), slab->size};
+      });
+      s = opened.status();
+    }
+    verdict = absl::StrCat(static_cast<int>(s.code()), " ", s.message());
+    // PyTorch's entry points in the child (this process used them before).
+    if (gpumem_torch_malloc(4096, 0, nullptr) != nullptr ||
+        gpumem_last_error() != GPUMEM_E_FAILED_PRECONDITION ||
+        !absl::StrContains(gpumem_last_error_message(), "fork()")) {
+      verdict += absl::StrCat(" | torch: ", gpumem_last_error(), " ",
+                              gpumem_last_error_message());
+    }
+    (void)!write(pipefd[1], verdict.data(), verdict.size());
+    _exit(0);  // the child shares the test's violations file: it records none
+  }
+  close(pipefd[1]);
+  std::string verdict;
+  char buf[1024];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof(buf))) > 0) verdict.append(buf, n);
+  close(pipefd[0]);
+  waitpid(pid, nullptr, 0);
+  EXPECT_EQ(verdict.substr(0, 2), absl::StrCat(static_cast<int>(absl::StatusCode::kFailedPrecondition), " "))
+      << verdict;
+  EXPECT_TRUE(absl::StrContains(verdict, "fork")) << verdict;
+  EXPECT_FALSE(absl::StrContains(verdict, "unavailable")) << verdict;
+  EXPECT_FALSE(absl::StrContains(verdict, "torch:")) << verdict;
+  close(slab->fd);
+  close(*channel);
+  EXPECT_EQ(gpumem_free(c, p), GPUMEM_OK);
+  gpumem_close(c);
+}
+
+TEST_F(CudaClientTest, AddressesLostAtADaemonRestartAreNeverHandedOutAgain) {
+  setenv("GPUMEM_RECONNECT_MS", "10000", 1);
+  gpumem_client* c = Connect();
+  void* p = nullptr;
+  ASSERT_EQ(gpumem_malloc_str(c, kMiB, kOnOrdinal0, &p), GPUMEM_OK)
+      << gpumem_last_error_message();
+  ASSERT_EQ(daemon_->Stop(), 0) << daemon_->Log();
+  ASSERT_TRUE(StartDaemon()) << daemon_->Log();
+  // The block is lost; freeing it says so, and its addresses stay taken.
+  EXPECT_EQ(gpumem_free(c, p), GPUMEM_E_LOST) << gpumem_last_error_message();
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t hi = lo + 8 * kMiB;  // the lost lease
+  std::vector<void*> fresh;
+  for (int i = 0; i < 4; ++i) {
+    void* q = nullptr;
+    ASSERT_EQ(gpumem_malloc_str(c, kMiB, kOnOrdinal0, &q), GPUMEM_OK)
+        << gpumem_last_error_message();
+    const uintptr_t at = reinterpret_cast<uintptr_t>(q);
+    EXPECT_TRUE(at + kMiB <= lo || at >= hi) << "a lost address came back: " << q;
+    fresh.push_back(q);
+  }
+  EXPECT_EQ(gpumem_device_of(c, p), -1);
+  EXPECT_EQ(gpumem_last_error(), GPUMEM_E_LOST);
+  for (void* q : fresh) EXPECT_EQ(gpumem_free(c, q), GPUMEM_OK);
+  gpumem_close(c);
+}
+
+}  // namespace
+}  // namespace gpumem
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  setenv("FAKE_CUDA_DEVICES", "3x256MiB", 1);
+  setenv("FAKE_CUDA_UUIDS", gpumem::kUuids, 1);
+  setenv("FAKE_CUDA_FASTEST", "2,0,1", 1);
+  setenv("FAKE_CUDA_CONTEXT_BYTES", "4MiB", 1);
+  setenv("FAKE_CUDA_SUBSET", "0,1", 1);
+  setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1);
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  unsetenv("GPUMEM_PLACEMENT");
+  setenv("GPUMEM_LEASE_SIZE", "8MiB", 1);  // blocks up to 2 MiB come from leases
+  setenv("GPUMEM_IDLE_RELEASE_MS", "60000", 1);
+  char dir[] = "/tmp/gpumemd-cudaclient-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return 2;
+  gpumem::violations_file = std::string(dir) + "/violations";
+  setenv("FAKE_CUDA_VIOLATIONS", gpumem::violations_file.c_str(), 1);
+  // The daemon, a child, finds the fake by LD_LIBRARY_PATH; this process
+  // loads it by path first, so the library's dlopen("libcuda.so.1") gets it.
+  std::string lib = gpumem::FakeDriverPath();
+  setenv("LD_LIBRARY_PATH", lib.substr(0, lib.rfind('/')).c_str(), 1);
+  (void)gpumem::Driver();
+  int rc = RUN_ALL_TESTS();
+  unlink(gpumem::violations_file.c_str());
+  rmdir(dir);
+  return rc;
+}
