@@ -1,12 +1,11 @@
 // See call_metrics.h.
 #include "server/metrics/call_metrics.h"
 
-#include <map>
 #include <optional>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/str_cat.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/refusal_payload.h"
 
 namespace gpumem {
 
@@ -43,26 +42,8 @@ std::string CallMetrics::RefusalReason(const grpc::Status& status) {
       if (any.UnpackTo(&placement)) refusal = placement;
     }
   }
-  if (refusal.has_value()) {
-    std::map<std::string, int> votes;
-    for (const v1::DeviceRefusal& d : refusal->devices()) {
-      switch (d.reason()) {
-        case v1::DeviceRefusal::REASON_CAPACITY: ++votes["capacity"]; break;
-        case v1::DeviceRefusal::REASON_FRAGMENTATION: ++votes["fragmentation"]; break;
-        case v1::DeviceRefusal::REASON_QUOTA: ++votes["quota"]; break;
-        default: break;  // excluded / holds a shard: not why it failed
-      }
-    }
-    std::string best;
-    int most = 0;
-    for (const auto& [reason, n] : votes) {
-      if (n > most) best = reason, most = n;
-    }
-    if (!best.empty()) return best;
-  }
   // gRPC and absl status codes have the same numbers.
-  return absl::AsciiStrToLower(
-      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())));
+  return RefusalLabel(static_cast<absl::StatusCode>(status.error_code()), refusal);
 }
 
 void CallMetrics::RecordAllocate(const grpc::Status& status,

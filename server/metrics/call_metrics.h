@@ -9,7 +9,8 @@
 //  - gpumemd_allocation_refusals_total{reason}: refused Allocate calls, by
 //    reason: "capacity", "fragmentation", "quota" (the placement refusal's
 //    most common device reason) or the status code in lower case
-//    ("invalid_argument", "unavailable", "permission_denied", ...).
+//    ("invalid_argument", "unavailable", "permission_denied", ...): the
+//    rule of common/refusal_payload.h, which GetStats' counters use too.
 //  - gpumemd_allocation_latency_seconds: every Allocate call, served or not,
 //    from the handler's entry to its answer (buckets 10 us .. 1 s).
 // Thread-safety: the Record* methods may be called from any thread
