@@ -18,13 +18,13 @@ absl::StatusOr<placement::CarvedBlock> QuotaCarver::TryCarve(
   }
   absl::StatusOr<placement::CarvedBlock> block =
       inner_->TryCarve(device, size, alignment, refusal);
-  if (!block.ok()) book_->Credit(tenant_, device, size);
+  if (!block.ok()) book_->Uncharge(tenant_, device, size);
   return block;
 }
 
 void QuotaCarver::Release(const placement::CarvedBlock& block) {
   inner_->Release(block);
-  book_->Credit(tenant_, block.device, block.size_bytes);
+  book_->Uncharge(tenant_, block.device, block.size_bytes);
 }
 
 }  // namespace quota

@@ -12,8 +12,10 @@
 // quota's figures in `detail`; placement then tries the next device.
 //
 // A block that becomes an allocation stays charged after placement returns;
-// whoever frees the allocation later credits it (QuotaBook::Credit) with the
-// block's device and size_bytes.
+// whoever commits it says so (QuotaBook::Commit, which the tenant's peak
+// counts from), and whoever frees the allocation later credits it
+// (QuotaBook::Credit) with the block's device and size_bytes. Undoing a
+// charge here is QuotaBook::Uncharge.
 #ifndef GPUMEMD_SERVER_QUOTA_QUOTA_CARVER_H_
 #define GPUMEMD_SERVER_QUOTA_QUOTA_CARVER_H_
 

@@ -303,7 +303,16 @@ bool MemoryBroker::NeedsBackendWork(const absl::Status& status) {
   return status.GetPayload(kNeedsBackendWorkUrl).has_value();
 }
 
+// issue 25: every refused request counted once (not one sent back to be run
+// again on a backend thread: that run counts).
 absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
+    const PeerCred& caller, const v1::AllocateRequest& request, BackendWork work) {
+  absl::StatusOr<v1::AllocateResponse> r = AllocateUncounted(caller, request, work);
+  if (!r.ok() && !NeedsBackendWork(r.status())) counters_.RecordRefusal(r.status());
+  return r;
+}
+
+absl::StatusOr<v1::AllocateResponse> MemoryBroker::AllocateUncounted(
     const PeerCred& caller, const v1::AllocateRequest& request, BackendWork work) {
   absl::ReaderMutexLock gate(&gate_);
   if (shut_down_) return ShuttingDown();
@@ -370,8 +379,10 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Allocate(
       w.prepared = &*prepared;
       w.kind = *kind;
       const auto ticket = waiters_.Add(tenant->priority, &w);
+      counters_.RecordWaitStart(tenant->id);  // issue 25
       wait_mu_.AwaitWithDeadline(absl::Condition(&w.done),
                                  absl::Now() + absl::Milliseconds(request.wait_ms()));
+      counters_.RecordWaitEnd(tenant->id);  // issue 25
       if (!w.done) waiters_.Remove(ticket);
       --waiting_;
       if (w.done) return reported(std::move(w.result));
@@ -482,6 +493,12 @@ absl::StatusOr<v1::AllocateResponse> MemoryBroker::Place(
         if (r.block.kind == HandleKind::kCudaIpc) a->set_ipc_handle(ipc_handles[i]);
         allocations_[b.id] = std::move(r);
       }
+      counters_.RecordAllocations(result.blocks.size());  // issue 25
+      if (options_.quotas != nullptr) {  // issue 25: the tenant's peak counts from here
+        uint64_t charged = 0;
+        for (const placement::CarvedBlock& b : result.blocks) charged += b.size_bytes;
+        options_.quotas->Commit(tenant.id, charged);
+      }
       return response;
     }
   }
@@ -510,6 +527,7 @@ void MemoryBroker::AppendEvent(ledger::EventKind kind, uint64_t id, const Record
 }
 
 void MemoryBroker::Return(const std::vector<Record>& records) {
+  counters_.RecordFrees(records.size());  // issue 25
   for (const Record& r : records) {
     pools_[r.device]->Release(r.block);
     if (options_.quotas != nullptr) options_.quotas->Credit(r.tenant, r.device, r.charged);
@@ -697,7 +715,23 @@ absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {
   out.set_pid(s->cred.pid);
   out.set_uid(s->cred.uid);
   out.set_gid(s->cred.gid);
+  // issue 25: the tenant it is charged to (or would be, if it allocated now).
+  if (absl::StatusOr<tenants::TenantRef> t = SessionTenantOf(s->id, caller); t.ok()) {
+    out.set_tenant(t->id);
+    out.set_tenant_name(t->name);
+  }
   return out;
+}
+
+// issue 25
+absl::StatusOr<tenants::TenantRef> MemoryBroker::SessionTenantOf(
+    uint64_t session, const PeerCred& caller) const {
+  {
+    absl::MutexLock lock(&tenant_mu_);
+    auto it = session_tenants_.find(session);
+    if (it != session_tenants_.end()) return it->second.tenant;
+  }
+  return TenantOf(caller);
 }
 
 absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller,
@@ -782,6 +816,7 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
   }
   v1::GetStatsResponse out;
   out.set_backend(backend_->name());
+  counters_.Fill(out.mutable_counters());  // issue 25
   absl::ReaderMutexLock gate(&gate_);
   // tenant -> device -> figures; session -> retained bytes.
   absl::flat_hash_map<uint32_t, std::vector<TenantPoolStats>> tenants;
@@ -848,6 +883,9 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
       }
     }
   }
+  for (uint32_t t : counters_.WaitingTenants()) {  // issue 25: waiting tenants have a row
+    if (admin || own_tenants.contains(t)) tenants[t].resize(devices.size());
+  }
   for (const auto& [tenant, rows] : tenants) {
     v1::TenantStats* ts = out.add_tenants();
     ts->set_tenant(tenant);
@@ -872,6 +910,11 @@ v1::GetStatsResponse MemoryBroker::Stats(const PeerCred& caller,
     ts->set_used_bytes(used);
     ts->set_retained_bytes(retained);
     ts->set_allocation_count(blocks);
+    // issue 25: peak (the quota book counts every tenant's charges) and waiting.
+    if (options_.quotas != nullptr) {
+      ts->set_peak_bytes(options_.quotas->Holdings(tenant).peak_total_bytes);
+    }
+    ts->set_waiting_requests(counters_.WaitingOf(tenant));
   }
   std::sort(out.mutable_tenants()->begin(), out.mutable_tenants()->end(),
             [](const v1::TenantStats& a, const v1::TenantStats& b) {

@@ -87,6 +87,7 @@
 #include "server/placement/placer.h"
 #include "server/pool/slab_pool.h"
 #include "server/quota/quota_book.h"
+#include "server/service/daemon_counters.h"  // issue 25
 #include "server/session/session_registry.h"
 #include "server/tenants/tenant_directory.h"
 
@@ -235,6 +236,13 @@ class MemoryBroker {
   // class comment), its priority as the directory in force says.
   absl::StatusOr<tenants::TenantRef> TenantOfSession(uint64_t session, const PeerCred& caller);
   class PoolCarver;
+  // issue 25: Allocate's body; Allocate counts its refusals.
+  absl::StatusOr<v1::AllocateResponse> AllocateUncounted(const PeerCred& caller,
+                                                         const v1::AllocateRequest& request,
+                                                         BackendWork work);
+  // issue 25: the tenant a session is charged to, or would be now (not fixed).
+  absl::StatusOr<tenants::TenantRef> SessionTenantOf(uint64_t session,
+                                                     const PeerCred& caller) const;
   // The offered kind a request asks for, or FAILED_PRECONDITION.
   absl::StatusOr<HandleKind> RequestedKind(const v1::AllocateRequest& request) const;
 
@@ -304,6 +312,8 @@ class MemoryBroker {
   absl::Mutex wait_mu_ ABSL_ACQUIRED_AFTER(gate_);
   admission::WaiterQueue<Waiter> waiters_ ABSL_GUARDED_BY(wait_mu_);
   bool stop_waiting_ ABSL_GUARDED_BY(wait_mu_) = false;
+
+  DaemonCounters counters_;  // issue 25: GetStats' counters and waiting per tenant
 
   std::unique_ptr<SessionRegistry> sessions_;
   absl::Mutex stop_mu_;
