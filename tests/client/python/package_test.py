@@ -82,6 +82,11 @@ check(sorted(s.device for s in shards) == [0, 1, 2] and sum(s.size for s in shar
       "3 shards on 3 devices")
 for s in shards:
     s.free()
+two = c.malloc_sharded(2 * MiB, 2, gpus="1,2", fallback=["0"], policy="pack")
+check(sorted(s.device for s in two) == [1, 2], "2 shards on devices 1 and 2")
+for s in two:
+    s.free()
+expect(gpumem.InvalidArgument, c.malloc_sharded, 2 * MiB, 2, gpus="1", contains="2 distinct devices")
 for blk in (big, big2, b3):
     blk.free()
 e = expect(gpumem.ResourceExhausted, c.malloc, 900 * MiB, gpus="0", exclude="0")
