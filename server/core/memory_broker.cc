@@ -274,20 +274,23 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
     out.answer = std::move(a);
     return std::move(out);
   };
+  // Every refused request is counted once, with its final answer.
+  auto refused = [&](absl::Status status) {
+    counters_.Refused(status);
+    return answered(std::move(status));
+  };
   absl::ReaderMutexLock gate(&gate_);
-  if (shut_down_) return answered(ShuttingDown());
+  if (shut_down_) return refused(ShuttingDown());
   if (draining_.load()) {
-    return answered(absl::UnavailableError(
+    return refused(absl::UnavailableError(
         "gpumemd is stopping: it takes no new allocations; retry once it is back"));
   }
   if (request.shard_count() == 0 && request.shard_sizes_size() == 0 &&
       request.size_bytes() > pools_.largest_device_bytes()) {
-    AllocateAnswer a = absl::InvalidArgumentError(absl::StrCat(
+    return refused(absl::InvalidArgumentError(absl::StrCat(
         "size_bytes ", request.size_bytes(), " (", FormatBytes(request.size_bytes()),
         ") is larger than any device (largest: ", FormatBytes(pools_.largest_device_bytes()),
-        ")"));
-    counters_.Refused(a.status());
-    return answered(std::move(a));
+        ")")));
   }
   Prepared prepared;
   absl::StatusOr<std::shared_ptr<Session>> session;
@@ -314,10 +317,7 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
         if (!tenant.ok()) checked = tenant.status();
       }
     }
-    if (!checked.ok()) {
-      counters_.Refused(checked);
-      return answered(checked);
-    }
+    if (!checked.ok()) return refused(checked);
   }
 
   const uint64_t seen = admission_.kicks();
@@ -431,6 +431,8 @@ MemoryBroker::Placed MemoryBroker::Place(const PeerCred& caller, Session& sessio
     return placed;
   }
   pool_carver.Take();
+  // The tenant's peak counts committed allocations only (quota_book.h).
+  if (quota_carver.has_value()) quota_carver->Commit();
 
   v1::AllocateResponse response;
   for (size_t i = 0; i < records.size(); ++i) {
@@ -570,6 +572,17 @@ absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {
   out.set_pid((*s)->cred().pid);
   out.set_uid((*s)->cred().uid);
   out.set_gid((*s)->cred().gid);
+  // The tenant it is charged to (fixed at its first allocation), or the one
+  // a first allocation now would be charged to; named as GetStats names it.
+  std::optional<tenants::TenantRef> tenant = (*s)->tenant();
+  if (!tenant.has_value()) {
+    absl::StatusOr<tenants::TenantRef> now = TenantOf(caller);
+    if (now.ok()) tenant = *std::move(now);
+  }
+  if (tenant.has_value()) {
+    out.set_tenant(tenant->id);
+    out.set_tenant_name(TenantName(tenant->id));
+  }
   return out;
 }
 
