@@ -16,7 +16,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
+#include "absl/synchronization/mutex.h"
 #include "common/byte_size.h"
 #include "common/refusal_payload.h"
 #include "server/quota/quota_carver.h"
@@ -248,17 +248,23 @@ MemoryBroker::AllocateOutcome MemoryBroker::Allocate(const PeerCred& caller,
 
 MemoryBroker::AllocateAnswer MemoryBroker::AllocateAndWait(const PeerCred& caller,
                                                            const v1::AllocateRequest& request) {
+  // A mutex and Await rather than absl::Notification: Notification waits
+  // inside Debian's uninstrumented Abseil, where TSan builds cannot see it
+  // synchronize (common/tsan_support.cc makes Lock and Await visible).
   struct Waited {
-    absl::Notification done;
-    AllocateAnswer answer;
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    AllocateAnswer answer ABSL_GUARDED_BY(mu);
   };
   auto waited = std::make_shared<Waited>();
   AllocateOutcome outcome = Allocate(caller, request, [waited](AllocateAnswer answer) {
+    absl::MutexLock lock(&waited->mu);
     waited->answer = std::move(answer);
-    waited->done.Notify();
+    waited->done = true;
   });
   if (outcome.kind != AllocateOutcome::Kind::kWaiting) return std::move(outcome.answer);
-  waited->done.WaitForNotification();
+  absl::MutexLock lock(&waited->mu);
+  waited->mu.Await(absl::Condition(&waited->done));
   return std::move(waited->answer);
 }
 
