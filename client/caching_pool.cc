@@ -1161,6 +1161,31 @@ absl::StatusOr<v1::GetStatsResponse> CachingPool::DaemonStats() {
   return client_->GetStats(false);
 }
 
+absl::StatusOr<v1::Session> CachingPool::DaemonSession() {
+  if (Forked()) return ForkedError();
+  absl::MutexLock lock(&mu_);
+  absl::Status s = EnsureConnectedLocked();
+  if (!s.ok()) return s;
+  return client_->GetSession();
+}
+
+absl::StatusOr<v1::GetUsageResponse> CachingPool::DaemonUsage() {
+  if (Forked()) return ForkedError();
+  absl::MutexLock lock(&mu_);
+  absl::Status s = EnsureConnectedLocked();
+  if (!s.ok()) return s;
+  return client_->GetUsage();
+}
+
+absl::StatusOr<v1::GetLedgerResponse> CachingPool::DaemonLedger(
+    const v1::GetLedgerRequest& request) {
+  if (Forked()) return ForkedError();
+  absl::MutexLock lock(&mu_);
+  absl::Status s = EnsureConnectedLocked();
+  if (!s.ok()) return s;
+  return client_->GetLedger(request);
+}
+
 absl::StatusOr<std::vector<std::string>> CachingPool::DeviceUuids() {
   absl::StatusOr<v1::GetStatsResponse> st = DaemonStats();
   if (!st.ok()) return st.status();

@@ -163,6 +163,11 @@ class CachingPool {
   PoolStats Stats();
   // The daemon's GetStats (reconnecting if needed).
   absl::StatusOr<v1::GetStatsResponse> DaemonStats();
+  // The daemon's GetSession, GetUsage and GetLedger on the pool's connection
+  // (this process's session), reconnecting if needed.
+  absl::StatusOr<v1::Session> DaemonSession();
+  absl::StatusOr<v1::GetUsageResponse> DaemonUsage();
+  absl::StatusOr<v1::GetLedgerResponse> DaemonLedger(const v1::GetLedgerRequest& request);
   // Each device's UUID, by the daemon's index.
   absl::StatusOr<std::vector<std::string>> DeviceUuids();
 

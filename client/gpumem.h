@@ -139,6 +139,27 @@ int gpumem_trim(gpumem_client* client, size_t* released);
 int gpumem_stats_json(gpumem_client* client, char** json);
 void gpumem_string_free(char* s);
 
+/* A read-only call to the daemon, as JSON (proto field names, every field
+ * printed; 64-bit integers are JSON strings, as in proto3's JSON mapping).
+ * `method` is "GetStats", "GetSession", "GetUsage" or "GetLedger";
+ * `request_json` is its request message as JSON (NULL or "": the empty
+ * request), e.g. {"tenant": "ml", "limit": 10, "newest": true} for GetLedger.
+ * The daemon's visibility rules apply (a non-admin sees its own tenant).
+ * Another method, or a request that does not parse, is
+ * GPUMEM_E_INVALID_ARGUMENT. *response_json is malloc()ed: release with
+ * gpumem_string_free(). */
+int gpumem_call_json(gpumem_client* client, const char* method, const char* request_json,
+                     char** response_json);
+
+/* What the client's tenant may still take on the daemon's device `device`,
+ * as torch.cuda.mem_get_info() answers: *total_bytes is the device's size
+ * capped by the tenant's quotas (total and for the device), *free_bytes the
+ * room left under all of them and on the device, plus this client's idle
+ * lease bytes there (client/tenant_budget.h has the rule). Either pointer
+ * may be NULL. */
+int gpumem_mem_get_info(gpumem_client* client, int device, size_t* free_bytes,
+                        size_t* total_bytes);
+
 /* This thread's last error: its code and message (the message stays valid
  * until this thread's next gpumem_* call). */
 int gpumem_last_error(void);
@@ -161,6 +182,10 @@ const char* gpumem_status_name(int code);
  * waits for it. */
 void* gpumem_torch_malloc(ssize_t size, int device, void* stream);
 void gpumem_torch_free(void* ptr, ssize_t size, int device, void* stream);
+/* gpumem_mem_get_info for the PyTorch entry points' client, `device` being
+ * this process's ordinal as gpumem_torch_malloc maps it (what
+ * gpumem.torch.enable() makes torch.cuda.mem_get_info() answer). */
+int gpumem_torch_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes);
 
 #ifdef __cplusplus
 }  /* extern "C" */

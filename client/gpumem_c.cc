@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/c_handle.h"
 #include "client/env_config.h"
+#include "client/tenant_budget.h"
 
 namespace gpumem {
 namespace client {
@@ -82,6 +83,77 @@ absl::StatusOr<v1::PlacementRequest> PlacementOf(const gpumem_placement* w) {
   }
   if (w->policy != nullptr) f.policy = w->policy;
   return BuildPlacementRequest(f);
+}
+
+// gpumem_call_json and gpumem_mem_get_info.
+
+// JSON of a message, as gpumem_call_json promises.
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  opts.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(m, &out, opts).ok()) {
+    return absl::InternalError("the daemon's answer could not be printed as JSON");
+  }
+  return out;
+}
+
+template <typename T>
+absl::StatusOr<std::string> JsonOf(const absl::StatusOr<T>& answer) {
+  if (!answer.ok()) return answer.status();
+  return ToJson(*answer);
+}
+
+absl::Status ParseRequest(const char* method, const char* json,
+                          google::protobuf::Message* request) {
+  if (json == nullptr || *json == '\0') return absl::OkStatus();
+  google::protobuf::util::JsonParseOptions opts;
+  const auto s = google::protobuf::util::JsonStringToMessage(json, request, opts);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        method, ": the request is not a JSON ", request->GetDescriptor()->name(), ": ",
+        std::string(s.message())));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CallJson(CachingPool* pool, const std::string& method,
+                                     const char* json) {
+  if (method == "GetStats") {
+    v1::GetStatsRequest req;
+    if (absl::Status s = ParseRequest("GetStats", json, &req); !s.ok()) return s;
+    if (req.include_slabs()) {
+      return absl::InvalidArgumentError(
+          "GetStats: include_slabs is not offered here (gpumemctl stats --slabs shows them)");
+    }
+    return JsonOf(pool->DaemonStats());
+  }
+  if (method == "GetSession") {
+    v1::GetSessionRequest req;
+    if (absl::Status s = ParseRequest("GetSession", json, &req); !s.ok()) return s;
+    return JsonOf(pool->DaemonSession());
+  }
+  if (method == "GetUsage") {
+    v1::GetUsageRequest req;
+    if (absl::Status s = ParseRequest("GetUsage", json, &req); !s.ok()) return s;
+    return JsonOf(pool->DaemonUsage());
+  }
+  if (method == "GetLedger") {
+    v1::GetLedgerRequest req;
+    if (absl::Status s = ParseRequest("GetLedger", json, &req); !s.ok()) return s;
+    return JsonOf(pool->DaemonLedger(req));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "method \"", method, "\" is not one gpumem_call_json makes (GetStats, GetSession, "
+      "GetUsage, GetLedger)"));
+}
+
+int CopyOut(const std::string& text, char** out) {
+  *out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (*out == nullptr) return SetError(absl::ResourceExhaustedError("out of host memory"));
+  std::memcpy(*out, text.c_str(), text.size() + 1);
+  return SetOk();
 }
 
 }  // namespace client
@@ -284,6 +356,34 @@ int gpumem_stats_json(gpumem_client* c, char** json) {
   *json = static_cast<char*>(std::malloc(out.size() + 1));
   if (*json == nullptr) return SetError(absl::ResourceExhaustedError("out of host memory"));
   std::memcpy(*json, out.c_str(), out.size() + 1);
+  return SetOk();
+}
+
+int gpumem_call_json(gpumem_client* c, const char* method, const char* request_json,
+                     char** response_json) {
+  if (response_json == nullptr) {
+    return SetError(absl::InvalidArgumentError("response_json is NULL"));
+  }
+  *response_json = nullptr;
+  if (method == nullptr) return SetError(absl::InvalidArgumentError("method is NULL"));
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) return SetError(pool.status());
+  absl::StatusOr<std::string> out = gpumem::client::CallJson(*pool, method, request_json);
+  if (!out.ok()) return SetError(out.status());
+  return gpumem::client::CopyOut(*out, response_json);
+}
+
+int gpumem_mem_get_info(gpumem_client* c, int device, size_t* free_bytes, size_t* total_bytes) {
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) return SetError(pool.status());
+  if (device < 0) {
+    return SetError(absl::InvalidArgumentError(absl::StrCat("device ", device, " is negative")));
+  }
+  absl::StatusOr<gpumem::client::MemInfo> info =
+      gpumem::client::PoolMemInfo(*pool, static_cast<uint32_t>(device));
+  if (!info.ok()) return SetError(info.status());
+  if (free_bytes != nullptr) *free_bytes = info->free_bytes;
+  if (total_bytes != nullptr) *total_bytes = info->total_bytes;
   return SetOk();
 }
 

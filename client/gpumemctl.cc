@@ -10,6 +10,8 @@
 //   gpumemctl [--socket=PATH] ledger [--tenant=NAME] [--since=TIME] [--limit=N] [--json]
 //   gpumemctl [--socket=PATH] quota NAME [--total=SIZE] [--device=SEL:SIZE]...
 //             [--max_allocations=N]
+//   gpumemctl [--socket=PATH] top [--interval=1s] [--iterations=N] [--plain]
+//             (client/gpumemctl_top.h)
 //
 // An allocation belongs to the process that made it: without --hold it is
 // returned as soon as gpumemctl exits. --hold keeps it until Ctrl-C.
@@ -38,6 +40,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/gpumemctl_top.h"
 #include "common/byte_size.h"
 #include "common/placement_set.h"
 
@@ -57,6 +60,10 @@ ABSL_FLAG(std::string, since, "", "ledger: events since TIME: 2026-11-30T12:00:0
 ABSL_FLAG(uint32_t, limit, 100, "ledger: the newest N events");
 ABSL_FLAG(std::string, total, "", "quota: total bytes over all devices (none: no limit)");
 ABSL_FLAG(int64_t, max_allocations, -1, "quota: live allocations (-1: no limit)");
+ABSL_FLAG(std::string, interval, "1s", "top: time between refreshes (100ms .. 1h)");
+ABSL_FLAG(int32_t, iterations, 0, "top: stop after N refreshes (0: until q)");
+ABSL_FLAG(bool, plain, false, "top: plain text, one view per refresh (also when stdout "
+          "is not a terminal)");
 
 namespace gpumem {
 namespace client {
@@ -73,6 +80,7 @@ constexpr char kUsage[] =
     "  gpumemctl [--socket=PATH] ledger [--tenant=NAME] [--since=TIME] [--limit=N] [--json]\n"
     "  gpumemctl [--socket=PATH] quota NAME [--total=SIZE] [--device=SEL:SIZE]... "
     "[--max_allocations=N]\n"
+    "  gpumemctl [--socket=PATH] top [--interval=1s] [--iterations=N] [--plain]\n"
     "SIZE: 4096, 64KiB, 1.5GiB, 2G. LIST: 0,1 | all | GPU-<uuid>. SEL: 0 | GPU-<uuid>.";
 
 int Fail(const absl::Status& s) {
@@ -381,6 +389,18 @@ int Main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<Client>> client = connect();
     if (!client.ok()) return Fail(client.status());
     return Quota(**client, rest[2], devices);
+  }
+  if (cmd == "top") {
+    if (rest.size() != 2) return Usage("top takes no arguments");
+    TopOptions o;
+    o.socket_path = absl::GetFlag(FLAGS_socket);
+    if (!absl::ParseDuration(absl::GetFlag(FLAGS_interval), &o.interval)) {
+      return Usage("--interval wants a duration like 1s or 500ms");
+    }
+    o.iterations = absl::GetFlag(FLAGS_iterations);
+    if (o.iterations < 0) return Usage("--iterations wants a count >= 0");
+    o.plain = absl::GetFlag(FLAGS_plain);
+    return RunTop(o);
   }
   return Usage("unknown command \"" + cmd + "\"");
 }

@@ -36,6 +36,7 @@
 #include "client/env_config.h"
 #include "client/gpumem.h"
 #include "common/cuda_driver.h"
+#include "client/tenant_budget.h"
 
 namespace gpumem {
 namespace client {
@@ -117,6 +118,19 @@ absl::StatusOr<std::string> UuidOfOrdinal(CachingPool* pool, int d) {
       absl::StrJoin(*uuids, ", "), ")"));
 }
 
+// The process-wide client, connected on first use.
+absl::StatusOr<CachingPool*> TorchPool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(State().mu) {
+  TorchState& st = State();
+  if (st.client.load() == nullptr) {
+    st.client.store(gpumem_connect(nullptr), std::memory_order_release);
+    if (st.client.load() == nullptr) {
+      return absl::Status(absl::StatusCode::kUnavailable,
+                          absl::StrCat("gpumem_torch_malloc: ", gpumem_last_error_message()));
+    }
+  }
+  return st.client.load()->pool.get();
+}
+
 absl::StatusOr<CachingPool::Arena*> ArenaOfDevice(int d) {
   if (d < 0 || d >= kMaxOrdinals) {
     return absl::InvalidArgumentError(absl::StrCat("device ordinal ", d, " out of range"));
@@ -126,14 +140,9 @@ absl::StatusOr<CachingPool::Arena*> ArenaOfDevice(int d) {
   if (a != nullptr) return a;
   absl::MutexLock lock(&st.mu);
   if ((a = st.arena[d].load()) != nullptr) return a;
-  if (st.client.load() == nullptr) {
-    st.client.store(gpumem_connect(nullptr), std::memory_order_release);
-    if (st.client.load() == nullptr) {
-      return absl::Status(absl::StatusCode::kUnavailable,
-                          absl::StrCat("gpumem_torch_malloc: ", gpumem_last_error_message()));
-    }
-  }
-  CachingPool* pool = st.client.load()->pool.get();
+  absl::StatusOr<CachingPool*> torch_pool = TorchPool();
+  if (!torch_pool.ok()) return torch_pool.status();
+  CachingPool* pool = *torch_pool;
   absl::StatusOr<std::string> uuid = UuidOfOrdinal(pool, d);
   if (!uuid.ok()) return uuid.status();
   absl::StatusOr<v1::PlacementRequest> env = PlacementFromEnv();
@@ -156,11 +165,41 @@ absl::Status ForkAware(absl::Status s) {
   return s;
 }
 
+// What the tenant may still take on this process's ordinal `d`.
+absl::StatusOr<MemInfo> TorchMemInfo(int d) {
+  if (d < 0 || d >= kMaxOrdinals) {
+    return absl::InvalidArgumentError(absl::StrCat("device ordinal ", d, " out of range"));
+  }
+  CachingPool* pool;
+  {
+    absl::MutexLock lock(&State().mu);
+    absl::StatusOr<CachingPool*> p = TorchPool();
+    if (!p.ok()) return p.status();
+    pool = *p;
+  }
+  absl::StatusOr<std::string> uuid = UuidOfOrdinal(pool, d);
+  if (!uuid.ok()) return uuid.status();
+  absl::StatusOr<std::vector<std::string>> uuids = pool->DeviceUuids();
+  if (!uuids.ok()) return uuids.status();
+  for (size_t i = 0; i < uuids->size(); ++i) {
+    if ((*uuids)[i] == *uuid) return PoolMemInfo(pool, static_cast<uint32_t>(i));
+  }
+  return absl::NotFoundError(absl::StrCat("device ", *uuid, " is gone from the daemon"));
+}
+
 }  // namespace
 }  // namespace client
 }  // namespace gpumem
 
 extern "C" {
+
+int gpumem_torch_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes) {
+  absl::StatusOr<gpumem::client::MemInfo> info = gpumem::client::TorchMemInfo(device);
+  if (!info.ok()) return gpumem::client::SetError(info.status());
+  if (free_bytes != nullptr) *free_bytes = info->free_bytes;
+  if (total_bytes != nullptr) *total_bytes = info->total_bytes;
+  return gpumem::client::SetOk();
+}
 
 void* gpumem_torch_malloc(ssize_t size, int device, void* stream) {
   (void)stream;  // memory from the daemon is usable on every stream

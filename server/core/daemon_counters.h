@@ -3,9 +3,13 @@
 // DaemonCounters and the rates `gpumemctl top` shows.
 //
 // Blocks handed out count one per shard; blocks returned count Frees,
-// session ends and shutdown alike. A refused Allocate counts once, under
+// session ends and shutdown alike. A refused Allocate counts once, with its
+// final answer (one that waited counts when its wait ends; a drain's or
+// shutdown's UNAVAILABLE / FAILED_PRECONDITION too), under
 // common/refusal_payload.h's RefusalReasonOf (the rule the Prometheus
-// refusal label uses too).
+// refusal label uses too). Waiting requests are not counted here: they are
+// admission's (server/admission/), and MemoryBroker::Stats fills
+// CounterView::waiting_requests from its per-tenant figures.
 #ifndef GPUMEMD_SERVER_CORE_DAEMON_COUNTERS_H_
 #define GPUMEMD_SERVER_CORE_DAEMON_COUNTERS_H_
 

@@ -16,7 +16,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
+#include "absl/synchronization/mutex.h"
 #include "common/byte_size.h"
 #include "common/refusal_payload.h"
 #include "server/quota/quota_carver.h"
@@ -290,17 +290,23 @@ MemoryBroker::AllocateOutcome MemoryBroker::Allocate(const PeerCred& caller,
 
 MemoryBroker::AllocateAnswer MemoryBroker::AllocateAndWait(const PeerCred& caller,
                                                            const v1::AllocateRequest& request) {
+  // A mutex and Await rather than absl::Notification: Notification waits
+  // inside Debian's uninstrumented Abseil, where TSan builds cannot see it
+  // synchronize (common/tsan_support.cc makes Lock and Await visible).
   struct Waited {
-    absl::Notification done;
-    AllocateAnswer answer;
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    AllocateAnswer answer ABSL_GUARDED_BY(mu);
   };
   auto waited = std::make_shared<Waited>();
   AllocateOutcome outcome = Allocate(caller, request, [waited](AllocateAnswer answer) {
+    absl::MutexLock lock(&waited->mu);
     waited->answer = std::move(answer);
-    waited->done.Notify();
+    waited->done = true;
   });
   if (outcome.kind != AllocateOutcome::Kind::kWaiting) return std::move(outcome.answer);
-  waited->done.WaitForNotification();
+  absl::MutexLock lock(&waited->mu);
+  waited->mu.Await(absl::Condition(&waited->done));
   return std::move(waited->answer);
 }
 
@@ -316,20 +322,23 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
     out.answer = std::move(a);
     return std::move(out);
   };
+  // Every refused request is counted once, with its final answer.
+  auto refused = [&](absl::Status status) {
+    counters_.Refused(status);
+    return answered(std::move(status));
+  };
   absl::ReaderMutexLock gate(&gate_);
-  if (shut_down_) return answered(ShuttingDown());
+  if (shut_down_) return refused(ShuttingDown());
   if (draining_.load()) {
-    return answered(absl::UnavailableError(
+    return refused(absl::UnavailableError(
         "gpumemd is stopping: it takes no new allocations; retry once it is back"));
   }
   if (request.shard_count() == 0 && request.shard_sizes_size() == 0 &&
       request.size_bytes() > pools_.largest_device_bytes()) {
-    AllocateAnswer a = absl::InvalidArgumentError(absl::StrCat(
+    return refused(absl::InvalidArgumentError(absl::StrCat(
         "size_bytes ", request.size_bytes(), " (", FormatBytes(request.size_bytes()),
         ") is larger than any device (largest: ", FormatBytes(pools_.largest_device_bytes()),
-        ")"));
-    counters_.Refused(a.status());
-    return answered(std::move(a));
+        ")")));
   }
   Prepared prepared;
   absl::StatusOr<std::shared_ptr<Session>> session;
@@ -356,10 +365,7 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
         if (!tenant.ok()) checked = tenant.status();
       }
     }
-    if (!checked.ok()) {
-      counters_.Refused(checked);
-      return answered(checked);
-    }
+    if (!checked.ok()) return refused(checked);
   }
 
   const uint64_t seen = admission_.kicks();
@@ -473,6 +479,8 @@ MemoryBroker::Placed MemoryBroker::Place(const PeerCred& caller, Session& sessio
     return placed;
   }
   pool_carver.Take();
+  // The tenant's peak counts committed allocations only (quota_book.h).
+  if (quota_carver.has_value()) quota_carver->Commit();
 
   v1::AllocateResponse response;
   for (size_t i = 0; i < records.size(); ++i) {
@@ -619,6 +627,17 @@ absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {
   out.set_pid((*s)->cred().pid);
   out.set_uid((*s)->cred().uid);
   out.set_gid((*s)->cred().gid);
+  // The tenant it is charged to (fixed at its first allocation), or the one
+  // a first allocation now would be charged to; named as GetStats names it.
+  std::optional<tenants::TenantRef> tenant = (*s)->tenant();
+  if (!tenant.has_value()) {
+    absl::StatusOr<tenants::TenantRef> now = TenantOf(caller);
+    if (now.ok()) tenant = *std::move(now);
+  }
+  if (tenant.has_value()) {
+    out.set_tenant(tenant->id);
+    out.set_tenant_name(TenantName(tenant->id));
+  }
   return out;
 }
 

@@ -255,6 +255,9 @@ class MemoryBroker {
   // What `caller` may see (see above). Never calls the backend's slab
   // operations; on cuda it asks the driver for its free figures.
   StatsView Stats(const PeerCred& caller, bool include_slabs = false) const;
+  // The caller's session, with the tenant it is charged to (or, before its
+  // first allocation, the one the directory in force would charge it to;
+  // absent when the config gives the caller none).
   absl::StatusOr<v1::Session> GetSession(const PeerCred& caller);
   // A new fd for a slab's handle, for the slab-handle channel; the caller's
   // session is recorded as holding the slab. Calls the backend (export).

@@ -85,6 +85,8 @@ StatsView MemoryBroker::Stats(const PeerCred& caller, bool include_slabs) const 
     if (options_.quotas != nullptr) {  // absent: no quota
       tenants::Quota quota = options_.quotas->GetQuota(id);
       if (!quota.unlimited()) tv.quota = std::move(quota);
+      // The most it held at once in committed allocations (quota_book.h).
+      tv.peak_bytes = options_.quotas->Holdings(id).peak_total_bytes;
     }
     tv.devices = std::move(rows);
     if (auto w = waiting.find(id); w != waiting.end()) tv.waiting_requests = w->second;

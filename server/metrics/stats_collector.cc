@@ -75,6 +75,10 @@ std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& 
   MetricFamily retained = Gauge("gpumemd_tenant_retained_bytes",
                                 "Bytes of the tenant's retained slabs");
   MetricFamily count = Gauge("gpumemd_tenant_allocations", "The tenant's live allocations");
+  MetricFamily peak = Gauge("gpumemd_tenant_peak_bytes",
+                            "The most bytes the tenant held at once since the daemon started");
+  MetricFamily waiting = Gauge("gpumemd_tenant_waiting_requests",
+                               "The tenant's Allocate requests waiting for memory now");
   MetricFamily dev_used = Gauge("gpumemd_tenant_device_used_bytes",
                                 "Bytes in the tenant's live allocations on a device");
   MetricFamily dev_retained = Gauge("gpumemd_tenant_device_retained_bytes",
@@ -101,6 +105,8 @@ std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& 
     AddSample(&used, who, double(t.used_bytes()));
     AddSample(&retained, who, double(t.retained_bytes()));
     AddSample(&count, who, double(t.allocation_count()));
+    AddSample(&peak, who, double(t.peak_bytes()));
+    AddSample(&waiting, who, double(t.waiting_requests()));
     if (t.has_quota()) {
       const v1::Quota& q = t.quota();
       if (q.has_total_bytes()) AddSample(&quota, who, double(q.total_bytes()));
@@ -116,13 +122,17 @@ std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& 
       AddSample(&dev_slabs, labels, double(d.slab_count()));
     }
   }
-  for (MetricFamily* f : {&used, &retained, &count, &dev_used, &dev_retained, &dev_slabs,
-                          &quota, &dev_quota, &quota_count}) {
+  for (MetricFamily* f : {&used, &retained, &count, &peak, &waiting, &dev_used, &dev_retained,
+                          &dev_slabs, &quota, &dev_quota, &quota_count}) {
     out.push_back(std::move(*f));
   }
   MetricFamily sessions = Gauge("gpumemd_sessions", "Live client sessions");
   AddSample(&sessions, {}, double(stats.sessions_size()));
   out.push_back(std::move(sessions));
+  MetricFamily all_waiting = Gauge("gpumemd_waiting_requests",
+                                   "Allocate requests waiting for memory now, all tenants");
+  AddSample(&all_waiting, {}, double(stats.counters().waiting_requests()));
+  out.push_back(std::move(all_waiting));
   return out;
 }
 

@@ -13,7 +13,8 @@
 // "uid-1000" when no tenants are configured; tenant_id="<id>"), GetStats'
 // tenant rows:
 //   gpumemd_tenant_used_bytes, gpumemd_tenant_retained_bytes,
-//   gpumemd_tenant_allocations, and per device (labels tenant, device)
+//   gpumemd_tenant_allocations, gpumemd_tenant_peak_bytes,
+//   gpumemd_tenant_waiting_requests, and per device (labels tenant, device)
 //   gpumemd_tenant_device_used_bytes, gpumemd_tenant_device_retained_bytes,
 //   gpumemd_tenant_device_slabs
 // and the tenant's quota as GetStats' tenant row gives it (the quota book's,
@@ -23,7 +24,8 @@
 // not set has no sample (an unlimited tenant has none of the three).
 // Like the other tenant gauges they cover GetStats' tenant rows: tenants
 // that hold slabs or retained bytes now.
-// Also gpumemd_sessions (live sessions). Scrapes see what root sees.
+// Also gpumemd_sessions (live sessions) and gpumemd_waiting_requests (all
+// tenants' waiting Allocates). Scrapes see what root sees.
 // Thread-safety: Collect() may run on any thread; it only calls Stats().
 #ifndef GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_
 #define GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_

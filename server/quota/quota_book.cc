@@ -85,6 +85,7 @@ bool QuotaBook::TryCharge(uint32_t tenant, const std::string& tenant_name,
   h.total_bytes += bytes;
   h.device_bytes[device] += bytes;
   h.allocations += 1;
+  h.pending_bytes += bytes;
   return true;
 }
 
@@ -102,6 +103,23 @@ void QuotaBook::Credit(uint32_t tenant, uint32_t device, uint64_t bytes) {
   h.total_bytes -= std::min(h.total_bytes, bytes);
   h.device_bytes[device] -= std::min(h.device_bytes[device], bytes);
   if (h.allocations > 0) --h.allocations;
+  h.pending_bytes = std::min(h.pending_bytes, h.total_bytes);  // callers that never commit
+}
+
+void QuotaBook::Uncharge(uint32_t tenant, uint32_t device, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  TenantHoldings& h = HoldingsLocked(tenant);
+  h.pending_bytes -= std::min(h.pending_bytes, bytes);
+  h.total_bytes -= std::min(h.total_bytes, bytes);
+  h.device_bytes[device] -= std::min(h.device_bytes[device], bytes);
+  if (h.allocations > 0) --h.allocations;
+}
+
+void QuotaBook::Commit(uint32_t tenant, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  TenantHoldings& h = HoldingsLocked(tenant);
+  h.pending_bytes -= std::min(h.pending_bytes, bytes);
+  h.peak_total_bytes = std::max(h.peak_total_bytes, h.total_bytes - h.pending_bytes);  // pending <= total
 }
 
 TenantHoldings QuotaBook::Holdings(uint32_t tenant) const {

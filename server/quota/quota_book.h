@@ -9,6 +9,11 @@
 //    figures (limit, charged, asked).
 //  - Credit undoes a charge of the same figures exactly once; the caller
 //    keeps charges and credits paired (quota_carver.h does for carves).
+//  - Each tenant's peak (TenantHoldings::peak_total_bytes) is the most it
+//    held at once since the book was made. A charge counts from its Commit
+//    (the allocation it paid for exists) until its Credit; a charge undone
+//    with Uncharge (the carve failed, or the request placed none of its
+//    blocks) never counts, so a refused request does not raise the peak.
 //  - SetQuota takes effect for the next charge. Lowering a quota below what
 //    a tenant holds takes nothing back; it only refuses further charges.
 //  - Retained bytes count (slabs released while a process may still hold
@@ -36,6 +41,12 @@ struct TenantHoldings {
   uint64_t total_bytes = 0;
   std::vector<uint64_t> device_bytes;  // by device index
   uint64_t allocations = 0;
+  // Of total_bytes, charges not yet committed (a carve in flight, see
+  // Commit): total_bytes - pending_bytes is what the tenant holds.
+  uint64_t pending_bytes = 0;
+  // The most the tenant has held at once (committed charges; retained
+  // bytes are the pool's) since the book was made.
+  uint64_t peak_total_bytes = 0;
 };
 
 // Why a charge was refused.
@@ -64,6 +75,11 @@ class QuotaBook {
   // (false, *refusal filled) when a limit would be passed.
   bool TryCharge(uint32_t tenant, const std::string& tenant_name, uint32_t device,
                  uint64_t bytes, QuotaRefusal* refusal);
+  // Undoes a charge that was never committed (quota_carver.h's undo).
+  void Uncharge(uint32_t tenant, uint32_t device, uint64_t bytes);
+  // `bytes` of the tenant's charges now belong to committed allocations.
+  void Commit(uint32_t tenant, uint64_t bytes);
+  // Returns the charge of a committed allocation that was freed.
   void Credit(uint32_t tenant, uint32_t device, uint64_t bytes);
   // Charges an allocation that exists already, whatever the limits say (a
   // restart restoring what a tenant held: it was within its quota when it

@@ -1,5 +1,7 @@
 #include "server/quota/quota_carver.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 
 namespace gpumem {
@@ -18,13 +20,24 @@ absl::StatusOr<placement::CarvedBlock> QuotaCarver::TryCarve(
   }
   absl::StatusOr<placement::CarvedBlock> block =
       inner_->TryCarve(device, size, alignment, refusal);
-  if (!block.ok()) book_->Credit(tenant_, device, size);
+  if (!block.ok()) {
+    book_->Uncharge(tenant_, device, size);
+  } else {
+    uncommitted_bytes_ += size;
+  }
   return block;
 }
 
 void QuotaCarver::Release(const placement::CarvedBlock& block) {
   inner_->Release(block);
-  book_->Credit(tenant_, block.device, block.size_bytes);
+  book_->Uncharge(tenant_, block.device, block.size_bytes);
+  uncommitted_bytes_ -= std::min(uncommitted_bytes_, block.size_bytes);
+}
+
+void QuotaCarver::Commit() {
+  if (uncommitted_bytes_ == 0) return;
+  book_->Commit(tenant_, uncommitted_bytes_);
+  uncommitted_bytes_ = 0;
 }
 
 }  // namespace quota

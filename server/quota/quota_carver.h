@@ -4,16 +4,21 @@
 //
 // Charge, then carve: TryCarve first charges the block to the tenant in the
 // QuotaBook (atomically with the limit check), then asks the inner carver;
-// if the inner carver refuses or fails, the charge is credited back. So at
+// if the inner carver refuses or fails, the charge is undone. So at
 // no moment does the book hold more than the quota, and every carved block
-// is charged. Release hands the block back to the inner carver and credits
+// is charged. Release hands the block back to the inner carver and undoes
 // the charge. A quota refusal is RESOURCE_EXHAUSTED with
 // refusal->refused set, CarveRefusal::Reason::kQuota, the quota's headroom as free bytes and the
 // quota's figures in `detail`; placement then tries the next device.
 //
 // A block that becomes an allocation stays charged after placement returns;
-// whoever frees the allocation later credits it (QuotaBook::Credit) with the
-// block's device and size_bytes.
+// whoever commits it says so with Commit (QuotaBook::Commit of every charge
+// this adaptor made and did not undo: the tenant's peak counts from there),
+// and whoever frees the allocation later credits it (QuotaBook::Credit) with
+// the block's device and size_bytes. Undoing a charge here (a failed carve,
+// Release) is QuotaBook::Uncharge, so a refused request never raises the
+// tenant's peak. Like the carver below it, one adaptor serves one request
+// on one thread.
 #ifndef GPUMEMD_SERVER_QUOTA_QUOTA_CARVER_H_
 #define GPUMEMD_SERVER_QUOTA_QUOTA_CARVER_H_
 
@@ -37,11 +42,16 @@ class QuotaCarver : public placement::DeviceCarver {
                                                   placement::CarveRefusal* refusal) override;
   void Release(const placement::CarvedBlock& block) override;
 
+  // The blocks carved and not released became allocations: their charges
+  // are committed in the book. Nothing is left to commit after.
+  void Commit();
+
  private:
   placement::DeviceCarver* inner_;
   QuotaBook* book_;
   uint32_t tenant_;
   std::string tenant_name_;
+  uint64_t uncommitted_bytes_ = 0;  // charged by this adaptor, not undone
 };
 
 }  // namespace quota

@@ -1,5 +1,6 @@
 // QuotaCarver over a fake pool: charge-then-carve, refusals with figures,
-// undo on inner failure, and the limit under concurrent charges.
+// undo on inner failure, the limit under concurrent charges, and the
+// tenant's peak (committed charges only, through QuotaBook and Commit).
 #include "server/quota/quota_carver.h"
 
 #include <gtest/gtest.h>
@@ -143,6 +144,78 @@ TEST(QuotaCarverTest, ConcurrentChargesNeverPassTheQuota) {
   EXPECT_LE(most_held.load(), kQuota);
   EXPECT_GE(most_held.load(), 3 * kMiB);
   EXPECT_EQ(book.Holdings(1).total_bytes, 0u);
+}
+
+// The book alone: the peak is the most ever held in committed charges.
+TEST(QuotaBookPeak, IsTheMostEverHeldInCommittedCharges) {
+  QuotaBook book(2);
+  QuotaRefusal why;
+  ASSERT_TRUE(book.TryCharge(1, "t", 0, 10, &why));
+  book.Commit(1, 10);
+  ASSERT_TRUE(book.TryCharge(1, "t", 1, 30, &why));
+  book.Commit(1, 30);
+  book.Credit(1, 1, 30);
+  ASSERT_TRUE(book.TryCharge(1, "t", 0, 5, &why));
+  book.Commit(1, 5);
+  EXPECT_EQ(book.Holdings(1).total_bytes, 15u);
+  EXPECT_EQ(book.Holdings(1).peak_total_bytes, 40u);
+  // A charge undone before it was committed never counts.
+  ASSERT_TRUE(book.TryCharge(1, "t", 0, 100, &why));
+  EXPECT_EQ(book.Holdings(1).pending_bytes, 100u);
+  book.Uncharge(1, 0, 100);
+  ASSERT_TRUE(book.TryCharge(1, "t", 0, 1, &why));
+  book.Commit(1, 1);
+  EXPECT_EQ(book.Holdings(1).peak_total_bytes, 40u);
+  EXPECT_EQ(book.Holdings(1).total_bytes, 16u);
+  EXPECT_EQ(book.Holdings(1).pending_bytes, 0u);
+  // Charged and credited without a commit (a caller that never commits):
+  // nothing pending is left behind, and the peak is untouched.
+  ASSERT_TRUE(book.TryCharge(2, "u", 0, 8, &why));
+  book.Credit(2, 0, 8);
+  book.Commit(2, 0);
+  EXPECT_EQ(book.Holdings(2).pending_bytes, 0u);
+  EXPECT_EQ(book.Holdings(2).peak_total_bytes, 0u);
+}
+
+// Through the adaptor: Commit commits what it carved and did not release;
+// a request whose blocks were all released never raises the peak.
+TEST(QuotaBookPeak, TheCarverCommitsWhatItKept) {
+  FakeCarver pool({Used(1024 * kMiB, 0), Used(1024 * kMiB, 0)});
+  QuotaBook book(2);
+  book.SetQuota(1, TotalQuota(100 * kMiB));
+  {
+    // A sharded request: two blocks placed, then the request fails (its
+    // session ended, a backend error): both released, nothing committed.
+    QuotaCarver carver(&pool, &book, 1, "ml");
+    CarveRefusal refusal;
+    auto a = carver.TryCarve(0, 40 * kMiB, 256, &refusal);
+    auto b = carver.TryCarve(1, 40 * kMiB, 256, &refusal);
+    ASSERT_TRUE(a.ok() && b.ok());
+    carver.Release(*a);
+    carver.Release(*b);
+    carver.Commit();
+    EXPECT_EQ(book.Holdings(1).total_bytes, 0u);
+    EXPECT_EQ(book.Holdings(1).peak_total_bytes, 0u);
+  }
+  QuotaCarver carver(&pool, &book, 1, "ml");
+  CarveRefusal refusal;
+  auto a = carver.TryCarve(0, 30 * kMiB, 256, &refusal);
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(carver.TryCarve(1, 80 * kMiB, 256, &refusal).ok());  // refused: quota
+  auto b = carver.TryCarve(1, 20 * kMiB, 256, &refusal);
+  ASSERT_TRUE(b.ok());
+  // Charged but not yet committed: not in the peak.
+  EXPECT_EQ(book.Holdings(1).peak_total_bytes, 0u);
+  EXPECT_EQ(book.Holdings(1).pending_bytes, 50 * kMiB);
+  carver.Commit();
+  EXPECT_EQ(book.Holdings(1).pending_bytes, 0u);
+  EXPECT_EQ(book.Holdings(1).peak_total_bytes, 50 * kMiB);
+  carver.Commit();  // nothing left to commit
+  EXPECT_EQ(book.Holdings(1).peak_total_bytes, 50 * kMiB);
+  book.Credit(1, 0, 30 * kMiB);
+  book.Credit(1, 1, 20 * kMiB);
+  EXPECT_EQ(book.Holdings(1).total_bytes, 0u);
+  EXPECT_EQ(book.Holdings(1).peak_total_bytes, 50 * kMiB);
 }
 
 }  // namespace

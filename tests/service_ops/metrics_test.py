@@ -101,7 +101,9 @@ for t in stats["tenants"]:
         fail("uid tenant named %r" % tenant, d)
     for field, name in [("used_bytes", "gpumemd_tenant_used_bytes"),
                         ("retained_bytes", "gpumemd_tenant_retained_bytes"),
-                        ("allocation_count", "gpumemd_tenant_allocations")]:
+                        ("allocation_count", "gpumemd_tenant_allocations"),
+                        ("peak_bytes", "gpumemd_tenant_peak_bytes"),
+                        ("waiting_requests", "gpumemd_tenant_waiting_requests")]:
         got = metric(name, tenant=tenant, tenant_id=tenant_id)
         if got != float(t[field]):
             fail("%s %s: scrape %s, GetStats %s" % (name, tenant, got, t[field]), d)
@@ -116,6 +118,12 @@ if int(mine[0]["used_bytes"]) != (3 << 20) + (5 << 20):
     fail("held bytes: %s" % mine[0]["used_bytes"], d)
 if metric("gpumemd_sessions") != len(stats["sessions"]):
     fail("sessions gauge", d)
+# Nothing waits here: the daemon-wide gauge is GetStats' counter (0).
+if metric("gpumemd_waiting_requests") != float(
+        d.stats(counters=True)["counters"].get("waiting_requests", 0)):
+    fail("waiting gauge", d)
+if int(mine[0]["peak_bytes"]) < (3 << 20) + (5 << 20) + (900 << 20):
+    fail("peak below what was held at once: %s" % mine[0]["peak_bytes"], d)
 
 # Counters: device 0 got a1 + a shard of a2 + a shard of the 900 MiB call;
 # device 1 the other shards and a3.

@@ -1,0 +1,40 @@
+"""A stand-in for PyTorch (which cannot be installed here) with the parts
+gpumem.torch and vLLM-style sizing code touch, recording every call in
+`torch.calls` as (name, args).
+
+Like PyTorch: CUDAPluggableAllocator(path, alloc, free) dlopens `path` and
+looks both symbols up (a missing one is an error); change_current_allocator
+refuses once CUDA memory was allocated ("already initialized"); a CUDA
+tensor's memory comes from the current allocator, called as PyTorch calls
+it: alloc(size, device, stream) and free(ptr, size, device, stream); a NULL
+answer is torch.cuda.OutOfMemoryError. The native allocator is a pretend
+80 GiB GPU per device, which is also what the native mem_get_info reports:
+the whole GPU, whatever the tenant may use.
+"""
+calls = []
+
+from . import cuda  # noqa: E402
+
+
+class Tensor:
+    def __init__(self, nbytes, device, ptr, owner):
+        self.nbytes = nbytes
+        self.device = device
+        self._ptr = ptr
+        self._owner = owner
+
+    def data_ptr(self):
+        return self._ptr
+
+    def __del__(self):
+        if self._owner is not None:
+            self._owner.release(self._ptr, self.nbytes, self.device)
+            self._owner = None
+
+
+def empty(nbytes, device="cuda"):
+    calls.append(("empty", (nbytes, device)))
+    index = cuda._index(device)
+    owner = cuda.memory._active()
+    ptr = owner.take(nbytes, index)
+    return Tensor(nbytes, index, ptr, owner)

@@ -1,0 +1,46 @@
+"""torch.cuda of the stand-in (see torch/__init__.py)."""
+import torch
+
+from . import memory
+
+_current = 0
+
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+
+def _index(device):
+    if device is None or device == "cuda":
+        return _current
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str) and device.startswith("cuda:"):
+        return int(device[5:])
+    raise RuntimeError("not a CUDA device: %r" % (device,))
+
+
+def current_device():
+    torch.calls.append(("cuda.current_device", ()))
+    return _current
+
+
+def set_device(d):
+    global _current
+    torch.calls.append(("cuda.set_device", (d,)))
+    _current = d
+
+
+def device_count():
+    return memory.NATIVE_DEVICES
+
+
+def synchronize(device=None):
+    torch.calls.append(("cuda.synchronize", (device,)))
+
+
+def empty_cache():
+    torch.calls.append(("cuda.empty_cache", ()))
+
+
+mem_get_info = memory.mem_get_info
