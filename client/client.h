@@ -22,6 +22,9 @@
 // GPUMEM_RECONNECT_MS, default 30000) and then go to the new daemon. A
 // block that did not survive stays mapped until its Buffer goes; its Free
 // answers the daemon's reason (NOT_FOUND), and OnRestart tells the program.
+// A daemon that stops for good (SIGTERM: it releases everything) says so
+// before it goes: then every block is lost at once and calls fail
+// UNAVAILABLE without waiting, until a daemon is back.
 // With the sim backend data() is host memory shared with the daemon and any
 // other importer; with the cuda backend data() is a device pointer on the
 // allocation's device (found by UUID, so CUDA_VISIBLE_DEVICES may renumber).
@@ -176,6 +179,8 @@ class Client {
   // The restart thread (client_restart.cc).
   void WatchLoop();
   void Reconnect();
+  // The daemon said it stopped for good: every block is lost now.
+  void DaemonStopped();
 
   std::unique_ptr<Impl> impl_;
 };

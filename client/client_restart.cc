@@ -55,10 +55,40 @@ void Client::WatchLoop() {
       continue;  // stopping is checked above
     }
     if ((p[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
+      if (link->SaidGoodbye()) DaemonStopped();
       link.reset();
       Reconnect();
     }
   }
+}
+
+void Client::DaemonStopped() {
+  Impl& impl = *impl_;
+  RestartReport report;
+  std::function<void(const RestartReport&)> on_restart;
+  {
+    absl::WriterMutexLock calls(&impl.calls);
+    absl::MutexLock lock(&impl.mu);
+    for (const auto& [id, a] : impl.live) {
+      absl::Status why = absl::NotFoundError(absl::StrCat("allocation ", id, ": ",
+                                                          kFdChannelGoodbye));
+      if (impl.freeing.contains(id)) {
+        impl.freed_meanwhile.insert(id);
+      } else {
+        impl.lost[id] = why;
+        report.lost.emplace_back(id, why);
+      }
+    }
+    impl.live.clear();
+    on_restart = impl.on_restart;
+    // Calls fail at once from now on, until a daemon is back.
+    absl::MutexLock r(&impl.restart_mu);
+    impl.restarting = true;
+    impl.gone = true;
+    impl.gone_why = absl::StrCat(kFdChannelGoodbye, " (", impl.socket_path,
+                                 "); the library reconnects when a daemon is back");
+  }
+  if (on_restart) on_restart(report);
 }
 
 void Client::Reconnect() {

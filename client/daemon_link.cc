@@ -62,17 +62,29 @@ void DaemonLink::Prepare(grpc::ClientContext* ctx) const {
 
 absl::StatusOr<SlabFd> DaemonLink::OpenSlab(uint64_t slab_id) {
   absl::MutexLock lock(&channel_mu_);
-  return RequestSlabFd(channel_fd_, slab_id);
+  absl::StatusOr<SlabFd> out = RequestSlabFd(channel_fd_, slab_id);
+  goodbye_ = goodbye_ || IsFdChannelGoodbye(out.status());
+  return out;
 }
 
 absl::Status DaemonLink::CloseSlab(uint64_t slab_id) {
   absl::MutexLock lock(&channel_mu_);
-  return CloseSlabFd(channel_fd_, slab_id);
+  absl::Status out = CloseSlabFd(channel_fd_, slab_id);
+  goodbye_ = goodbye_ || IsFdChannelGoodbye(out);
+  return out;
 }
 
 absl::Status DaemonLink::GiveSlab(uint64_t slab_id, int fd) {
   absl::MutexLock lock(&channel_mu_);
-  return GiveSlabFd(channel_fd_, slab_id, fd);
+  absl::Status out = GiveSlabFd(channel_fd_, slab_id, fd);
+  goodbye_ = goodbye_ || IsFdChannelGoodbye(out);
+  return out;
+}
+
+bool DaemonLink::SaidGoodbye() {
+  absl::MutexLock lock(&channel_mu_);
+  goodbye_ = goodbye_ || ReadFdChannelGoodbye(channel_fd_);
+  return goodbye_;
 }
 
 bool DaemonLink::HungUp() const {

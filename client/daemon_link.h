@@ -59,6 +59,9 @@ class DaemonLink {
   int lifeline() const { return channel_fd_; }
   // True once the daemon closed the slab channel (it exited).
   bool HungUp() const;
+  // After the hangup: the daemon said goodbye (it stopped for good and
+  // released everything; common/fd_channel.h), so nothing survives.
+  bool SaidGoodbye();
 
  private:
   DaemonLink() = default;
@@ -69,6 +72,7 @@ class DaemonLink {
   std::unique_ptr<v1::GpuMemory::Stub> stub_;
   std::unique_ptr<StreamTransport> stream_;
   absl::Mutex channel_mu_;  // one slab-channel request at a time
+  bool goodbye_ ABSL_GUARDED_BY(channel_mu_) = false;
 };
 
 }  // namespace client

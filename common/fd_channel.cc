@@ -84,6 +84,23 @@ absl::StatusOr<std::string> HelloFdChannel(int channel) {
   return token;
 }
 
+bool IsFdChannelGoodbye(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         status.message() == kFdChannelGoodbye;
+}
+
+bool ReadFdChannelGoodbye(int channel) {
+  char buf[sizeof(SlabResponse) + sizeof(kFdChannelGoodbye)];
+  const ssize_t n = recv(channel, buf, sizeof(buf), MSG_DONTWAIT);
+  if (n != static_cast<ssize_t>(sizeof(SlabResponse) + sizeof(kFdChannelGoodbye) - 1)) {
+    return false;
+  }
+  SlabResponse resp;
+  memcpy(&resp, buf, sizeof(resp));
+  return resp.slab_size == kFdChannelGoodbyeMark &&
+         memcmp(buf + sizeof(resp), kFdChannelGoodbye, sizeof(kFdChannelGoodbye) - 1) == 0;
+}
+
 absl::Status GiveSlabFd(int channel, uint64_t slab_id, int fd) {
   if (fd < 0) return absl::InvalidArgumentError("no fd to give");
   SlabResponse resp;

@@ -33,6 +33,12 @@
 //               token. Refused (PERMISSION_DENIED) for a token that is
 //               unknown, of another uid, rebound already or expired.
 // A connection that sends anything else is closed.
+//
+// A daemon that stops for good (it released every allocation) writes one
+// unasked response before it closes each channel: code UNAVAILABLE,
+// slab_size kFdChannelGoodbyeMark, message kFdChannelGoodbye. A client
+// that reads it knows nothing it held survives and need not wait for a
+// restart; a daemon that crashes, or stops to restart, says nothing.
 #ifndef GPUMEMD_COMMON_FD_CHANNEL_H_
 #define GPUMEMD_COMMON_FD_CHANNEL_H_
 
@@ -54,6 +60,16 @@ enum class SlabOp : uint16_t {
   kGiveSlab = 4,
   kRebind = 5,
 };
+
+inline constexpr uint64_t kFdChannelGoodbyeMark = UINT64_MAX;
+inline constexpr char kFdChannelGoodbye[] =
+    "gpumemd stopped for good and released every allocation";
+// True for the status a request gets when the daemon's goodbye came as its
+// answer.
+bool IsFdChannelGoodbye(const absl::Status& status);
+// Client side: reads a goodbye waiting on `channel`, without blocking;
+// true if there was one.
+bool ReadFdChannelGoodbye(int channel);
 
 // gRPC metadata key carrying a connection-bound session's token.
 inline constexpr char kSessionTokenHeader[] = "gpumem-session-token";

@@ -570,8 +570,7 @@ void Daemon::StopKeeping(bool quiet) {
   // kept changes (no release, no event, no record removed).
   if (p.broker != nullptr) p.broker->ShutdownForRestart();
   if (p.listener != nullptr) {
-    p.listener->KeepPathAtStop();  // the socket lives on in the fd store
-    p.listener->Stop();
+    p.listener->StopForRestart();  // the socket lives on in the fd store
   }
   if (p.server != nullptr) {
     p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));

@@ -420,6 +420,22 @@ bool SocketListener::Answer(int fd, Conn& conn, const SlabRequest& req,
   return sent.ok();
 }
 
+namespace {
+
+// The goodbye of a daemon that stops for good (common/fd_channel.h): best
+// effort, never blocking (the socket is non-blocking).
+void SendGoodbye(int fd) {
+  SlabResponse resp = {};
+  resp.code = static_cast<uint32_t>(absl::StatusCode::kUnavailable);
+  resp.message_len = static_cast<uint32_t>(sizeof(kFdChannelGoodbye) - 1);
+  resp.slab_size = kFdChannelGoodbyeMark;
+  std::string out(reinterpret_cast<const char*>(&resp), sizeof(resp));
+  out += kFdChannelGoodbye;
+  (void)!send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+}  // namespace
+
 void SocketListener::Stop() {
   if (stopped_) return;
   stopped_ = true;
@@ -429,6 +445,7 @@ void SocketListener::Stop() {
     loop_.join();
   }
   for (auto& [fd, conn] : conns_) {
+    if (goodbye_ && conn.channel) SendGoodbye(fd);
     close(fd);
     for (int received : conn.fds) close(received);
     if (conn.cred.bound_session != 0) broker_->EndConnection(conn.cred.bound_session);

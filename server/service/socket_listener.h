@@ -73,8 +73,14 @@ class SocketListener {
   absl::Status Start(grpc::Server* server);
   void Stop();
   // A stop for a restart: the socket file stays (the listening socket lives
-  // on in systemd's fd store, or the next daemon replaces the file).
-  void KeepPathAtStop() { owns_path_ = false; }
+  // on in systemd's fd store, or the next daemon replaces the file), and
+  // slab channels close without the goodbye (common/fd_channel.h): their
+  // clients wait for the next daemon.
+  void StopForRestart() {
+    owns_path_ = false;
+    goodbye_ = false;
+    Stop();
+  }
   int listen_fd() const { return listen_fd_; }
 
   const std::string& path() const { return path_; }
@@ -106,6 +112,7 @@ class SocketListener {
   grpc::Server* server_ = nullptr;
   int listen_fd_ = -1;
   bool owns_path_ = true;  // false for an adopted socket
+  bool goodbye_ = true;    // Stop() tells slab channels nothing survives
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::thread loop_;
