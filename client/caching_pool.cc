@@ -282,8 +282,7 @@ CachingPool::~CachingPool() {
   }
   absl::MutexLock reg(RegistryMu());
   absl::MutexLock lock(&mu_);
-  // A daemon that went away since the watcher last looked must not receive
-  // our frees (a new one may have reused the ids).
+  // Blocks the library reported lost must not be freed at the daemon.
   EnsureConnectedLocked().IgnoreError();
   for (ThreadCache* tc : caches_) {
     tc->Lock();
@@ -309,7 +308,6 @@ CachingPool::~CachingPool() {
   client_.reset();
   retired_clients_.clear();  // joins their stream readers, which write wake_fd_
   if (wake_fd_ >= 0) close(wake_fd_);
-  if (watch_fd_ >= 0) close(watch_fd_);
 }
 
 bool CachingPool::Forked() const {
@@ -380,6 +378,7 @@ CachingPool::Lease* CachingPool::FindLease(uintptr_t p) const {
 
 absl::StatusOr<void*> CachingPool::Allocate(uint64_t size, Arena* arena) {
   if (Forked()) return ForkedError();
+  if (daemon_lost_.load(std::memory_order_relaxed)) NoteLosses();
   if (size == 0) return absl::InvalidArgumentError("size 0: ask for at least 1 byte");
   if (size > options_.cache_max_request) return AllocateSlow(size, 0, arena);
   const uint32_t cls = ClassOf(size);
@@ -536,6 +535,7 @@ absl::Status CachingPool::FreeAfterStream(void* ptr, void* stream) {
 
 absl::Status CachingPool::FreeWith(void* ptr, bool after_stream, void* stream) {
   if (Forked()) return ForkedError();
+  if (daemon_lost_.load(std::memory_order_relaxed)) NoteLosses();
   const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
   Lease* lease = FindLease(p);
   if (lease == nullptr) return FreeLarge(p, after_stream, stream);
@@ -895,41 +895,41 @@ void CachingPool::PublishLeasesLocked() {
 absl::Status CachingPool::ConnectLocked() {
   absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(options_.socket_path);
   if (!c.ok()) return c.status();
-  // The watch connection: the slab channel, opened with one request so the
-  // daemon keeps serving it; it reads EOF when the daemon exits.
-  absl::StatusOr<int> fd = ConnectFdChannel(options_.socket_path);
-  if (!fd.ok()) return fd.status();
-  absl::StatusOr<SlabFd> probe = RequestSlabFd(*fd, 0);
-  if (probe.ok()) close(probe->fd);
-  if (!probe.ok() && probe.status().code() == absl::StatusCode::kUnavailable) {
-    close(*fd);
-    return probe.status();
-  }
-  if (watch_fd_ >= 0) close(watch_fd_);
-  watch_fd_ = *fd;
   client_ = std::move(*c);
-  // Runs on the client's stream reader: only flags the work for the watcher.
+  // Both run on the client's own threads: they only flag the work for the
+  // watcher (they must not wait for mu_, which a call waiting for the
+  // restart may hold).
   client_->OnReclaimRequest([this](const v1::ReclaimRequest&) {
     reclaim_wanted_.store(true);
-    if (wake_fd_ >= 0) {
-      uint64_t one = 1;
-      (void)!write(wake_fd_, &one, sizeof(one));
+    Wake();
+  });
+  client_->OnRestart([this](const Client::RestartReport& report) {
+    if (report.lost.empty()) return;  // every lease and block survived
+    {
+      absl::MutexLock lock(&lost_mu_);
+      for (const auto& [id, why] : report.lost) lost_ids_.insert(id);
     }
+    daemon_lost_.store(true);
+    Wake();
   });
   ++generation_;
-  daemon_lost_.store(false);
+  Wake();
+  return absl::OkStatus();
+}
+
+void CachingPool::NoteLosses() {
+  absl::MutexLock lock(&mu_);
+  if (!stopping_) HandleDaemonLostLocked();
+}
+
+void CachingPool::Wake() {
   if (wake_fd_ >= 0) {
     uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof(one));
   }
-  return absl::OkStatus();
 }
 
 absl::Status CachingPool::EnsureConnectedLocked() {
-  if (client_ != nullptr && watch_fd_ >= 0) {
-    struct pollfd p = {watch_fd_, POLLIN, 0};
-    if (poll(&p, 1, 0) > 0) daemon_lost_.store(true);  // EOF: the daemon exited
-  }
   if (daemon_lost_.load() && client_ != nullptr) HandleDaemonLostLocked();
   if (client_ != nullptr) return absl::OkStatus();
   if (stopping_) return LibraryError(GPUMEM_E_CLOSED, "the client is closing");
@@ -949,37 +949,64 @@ absl::Status CachingPool::EnsureConnectedLocked() {
   }
 }
 
+// Leases and large blocks the client library reported lost at a restart
+// (most restarts lose nothing: the library re-presents every block and they
+// carry on as they were).
 void CachingPool::HandleDaemonLostLocked() {
-  daemon_lost_.store(true);
+  absl::flat_hash_set<uint64_t> ids;
+  {
+    absl::MutexLock lock(&lost_mu_);
+    ids.swap(lost_ids_);
+    daemon_lost_.store(false);
+  }
+  if (ids.empty()) return;
+  bool any_lease = false;
   for (auto& arena : arenas_) {
-    for (Lease* l : arena->leases) {
+    for (auto it = arena->leases.begin(); it != arena->leases.end();) {
+      Lease* l = *it;
+      if (!ids.contains(l->buffer.id())) {
+        ++it;
+        continue;
+      }
       l->lost.store(true);
       lost_bytes_ += l->size;
       lost_leases_.push_back(l);
+      it = arena->leases.erase(it);
+      any_lease = true;
     }
-    arena->leases.clear();
   }
-  PublishLeasesLocked();
-  // Cached blocks are nobody's: only blocks the program holds keep a lost
-  // lease mapped.
-  for (ThreadCache* tc : caches_) {
-    tc->Lock();
-    for (auto& bin : tc->bins) {
-      for (uint32_t i = 0; i < bin.n; ++i) --bin.b[i].lease->blocks_out;
-      bin.n = 0;
+  if (any_lease) {
+    PublishLeasesLocked();
+    // Cached blocks of lost leases are nobody's: only blocks the program
+    // holds keep a lost lease mapped.
+    for (ThreadCache* tc : caches_) {
+      tc->Lock();
+      for (uint32_t cls = 0; cls < kThreadClasses; ++cls) {
+        auto& bin = tc->bins[cls];
+        uint32_t kept = 0;
+        for (uint32_t i = 0; i < bin.n; ++i) {
+          if (bin.b[i].lease->lost.load()) {
+            --bin.b[i].lease->blocks_out;
+            const uint64_t bytes = ClassSize(cls);
+            tc->cached_bytes -= std::min<uint64_t>(tc->cached_bytes, bytes);
+          } else {
+            bin.b[kept++] = bin.b[i];
+          }
+        }
+        bin.n = kept;
+      }
+      tc->Unlock();
     }
-    tc->cached_bytes = 0;
-    tc->in_use = 0;
-    tc->Unlock();
   }
-  in_use_outside_caches_ = 0;
-  for (auto& [ptr, block] : large_) {
-    lost_bytes_ += block->buffer.size();
-    lost_large_[ptr] = std::move(block);
+  for (auto it = large_.begin(); it != large_.end();) {
+    if (!ids.contains(it->second->buffer.id())) {
+      ++it;
+      continue;
+    }
+    lost_bytes_ += it->second->buffer.size();
+    lost_large_[it->first] = std::move(it->second);
+    large_.erase(it++);
   }
-  large_.clear();
-  // The old client stays until every Buffer of it is abandoned.
-  retired_clients_.push_back(std::move(client_));
   for (size_t i = 0; i < lost_leases_.size();) {
     if (lost_leases_[i]->blocks_out == 0) {
       UnmapLostLeaseLocked(lost_leases_[i]);
@@ -988,8 +1015,6 @@ void CachingPool::HandleDaemonLostLocked() {
       ++i;
     }
   }
-  if (watch_fd_ >= 0) close(watch_fd_);
-  watch_fd_ = -1;
 }
 
 void CachingPool::UnmapLostLeaseLocked(Lease* l) {
@@ -1062,24 +1087,25 @@ void CachingPool::WatchLoop() {
   const int tick_ms = static_cast<int>(
       std::clamp<int64_t>(options_.idle_release_ms / 2, 10, 1000));
   for (;;) {
-    int fd;
-    uint64_t gen;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
-      fd = watch_fd_;
-      gen = generation_;
     }
-    struct pollfd p[2] = {{wake_fd_, POLLIN, 0}, {fd, POLLIN, 0}};
-    const int r = poll(p, fd >= 0 ? 2 : 1, tick_ms);
+    struct pollfd p = {wake_fd_, POLLIN, 0};
+    const int r = poll(&p, 1, tick_ms);
     if (r < 0 && errno != EINTR) return;
-    if (p[0].revents != 0) {
+    if (p.revents != 0) {
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof(v));
+      if (daemon_lost_.load()) {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+        HandleDaemonLostLocked();
+      }
       if (reclaim_wanted_.exchange(false)) {
         // The daemon asked for idle memory back: what Trim() does.
         absl::MutexLock lock(&mu_);
-        if (stopping_ || client_ == nullptr || daemon_lost_.load()) continue;
+        if (stopping_ || client_ == nullptr) continue;
         CollectDeferredLocked();
         for (ThreadCache* tc : caches_) DrainCacheLocked(tc);
         const uint64_t freed = ReleaseEmptyLeasesLocked(absl::ZeroDuration());
@@ -1089,14 +1115,6 @@ void CachingPool::WatchLoop() {
     }
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
-    if (fd >= 0 && p[1].revents != 0) {
-      // The daemon closed our watch connection: it exited.
-      if (gen == generation_ && watch_fd_ == fd && client_ != nullptr) {
-        daemon_lost_.store(true);
-        HandleDaemonLostLocked();
-      }
-      continue;
-    }
     if (client_ == nullptr) continue;
     // Blocks whose device work has finished go back first.
     CollectDeferredLocked();
@@ -1126,7 +1144,9 @@ absl::StatusOr<uint64_t> CachingPool::Trim() {
 PoolStats CachingPool::Stats() {
   PoolStats st;
   absl::MutexLock lock(&mu_);
-  st.generation = generation_;
+  // Each daemon the pool has talked to: a restart the library came through
+  // counts too.
+  st.generation = generation_ + (client_ != nullptr ? client_->restarts() : 0);
   int64_t in_use = in_use_outside_caches_;
   for (ThreadCache* tc : caches_) {
     tc->Lock();

@@ -41,11 +41,12 @@
 //     word each, swapped on free), so a double free, an interior or foreign
 //     pointer gets a status and leaves the pool intact. Two threads freeing
 //     the same pointer at once: exactly one succeeds.
-//   * Daemon restart: a watcher thread sees the daemon's end of a connection
-//     close; the pool then abandons every lease and large block without
-//     freeing them (a restarted daemon may reuse their ids), keeps their
-//     address ranges from being handed out again, and reconnects with
-//     backoff on the next request.
+//   * Daemon restart: the client library carries every lease and large
+//     block over it (client/client.h: same ids, same addresses), so the
+//     pool carries on as it was; calls made meanwhile wait for the new
+//     daemon. Only what the library reports lost (a daemon that kept
+//     nothing, or stopped for good) is abandoned: never freed at the
+//     daemon, its address ranges never handed out again.
 //     Free of such a pointer answers GPUMEM_E_LOST. Blocks the program still holds
 //     stay mapped (orphaned host/device memory: writes are harmless but
 //     lost) until it frees them; then the memory is released but its
@@ -77,6 +78,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -219,6 +221,9 @@ class CachingPool {
   absl::Status EnsureConnectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ConnectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleDaemonLostLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Wake();
+  // Before a call: what the library reported lost is applied first.
+  void NoteLosses() ABSL_LOCKS_EXCLUDED(mu_);
   void ReserveLost(uintptr_t begin, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnmapLostLeaseLocked(Lease* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LostBlockFreedLocked(Lease* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -234,8 +239,10 @@ class CachingPool {
   absl::Mutex mu_;
   std::unique_ptr<Client> client_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  int watch_fd_ ABSL_GUARDED_BY(mu_) = -1;       // the daemon closes it when it exits
-  std::atomic<bool> daemon_lost_{false};         // set by the watcher
+  // Blocks the client library reported lost at a restart, for the watcher.
+  absl::Mutex lost_mu_;
+  absl::flat_hash_set<uint64_t> lost_ids_ ABSL_GUARDED_BY(lost_mu_);
+  std::atomic<bool> daemon_lost_{false};
   std::atomic<bool> reclaim_wanted_{false};      // the daemon asked; the watcher trims
   std::vector<std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Arena*> arena_by_key_ ABSL_GUARDED_BY(mu_);

@@ -161,21 +161,34 @@ bool DaemonWentAway(const absl::Status& s, Client::Impl& impl, const DaemonLink*
 }
 
 // Waits while a restart is under way; UNAVAILABLE once the wait ran out.
+// While the daemon is known gone (a wait ran out, or it said goodbye) a call
+// fails at once unless a daemon answers at the socket again: then it waits
+// for the library to reconnect to it.
 absl::Status WaitUntilServing(Client::Impl& impl) {
-  absl::MutexLock lock(&impl.restart_mu);
   auto serving = [&impl]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl.restart_mu) {
     return !impl.restarting || impl.stopping;
   };
-  if (serving()) return absl::OkStatus();
-  if (!impl.gone &&
-      impl.restart_mu.AwaitWithTimeout(absl::Condition(&serving), impl.reconnect_wait)) {
-    return absl::OkStatus();
+  {
+    absl::MutexLock lock(&impl.restart_mu);
+    if (serving()) return absl::OkStatus();
+    if (!impl.gone) {
+      if (impl.restart_mu.AwaitWithTimeout(absl::Condition(&serving), impl.reconnect_wait)) {
+        return absl::OkStatus();
+      }
+      impl.gone = true;
+      impl.gone_why = absl::StrCat(
+          "gpumemd at ", impl.socket_path, " went away and did not come back within ",
+          absl::FormatDuration(impl.reconnect_wait),
+          " (GPUMEM_RECONNECT_MS); the library keeps trying");
+      return absl::UnavailableError(impl.gone_why);
+    }
   }
-  if (!impl.gone) {
-    impl.gone = true;
-    impl.gone_why = absl::StrCat("gpumemd at ", impl.socket_path, " went away and did not come "
-                                 "back within ", absl::FormatDuration(impl.reconnect_wait),
-                                 " (GPUMEM_RECONNECT_MS); the library keeps trying");
+  absl::StatusOr<int> probe = ConnectFdChannel(impl.socket_path);
+  absl::MutexLock lock(&impl.restart_mu);
+  if (!probe.ok()) return absl::UnavailableError(impl.gone_why);
+  close(*probe);
+  if (impl.restart_mu.AwaitWithTimeout(absl::Condition(&serving), impl.reconnect_wait)) {
+    return absl::OkStatus();
   }
   return absl::UnavailableError(impl.gone_why);
 }

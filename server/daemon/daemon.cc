@@ -33,6 +33,7 @@
 #include "server/metrics/call_metrics.h"
 #include "server/metrics/metrics_endpoint.h"
 #include "server/metrics/stats_collector.h"
+#include "server/pool/slab_pool.h"
 #include "server/quota/quota_book.h"
 #include "server/restart/durable_slab_keeper.h"
 #include "server/service/async_service.h"
@@ -176,6 +177,12 @@ absl::Status Daemon::StartParts() {
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(s);
   if (!backend.ok()) return backend.status();
   p.backend = *std::move(backend);
+
+  // Slab ids never repeat across daemons of this machine (a client may still
+  // map a slab of an earlier daemon, known by its id): each daemon starts
+  // numbering at its start second << 20, above any earlier one's (which
+  // would need a million slabs a second to catch up).
+  SlabPool::AdvanceSlabIdsPast(static_cast<uint64_t>(absl::ToUnixSeconds(absl::Now())) << 20);
 
   // What a restart needs, and what the last daemon left there.
   if (s.state.value != "none") {
