@@ -46,6 +46,7 @@ struct CudaDriver {
   X(cuMemGetInfo_v2) X(cuMemGetAllocationGranularity)                       \
   X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle)            \
   X(cuMemImportFromShareableHandle) X(cuMemAddressReserve)                  \
+  X(cuMemGetAllocationPropertiesFromHandle)                                 \
   X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)           \
   X(cuMemsetD8_v2) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoH_v2) X(cuMemAlloc_v2)   \
   X(cuMemFree_v2) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2)             \

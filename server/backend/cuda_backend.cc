@@ -6,6 +6,7 @@
 #include "server/backend/cuda_backend.h"
 
 #include <cuda.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -117,6 +118,43 @@ class VmmSlab : public CudaSlabBase {
     s = Call(d_->cuMemSetAccess(base_, size_, &access, 1), "cuMemSetAccess");
     if (!s.ok()) return s;
     return Scrub(0, size_);
+  }
+
+  // A restart: the memory a previous daemon made, from the fd it exported
+  // (taken: closed here). Its bytes are live blocks: nothing is scrubbed.
+  absl::Status Adopt(int fd) {
+    ScopedCudaContext scope(*d_, dev_->ctx);
+    absl::Status s = Call(scope.result(), "cuCtxPushCurrent");
+    CUmemGenericAllocationHandle h = 0;
+    if (s.ok()) {
+      s = Call(d_->cuMemImportFromShareableHandle(
+                   &h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+               "cuMemImportFromShareableHandle");
+    }
+    close(fd);  // the import holds the memory now
+    if (!s.ok()) return s;
+    handle_ = h;
+    CUmemAllocationProp prop = {};
+    s = Call(d_->cuMemGetAllocationPropertiesFromHandle(&prop, h),
+             "cuMemGetAllocationPropertiesFromHandle");
+    if (!s.ok()) return s;
+    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        prop.location.id != static_cast<int>(dev_->info.index)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the handle is memory of device ", prop.location.id, ", not of ", dev_->context));
+    }
+    s = Call(d_->cuMemAddressReserve(&base_, size_, 0, 0, 0), "cuMemAddressReserve");
+    if (!s.ok()) return s;
+    // Fails if the memory is smaller than the slab was.
+    s = Call(d_->cuMemMap(base_, size_, 0, handle_, 0), "cuMemMap");
+    if (!s.ok()) return s;
+    mapped_ = true;
+    CUmemAccessDesc access = {};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = static_cast<int>(dev_->info.index);
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return Call(d_->cuMemSetAccess(base_, size_, &access, 1), "cuMemSetAccess");
   }
 
   absl::StatusOr<int> ExportFd() const override {
@@ -271,6 +309,36 @@ class CudaBackendImpl : public Backend {
     room.Refresh(*d_, dev);
     if (!s.ok()) return s;
     return slab;
+  }
+
+  // A VMM slab of a previous daemon, from its kept fd. What can be checked
+  // of such a handle is its device and that it covers the slab's size (the
+  // core accepts one only from the fd store, or from a client the slab was
+  // given to); legacy IPC memory died with the daemon that made it.
+  absl::StatusOr<std::unique_ptr<Slab>> AdoptSlab(uint32_t device, uint64_t bytes,
+                                                  HandleKind kind, int fd,
+                                                  const SlabIdentity& identity) override {
+    (void)identity;
+    if (device >= devices_.size() || kind != HandleKind::kCudaVmmFd) {
+      close(fd);
+      if (device >= devices_.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("no device ", device));
+      }
+      return absl::UnimplementedError(absl::StrCat(
+          HandleKindName(kind), " memory does not outlive the daemon that made it"));
+    }
+    const Device& dev = devices_[device];
+    if (bytes == 0 || bytes % dev.granularity != 0) {
+      close(fd);
+      return absl::InvalidArgumentError(absl::StrCat(
+          dev.context, ": slab size ", bytes, " is not a multiple of the granularity"));
+    }
+    std::atomic<uint64_t>& used = slab_bytes_[device];
+    used.fetch_add(bytes);  // given back by the slab's destructor, also on failure
+    auto vmm = std::make_unique<VmmSlab>(d_, &dev, bytes, &used, &room_[device]);
+    absl::Status s = vmm->Adopt(fd);
+    if (!s.ok()) return s;
+    return std::unique_ptr<Slab>(std::move(vmm));
   }
 
  private:

@@ -185,8 +185,9 @@ class MemoryBroker {
   absl::StatusOr<v1::ResumeResponse> Resume(const PeerCred& caller,
                                             const v1::ResumeRequest& request);
   // A client gives back the handle of a slab waiting for it (`fd` taken).
-  // Accepted only from a session of the slab's tenant, and only if it is
-  // that slab's handle (Backend::AdoptSlab checks).
+  // Accepted only from a session of the slab's tenant that the last daemon
+  // gave the slab's handle to, and only if it is that slab's handle
+  // (Backend::AdoptSlab checks).
   absl::Status AcceptSlabHandle(const PeerCred& caller, uint64_t slab_id, int fd);
   // A client of a restored connection-bound session binds its new slab
   // channel to it with the session's token.

@@ -101,6 +101,7 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
     std::string tenant_name;
   };
   absl::flat_hash_map<uint64_t, Adopted> slabs;
+  absl::flat_hash_map<uint64_t, std::string> slab_dropped_why;
   uint64_t max_slab = 0;
   for (const state::SlabRecord& r : previous.slabs) {
     max_slab = std::max(max_slab, r.slab_id);
@@ -113,6 +114,7 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
     auto drop = [&](const std::string& why) {
       if (fd >= 0) close(fd);
       out.dropped_slabs.push_back(r.slab_id);
+      slab_dropped_why[r.slab_id] = why;
       ++out.slabs_dropped;
       out.notes.push_back(absl::StrCat("slab ", r.slab_id, " dropped: ", why));
     };
@@ -192,7 +194,10 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
     }
     auto slab = slabs.find(r.slab_id);
     if (slab == slabs.end()) {
-      close_record(r, "its slab did not survive the restart");
+      auto why = slab_dropped_why.find(r.slab_id);
+      close_record(r, why != slab_dropped_why.end()
+                          ? absl::StrCat("its slab did not survive the restart: ", why->second)
+                          : "its slab did not survive the restart (no record of it)");
       continue;
     }
     if (slab->second.device != r.device) {
@@ -380,16 +385,21 @@ absl::Status MemoryBroker::AcceptSlabHandle(const PeerCred& caller, uint64_t sla
         return refuse(absl::PermissionDeniedError(absl::StrCat(
             "slab ", slab_id, " is not tenant \"", tenant->name, "\"'s")));
       }
+      // Only a session the last daemon gave this slab's handle to may give it
+      // back: what the backend can check of a handle (on cuda, its size and
+      // device) would not tell another allocation of the same shape apart.
+      if (!pool.IsHolder(slab_id, (*session)->id())) {
+        return refuse(absl::PermissionDeniedError(absl::StrCat(
+            "session ", (*session)->id(), " was never given slab ", slab_id,
+            "'s handle: only a process that had it open may give it back")));
+      }
       absl::StatusOr<std::unique_ptr<Slab>> slab =
           backend_->AdoptSlab(f.device, f.size, f.kind, fd, f.identity);
       if (!slab.ok()) {
         return absl::PermissionDeniedError(absl::StrCat(
             "not slab ", slab_id, "'s handle: ", slab.status().message()));
       }
-      if (absl::Status s = pool.CompleteSlab(slab_id, *std::move(slab)); !s.ok()) return s;
-      // The giver has it open: it holds the slab from now on.
-      pool.AdoptHolder(slab_id, (*session)->id(), /*record=*/true);
-      return absl::OkStatus();
+      return pool.CompleteSlab(slab_id, *std::move(slab));
     }
     if (pool.HasSlab(slab_id)) return refuse(absl::OkStatus());  // its handle is back already
   }

@@ -380,6 +380,23 @@ CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHan
   return CUDA_SUCCESS;
 }
 
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                CUmemGenericAllocationHandle handle) {
+  FAKE_ENTER("cuMemGetAllocationPropertiesFromHandle", true);
+  if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  FAKE_NEED_CONTEXT(current);
+  (void)current;
+  auto it = s.handles.find(handle);
+  if (it == s.handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+  *prop = CUmemAllocationProp{};
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = it->second.mem->ordinal;
+  prop->requestedHandleTypes =
+      it->second.exportable_fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
                                         void* os_handle,
                                         CUmemAllocationHandleType type) {

@@ -219,8 +219,9 @@ TEST_F(BadResumeTest, ClaimsOfOthersBlocksOrMisplacedBlocksGainNothing) {
   EXPECT_EQ(FreeCode(b.id()), grpc::StatusCode::OK);
 }
 
-// Without the fd store the slab waits for its handle: another tenant
-// giving it (even the real fd) is refused; a file that is not the slab's is
+// Without the fd store the slab waits for its handle: another tenant, or a
+// process it was never given to, giving it (even the real fd) is refused; a
+// file that is not the slab's is
 // refused; an fd-less give is INVALID_ARGUMENT; the owner's real fd is taken.
 TEST_F(BadResumeTest, HandlesGivenBackAreCheckedAgainstTheSlab) {
   Start(/*fd_store=*/false);
@@ -243,6 +244,8 @@ TEST_F(BadResumeTest, HandlesGivenBackAreCheckedAgainstTheSlab) {
   };
   EXPECT_EQ(give_as(kOther, real_fd), static_cast<int>(absl::StatusCode::kPermissionDenied))
       << "another tenant's slab";
+  EXPECT_EQ(give_as(0, real_fd), static_cast<int>(absl::StatusCode::kPermissionDenied))
+      << "a process of this tenant the slab's handle was never given to";
   const int impostor = memfd_create("impostor", MFD_CLOEXEC);
   ASSERT_EQ(ftruncate(impostor, 64 * kMiB), 0);
   absl::Status wrong = GiveSlabFd(channel_fd_, a.slab_id(), impostor);
