@@ -194,13 +194,14 @@ void Client::Reconnect() {
         absl::MutexLock lock(&impl.link_mu);
         impl.link = *link;
       }
+      // Told before any call goes on: a pool drops lost leases first.
+      report.took = absl::Now() - began;
+      if (on_restart) on_restart(report);
       absl::MutexLock lock(&impl.restart_mu);
       impl.restarting = false;
       impl.gone = false;
       ++impl.restarts;
     }
-    report.took = absl::Now() - began;
-    if (on_restart) on_restart(report);
     return;
   }
 }

@@ -11,8 +11,8 @@
 // which slab. Anything that does not fit (its session gone, its slab not
 // restored, its range not free) is closed, saying why; nothing is taken on
 // trust beyond what the records and the handles prove. Restored allocations
-// stay "unconfirmed" until their session's client re-presents them
-// (Resume); those it does not list are freed then.
+// stay "unconfirmed" until a client of their session re-presents them
+// (Resume); those none claims within the grace time are freed then.
 #include <unistd.h>
 
 #include <algorithm>
@@ -340,29 +340,19 @@ absl::StatusOr<v1::ResumeResponse> MemoryBroker::Resume(const PeerCred& caller,
     }
   }
   for (uint64_t slab : needs_handle) out.add_needs_handle(slab);
-  // Restored blocks of this session it did not list: an Allocate answered
-  // to nobody, or one the client let go of. Freed now.
-  std::vector<uint64_t> orphans;
+  // Restored blocks of this session no Resume has claimed yet. Several
+  // clients of one process share its session, each claiming its own; what
+  // none claims by the end of the grace time (an Allocate answered to
+  // nobody, a block let go of) is freed then (FinishRestore).
   {
     absl::MutexLock lock(&restore_mu_);
     auto it = unconfirmed_.find(s.id());
     if (it != unconfirmed_.end()) {
-      for (uint64_t id : it->second) {
-        if (!claimed.contains(id) && !(found.contains(id) && !found[id].matches)) {
-          orphans.push_back(id);
-        }
-      }
-      unconfirmed_.erase(it);
+      for (uint64_t id : claimed) it->second.erase(id);
+      out.set_unclaimed(static_cast<uint32_t>(it->second.size()));
+      if (it->second.empty()) unconfirmed_.erase(it);
     }
   }
-  size_t freed = 0;
-  if (!orphans.empty()) {
-    std::vector<AllocationRecord> taken = table_.TakeAll(
-        orphans, ledger::EventKind::kFree, "not re-presented by its session after the restart");
-    freed = taken.size();
-    Return(std::move(taken));
-  }
-  out.set_orphans_freed(static_cast<uint32_t>(freed));
   return out;
 }
 
@@ -432,6 +422,21 @@ void MemoryBroker::FinishRestore() {
     }
   }
   sessions_->ExpireUnbound();
+  // Blocks no client of their (live) session re-presented in time.
+  std::vector<uint64_t> unclaimed;
+  {
+    absl::MutexLock lock(&restore_mu_);
+    for (const auto& [session, ids] : unconfirmed_) {
+      unclaimed.insert(unclaimed.end(), ids.begin(), ids.end());
+    }
+    unconfirmed_.clear();
+  }
+  if (!unclaimed.empty()) {
+    Return(table_.TakeAll(unclaimed, ledger::EventKind::kFree,
+                          absl::StrCat("not re-presented by its session within ",
+                                       absl::FormatDuration(options_.restore_grace),
+                                       " of the restart")));
+  }
 }
 
 }  // namespace gpumem

@@ -207,12 +207,50 @@ TEST_F(BadResumeTest, ClaimsOfOthersBlocksOrMisplacedBlocksGainNothing) {
     ASSERT_EQ(r->lost_size(), 1);
     EXPECT_EQ(r->lost(0).id(), a.id());
     EXPECT_EQ(r->lost(0).status().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
-    EXPECT_EQ(r->orphans_freed(), 0u) << "a misstated block is not freed as an orphan";
+    EXPECT_EQ(r->unclaimed(), 1u) << "a misstated block is not claimed, nor freed";
   }
   // The true claim keeps both; they are intact and free normally.
   absl::StatusOr<v1::ResumeResponse> r = Resume({a, b});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->kept_size(), 2);
+  EXPECT_TRUE(Intact(a, 'a'));
+  EXPECT_TRUE(Intact(b, 'b'));
+  EXPECT_EQ(FreeCode(a.id()), grpc::StatusCode::OK);
+  EXPECT_EQ(FreeCode(b.id()), grpc::StatusCode::OK);
+}
+
+// Two clients of one process share its session and each re-presents only
+// its own blocks: neither Resume frees the other's; a block no client
+// claims within the grace time is freed then, and only it.
+TEST_F(BadResumeTest, EachClientClaimsItsOwnAndWhatNoneClaimsIsFreedAfterTheGrace) {
+  args_.back() = "--restore_grace_seconds=2";
+  Start(/*fd_store=*/true);
+  const v1::Allocation a = Allocate(4 * kMiB, 'a');
+  const v1::Allocation b = Allocate(2 * kMiB, 'b');
+  const v1::Allocation c = Allocate(1 * kMiB, 'c');
+  Restart();
+  absl::StatusOr<v1::ResumeResponse> first = Resume({a});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->kept_size(), 1);
+  EXPECT_EQ(first->unclaimed(), 2u);
+  absl::StatusOr<v1::ResumeResponse> second = Resume({b});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->kept_size(), 1);
+  EXPECT_EQ(second->unclaimed(), 1u);
+  auto used = [&] {
+    grpc::ClientContext ctx;
+    v1::GetStatsRequest req;
+    v1::GetStatsResponse resp;
+    EXPECT_TRUE(stub_->GetStats(&ctx, req, &resp).ok());
+    uint64_t sum = 0;
+    for (const auto& d : resp.devices()) sum += d.used_bytes();
+    return sum;
+  };
+  EXPECT_EQ(used(), 7 * kMiB) << "nothing is freed before the grace time ends";
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (used() != 6 * kMiB && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(used(), 6 * kMiB) << "the unclaimed block is freed after the grace time";
+  EXPECT_EQ(FreeCode(c.id()), grpc::StatusCode::NOT_FOUND);
   EXPECT_TRUE(Intact(a, 'a'));
   EXPECT_TRUE(Intact(b, 'b'));
   EXPECT_EQ(FreeCode(a.id()), grpc::StatusCode::OK);

@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/gpumem.h"
 #include "common/cuda_driver.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
@@ -86,6 +87,12 @@ TEST_P(CudaRestartTest, AVmmBlockSurvivesAKillAndALegacyIpcBlockIsLostByName) {
   ASSERT_TRUE(vmm->Write(0, pattern.data(), pattern.size()).ok());
   void* const address = vmm->data();
 
+  // And a block of the C ABI's caching pool (in a lease).
+  gpumem_client* pool = gpumem_connect(socket_.c_str());
+  ASSERT_NE(pool, nullptr) << gpumem_last_error_message();
+  void* pooled = nullptr;
+  ASSERT_EQ(gpumem_malloc(pool, kMiB, nullptr, &pooled), GPUMEM_OK) << gpumem_last_error_message();
+
   client.SetHandleKind(v1::HANDLE_KIND_CUDA_IPC);
   absl::StatusOr<Buffer> ipc = client.Allocate(kMiB);
   ASSERT_TRUE(ipc.ok()) << ipc.status();
@@ -95,7 +102,7 @@ TEST_P(CudaRestartTest, AVmmBlockSurvivesAKillAndALegacyIpcBlockIsLostByName) {
   ASSERT_NO_FATAL_FAILURE(KillAndRestart(client));
 
   // The VMM block: same id, same address, same bytes, freed normally.
-  EXPECT_FALSE(client.IsLost(vmm->id()));
+  EXPECT_FALSE(client.IsLost(vmm->id())) << systemd_->Log();
   EXPECT_EQ(vmm->data(), address);
   std::vector<unsigned char> back(pattern.size());
   ASSERT_TRUE(vmm->Read(0, back.data(), back.size()).ok());
@@ -114,6 +121,14 @@ TEST_P(CudaRestartTest, AVmmBlockSurvivesAKillAndALegacyIpcBlockIsLostByName) {
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_TRUE(fresh->Free().ok());
   EXPECT_TRUE(vmm->Free().ok());
+  // The pool's lease survived too: its block frees normally.
+  char* stats = nullptr;  // waits for the pool's client to come through
+  ASSERT_EQ(gpumem_stats_json(pool, &stats), GPUMEM_OK) << gpumem_last_error_message();
+  EXPECT_TRUE(absl::StrContains(stats, "\"generation\":2")) << stats;
+  EXPECT_TRUE(absl::StrContains(stats, "\"lost_bytes\":0")) << stats;
+  gpumem_string_free(stats);
+  EXPECT_EQ(gpumem_free(pool, pooled), GPUMEM_OK) << gpumem_last_error_message() << systemd_->Log();
+  gpumem_close(pool);
   if (!GetParam()) {
     EXPECT_TRUE(absl::StrContains(systemd_->Log(), "wait for a client to give their handle back"))
         << systemd_->Log();
