@@ -49,6 +49,9 @@ struct CommandLine {
   std::optional<int> stream_threads;
   std::optional<int> stream_backend_threads;
   std::optional<int> query_threads;
+  std::optional<int> reclaim_wait_ms;
+  std::optional<int> wait_bypass_limit;
+  std::optional<int> wait_reserve_ms;
 };
 
 enum class Source { kDefault, kConfig, kFlag };
@@ -91,6 +94,12 @@ struct Settings {
   // Reloadable (SIGHUP).
   Setting<absl::Duration> empty_slab_release{absl::Seconds(30)};
   Setting<std::string> admin_group{""};  // "": root only
+  // Reclaim before refusing: how long a request is held while other
+  // sessions give back idle leases (zero: not held).
+  Setting<absl::Duration> reclaim_wait{absl::Milliseconds(300)};
+  // Fair waiting (server/admission/admission.h).
+  Setting<uint32_t> wait_bypass_limit{8};
+  Setting<absl::Duration> wait_reserve{absl::Seconds(2)};
 };
 
 // `file` as LoadDaemonConfig accepted it, from `path`.
