@@ -258,15 +258,14 @@ void SocketListener::OnReadable(int fd) {
   char head[4];
   ssize_t n = recv(fd, head, sizeof(head), MSG_PEEK);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-  if (n > 0 && n < 4) {
+  const Preface preface = n > 0 ? ClassifyPreface(head, static_cast<size_t>(n))
+                                : Preface::kUnknown;
+  if (preface == Preface::kNeedMore) {
     // A partial preface: wait for more bytes (edge-triggered, so the
     // unconsumed peek does not wake us again; the deadline still applies).
-    if (memcmp(head, "PRI ", n) != 0 && memcmp(head, kFdChannelMagic, n) != 0) {
-      CloseConn(fd);
-    }
     return;
   }
-  if (n == 4 && memcmp(head, "PRI ", 4) == 0) {
+  if (preface == Preface::kGrpc) {
     const PeerCred cred = conn.cred;
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
     conns_.erase(it);
@@ -274,7 +273,7 @@ void SocketListener::OnReadable(int fd) {
     grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns fd now
     return;
   }
-  if (n == 4 && memcmp(head, kFdChannelMagic, 4) == 0) {
+  if (preface == Preface::kSlabChannel) {
     conn.channel = true;  // no deadline from now on: it is a lifeline
     ServeRequests(fd, conn);
     return;
@@ -283,82 +282,22 @@ void SocketListener::OnReadable(int fd) {
 }
 
 void SocketListener::ServeRequests(int fd, Conn& conn) {
+  // Non-blocking: a peer that stopped reading its answers loses the
+  // connection rather than stalling the loop (SendWithFd reports EAGAIN).
+  auto send = [fd](const SlabChannelReply& r) {
+    return SendWithFd(fd, r.bytes.data(), r.bytes.size(), r.fd).ok();
+  };
   char buf[4096];
   for (;;) {
     ssize_t n = recv(fd, buf, sizeof(buf), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) return;
-    if (n <= 0) {
+    if (n <= 0 ||
+        !ServeSlabChannel(broker_, conn, absl::string_view(buf, static_cast<size_t>(n)), send)) {
       CloseConn(fd);
       return;
     }
-    conn.in.append(buf, static_cast<size_t>(n));
-    size_t used = 0;
-    while (conn.in.size() - used >= sizeof(SlabRequest)) {
-      SlabRequest req;
-      memcpy(&req, conn.in.data() + used, sizeof(req));
-      used += sizeof(req);
-      if (!Answer(fd, conn, req)) {
-        CloseConn(fd);
-        return;
-      }
-    }
-    conn.in.erase(0, used);
   }
-}
-
-bool SocketListener::Answer(int fd, Conn& conn, const SlabRequest& req) {
-  if (memcmp(req.magic, kFdChannelMagic, 4) != 0 || req.version != kFdChannelVersion) {
-    return false;  // not our protocol (or another version of it)
-  }
-  SlabResponse resp = {};
-  absl::Status status;
-  int fd_out = -1;
-  switch (static_cast<SlabOp>(req.op)) {
-    case SlabOp::kOpenSlab: {
-      absl::StatusOr<SlabFd> slab = broker_->ExportSlab(conn.cred, req.slab_id);
-      if (slab.ok()) {
-        resp.slab_size = slab->size;
-        fd_out = slab->fd;
-      }
-      status = slab.status();
-      break;
-    }
-    case SlabOp::kCloseSlab:
-      status = broker_->CloseSlab(conn.cred, req.slab_id);
-      break;
-    case SlabOp::kHello:
-      if (conn.cred.pid <= 0 && conn.cred.bound_session == 0) {
-        absl::StatusOr<std::shared_ptr<Session>> s = broker_->BindConnection(conn.cred);
-        status = s.status();
-        if (s.ok()) {
-          conn.cred.bound_session = (*s)->id();
-          conn.token = (*s)->token();
-        }
-      }
-      break;
-    default:
-      return false;
-  }
-  std::string out;
-  if (status.ok() && static_cast<SlabOp>(req.op) == SlabOp::kHello) {
-    resp.message_len = static_cast<uint32_t>(conn.token.size());
-    out.assign(reinterpret_cast<const char*>(&resp), sizeof(resp));
-    out += conn.token;
-  } else if (!status.ok()) {
-    std::string msg(status.message().substr(0, kFdChannelMaxMessage));
-    resp.code = static_cast<uint32_t>(status.code());
-    resp.message_len = static_cast<uint32_t>(msg.size());
-    out.assign(reinterpret_cast<const char*>(&resp), sizeof(resp));
-    out += msg;
-  } else {
-    out.assign(reinterpret_cast<const char*>(&resp), sizeof(resp));
-  }
-  // Non-blocking: a peer that stopped reading its answers loses the
-  // connection rather than stalling the loop (SendWithFd reports EAGAIN).
-  absl::Status sent = SendWithFd(fd, out.data(), out.size(), fd_out);
-  if (fd_out >= 0) close(fd_out);
-  return sent.ok();
 }
 
 void SocketListener::Stop() {
