@@ -77,6 +77,9 @@ ABSL_FLAG(std::optional<int>, wait_bypass_limit, std::nullopt,
           "the room that frees up on its devices");
 ABSL_FLAG(std::optional<int>, wait_reserve_ms, std::nullopt,
           "fair waiting: how long one such reservation lasts at most");
+ABSL_FLAG(std::optional<int64_t>, ledger_max_pages, std::nullopt,
+          "tests: the ledger file may grow to this many pages (SQLite then answers "
+          "\"database or disk is full\"); 0: no limit");
 ABSL_FLAG(bool, mutex_deadlock_detection, false,
           "Abseil's lock-order checking on every absl::Mutex (gRPC's own locks "
           "included): a debugging aid that costs a global lock per acquisition in "
@@ -108,6 +111,7 @@ CommandLine FromFlags() {
   c.reclaim_wait_ms = absl::GetFlag(FLAGS_reclaim_wait_ms);
   c.wait_bypass_limit = absl::GetFlag(FLAGS_wait_bypass_limit);
   c.wait_reserve_ms = absl::GetFlag(FLAGS_wait_reserve_ms);
+  c.ledger_max_pages = absl::GetFlag(FLAGS_ledger_max_pages);
   return c;
 }
 

@@ -131,6 +131,10 @@ absl::StatusOr<Settings> ResolveSettings(const CommandLine& flags, const std::st
   }
 
   Pick(&s.ledger, flags.ledger, NonEmpty(file.ledger()));
+  Pick(&s.ledger_max_pages, flags.ledger_max_pages, std::optional<int64_t>());
+  if (s.ledger_max_pages.value < 0) {
+    return absl::InvalidArgumentError("--ledger_max_pages must be >= 0");
+  }
   Pick(&s.metrics_listen, flags.metrics_listen, std::optional<std::string>());
 
   Pick(&s.drain_seconds, flags.drain_seconds, std::optional<double>());

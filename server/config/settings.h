@@ -52,6 +52,7 @@ struct CommandLine {
   std::optional<int> reclaim_wait_ms;
   std::optional<int> wait_bypass_limit;
   std::optional<int> wait_reserve_ms;
+  std::optional<int64_t> ledger_max_pages;
 };
 
 enum class Source { kDefault, kConfig, kFlag };
@@ -85,6 +86,10 @@ struct Settings {
   // Empty: every kind the backend makes, its preferred first.
   Setting<std::vector<HandleKind>> handle_kinds{{}};
   Setting<std::string> ledger{"/var/lib/gpumemd/ledger.db"};  // "none": off
+  // Tests: the ledger file may grow to this many pages (0: no limit), so
+  // that SQLite answers "database or disk is full" (the soak's small disk
+  // where it cannot mount one).
+  Setting<int64_t> ledger_max_pages{0};
   Setting<std::string> metrics_listen{""};                    // "": off
   Setting<double> drain_seconds{0.0};
   Setting<int> queue_threads{1};    // completion queues, one thread each

@@ -61,8 +61,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const Settings& s) {
 }
 
 // The ledger at `path` ("none": off), its directory created if missing.
-absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> OpenLedger(const std::string& path) {
+absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> OpenLedger(const std::string& path,
+                                                                 int64_t max_pages) {
   ledger::LedgerOptions options;
+  options.max_page_count = max_pages;
   if (path != "none") {
     options.path = path;
     const std::filesystem::path dir = std::filesystem::path(path).parent_path();
@@ -136,7 +138,7 @@ absl::Status Daemon::StartParts() {
   if (!backend.ok()) return backend.status();
   p.backend = *std::move(backend);
 
-  absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> ledger = OpenLedger(s.ledger.value);
+  absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> ledger = OpenLedger(s.ledger.value, s.ledger_max_pages.value);
   if (!ledger.ok()) return ledger.status();
   p.ledger = *std::move(ledger);
   p.quotas = std::make_unique<quota::QuotaBook>(
