@@ -78,6 +78,17 @@ ABSL_FLAG(std::optional<int>, stream_backend_threads, std::nullopt,
           "slow device holds up no other call");
 ABSL_FLAG(std::optional<int>, query_threads, std::nullopt,
           "threads that answer GetStats and the ledger and tenant RPCs");
+ABSL_FLAG(std::optional<int>, reclaim_wait_ms, std::nullopt,
+          "hold an Allocate refused for room that other sessions' idle leases "
+          "could cover at most this long while they give them back (0: off)");
+ABSL_FLAG(std::optional<int>, wait_bypass_limit, std::nullopt,
+          "fair waiting: a waiting request bypassed this many times reserves "
+          "the room that frees up on its devices");
+ABSL_FLAG(std::optional<int>, wait_reserve_ms, std::nullopt,
+          "fair waiting: how long one such reservation lasts at most");
+ABSL_FLAG(std::optional<int64_t>, ledger_max_pages, std::nullopt,
+          "tests: the ledger file may grow to this many pages (SQLite then answers "
+          "\"database or disk is full\"); 0: no limit");
 ABSL_FLAG(bool, mutex_deadlock_detection, false,
           "Abseil's lock-order checking on every absl::Mutex (gRPC's own locks "
           "included): a debugging aid that costs a global lock per acquisition in "
@@ -108,6 +119,10 @@ CommandLine FromFlags() {
   c.stream_threads = absl::GetFlag(FLAGS_stream_threads);
   c.stream_backend_threads = absl::GetFlag(FLAGS_stream_backend_threads);
   c.query_threads = absl::GetFlag(FLAGS_query_threads);
+  c.reclaim_wait_ms = absl::GetFlag(FLAGS_reclaim_wait_ms);
+  c.wait_bypass_limit = absl::GetFlag(FLAGS_wait_bypass_limit);
+  c.wait_reserve_ms = absl::GetFlag(FLAGS_wait_reserve_ms);
+  c.ledger_max_pages = absl::GetFlag(FLAGS_ledger_max_pages);
   return c;
 }
 

@@ -1,9 +1,16 @@
 // See admission.h. The admission thread sleeps until something is due: a
-// pass (serve_), an ended session, a cancel, the earliest deadline, or
-// stop. It collects what is due under the lock and answers outside it; a
-// pass tries the waiters one by one, taking the lock only to find each.
+// pass (serve_), an ended session, a cancel, a reclaim answer, the earliest
+// deadline, the end of the reservation, or stop. It collects what is due
+// under the lock and answers outside it; a pass tries the waiters one by
+// one, taking the lock only to find each (and to count bypasses).
+//
+// Invariants (under mu_):
+//  - every entry's (deadline, ticket) is in deadlines_, and nothing else;
+//  - reserving_ is 0 or the ticket of a live entry, and has_reservation_
+//    says which; entry_count_ == entries_.size().
 #include "server/admission/admission.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/container/flat_hash_set.h"
@@ -13,6 +20,7 @@ namespace gpumem {
 namespace admission {
 
 Admission::Admission(AdmissionOptions options) : options_(options) {
+  if (options_.bypass_limit == 0) options_.bypass_limit = 1;
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -41,8 +49,15 @@ absl::StatusOr<uint64_t> Admission::Enqueue(std::unique_ptr<Waiter>& waiter, uin
   const uint64_t ticket = next_ticket_++;
   Entry& e = entries_[ticket];
   e.order = order_.Add(waiter->priority(), ticket);
-  deadlines_.emplace(waiter->deadline(), ticket);
+  e.deadline = waiter->deadline();
+  e.wants_room = waiter->WantsRoom();  // still the caller's: no race
+  e.reclaim_pending.insert(waiter->reclaim_from().begin(), waiter->reclaim_from().end());
+  if (!waiter->reclaim_from().empty() && e.reclaim_pending.empty()) {
+    e.deadline = std::min(e.deadline, waiter->answered_deadline());
+  }
+  deadlines_.emplace(e.deadline, ticket);
   e.waiter = std::move(waiter);
+  entry_count_.store(entries_.size());
   if (kicks_ != seen) serve_ = true;  // room came back after the caller's try
   wake_.notify_one();
   return ticket;
@@ -72,6 +87,74 @@ void Admission::Cancel(uint64_t ticket) {
   wake_.notify_one();
 }
 
+void Admission::ReclaimAnswered(uint64_t session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (entries_.empty()) return;
+  reclaim_answered_.push_back(session);
+  wake_.notify_one();
+}
+
+void Admission::NoteServed(int32_t priority) {
+  if (entry_count_.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  // A fresh request arrived after every waiter: it bypassed each that it
+  // does not outrank. The earliest in serving order to reach the limit
+  // reserves (BypassLocked picks by order, so the map's order is no matter).
+  for (auto& [ticket, e] : entries_) {
+    if (e.waiter->priority() >= priority && e.wants_room) BypassLocked(ticket, e);
+  }
+}
+
+void Admission::BypassLocked(uint64_t ticket, Entry& e) {
+  ++e.bypasses;
+  if (e.bypasses < options_.bypass_limit) return;
+  if (reserving_ != 0) {
+    // One reservation at a time: an earlier waiter in serving order takes
+    // it over (it is ahead of the one reserving now).
+    auto cur = entries_.find(reserving_);
+    if (cur == entries_.end() || !(e.order < cur->second.order)) return;
+  }
+  reserving_ = ticket;
+  reserved_since_ = absl::Now();
+  reservation_.claim = e.waiter->claim();
+  reservation_.priority = e.waiter->priority();
+  ++reservations_made_;
+  has_reservation_.store(true);
+  wake_.notify_one();  // its end is a deadline of the thread's
+}
+
+void Admission::EndReservationLocked() {
+  if (reserving_ == 0) return;
+  auto it = entries_.find(reserving_);
+  if (it != entries_.end()) it->second.bypasses = 0;
+  reserving_ = 0;
+  has_reservation_.store(false);
+  serve_ = !entries_.empty();  // those held back are tried at once
+}
+
+std::optional<Reservation> Admission::AheadOfLocked(uint64_t ticket) const {
+  if (reserving_ == 0 || reserving_ == ticket) return std::nullopt;
+  auto r = entries_.find(reserving_);
+  auto t = entries_.find(ticket);
+  if (r == entries_.end() || t == entries_.end()) return std::nullopt;
+  if (!(r->second.order < t->second.order)) return std::nullopt;
+  return reservation_;
+}
+
+std::optional<Reservation> Admission::ReservationAhead(int32_t priority) const {
+  if (!has_reservation_.load()) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reserving_ == 0 || reservation_.priority < priority) return std::nullopt;
+  return reservation_;
+}
+
+void Admission::SetFairness(uint32_t bypass_limit, absl::Duration reserve_for) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.bypass_limit = std::max<uint32_t>(bypass_limit, 1);
+  options_.reserve_for = reserve_for;
+  wake_.notify_one();
+}
+
 void Admission::Stop(absl::Status answer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -93,14 +176,44 @@ absl::flat_hash_map<uint32_t, uint32_t> Admission::waiting_by_tenant() const {
   return per_tenant_;
 }
 
+bool Admission::Idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return asleep_ && !serve_ && ended_sessions_.empty() && cancelled_.empty() &&
+         reclaim_answered_.empty();
+}
+
+bool Admission::reserving() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reserving_ != 0;
+}
+
+uint64_t Admission::reservations_made() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reservations_made_;
+}
+
 std::unique_ptr<Waiter> Admission::TakeLocked(uint64_t ticket) {
   auto it = entries_.find(ticket);
   if (it == entries_.end()) return nullptr;
   std::unique_ptr<Waiter> w = std::move(it->second.waiter);
   order_.Remove(it->second.order);
-  deadlines_.erase({w->deadline(), ticket});
+  deadlines_.erase({it->second.deadline, ticket});
+  if (reserving_ == ticket) EndReservationLocked();
   entries_.erase(it);
+  entry_count_.store(entries_.size());
   return w;
+}
+
+void Admission::ReclaimDoneLocked(uint64_t session) {
+  for (auto& [ticket, e] : entries_) {
+    if (e.reclaim_pending.erase(session) == 0 || !e.reclaim_pending.empty()) continue;
+    // Every session asked has answered: the hold is over.
+    const absl::Time d = std::min(e.deadline, e.waiter->answered_deadline());
+    if (d == e.deadline) continue;
+    deadlines_.erase({e.deadline, ticket});
+    e.deadline = d;
+    deadlines_.emplace(d, ticket);
+  }
 }
 
 void Admission::Answer(std::unique_ptr<Waiter> waiter, admission::Answer answer) {
@@ -114,24 +227,33 @@ void Admission::Answer(std::unique_ptr<Waiter> waiter, admission::Answer answer)
 
 void Admission::Run() {
   for (;;) {
-    std::vector<std::unique_ptr<Waiter>> exited, cancelled, expired, stopped;
+    std::vector<std::unique_ptr<Waiter>> exited, cancelled, stopped;
+    std::vector<std::pair<std::unique_ptr<Waiter>, std::optional<Reservation>>> expired;
     std::vector<uint64_t> pass;
     bool stop = false;
     absl::Status stop_answer;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      auto due = [this] {
+      auto reservation_ends = [this] { return reserved_since_ + options_.reserve_for; };
+      auto due = [&] {
+        const absl::Time now = absl::Now();
         return stopping_ || serve_ || !ended_sessions_.empty() || !cancelled_.empty() ||
-               (!deadlines_.empty() && deadlines_.begin()->first <= absl::Now());
+               !reclaim_answered_.empty() ||
+               (!deadlines_.empty() && deadlines_.begin()->first <= now) ||
+               (reserving_ != 0 && reservation_ends() <= now);
       };
       while (!due()) {
-        if (deadlines_.empty()) {
+        absl::Time next = absl::InfiniteFuture();
+        if (!deadlines_.empty()) next = deadlines_.begin()->first;
+        if (reserving_ != 0) next = std::min(next, reservation_ends());
+        asleep_ = true;
+        if (next == absl::InfiniteFuture()) {
           wake_.wait(lock);
         } else {
-          wake_.wait_for(lock, absl::ToChronoNanoseconds(std::max(
-                                   deadlines_.begin()->first - absl::Now(),
-                                   absl::ZeroDuration())));
+          wake_.wait_for(lock, absl::ToChronoNanoseconds(
+                                   std::max(next - absl::Now(), absl::ZeroDuration())));
         }
+        asleep_ = false;
       }
       if (stopping_) {
         stop = true;
@@ -146,15 +268,22 @@ void Admission::Run() {
             if (ended.contains(e.waiter->session())) gone.push_back(ticket);
           }
           for (uint64_t t : gone) exited.push_back(TakeLocked(t));
+          // A session that ended gave back everything it had.
+          for (uint64_t s : ended) ReclaimDoneLocked(s);
           ended_sessions_.clear();
         }
+        for (uint64_t s : reclaim_answered_) ReclaimDoneLocked(s);
+        reclaim_answered_.clear();
         for (uint64_t t : cancelled_) {
           if (std::unique_ptr<Waiter> w = TakeLocked(t)) cancelled.push_back(std::move(w));
         }
         cancelled_.clear();
         const absl::Time now = absl::Now();
+        if (reserving_ != 0 && reservation_ends() <= now) EndReservationLocked();
         while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
-          expired.push_back(TakeLocked(deadlines_.begin()->second));
+          const uint64_t t = deadlines_.begin()->second;
+          std::optional<Reservation> ahead = AheadOfLocked(t);
+          expired.emplace_back(TakeLocked(t), std::move(ahead));
         }
         if (serve_) {
           serve_ = false;
@@ -170,25 +299,41 @@ void Admission::Run() {
     for (auto& w : cancelled) {
       Answer(std::move(w), absl::CancelledError("the waiting caller went away"));
     }
-    for (auto& w : expired) {
-      admission::Answer a = w->Expire();
+    for (auto& [w, ahead] : expired) {
+      admission::Answer a = w->Expire(ahead.has_value() ? &*ahead : nullptr);
       Answer(std::move(w), std::move(a));
     }
+    // Waiters tried in this pass and not served, in serving order: each one
+    // served after them bypassed them.
+    std::vector<uint64_t> skipped;
     for (uint64_t ticket : pass) {
       Waiter* w = nullptr;
+      std::optional<Reservation> ahead;
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (stopping_) break;
         auto it = entries_.find(ticket);
         if (it == entries_.end()) continue;
         w = it->second.waiter.get();  // only this thread removes entries
+        ahead = AheadOfLocked(ticket);
       }
-      std::optional<admission::Answer> a = w->TryServe();
-      if (!a.has_value()) continue;
+      std::optional<admission::Answer> a = w->TryServe(ahead.has_value() ? &*ahead : nullptr);
+      if (!a.has_value()) {
+        const bool wants_room = w->WantsRoom();
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = entries_.find(ticket);
+        if (it != entries_.end()) it->second.wants_room = wants_room;
+        if (wants_room) skipped.push_back(ticket);
+        continue;
+      }
       std::unique_ptr<Waiter> taken;
       {
         std::lock_guard<std::mutex> lock(mu_);
         taken = TakeLocked(ticket);
+        for (uint64_t s : skipped) {
+          auto it = entries_.find(s);
+          if (it != entries_.end() && it->second.wants_room) BypassLocked(s, it->second);
+        }
       }
       Answer(std::move(taken), *std::move(a));
     }

@@ -1,5 +1,6 @@
-// Admission: Allocate requests that wait for memory (AllocateRequest.wait_ms),
-// held without a thread each.
+// Admission: Allocate requests that wait for memory (AllocateRequest.wait_ms,
+// or a short hold while other sessions give back idle leases), held without
+// a thread each.
 //
 // A request that nothing can serve now becomes a Waiter and is handed to
 // Admission, and its caller's thread goes back to serving others. From then
@@ -7,7 +8,7 @@
 //  - when room may have appeared (Kick: a release, a quota change) it tries
 //    the waiters in serving order, higher tenant priority first, then
 //    earlier arrival (waiter_queue.h); each that can be served now is, and
-//    those that cannot keep waiting;
+//    those that cannot keep waiting (but see fair waiting below);
 //  - at a waiter's deadline it gets its usual answer as things stand then
 //    (Waiter::Expire: one last try, else the refusal);
 //  - a waiter whose session ends is answered at once (the process is gone)
@@ -16,6 +17,35 @@
 //  - at Stop every waiter is answered FAILED_PRECONDITION.
 // Every waiter is answered exactly once, through Waiter::Done, on that
 // thread, with no Admission lock held; after Done the waiter is destroyed.
+//
+// Reclaim holds: a request refused for room that idle leases of other
+// sessions could cover is queued with the sessions asked to give them back
+// (Waiter::HoldForReclaim). Its deadline is the hold's bound; once every
+// session asked has answered (ReclaimAnswered) or ended, its deadline
+// becomes the one it would have had without the hold (now, for a request
+// without wait_ms), so it is tried once more and answered without waiting
+// out the bound.
+//
+// Fair waiting (priority, then arrival, without starving anyone):
+//  - A waiter that wants room (its last try was refused for capacity or
+//    fragmentation) is *bypassed* each time a request behind it in serving
+//    order (lower priority, or the same priority and later) is served while
+//    it waits: a waiter served in a pass after it was tried, or a fresh
+//    request served at once (NoteServed).
+//  - After `bypass_limit` bypasses it reserves: the first such waiter in
+//    serving order becomes the one reservation (Reservation: its claim, the
+//    devices it may use and the block it needs there). Requests behind it
+//    are tried with the reservation (TryServe/Expire's `ahead`, and
+//    ReservationAhead for fresh requests); the core refuses them any carve
+//    that would take, on those devices, room the reserving request could
+//    use while it does not fit (server/pool/reserving_carver.h). So the
+//    memory that frees up there accumulates for it. Requests ahead of it
+//    (higher priority) are not affected.
+//  - A reservation ends when its waiter is answered, or after
+//    `reserve_for`: then its bypass count starts again from zero and the
+//    others are tried at once. So a request behind it is held back by it at
+//    most `reserve_for` at a time, with at least `bypass_limit` others
+//    served between two reservations of the same waiter.
 //
 // Limits: at most the tenant's limit (Waiter::max_waiting, else
 // `max_waiting_per_tenant`) of one tenant's requests wait at once; Enqueue
@@ -26,12 +56,13 @@
 // between, the new waiter is tried as if it had been queued first.
 //
 // Thread-safe. Waiters only ever run on Admission's thread (TryServe,
-// Expire, Done), so they need no lock of their own for that. (Its lock is a
-// std::mutex with a condition variable: ThreadSanitizer sees those natively,
-// while it cannot see Debian's Abseil evaluate a Condition.)
+// Expire, Done, WantsRoom), so they need no lock of their own for that. (Its
+// lock is a std::mutex with a condition variable: ThreadSanitizer sees those
+// natively, while it cannot see Debian's Abseil evaluate a Condition.)
 #ifndef GPUMEMD_SERVER_ADMISSION_ADMISSION_H_
 #define GPUMEMD_SERVER_ADMISSION_ADMISSION_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -45,6 +76,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -55,6 +87,24 @@ namespace gpumem {
 namespace admission {
 
 using Answer = absl::StatusOr<v1::AllocateResponse>;
+
+// What a waiting request needs, for fair waiting: a block of `bytes` on one
+// of `devices`, carved for `tenant` (of handle kind `kind`, the core's
+// HandleKind as an int). `what` names it in refusals of others.
+struct Claim {
+  uint32_t tenant = 0;
+  int kind = 0;
+  std::vector<uint32_t> devices;
+  uint64_t bytes = 0;
+  std::string what;
+};
+
+// The reservation in force: the claim of the waiter that reserves, and its
+// priority (only requests of that priority or lower are behind it).
+struct Reservation {
+  Claim claim;
+  int32_t priority = 0;
+};
 
 // One waiting request, as the core made it. Admission reads the fields and
 // calls the methods on its own thread only.
@@ -69,12 +119,29 @@ class Waiter {
   virtual ~Waiter() = default;
 
   // Serves the request if it can be served now (may call the backend): the
-  // answer, or nullopt while nothing can serve it.
-  virtual std::optional<Answer> TryServe() = 0;
+  // answer, or nullopt while nothing can serve it. `ahead`: the reservation
+  // of a waiter ahead of this one, to be respected (null: none).
+  virtual std::optional<Answer> TryServe(const Reservation* ahead) = 0;
   // The deadline passed: the answer as things stand now.
-  virtual Answer Expire() = 0;
+  virtual Answer Expire(const Reservation* ahead) = 0;
   // Called exactly once with the request's answer.
   virtual void Done(Answer answer) = 0;
+  // Whether its last try was refused for room (only such waiters are
+  // bypassed and reserve; one refused by its own quota is not helped by it).
+  virtual bool WantsRoom() const { return true; }
+
+  // What it would reserve (see Claim); set before Enqueue.
+  void set_claim(Claim claim) { claim_ = std::move(claim); }
+  const Claim& claim() const { return claim_; }
+  // A reclaim hold (see the top of this file): `sessions` were asked to give
+  // back idle leases; once each has answered or ended, the deadline becomes
+  // `answered_deadline` (if earlier). Set before Enqueue.
+  void HoldForReclaim(std::vector<uint64_t> sessions, absl::Time answered_deadline) {
+    reclaim_from_ = std::move(sessions);
+    answered_deadline_ = answered_deadline;
+  }
+  const std::vector<uint64_t>& reclaim_from() const { return reclaim_from_; }
+  absl::Time answered_deadline() const { return answered_deadline_; }
 
   uint64_t session() const { return session_; }
   uint32_t tenant() const { return tenant_; }
@@ -90,10 +157,16 @@ class Waiter {
   const int32_t priority_;
   const uint32_t max_waiting_;
   const absl::Time deadline_;
+  Claim claim_;
+  std::vector<uint64_t> reclaim_from_;
+  absl::Time answered_deadline_ = absl::InfinitePast();
 };
 
 struct AdmissionOptions {
   uint32_t max_waiting_per_tenant = 1024;
+  // Fair waiting (see the top of this file).
+  uint32_t bypass_limit = 8;
+  absl::Duration reserve_for = absl::Seconds(2);
 };
 
 class Admission {
@@ -120,6 +193,17 @@ class Admission {
   // The transport gave up on the request (its caller went away): answered
   // CANCELLED unless it was answered already.
   void Cancel(uint64_t ticket);
+  // `session` answered a reclaim (it gave back what it could): reclaim holds
+  // that wait for it wait no longer for it.
+  void ReclaimAnswered(uint64_t session);
+
+  // Fair waiting. A request of `priority` was served without waiting (a
+  // fresh one): the waiters it bypassed count it. Cheap when none waits.
+  void NoteServed(int32_t priority);
+  // The reservation a fresh request of `priority` must respect, if any.
+  std::optional<Reservation> ReservationAhead(int32_t priority) const;
+  // Config reload.
+  void SetFairness(uint32_t bypass_limit, absl::Duration reserve_for);
   // Answers every waiter with `answer` (FAILED_PRECONDITION "gpumemd is
   // shutting down" by default), refuses new ones, and joins the thread.
   // Idempotent.
@@ -128,11 +212,22 @@ class Admission {
   // Requests waiting now, in all and per tenant id.
   uint64_t waiting() const;
   absl::flat_hash_map<uint32_t, uint32_t> waiting_by_tenant() const;
+  // Tests: whether nothing is due and the thread is asleep (every event so
+  // far has been handled).
+  bool Idle() const;
+  // Tests and stats: whether a reservation is in force, and reservations
+  // made so far.
+  bool reserving() const;
+  uint64_t reservations_made() const;
 
  private:
   struct Entry {
     std::unique_ptr<Waiter> waiter;
     WaiterQueue<uint64_t>::Ticket order;
+    absl::Time deadline;  // the waiter's, or earlier once its hold is answered
+    absl::flat_hash_set<uint64_t> reclaim_pending;
+    uint32_t bypasses = 0;
+    bool wants_room = true;  // the waiter's WantsRoom after its last try
   };
   void Run();
   // Removes `ticket`'s waiter from every index (mu_ held); the caller
@@ -140,8 +235,15 @@ class Admission {
   std::unique_ptr<Waiter> TakeLocked(uint64_t ticket);
   // Answers one waiter taken from the queue and counts it out (mu_ not held).
   void Answer(std::unique_ptr<Waiter> waiter, admission::Answer answer);
+  // `session` answered or ended: holds waiting for it stop (mu_ held).
+  void ReclaimDoneLocked(uint64_t session);
+  // One more bypass of `ticket`; may make it the reservation (mu_ held).
+  void BypassLocked(uint64_t ticket, Entry& e);
+  // The reservation ahead of `ticket` in serving order, if any (mu_ held).
+  std::optional<Reservation> AheadOfLocked(uint64_t ticket) const;
+  void EndReservationLocked();
 
-  const AdmissionOptions options_;
+  AdmissionOptions options_;  // fairness fields change on reload (mu_)
   // Everything below is guarded by mu_; entries are removed only by the
   // admission thread, so a Waiter it is trying stays alive without the lock.
   mutable std::mutex mu_;
@@ -156,7 +258,17 @@ class Admission {
   std::set<std::pair<absl::Time, uint64_t>> deadlines_;  // (deadline, ticket)
   std::vector<uint64_t> ended_sessions_;
   std::vector<uint64_t> cancelled_;
+  std::vector<uint64_t> reclaim_answered_;
   absl::flat_hash_map<uint32_t, uint32_t> per_tenant_;
+  // The reservation (0: none), since when, and what it claims.
+  uint64_t reserving_ = 0;
+  absl::Time reserved_since_;
+  Reservation reservation_;
+  uint64_t reservations_made_ = 0;
+  bool asleep_ = false;
+  // Read without the lock on hot paths (NoteServed, ReservationAhead).
+  std::atomic<size_t> entry_count_{0};
+  std::atomic<bool> has_reservation_{false};
   std::thread thread_;
 };
 

@@ -130,8 +130,13 @@ absl::StatusOr<std::unique_ptr<Slab>> SimBackend::CreateSlab(uint32_t device,
     }
   } while (!used.compare_exchange_weak(cur, cur + bytes));
   int fd = memfd_create(absl::StrCat("gpumemd-sim", device).c_str(),
-                        MFD_CLOEXEC);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+                        MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  // Sealed at its size before any client sees it: a client holding the fd
+  // can neither shrink it (every other importer would fault on the pages
+  // cut off) nor grow it (host memory outside any quota), and can add no
+  // seal of its own (F_SEAL_WRITE would break the daemon's scrub).
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     int e = errno;
     if (fd >= 0) close(fd);
     used.fetch_sub(bytes);
@@ -166,6 +171,12 @@ absl::StatusOr<std::unique_ptr<Slab>> SimBackend::AdoptSlab(uint32_t device, uin
   if (static_cast<uint64_t>(st.st_size) != bytes) {
     return refuse(absl::FailedPreconditionError(absl::StrCat(
         "the handle is ", st.st_size, " bytes; the slab was ", bytes)));
+  }
+  constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kSeals) != kSeals) {
+    return refuse(absl::FailedPreconditionError(
+        "the handle's memfd is not sealed at its size, as every slab of the daemon's is"));
   }
   const uint64_t total = devices_[device].total_bytes;
   std::atomic<uint64_t>& used = slab_bytes_[device];

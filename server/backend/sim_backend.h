@@ -6,10 +6,14 @@
 // exactly the slab's size: it is sparse (pages cost RAM only once touched),
 // reads as zeros when new, and is shared with clients by passing its fd, so
 // the bytes a client writes are really seen by every other importer. Scrub
-// punches the range out (zeros, and gives the RAM back). Slabs are
+// punches the range out (zeros, and gives the RAM back). Every slab's memfd
+// is sealed (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) before it is handed
+// out: whoever holds its fd can map and write it but cannot change its size
+// (ftruncate and growing fallocate fail with EPERM) nor add seals. Slabs are
 // HandleKind::kMemfd, the only kind it makes; no driver figures. A memfd
 // outlives the daemon while anything holds it (systemd's fd store, a
-// client), so a restarted daemon takes its slabs back (AdoptSlab).
+// client), so a restarted daemon takes its slabs back (AdoptSlab), sealed
+// as they were made.
 //
 // Thread-safe: CreateSlab and slab destruction may run on any thread.
 #ifndef GPUMEMD_SERVER_BACKEND_SIM_BACKEND_H_

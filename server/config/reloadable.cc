@@ -109,6 +109,16 @@ absl::StatusOr<ReloadOutcome> ApplyReloadableConfig(
           recorded.ok() ? "" : absl::StrCat(" (ledger not updated: ", recorded.message(), ")")));
     }
   }
+  targets.broker->SetReclaimWait(settings.reclaim_wait.value);
+  out.applied.push_back(absl::StrCat("reclaim_wait_ms = ",
+                                     absl::ToInt64Milliseconds(settings.reclaim_wait.value),
+                                     " (", SourceName(settings.reclaim_wait.source), ")"));
+  targets.broker->SetFairness(settings.wait_bypass_limit.value, settings.wait_reserve.value);
+  out.applied.push_back(absl::StrCat(
+      "wait_bypass_limit = ", settings.wait_bypass_limit.value, " (",
+      SourceName(settings.wait_bypass_limit.source), "); wait_reserve_ms = ",
+      absl::ToInt64Milliseconds(settings.wait_reserve.value), " (",
+      SourceName(settings.wait_reserve.source), ")"));
   return out;
 }
 

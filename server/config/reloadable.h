@@ -18,8 +18,10 @@
 //  - A setting also given as a command-line flag keeps the flag's value
 //    (flags win over the file, at start and on reload: settings.h).
 //
-// Reloadable: admin_group, pool.empty_slab_release_seconds, and the tenant
-// section (tenants, their uids/gids, priorities, quotas, default_tenant).
+// Reloadable: admin_group, pool.empty_slab_release_seconds, reclaim_wait_ms,
+// wait_bypass_limit, wait_reserve_ms, and the tenant section (tenants, their
+// uids/gids, priorities, quotas, limits on waiting requests and sessions,
+// default_tenant).
 // A reloaded tenant section is a new TenantDirectory built from the one in
 // force (server/tenants/tenant_directory.h): a tenant kept by name keeps
 // its id; a new one gets an id never used before in the daemon's life; the

@@ -3,6 +3,8 @@
 // the flag's name in the message when the value came from a flag.
 #include "server/config/settings.h"
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -146,6 +148,10 @@ absl::StatusOr<Settings> ResolveSettings(const CommandLine& flags, const std::st
     }
     s.restore_grace = {absl::Seconds(*grace), from};
   }
+  Pick(&s.ledger_max_pages, flags.ledger_max_pages, std::optional<int64_t>());
+  if (s.ledger_max_pages.value < 0) {
+    return absl::InvalidArgumentError("--ledger_max_pages must be >= 0");
+  }
   Pick(&s.metrics_listen, flags.metrics_listen, std::optional<std::string>());
 
   Pick(&s.drain_seconds, flags.drain_seconds, std::optional<double>());
@@ -179,6 +185,53 @@ absl::StatusOr<Settings> ResolveSettings(const CommandLine& flags, const std::st
     s.empty_slab_release = {absl::Seconds(*release_file), Source::kConfig};
   }
   Pick(&s.admin_group, flags.admin_group, NonEmpty(file.admin_group()));
+
+  // Milliseconds settings: the flag (range-checked), else the file's field
+  // when not 0, else the default.
+  auto millis = [](Setting<absl::Duration>* s, const std::optional<int>& flag, uint32_t file,
+                   const char* name, const char* field, int min,
+                   int max) -> absl::Status {
+    if (flag.has_value()) {
+      if (*flag < min || *flag > max) {
+        return Bad(Source::kFlag, name, field,
+                   absl::StrCat("must be in [", min, ", ", max, "] milliseconds"));
+      }
+      *s = {absl::Milliseconds(*flag), Source::kFlag};
+    } else if (file != 0) {
+      if (file > static_cast<uint32_t>(max)) {
+        return Bad(Source::kConfig, name, field,
+                   absl::StrCat("must be at most ", max, " milliseconds"));
+      }
+      *s = {absl::Milliseconds(file), Source::kConfig};
+    }
+    return absl::OkStatus();
+  };
+  if (!flags.reclaim_wait_ms.has_value() && file.reclaim_wait_ms() < 0) {
+    s.reclaim_wait = {absl::ZeroDuration(), Source::kConfig};  // off
+  } else if (absl::Status r = millis(&s.reclaim_wait, flags.reclaim_wait_ms,
+                                     static_cast<uint32_t>(std::max(0, file.reclaim_wait_ms())),
+                                     "reclaim_wait_ms", "reclaim_wait_ms", 0, 10000);
+             !r.ok()) {
+    return r;
+  }
+  if (absl::Status r = millis(&s.wait_reserve, flags.wait_reserve_ms, file.wait_reserve_ms(),
+                              "wait_reserve_ms", "wait_reserve_ms", 1, 600000);
+      !r.ok()) {
+    return r;
+  }
+  if (flags.wait_bypass_limit.has_value()) {
+    if (*flags.wait_bypass_limit < 1 || *flags.wait_bypass_limit > 1000000) {
+      return Bad(Source::kFlag, "wait_bypass_limit", "wait_bypass_limit",
+                 "must be in [1, 1000000]");
+    }
+    s.wait_bypass_limit = {static_cast<uint32_t>(*flags.wait_bypass_limit), Source::kFlag};
+  } else if (file.wait_bypass_limit() != 0) {
+    if (file.wait_bypass_limit() > 1000000) {
+      return Bad(Source::kConfig, "wait_bypass_limit", "wait_bypass_limit",
+                 "must be at most 1000000");
+    }
+    s.wait_bypass_limit = {file.wait_bypass_limit(), Source::kConfig};
+  }
   return s;
 }
 
@@ -198,6 +251,9 @@ std::string DefaultsText() {
       " --stream_threads=", d.queue_threads.value,
       " --stream_backend_threads=", d.backend_threads.value,
       " --query_threads=", d.query_threads.value,
+      " --reclaim_wait_ms=", absl::ToInt64Milliseconds(d.reclaim_wait.value),
+      " --wait_bypass_limit=", d.wait_bypass_limit.value,
+      " --wait_reserve_ms=", absl::ToInt64Milliseconds(d.wait_reserve.value),
       " (--admin_group: root only; --handle_kinds: every kind the backend makes; "
       "--metrics_listen: off)");
 }

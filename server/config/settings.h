@@ -51,6 +51,10 @@ struct CommandLine {
   std::optional<int> stream_threads;
   std::optional<int> stream_backend_threads;
   std::optional<int> query_threads;
+  std::optional<int> reclaim_wait_ms;
+  std::optional<int> wait_bypass_limit;
+  std::optional<int> wait_reserve_ms;
+  std::optional<int64_t> ledger_max_pages;
 };
 
 enum class Source { kDefault, kConfig, kFlag };
@@ -90,6 +94,10 @@ struct Settings {
   // After a restart, how long clients have to come back (re-present their
   // blocks, give back a slab's handle) before what they held is closed.
   Setting<absl::Duration> restore_grace{absl::Seconds(30)};
+  // Tests: the ledger file may grow to this many pages (0: no limit), so
+  // that SQLite answers "database or disk is full" (the soak's small disk
+  // where it cannot mount one).
+  Setting<int64_t> ledger_max_pages{0};
   Setting<std::string> metrics_listen{""};                    // "": off
   Setting<double> drain_seconds{0.0};
   Setting<int> queue_threads{1};    // completion queues, one thread each
@@ -99,6 +107,12 @@ struct Settings {
   // Reloadable (SIGHUP).
   Setting<absl::Duration> empty_slab_release{absl::Seconds(30)};
   Setting<std::string> admin_group{""};  // "": root only
+  // Reclaim before refusing: how long a request is held while other
+  // sessions give back idle leases (zero: not held).
+  Setting<absl::Duration> reclaim_wait{absl::Milliseconds(300)};
+  // Fair waiting (server/admission/admission.h).
+  Setting<uint32_t> wait_bypass_limit{8};
+  Setting<absl::Duration> wait_reserve{absl::Seconds(2)};
 };
 
 // `file` as LoadDaemonConfig accepted it, from `path`.

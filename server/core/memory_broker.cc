@@ -5,8 +5,10 @@
 // slightly stale without double-promising anything. Carved blocks stay
 // pending in the carver until the allocation table commits them for the
 // session; if the session ended meanwhile the commit fails and the blocks
-// go back. A request that may wait and finds no room becomes a
-// RequestWaiter in admission.
+// go back. A request that may wait and finds no room (or that is held while
+// other sessions give back idle leases) becomes a RequestWaiter in
+// admission. Requests behind a reserving waiter carve through the
+// ReservingCarver (fair waiting).
 #include "server/core/memory_broker.h"
 
 #include <unistd.h>
@@ -19,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/byte_size.h"
 #include "common/refusal_payload.h"
+#include "server/pool/reserving_carver.h"
 #include "server/quota/quota_carver.h"
 
 namespace gpumem {
@@ -61,6 +64,20 @@ UsageFigures FiguresOf(const v1::UsageReport& usage) {
   return UsageFigures{usage.leased_bytes(), usage.in_use_bytes()};
 }
 
+// Whether a refusal names a device refused for room (capacity or
+// fragmentation): what reclaims and fair waiting can help with.
+bool RefusedForRoom(const absl::Status& refusal) {
+  std::optional<v1::PlacementRefusal> why = RefusalFromStatus(refusal);
+  if (!why.has_value()) return false;
+  for (const v1::DeviceRefusal& d : why->devices()) {
+    if (d.reason() == v1::DeviceRefusal::REASON_CAPACITY ||
+        d.reason() == v1::DeviceRefusal::REASON_FRAGMENTATION) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 // An Allocate that waits in admission. Runs on admission's thread only.
@@ -78,23 +95,31 @@ class MemoryBroker::RequestWaiter final : public admission::Waiter {
         prepared_(std::move(prepared)),
         done_(std::move(done)) {}
 
-  std::optional<admission::Answer> TryServe() override {
-    AllocateAnswer answer = Attempt();
+  std::optional<admission::Answer> TryServe(const admission::Reservation* ahead) override {
+    AllocateAnswer answer = Attempt(ahead);
     if (IsRefusal(answer)) return std::nullopt;  // still no room: keeps waiting
     return answer;
   }
-  admission::Answer Expire() override { return Attempt(); }
+  admission::Answer Expire(const admission::Reservation* ahead) override {
+    return Attempt(ahead);
+  }
   void Done(admission::Answer answer) override {
     done_(broker_->Finish(std::move(answer), *session_, prepared_));
   }
+  bool WantsRoom() const override { return wants_room_; }
+  // The refusal it was queued after.
+  void set_wants_room(bool wants) { wants_room_ = wants; }
 
  private:
-  AllocateAnswer Attempt() {
+  AllocateAnswer Attempt(const admission::Reservation* ahead) {
     absl::ReaderMutexLock gate(&broker_->gate_);
     if (broker_->shut_down_) return broker_->ShuttingDown();
-    return broker_
-        ->Place(caller_, *session_, tenant_ref_, prepared_, PoolCarver::Mode::kMayCallBackend)
+    AllocateAnswer answer = broker_
+        ->Place(caller_, *session_, tenant_ref_, prepared_, PoolCarver::Mode::kMayCallBackend,
+                ahead)
         .answer;
+    wants_room_ = IsRefusal(answer) && RefusedForRoom(answer.status());
+    return answer;
   }
 
   MemoryBroker* const broker_;
@@ -103,6 +128,7 @@ class MemoryBroker::RequestWaiter final : public admission::Waiter {
   const tenants::TenantRef tenant_ref_;
   const Prepared prepared_;
   const AllocateCallback done_;
+  bool wants_room_ = true;
 };
 
 absl::Status MemoryBroker::ShuttingDown() const {
@@ -123,7 +149,8 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
       pools_(backend, options_.pool),
       table_(options_.ledger, [this](uint32_t tenant) { return TenantName(tenant); },
              options_.state),
-      admission_(options_.admission) {
+      admission_(options_.admission),
+      reclaim_wait_ms_(absl::ToInt64Milliseconds(options_.reclaim_wait)) {
   if (options_.slab_keeper != nullptr) {
     for (uint32_t d = 0; d < pools_.size(); ++d) pools_.pool(d).SetKeeper(options_.slab_keeper);
   }
@@ -177,6 +204,10 @@ size_t MemoryBroker::live_allocations() const { return table_.size(); }
 
 void MemoryBroker::SetEmptySlabRelease(absl::Duration after) {
   pools_.SetEmptyReleaseAfter(after);
+}
+
+void MemoryBroker::SetReclaimWait(absl::Duration wait) {
+  reclaim_wait_ms_.store(std::max<int64_t>(0, absl::ToInt64Milliseconds(wait)));
 }
 
 absl::Status MemoryBroker::Start() {
@@ -369,26 +400,41 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
   }
 
   const uint64_t seen = admission_.kicks();
-  Placed placed = Place(caller, **session, *tenant, prepared, mode);
+  // A fresh request comes after every waiter of its priority and below.
+  const std::optional<admission::Reservation> ahead = admission_.ReservationAhead(tenant->priority);
+  Placed placed = Place(caller, **session, *tenant, prepared, mode,
+                        ahead.has_value() ? &*ahead : nullptr);
   if (placed.needs_backend_work) {
     out.kind = AllocateOutcome::Kind::kNeedsBackendWork;
     return out;
   }
-  if (IsRefusal(placed.answer)) {
-    RequestReclaim(**session, request.size_bytes(), placed.answer.status());
-  }
-  if (!IsRefusal(placed.answer) || request.wait_ms() == 0 || !on_waited) {
+  if (placed.answer.ok()) admission_.NoteServed(tenant->priority);
+  const bool was_refused = IsRefusal(placed.answer);
+  ReclaimAsked asked;
+  if (was_refused) asked = RequestReclaim(**session, request.size_bytes(), placed.answer.status());
+  const absl::Duration reclaim_wait = absl::Milliseconds(reclaim_wait_ms_.load());
+  // Held while the sessions asked give back what could serve it.
+  const bool hold = asked.could_cover && reclaim_wait > absl::ZeroDuration();
+  if (!was_refused || !on_waited || (request.wait_ms() == 0 && !hold)) {
     return answered(Finish(std::move(placed.answer), **session, prepared));
   }
   // Nothing can serve it now: it waits in admission, holding no thread.
-  std::unique_ptr<admission::Waiter> waiter = std::make_unique<RequestWaiter>(
+  const absl::Time now = absl::Now();
+  const absl::Time own_deadline = now + absl::Milliseconds(request.wait_ms());
+  auto waiter = std::make_unique<RequestWaiter>(
       this, caller, *session, *tenant, prepared,
-      absl::Now() + absl::Milliseconds(request.wait_ms()), std::move(on_waited));
-  absl::StatusOr<uint64_t> ticket = admission_.Enqueue(waiter, seen);
+      hold ? std::max(own_deadline, now + reclaim_wait) : own_deadline, std::move(on_waited));
+  waiter->set_wants_room(RefusedForRoom(placed.answer.status()));
+  waiter->set_claim(ClaimOf(prepared, *tenant));
+  if (hold) waiter->HoldForReclaim(std::move(asked.sessions), own_deadline);
+  std::unique_ptr<admission::Waiter> queued = std::move(waiter);
+  absl::StatusOr<uint64_t> ticket = admission_.Enqueue(queued, seen);
   if (!ticket.ok()) {
-    // Too many of its tenant's requests wait already: refused by name.
-    // Admission stopped (shutting down): the usual refusal.
-    AllocateAnswer a = ticket.status().code() == absl::StatusCode::kResourceExhausted
+    // Too many of its tenant's requests wait already: refused by name (a
+    // request that did not ask to wait gets its refusal). Admission stopped
+    // (shutting down): the usual refusal.
+    AllocateAnswer a = ticket.status().code() == absl::StatusCode::kResourceExhausted &&
+                               request.wait_ms() != 0
                            ? AllocateAnswer(ticket.status())
                            : std::move(placed.answer);
     return answered(Finish(std::move(a), **session, prepared));
@@ -407,7 +453,12 @@ absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOfSession(Session& sessio
   const std::shared_ptr<const tenants::TenantDirectory> dir = tenants_->Get();
   // Without configured tenants each uid is its own tenant, call by call
   // (a process that changes uid acts as its new uid; nothing to fix).
-  if (!dir->configured()) return dir->Resolve(caller.uid, caller.gid);
+  if (!dir->configured()) {
+    absl::StatusOr<tenants::TenantRef> own = dir->Resolve(caller.uid, caller.gid);
+    if (!own.ok()) return own;
+    if (absl::Status counted = CountSession(session, *own); !counted.ok()) return counted;
+    return own;
+  }
   absl::StatusOr<tenants::TenantRef> fixed =
       session.FixTenant([&] { return dir->Resolve(caller.uid, caller.gid); });
   if (!fixed.ok()) return fixed;
@@ -416,20 +467,69 @@ absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOfSession(Session& sessio
   if (const tenants::Tenant* t = dir->FindId(fixed->id)) {
     fixed->priority = t->priority;
     fixed->max_waiting_requests = t->max_waiting_requests;
+    fixed->max_sessions = t->max_sessions;
   }
+  if (absl::Status counted = CountSession(session, *fixed); !counted.ok()) return counted;
   return fixed;
+}
+
+absl::Status MemoryBroker::CountSession(const Session& session,
+                                        const tenants::TenantRef& tenant) {
+  absl::MutexLock lock(&session_count_mu_);
+  if (counted_sessions_.contains(session.id())) return absl::OkStatus();
+  // An ended session is not counted: its end (OnSessionEnd, which takes
+  // this lock after the session was marked ended) may have uncounted it.
+  if (session.ended()) return absl::OkStatus();
+  uint32_t& live = sessions_per_tenant_[tenant.id];
+  if (tenant.max_sessions > 0 && live >= tenant.max_sessions) {
+    const uint32_t now = live;
+    if (live == 0) sessions_per_tenant_.erase(tenant.id);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant \"", tenant.name, "\" has ", now,
+        " live sessions already, its limit (max_sessions ", tenant.max_sessions,
+        "); retry once one of its processes has exited"));
+  }
+  ++live;
+  counted_sessions_[session.id()] = tenant.id;
+  return absl::OkStatus();
+}
+
+admission::Claim MemoryBroker::ClaimOf(const Prepared& prepared,
+                                       const tenants::TenantRef& tenant) const {
+  admission::Claim claim;
+  claim.tenant = tenant.id;
+  claim.kind = static_cast<int>(prepared.kind);
+  for (const std::vector<uint32_t>& stage : prepared.placement.placement.stages) {
+    claim.devices.insert(claim.devices.end(), stage.begin(), stage.end());
+  }
+  for (uint64_t size : prepared.placement.plan.sizes) claim.bytes = std::max(claim.bytes, size);
+  claim.what = absl::StrCat("an earlier waiting request of tenant \"", tenant.name, "\" (",
+                            FormatBytes(prepared.placement.plan.total_bytes), ")");
+  return claim;
 }
 
 MemoryBroker::Placed MemoryBroker::Place(const PeerCred& caller, Session& session,
                                          const tenants::TenantRef& tenant,
-                                         const Prepared& prepared, PoolCarver::Mode mode) {
+                                         const Prepared& prepared, PoolCarver::Mode mode,
+                                         const admission::Reservation* ahead) {
   // The pool carves from this tenant's slabs; the quota adaptor charges the
-  // tenant before the pool carves.
+  // tenant before the pool carves; behind a reserving waiter, the reserving
+  // adaptor keeps its room (it undoes a carve before quota is credited).
   PoolCarver pool_carver(&pools_, tenant.id, prepared.kind, mode);
-  std::optional<quota::QuotaCarver> quota_carver;
   placement::DeviceCarver* carver = &pool_carver;
+  std::optional<ReservingCarver> reserving_carver;
+  if (ahead != nullptr) {
+    ReservedRoom room;
+    room.tenant = ahead->claim.tenant;
+    room.kind = static_cast<HandleKind>(ahead->claim.kind);
+    room.devices = ahead->claim.devices;
+    room.bytes = ahead->claim.bytes;
+    room.what = ahead->claim.what;
+    carver = &reserving_carver.emplace(carver, &pools_, std::move(room));
+  }
+  std::optional<quota::QuotaCarver> quota_carver;
   if (options_.quotas != nullptr) {
-    carver = &quota_carver.emplace(&pool_carver, options_.quotas, tenant.id, tenant.name);
+    carver = &quota_carver.emplace(carver, options_.quotas, tenant.id, tenant.name);
   }
   placement::Placer placer(carver, placer_options_);
   placement::PlacementResult result = placer.Place(prepared.placement, pools_.Snapshot());
@@ -439,6 +539,8 @@ MemoryBroker::Placed MemoryBroker::Place(const PeerCred& caller, Session& sessio
     placed.answer = result.status;
     return placed;
   }
+  // Blocks were carved through every adaptor; from here on they are given
+  // back through the outermost one.
   auto give_back = [&] {
     for (const placement::CarvedBlock& b : result.blocks) carver->Release(b);
   };
@@ -572,37 +674,62 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::FreeIn(const PeerCred& caller,
   return response;
 }
 
-void MemoryBroker::RequestReclaim(const Session& requester, uint64_t bytes_wanted,
-                                  const absl::Status& refusal) {
-  if (!reclaim_sender_) return;
+MemoryBroker::ReclaimAsked MemoryBroker::RequestReclaim(const Session& requester,
+                                                        uint64_t bytes_wanted,
+                                                        const absl::Status& refusal) {
+  ReclaimAsked asked;
+  if (!reclaim_sender_) return asked;
   std::optional<v1::PlacementRefusal> why = RefusalFromStatus(refusal);
-  if (!why.has_value()) return;
+  if (!why.has_value()) return asked;
+  const uint64_t wanted = why->size_bytes() != 0 ? why->size_bytes() : bytes_wanted;
   v1::ReclaimRequest reclaim;
-  reclaim.set_bytes_wanted(why->size_bytes() != 0 ? why->size_bytes() : bytes_wanted);
-  absl::flat_hash_set<uint32_t> refused;
+  reclaim.set_bytes_wanted(wanted);
+  // Refused device -> bytes the requester could reach there now, then plus
+  // the idle leases of the sessions asked.
+  absl::flat_hash_map<uint32_t, uint64_t> reachable;
   for (const v1::DeviceRefusal& d : why->devices()) {
     // Only room can be given back: a device refused for quota (or excluded)
     // gains nothing from another session's leases.
     if (d.reason() == v1::DeviceRefusal::REASON_CAPACITY ||
         d.reason() == v1::DeviceRefusal::REASON_FRAGMENTATION) {
-      refused.insert(d.device_index());
+      reachable[d.device_index()] = d.free_bytes();
       reclaim.add_devices(d.device_index());
     }
   }
-  if (refused.empty()) return;
-  std::vector<uint64_t> targets;
+  if (reachable.empty()) return asked;
+  std::vector<std::pair<uint64_t, Session::Figures>> targets;
   for (const std::shared_ptr<Session>& s : sessions_->List()) {
     if (s->id() == requester.id()) continue;
-    const Session::Figures f = s->figures();
+    Session::Figures f = s->figures();
     if (!f.usage.has_value() || f.usage->leased_bytes <= f.usage->in_use_bytes) continue;
     for (const auto& [device, bytes] : f.device_bytes) {
-      if (refused.contains(device)) {
-        targets.push_back(s->id());
+      if (reachable.contains(device)) {
+        targets.emplace_back(s->id(), std::move(f));
         break;
       }
     }
   }
-  for (uint64_t session : targets) reclaim_sender_(session, reclaim);
+  for (const auto& [session, f] : targets) {
+    if (!reclaim_sender_(session, reclaim)) continue;  // no stream: cannot answer
+    asked.sessions.push_back(session);
+    // What it could give back on each device: its leases, at most what it
+    // holds there. (Its leased bytes, not leased - in use: a caching pool
+    // reports with each lease it takes or gives back, so the blocks its
+    // program freed since are counted in use still.)
+    for (const auto& [device, bytes] : f.device_bytes) {
+      auto it = reachable.find(device);
+      if (it != reachable.end()) it->second += std::min(f.usage->leased_bytes, bytes);
+    }
+  }
+  for (const auto& [device, bytes] : reachable) {
+    if (!asked.sessions.empty() && bytes >= wanted) asked.could_cover = true;
+  }
+  return asked;
+}
+
+void MemoryBroker::ReclaimAnswered(const PeerCred& caller) {
+  std::shared_ptr<Session> session = sessions_->Find(caller);
+  if (session != nullptr) admission_.ReclaimAnswered(session->id());
 }
 
 void MemoryBroker::OnSessionEnd(const std::shared_ptr<Session>& session,
@@ -615,6 +742,15 @@ void MemoryBroker::OnSessionEnd(const std::shared_ptr<Session>& session,
     pools_.ForgetSession(session->id());
   }
   admission_.SessionEnded(session->id());  // its waiters are answered now
+  absl::MutexLock lock(&session_count_mu_);
+  auto counted = counted_sessions_.find(session->id());
+  if (counted != counted_sessions_.end()) {
+    auto live = sessions_per_tenant_.find(counted->second);
+    if (live != sessions_per_tenant_.end() && --live->second == 0) {
+      sessions_per_tenant_.erase(live);
+    }
+    counted_sessions_.erase(counted);
+  }
 }
 
 absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {

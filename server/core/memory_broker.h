@@ -61,9 +61,25 @@
 //  - Waiting: an Allocate with wait_ms that nothing can serve now waits
 //    until a release or a quota change makes room (then admission's thread
 //    places it) or its time is up (then the usual answer). Waiters are
-//    served by tenant priority, then arrival; one whose process exits is
-//    answered at once; at most AdmissionOptions::max_waiting_per_tenant
-//    wait per tenant (beyond: RESOURCE_EXHAUSTED naming the limit).
+//    served by tenant priority, then arrival, and fairly: one bypassed
+//    AdmissionOptions::bypass_limit times reserves the room that frees up
+//    on its devices for at most reserve_for (admission.h,
+//    pool/reserving_carver.h), for waiting and fresh requests behind it
+//    alike; one whose process exits is answered at once; at most
+//    AdmissionOptions::max_waiting_per_tenant wait per tenant (beyond:
+//    RESOURCE_EXHAUSTED naming the limit).
+//  - Reclaim before refusing: an Allocate refused for room (capacity or
+//    fragmentation) that the idle leases of other sessions could cover
+//    (their last usage reports show leased > in use, and free plus their
+//    leased bytes on a refused device reach the request's size) sends them
+//    reclaims and, given a callback, waits in admission as well, with or
+//    without wait_ms: until the sessions asked have answered
+//    (ReclaimAnswered) or ended and it was tried once more, or at most
+//    reclaim_wait (SetReclaimWait) after it came; then it is placed or
+//    refused as usual (a request with a longer wait_ms waits that long).
+//  - Sessions: at most the tenant's max_sessions sessions are charged to a
+//    tenant at once; the first Allocate or slab export of one more is
+//    RESOURCE_EXHAUSTED naming the tenant and the limit, until one ends.
 //  - Shutdown answers every waiter, waits for calls in flight, releases
 //    every allocation and slab (retained ones too), and from then on every
 //    call answers FAILED_PRECONDITION "gpumemd is shutting down".
@@ -132,6 +148,8 @@ struct BrokerOptions {
   // How long after a restart clients have to come back (rebind a
   // connection-bound session, give back a slab's handle).
   absl::Duration restore_grace = absl::Seconds(30);
+  // Reclaim before refusing (see above); zero: off.
+  absl::Duration reclaim_wait = absl::Milliseconds(300);
   // Tenants (the directory in force, replaced by reloads), quotas and the
   // ledger; each may be null (each uid its own tenant, no quota, no
   // ledger). They must outlive the broker.
@@ -202,6 +220,12 @@ class MemoryBroker {
 
   // Config reload. How long an empty slab is kept before it goes back:
   void SetEmptySlabRelease(absl::Duration after);
+  // How long a request is held for reclaims (zero: not held).
+  void SetReclaimWait(absl::Duration wait);
+  // Fair waiting's limits (admission.h).
+  void SetFairness(uint32_t bypass_limit, absl::Duration reserve_for) {
+    admission_.SetFairness(bypass_limit, reserve_for);
+  }
   // The admin group ("" for root only). INVALID_ARGUMENT if the group does
   // not exist; the group in force stays then.
   absl::Status SetAdminGroup(const std::string& group);
@@ -247,11 +271,16 @@ class MemoryBroker {
   // found no room; quota refusals are the tenant's own affair), `sender` is
   // called once for each other session whose last UsageReport shows idle
   // leased bytes (leased > in use) and that holds memory on a refused
-  // device, on the refused caller's thread with no broker lock held. Set it
-  // before any call is served; it must not call back into the broker.
+  // device, on the refused caller's thread with no broker lock held. It
+  // answers whether the request reached the session (a live stream of it),
+  // so that only sessions that can answer hold the request (see above). Set
+  // it before any call is served; it must not call back into the broker.
   using ReclaimSender =
-      std::function<void(uint64_t session_id, const v1::ReclaimRequest& request)>;
+      std::function<bool(uint64_t session_id, const v1::ReclaimRequest& request)>;
   void SetReclaimSender(ReclaimSender sender) { reclaim_sender_ = std::move(sender); }
+  // The caller answered a reclaim (StreamRequest.reclaimed): requests held
+  // for it are tried once more now rather than at the end of their hold.
+  void ReclaimAnswered(const PeerCred& caller);
 
   // What `caller` may see (see above). Never calls the backend's slab
   // operations; on cuda it asks the driver for its free figures.
@@ -319,14 +348,27 @@ class MemoryBroker {
   absl::StatusOr<tenants::TenantRef> TenantOfSession(Session& session, const PeerCred& caller);
   // Places and commits one request: the body of Allocate, and of serving a
   // waiter.
+  // `ahead`: the reservation of a waiting request ahead of this one, if any.
   Placed Place(const PeerCred& caller, Session& session, const tenants::TenantRef& tenant,
-               const Prepared& prepared, PoolCarver::Mode mode);
+               const Prepared& prepared, PoolCarver::Mode mode,
+               const admission::Reservation* ahead);
+  // What a waiting request reserves, if it comes to that (admission::Claim).
+  admission::Claim ClaimOf(const Prepared& prepared, const tenants::TenantRef& tenant) const;
   // Gives taken records' blocks back to their pools and credits their
   // quotas; room may have appeared for waiters.
   void Return(const std::vector<AllocationRecord>& records);
-  // Sends reclaims for a refused request (see SetReclaimSender).
-  void RequestReclaim(const Session& requester, uint64_t bytes_wanted,
-                      const absl::Status& refusal);
+  // Sends reclaims for a refused request (see SetReclaimSender): the
+  // sessions the reclaim reached, and whether free bytes plus their leases
+  // on some refused device reach what the request needs.
+  struct ReclaimAsked {
+    std::vector<uint64_t> sessions;
+    bool could_cover = false;
+  };
+  ReclaimAsked RequestReclaim(const Session& requester, uint64_t bytes_wanted,
+                              const absl::Status& refusal);
+  // Counts `session` as one of `tenant`'s live sessions the first time it is
+  // charged to it: RESOURCE_EXHAUSTED when the tenant has max_sessions.
+  absl::Status CountSession(const Session& session, const tenants::TenantRef& tenant);
   void OnSessionEnd(const std::shared_ptr<Session>& session, std::vector<uint64_t> ids);
   void Maintain();
   // The grace time after a restart is over: slabs whose handle did not come
@@ -354,6 +396,14 @@ class MemoryBroker {
   std::atomic<bool> restarting_{false};  // shut down by ShutdownForRestart
 
   ReclaimSender reclaim_sender_;  // set before serving, then read only
+  std::atomic<int64_t> reclaim_wait_ms_;
+
+  // Live sessions counted per tenant (CountSession), by session.
+  absl::Mutex session_count_mu_;
+  absl::flat_hash_map<uint64_t, uint32_t> counted_sessions_
+      ABSL_GUARDED_BY(session_count_mu_);
+  absl::flat_hash_map<uint32_t, uint32_t> sessions_per_tenant_
+      ABSL_GUARDED_BY(session_count_mu_);
 
   std::unique_ptr<SessionRegistry> sessions_;
 

@@ -70,9 +70,11 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const Settings& s) {
 
 // The ledger at `path` ("none": off), its directory created if missing.
 absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> OpenLedger(const std::string& path,
-                                                                  bool defer_recovery) {
+                                                                  bool defer_recovery,
+                                                                  int64_t max_pages) {
   ledger::LedgerOptions options;
   options.defer_recovery = defer_recovery;
+  options.max_page_count = max_pages;
   if (path != "none") {
     options.path = path;
     const std::filesystem::path dir = std::filesystem::path(path).parent_path();
@@ -197,7 +199,8 @@ absl::Status Daemon::StartParts() {
   }
 
   absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> ledger =
-      OpenLedger(s.ledger.value, /*defer_recovery=*/p.state != nullptr);
+      OpenLedger(s.ledger.value, /*defer_recovery=*/p.state != nullptr,
+                 s.ledger_max_pages.value);
   if (!ledger.ok()) return ledger.status();
   p.ledger = *std::move(ledger);
   p.quotas = std::make_unique<quota::QuotaBook>(

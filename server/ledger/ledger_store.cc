@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace gpumem {
 namespace ledger {
@@ -170,6 +171,11 @@ absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defe
   // In WAL mode NORMAL keeps every committed transaction across a crash of
   // the process (kill -9); only a power cut may lose the last ones.
   if (s = Exec("PRAGMA synchronous=NORMAL"); !s.ok()) return s;
+  // A damaged file is refused before anything reads or writes its tables:
+  // recovery on a b-tree with lost or misordered pages would see some rows
+  // and not others (a MAX(seq) below rows a scan finds, live allocations
+  // missed) and carry on writing into it.
+  if (s = QuickCheck(); !s.ok()) return s;
   if (max_page_count > 0) SetMaxPageCount(max_page_count);
   if (s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
   if (s = Exec(kSchema); !s.ok()) { Exec("ROLLBACK").IgnoreError(); return s; }
@@ -202,6 +208,22 @@ absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defe
   }
   sqlite3_busy_timeout(reader_, 5000);
   return absl::OkStatus();
+}
+
+absl::Status LedgerStore::QuickCheck() {
+  Stmt q;
+  if (sqlite3_prepare_v2(db_, "PRAGMA quick_check(3)", -1, &q.s, nullptr) != SQLITE_OK) {
+    return Error("checking the file");
+  }
+  std::vector<std::string> problems;
+  int rc;
+  while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) problems.push_back(ColumnText(q.s, 0));
+  if (rc != SQLITE_DONE) return Error("checking the file");
+  if (problems.size() == 1 && problems[0] == "ok") return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "ledger ", path_, " is damaged (", absl::StrJoin(problems, "; "),
+      "): move it aside to start a new ledger, or rescue what it holds with sqlite3's "
+      ".recover first"));
 }
 
 absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {

@@ -3,8 +3,9 @@
 //
 // Guarantees:
 //  - Open creates the file and schema or checks an existing one; a file that
-//    is not a ledger, is corrupt or cannot be written is an error naming the
-//    path with SQLite's own message. The journal is WAL.
+//    is not a ledger, is corrupt (PRAGMA quick_check finds damage) or cannot
+//    be written is an error naming the path with SQLite's own message. The
+//    journal is WAL.
 //  - One daemon per ledger: the store holds an exclusive flock on PATH-lock
 //    (holding the owner's pid) while it lives, and Open fails naming that
 //    pid when another process holds it. Without this a second daemon would
@@ -103,6 +104,8 @@ class LedgerStore {
   absl::Status Error(const char* what) const;
   absl::Status Exec(const char* sql);
   absl::Status Init(int64_t now_ns, int64_t max_page_count, bool defer);
+  // PRAGMA quick_check: FAILED_PRECONDITION naming the damage.
+  absl::Status QuickCheck();
   absl::Status Recover(int64_t now_ns, bool defer);
   absl::Status WriteQuotas(const std::vector<QuotaRow>& quotas);
   absl::Status InsertEvent(const LedgerEvent& e);

@@ -713,6 +713,17 @@ uint64_t SlabPool::largest_carvable() const {
   return LargestCarvableLocked();
 }
 
+uint64_t SlabPool::LargestReachable(uint32_t tenant, HandleKind kind) const {
+  absl::MutexLock lock(&mu_);
+  uint64_t largest = 0;
+  for (const auto& [id, e] : slabs_) {
+    if (e.retained || Releasable(e) || e.kind != kind) continue;  // releasable: below
+    if (e.tenant != tenant && e.tenant != kNoTenant) continue;
+    largest = std::max(largest, e.allocator->largest_free());
+  }
+  return std::max(largest, RoundDown(UnpooledLocked() + ReleasableLocked()));
+}
+
 double Fragmentation(uint64_t largest_free, uint64_t free_bytes) {
   if (free_bytes == 0) return 0.0;
   return 1.0 - static_cast<double>(largest_free) / static_cast<double>(free_bytes);

@@ -259,6 +259,11 @@ class SlabPool {
   // The largest block Carve could serve now for some tenant (a pooled range
   // or a new slab made of unpooled capacity and empty, unheld slabs).
   uint64_t largest_carvable() const;
+  // The largest block Carve could serve now for `tenant` in slabs of
+  // `kind`: a free range in its own (or unclaimed reserved) slabs, or a new
+  // slab made of unpooled capacity and empty, unheld slabs. What fair
+  // waiting keeps for a reserving request (reserving_carver.h).
+  uint64_t LargestReachable(uint32_t tenant, HandleKind kind) const;
   PoolStats Stats() const;
   std::vector<SlabStats> Slabs() const;
   absl::flat_hash_map<uint32_t, TenantPoolStats> TenantStats() const;

@@ -206,7 +206,8 @@ void GpuMemoryService::Handle(AllocateCall* call) {
     case MemoryBroker::AllocateOutcome::Kind::kAnswered:
       return ReplyAllocate(call, std::move(o.answer));
     case MemoryBroker::AllocateOutcome::Kind::kWaiting:
-      cancel->Waiting(p_.broker, o.wait_ticket);
+      // Without wait_ms: held briefly for reclaims (no cancel needed).
+      if (cancel != nullptr) cancel->Waiting(p_.broker, o.wait_ticket);
       return;
     case MemoryBroker::AllocateOutcome::Kind::kNeedsBackendWork:
       break;
@@ -218,7 +219,7 @@ void GpuMemoryService::Handle(AllocateCall* call) {
     MemoryBroker::AllocateOutcome done = p_.broker->Allocate(caller, call->request(), waited);
     if (done.kind == MemoryBroker::AllocateOutcome::Kind::kWaiting) {
       // `call` may already be answered and gone: only `cancel` is used.
-      cancel->Waiting(p_.broker, done.wait_ticket);
+      if (cancel != nullptr) cancel->Waiting(p_.broker, done.wait_ticket);
     } else {
       ReplyAllocate(call, std::move(done.answer));
     }

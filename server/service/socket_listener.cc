@@ -261,15 +261,14 @@ void SocketListener::OnReadable(int fd) {
   char head[4];
   ssize_t n = recv(fd, head, sizeof(head), MSG_PEEK);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-  if (n > 0 && n < 4) {
+  const Preface preface = n > 0 ? ClassifyPreface(head, static_cast<size_t>(n))
+                                : Preface::kUnknown;
+  if (preface == Preface::kNeedMore) {
     // A partial preface: wait for more bytes (edge-triggered, so the
     // unconsumed peek does not wake us again; the deadline still applies).
-    if (memcmp(head, "PRI ", n) != 0 && memcmp(head, kFdChannelMagic, n) != 0) {
-      CloseConn(fd);
-    }
     return;
   }
-  if (n == 4 && memcmp(head, "PRI ", 4) == 0) {
+  if (preface == Preface::kGrpc) {
     const PeerCred cred = conn.cred;
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
     conns_.erase(it);
@@ -277,7 +276,7 @@ void SocketListener::OnReadable(int fd) {
     grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns fd now
     return;
   }
-  if (n == 4 && memcmp(head, kFdChannelMagic, 4) == 0) {
+  if (preface == Preface::kSlabChannel) {
     conn.channel = true;  // no deadline from now on: it is a lifeline
     ServeRequests(fd, conn);
     return;
@@ -286,6 +285,11 @@ void SocketListener::OnReadable(int fd) {
 }
 
 void SocketListener::ServeRequests(int fd, Conn& conn) {
+  // Non-blocking: a peer that stopped reading its answers loses the
+  // connection rather than stalling the loop (SendWithFd reports EAGAIN).
+  auto send = [fd](const SlabChannelReply& r) {
+    return SendWithFd(fd, r.bytes.data(), r.bytes.size(), r.fd).ok();
+  };
   char buf[4096];
   alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
   for (;;) {
@@ -310,114 +314,12 @@ void SocketListener::ServeRequests(int fd, Conn& conn) {
         conn.fds.push_back(received);
       }
     }
-    if (bad_fds || conn.fds.size() > kMaxQueuedFds || n <= 0) {
+    if (bad_fds || conn.fds.size() > kMaxQueuedFds || n <= 0 ||
+        !ServeSlabChannel(broker_, conn, absl::string_view(buf, static_cast<size_t>(n)), send)) {
       CloseConn(fd);
       return;
     }
-    conn.in.append(buf, static_cast<size_t>(n));
-    size_t used = 0;
-    while (conn.in.size() - used >= sizeof(SlabRequest)) {
-      SlabRequest req;
-      memcpy(&req, conn.in.data() + used, sizeof(req));
-      // kRebind carries its token after the header (slab_id: its length).
-      uint64_t extra = 0;
-      if (static_cast<SlabOp>(req.op) == SlabOp::kRebind) {
-        if (req.slab_id == 0 || req.slab_id > kFdChannelMaxMessage) {
-          CloseConn(fd);
-          return;
-        }
-        extra = req.slab_id;
-      }
-      if (conn.in.size() - used < sizeof(req) + extra) break;  // the rest comes later
-      const std::string payload = conn.in.substr(used + sizeof(req), extra);
-      used += sizeof(req) + extra;
-      if (!Answer(fd, conn, req, payload)) {
-        CloseConn(fd);
-        return;
-      }
-    }
-    conn.in.erase(0, used);
   }
-}
-
-bool SocketListener::Answer(int fd, Conn& conn, const SlabRequest& req,
-                            const std::string& payload) {
-  if (memcmp(req.magic, kFdChannelMagic, 4) != 0 || req.version != kFdChannelVersion) {
-    return false;  // not our protocol (or another version of it)
-  }
-  SlabResponse resp = {};
-  absl::Status status;
-  int fd_out = -1;
-  switch (static_cast<SlabOp>(req.op)) {
-    case SlabOp::kOpenSlab: {
-      absl::StatusOr<SlabFd> slab = broker_->ExportSlab(conn.cred, req.slab_id);
-      if (slab.ok()) {
-        resp.slab_size = slab->size;
-        fd_out = slab->fd;
-      }
-      status = slab.status();
-      break;
-    }
-    case SlabOp::kCloseSlab:
-      status = broker_->CloseSlab(conn.cred, req.slab_id);
-      break;
-    case SlabOp::kHello:
-      if (conn.cred.pid <= 0 && conn.cred.bound_session == 0) {
-        absl::StatusOr<std::shared_ptr<Session>> s = broker_->BindConnection(conn.cred);
-        status = s.status();
-        if (s.ok()) {
-          conn.cred.bound_session = (*s)->id();
-          conn.token = (*s)->token();
-        }
-      }
-      break;
-    case SlabOp::kRebind:
-      if (conn.cred.bound_session != 0) {
-        status = absl::FailedPreconditionError(
-            "this channel has a session already: rebind on a new channel, before hello");
-      } else {
-        absl::StatusOr<std::shared_ptr<Session>> s =
-            broker_->RebindConnection(conn.cred, payload);
-        status = s.status();
-        if (s.ok()) {
-          conn.cred.bound_session = (*s)->id();
-          conn.token = (*s)->token();
-        }
-      }
-      break;
-    case SlabOp::kGiveSlab:
-      if (conn.fds.empty()) {
-        status = absl::InvalidArgumentError("GIVE_SLAB came without an fd attached");
-      } else {
-        const int given = conn.fds.front();
-        conn.fds.pop_front();
-        status = broker_->AcceptSlabHandle(conn.cred, req.slab_id, given);  // takes it
-      }
-      break;
-    default:
-      return false;
-  }
-  std::string out;
-  const bool answers_token = static_cast<SlabOp>(req.op) == SlabOp::kHello ||
-                             static_cast<SlabOp>(req.op) == SlabOp::kRebind;
-  if (status.ok() && answers_token) {
-    resp.message_len = static_cast<uint32_t>(conn.token.size());
-    out.assign(reinterpret_cast<const char*>(&resp), sizeof(resp));
-    out += conn.token;
-  } else if (!status.ok()) {
-    std::string msg(status.message().substr(0, kFdChannelMaxMessage));
-    resp.code = static_cast<uint32_t>(status.code());
-    resp.message_len = static_cast<uint32_t>(msg.size());
-    out.assign(reinterpret_cast<const char*>(&resp), sizeof(resp));
-    out += msg;
-  } else {
-    out.assign(reinterpret_cast<const char*>(&resp), sizeof(resp));
-  }
-  // Non-blocking: a peer that stopped reading its answers loses the
-  // connection rather than stalling the loop (SendWithFd reports EAGAIN).
-  absl::Status sent = SendWithFd(fd, out.data(), out.size(), fd_out);
-  if (fd_out >= 0) close(fd_out);
-  return sent.ok();
 }
 
 namespace {

@@ -44,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/core/memory_broker.h"
+#include "server/service/slab_channel.h"
 #include "server/session/peer_credentials.h"
 
 namespace grpc {
@@ -86,13 +87,10 @@ class SocketListener {
   const std::string& path() const { return path_; }
 
  private:
-  struct Conn {
-    PeerCred cred;
+  // cred, in, token: the slab channel's (slab_channel.h).
+  struct Conn : SlabChannelConn {
     bool channel = false;       // past the first bytes: a slab channel
     uint64_t generation = 0;    // tells a reused fd number from the old one
-    std::string in;             // bytes of a partly read request
-    std::string token;          // of the session bound to it (kHello, kRebind)
-    std::deque<int> fds;        // received, not yet taken by a kGiveSlab
   };
   // A peer that sends more fds than it gives slabs for loses the channel.
   static constexpr size_t kMaxQueuedFds = 16;
@@ -101,8 +99,6 @@ class SocketListener {
   void AcceptAll();
   void OnReadable(int fd);
   void ServeRequests(int fd, Conn& conn);
-  // Answers one request; false when the connection must be closed.
-  bool Answer(int fd, Conn& conn, const SlabRequest& req, const std::string& payload);
   void CloseConn(int fd);
   void ExpirePending();
 

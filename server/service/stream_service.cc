@@ -240,8 +240,15 @@ class StreamService::Call {
           break;
         }
         const absl::Time start = absl::Now();
-        MemoryBroker::AllocateOutcome r =
-            owner_->broker_->TryAllocate(caller_, request.allocate());
+        MemoryBroker::AllocateOutcome r = owner_->broker_->TryAllocate(
+            caller_, request.allocate(), HeldAnswer(request.request_id(), start));
+        if (r.kind == MemoryBroker::AllocateOutcome::Kind::kWaiting) {
+          // Held while other sessions give back idle leases: answered from
+          // admission's thread through offload_alarm_, like an offloaded
+          // request, and counted with them against max_queued_replies.
+          ++offloads_;
+          return;
+        }
         if (r.kind == MemoryBroker::AllocateOutcome::Kind::kNeedsBackendWork) {
           // A new slab (or releasing empty ones): not on this thread, which
           // serves every stream of the queue. Answered when it is done.
@@ -274,7 +281,9 @@ class StreamService::Call {
         break;
       }
       case v1::StreamRequest::kReclaimed:
-        // The give-back itself came as Frees; nothing to do but answer.
+        // The give-back itself came as Frees (answered before this, in
+        // order); requests held for this session's answer go on now.
+        owner_->broker_->ReclaimAnswered(caller_);
         break;
       case v1::StreamRequest::REQUEST_NOT_SET:
         status = absl::InvalidArgumentError(absl::StrCat(
@@ -304,6 +313,34 @@ class StreamService::Call {
     return absl::OkStatus();
   }
 
+  // Queues a finished request's answer for the queue thread (OnOffloaded),
+  // from any thread.
+  void CompleteOffload(Offloaded done) {
+    std::lock_guard<std::mutex> lock(push_mu_);
+    offload_done_.push_back(std::move(done));
+    if (!offload_wake_pending_) {
+      offload_wake_pending_ = true;
+      offload_alarm_.Set(cq_, gpr_now(GPR_CLOCK_MONOTONIC), offload_tag_.tag());
+    }
+  }
+
+  // The callback of an Allocate the broker may hold (a reclaim hold): its
+  // answer, from admission's thread, goes the offloaded requests' way. The
+  // call outlives it: the request counts in offloads_ until OnOffloaded.
+  MemoryBroker::AllocateCallback HeldAnswer(uint64_t request_id, absl::Time start) {
+    StreamService* owner = owner_;
+    return [this, owner, request_id, start](MemoryBroker::AllocateAnswer r) {
+      Offloaded done;
+      done.request_id = request_id;
+      v1::StreamAnswer* answer = done.reply.mutable_answer();
+      answer->set_request_id(request_id);
+      absl::Status status =
+          AnswerAllocate(owner, std::move(r), start, answer, &done.allocation_ids);
+      if (!status.ok()) *answer->mutable_status() = ToRpcStatus(status);
+      CompleteOffload(std::move(done));
+    };
+  }
+
   // Runs an Allocate or Free that needs backend work on a backend worker;
   // its answer comes back through offload_alarm_ (OnOffloaded). False if the
   // workers are stopping (nothing was started).
@@ -317,9 +354,12 @@ class StreamService::Call {
           answer->set_request_id(request.request_id());
           absl::Status status;
           if (request.has_allocate()) {
-            status = AnswerAllocate(
-                owner, owner->broker_->Allocate(caller, request.allocate(), nullptr).answer,
-                start, answer, &done.allocation_ids);
+            MemoryBroker::AllocateOutcome r = owner->broker_->Allocate(
+                caller, request.allocate(), HeldAnswer(request.request_id(), start));
+            // Held: the callback answers it (it still counts as offloaded).
+            if (r.kind == MemoryBroker::AllocateOutcome::Kind::kWaiting) return;
+            status = AnswerAllocate(owner, std::move(r.answer), start, answer,
+                                    &done.allocation_ids);
           } else {
             absl::StatusOr<v1::FreeResponse> r = owner->broker_->Free(caller, request.free());
             status = r.status();
@@ -327,12 +367,7 @@ class StreamService::Call {
             if (r.ok()) *answer->mutable_free() = *std::move(r);
           }
           if (!status.ok()) *answer->mutable_status() = ToRpcStatus(status);
-          std::lock_guard<std::mutex> lock(push_mu_);
-          offload_done_.push_back(std::move(done));
-          if (!offload_wake_pending_) {
-            offload_wake_pending_ = true;
-            offload_alarm_.Set(cq_, gpr_now(GPR_CLOCK_MONOTONIC), offload_tag_.tag());
-          }
+          CompleteOffload(std::move(done));
         });
     if (submitted) ++offloads_;
     return submitted;
@@ -487,9 +522,14 @@ StreamService::StreamService(MemoryBroker* broker, const PeerTable* peers,
     v1::StreamReply reply;
     *reply.mutable_reclaim() = r;
     absl::MutexLock lock(&registry_mu_);
-    if (registry_closed_) return;
+    if (registry_closed_) return false;
     auto range = registry_.equal_range(session);
-    for (auto it = range.first; it != range.second; ++it) it->second->Push(reply);
+    bool reached = false;
+    for (auto it = range.first; it != range.second; ++it) {
+      it->second->Push(reply);
+      reached = true;  // a push already waiting says the same
+    }
+    return reached;
   });
 }
 

@@ -39,7 +39,11 @@
 //    the pushing thread only queues it and sets a grpc::Alarm on the
 //    stream's queue, whose thread writes it. At most one push waits per
 //    stream. A client answers with a StreamRequest.reclaimed (answered like
-//    any request).
+//    any request), which tells the broker (ReclaimAnswered).
+//  - An Allocate the broker holds for reclaims (reclaim before refusing,
+//    memory_broker.h) is answered from admission's thread through the same
+//    alarm as offloaded requests, and counts with them against
+//    max_queued_replies while it is held.
 //  - Threads: none of its own (the queues' and the worker pool's), whatever
 //    the number of streams.
 //  - Answers may come back out of order (an offloaded request's answer

@@ -80,8 +80,9 @@ absl::StatusOr<v1::GetUsageResponse> TenantAdmin::GetUsage(const PeerCred& calle
     const tenants::Quota quota = quotas_->GetQuota(tenant_id);
     if (!quota.unlimited()) QuotaToProto(quota, tu->mutable_quota());
     const quota::TenantHoldings held = quotas_->Holdings(tenant_id);
+    const std::string& tenant_name = name;  // a lambda may not name a binding (C++17)
     auto row = [&](int32_t device) {
-      auto it = usage.find({name, device});
+      auto it = usage.find({tenant_name, device});
       return it == usage.end() ? ledger::UsageRow{} : it->second;
     };
     const ledger::UsageRow all = row(ledger::UsageAccount::kAllDevices);

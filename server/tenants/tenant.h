@@ -45,6 +45,8 @@ struct TenantRef {
   int32_t priority = 0;
   // Allocate requests of this tenant that may wait at once.
   uint32_t max_waiting_requests = 0;
+  // Live sessions this tenant may have (0: no limit).
+  uint32_t max_sessions = 0;
 };
 
 // The daemon's max_waiting_requests when the config sets none.
@@ -60,6 +62,7 @@ struct Tenant {
   std::string name;
   int32_t priority = 0;
   uint32_t max_waiting_requests = kDefaultMaxWaitingRequests;
+  uint32_t max_sessions = 0;  // 0: no limit
   Quota quota;
   std::vector<uid_t> uids;
   std::vector<gid_t> gids;

@@ -85,6 +85,7 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
   if (config.max_waiting_requests() > 0) {
     dir.max_waiting_requests_ = config.max_waiting_requests();
   }
+  dir.max_sessions_ = config.max_sessions_per_tenant();
   absl::flat_hash_map<std::string, uint32_t> by_name;
   for (int i = 0; i < config.tenant_size(); ++i) {
     const v1::TenantConfig& tc = config.tenant(i);
@@ -95,6 +96,7 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
     t.priority = tc.priority();
     t.max_waiting_requests = tc.max_waiting_requests() > 0 ? tc.max_waiting_requests()
                                                            : dir.max_waiting_requests_;
+    t.max_sessions = tc.max_sessions() > 0 ? tc.max_sessions() : dir.max_sessions_;
     if (t.name.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(at, "tenant ", i + 1, " has no name"));
     }
@@ -195,7 +197,9 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
 }
 
 absl::StatusOr<TenantRef> TenantDirectory::Resolve(uid_t uid, gid_t gid) const {
-  if (tenants_.empty()) return TenantRef{uid, UidTenantName(uid), 0, max_waiting_requests_};
+  if (tenants_.empty()) {
+    return TenantRef{uid, UidTenantName(uid), 0, max_waiting_requests_, max_sessions_};
+  }
   int index = -1;
   if (auto it = by_uid_.find(uid); it != by_uid_.end()) {
     index = static_cast<int>(it->second);
@@ -210,7 +214,7 @@ absl::StatusOr<TenantRef> TenantDirectory::Resolve(uid_t uid, gid_t gid) const {
         "and there is no default_tenant"));
   }
   const Tenant& t = tenants_[index];
-  return TenantRef{t.id, t.name, t.priority, t.max_waiting_requests};
+  return TenantRef{t.id, t.name, t.priority, t.max_waiting_requests, t.max_sessions};
 }
 
 const Tenant* TenantDirectory::Find(absl::string_view name) const {

@@ -16,7 +16,8 @@
 //    quota, priority 0.
 //  - Each tenant's limit on waiting requests is its own
 //    max_waiting_requests, else the config's, else
-//    kDefaultMaxWaitingRequests.
+//    kDefaultMaxWaitingRequests; its limit on live sessions its own
+//    max_sessions, else the config's max_sessions_per_tenant, else none.
 //  - Tenant ids (what slabs, the quota book and GetStats key on; the ledger
 //    keys on names) are for this daemon's life. At start they are 1..N in
 //    config order. A directory built for a reload from the one in force
@@ -99,6 +100,8 @@ class TenantDirectory {
   int default_index_ = -1;
   // The daemon's limit on waiting requests per tenant (uid tenants too).
   uint32_t max_waiting_requests_ = kDefaultMaxWaitingRequests;
+  // The daemon's limit on live sessions per tenant (0: none).
+  uint32_t max_sessions_ = 0;
 };
 
 // The directory in force (see the top of this file).

@@ -65,14 +65,14 @@ class UnitWaiter final : public Waiter {
                absl::Now() + wait),
         model_(model), name_(std::move(name)), units_(units) {}
 
-  std::optional<Answer> TryServe() override {
+  std::optional<Answer> TryServe(const Reservation*) override {
     std::lock_guard<std::mutex> lock(model_->mu);
     if (model_->free_units < units_) return std::nullopt;
     model_->free_units -= units_;
     return v1::AllocateResponse();
   }
-  Answer Expire() override {
-    if (std::optional<Answer> a = TryServe()) return *a;
+  Answer Expire(const Reservation* ahead) override {
+    if (std::optional<Answer> a = TryServe(ahead)) return *a;
     return absl::ResourceExhaustedError("no room");
   }
   void Done(Answer answer) override { model_->Record(name_, answer); }
@@ -277,6 +277,64 @@ TEST(AdmissionTest, ConcurrentUseAnswersEveryWaiterExactlyOnce) {
   EXPECT_EQ(seen.size(), static_cast<size_t>(kThreads * kEach));
   for (const auto& [name, n] : seen) EXPECT_EQ(n, 1) << name;
   EXPECT_FALSE(m.wrong_thread);
+}
+
+// A reclaim hold: its deadline is the bound; once every session asked has
+// answered (or ended) it is tried once more and answered at once.
+TEST(AdmissionTest, ReclaimHoldEndsWhenEverySessionAskedHasAnswered) {
+  Model m;
+  Admission a(AdmissionOptions{});
+  auto held = std::make_unique<UnitWaiter>(&m, "held", 1, 1, 0, absl::Seconds(30));
+  held->HoldForReclaim({7, 8}, absl::Now());  // no wait_ms of its own
+  std::unique_ptr<Waiter> w = std::move(held);
+  ASSERT_TRUE(a.Enqueue(w, a.kicks()).ok());
+  a.ReclaimAnswered(7);
+  a.ReclaimAnswered(99);  // not asked: changes nothing
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(m.done.load(), 0) << "session 8 has not answered yet";
+  const absl::Time answered = absl::Now();
+  a.ReclaimAnswered(8);
+  ASSERT_TRUE(WaitUntil([&] { return m.done.load() == 1; }));
+  EXPECT_LT(absl::Now() - answered, absl::Seconds(1));
+  EXPECT_EQ(m.AnswerOf("held").code(), absl::StatusCode::kResourceExhausted);
+
+  // A session asked that ends counts as answered; room that came back with
+  // it serves the held request.
+  auto again = std::make_unique<UnitWaiter>(&m, "again", 2, 1, 0, absl::Seconds(30));
+  again->HoldForReclaim({9}, absl::Now());
+  std::unique_ptr<Waiter> w2 = std::move(again);
+  ASSERT_TRUE(a.Enqueue(w2, a.kicks()).ok());
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.free_units = 1;
+  }
+  a.SessionEnded(9);
+  ASSERT_TRUE(WaitUntil([&] { return m.done.load() == 2; }));
+  EXPECT_TRUE(m.AnswerOf("again").ok());
+}
+
+// A session that never answers delays the held request by the bound only.
+TEST(AdmissionTest, UnansweredReclaimHoldEndsAtItsBound) {
+  Model m;
+  Admission a(AdmissionOptions{});
+  const absl::Time start = absl::Now();
+  auto held = std::make_unique<UnitWaiter>(&m, "held", 1, 1, 0, absl::Milliseconds(200));
+  held->HoldForReclaim({7}, start);
+  std::unique_ptr<Waiter> w = std::move(held);
+  ASSERT_TRUE(a.Enqueue(w, a.kicks()).ok());
+  ASSERT_TRUE(WaitUntil([&] { return m.done.load() == 1; }));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(195));
+  EXPECT_LT(took, absl::Seconds(2));
+  // A request with its own longer wait keeps waiting after the answers.
+  auto waits = std::make_unique<UnitWaiter>(&m, "waits", 2, 1, 0, absl::Seconds(30));
+  waits->HoldForReclaim({8}, absl::Now() + absl::Seconds(30));
+  std::unique_ptr<Waiter> w2 = std::move(waits);
+  ASSERT_TRUE(a.Enqueue(w2, a.kicks()).ok());
+  a.ReclaimAnswered(8);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(m.done.load(), 1);
+  EXPECT_EQ(a.waiting(), 1u);
 }
 
 }  // namespace

@@ -1324,6 +1324,7 @@ TEST_F(MemoryBrokerTest, CapacityRefusalAsksSessionsWithIdleLeases) {
   std::vector<std::pair<uint64_t, v1::ReclaimRequest>> asked;
   broker_->SetReclaimSender([&](uint64_t session, const v1::ReclaimRequest& r) {
     asked.emplace_back(session, r);
+    return true;
   });
   auto session_of = [&](const PeerCred& c) {
     absl::StatusOr<v1::Session> s = broker_->GetSession(c);

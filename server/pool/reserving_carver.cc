@@ -1,0 +1,36 @@
+#include "server/pool/reserving_carver.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
+
+namespace gpumem {
+
+absl::StatusOr<placement::CarvedBlock> ReservingCarver::TryCarve(
+    uint32_t device, uint64_t size, uint64_t alignment, placement::CarveRefusal* refusal) {
+  const bool reserved =
+      std::find(room_.devices.begin(), room_.devices.end(), device) != room_.devices.end();
+  if (!reserved || device >= pools_->size()) {
+    return inner_->TryCarve(device, size, alignment, refusal);
+  }
+  const SlabPool& pool = pools_->pool(device);
+  const uint64_t before = pool.LargestReachable(room_.tenant, room_.kind);
+  absl::StatusOr<placement::CarvedBlock> block =
+      inner_->TryCarve(device, size, alignment, refusal);
+  if (!block.ok()) return block;
+  const uint64_t after = pool.LargestReachable(room_.tenant, room_.kind);
+  if (after >= room_.bytes || after >= before) return block;
+  inner_->Release(*block);
+  ++refused_;
+  refusal->refused = true;
+  refusal->reason = placement::CarveRefusal::Reason::kCapacity;
+  refusal->free_bytes = before >= room_.bytes ? before - room_.bytes : 0;
+  refusal->largest_free_bytes = refusal->free_bytes;
+  refusal->detail = absl::StrCat("held for ", room_.what, ", which waits for ",
+                                 FormatBytes(room_.bytes), " here and is served first");
+  return absl::ResourceExhaustedError(refusal->detail);
+}
+
+}  // namespace gpumem

@@ -1,0 +1,64 @@
+// ReservingCarver: a DeviceCarver adaptor (RMM style, like the quota
+// adaptor) for fair waiting: while a waiting request reserves
+// (server/admission/admission.h), requests behind it in serving order carve
+// through this adaptor, which keeps for it the room that frees up on the
+// devices it may use.
+//
+// The rule, per carve on a device the reservation names: the carve is kept
+// if afterwards the reserving tenant can still get a block of the reserved
+// size there (SlabPool::LargestReachable), or if it did not lessen what
+// that tenant can reach (memory the reserving request could not use: the
+// carving tenant's own slab, say). Otherwise it is undone and refused as
+// capacity, with the reservation named in the refusal's detail. Devices the
+// reservation does not name are not affected, so smaller requests go on
+// being served elsewhere (backfill).
+//
+// The check is made after carving, against the pool as it is then, so two
+// requests carving at once can only both be refused, never both let past
+// the reservation.
+#ifndef GPUMEMD_SERVER_POOL_RESERVING_CARVER_H_
+#define GPUMEMD_SERVER_POOL_RESERVING_CARVER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "server/placement/carver.h"
+#include "server/pool/device_pools.h"
+
+namespace gpumem {
+
+// The room a reserving request keeps: a block of `bytes` for `tenant` in
+// slabs of `kind` on one of `devices`; `what` names it in refusals.
+struct ReservedRoom {
+  uint32_t tenant = 0;
+  HandleKind kind = HandleKind::kMemfd;
+  std::vector<uint32_t> devices;
+  uint64_t bytes = 0;
+  std::string what;
+};
+
+class ReservingCarver : public placement::DeviceCarver {
+ public:
+  // `inner` and `pools` must outlive the adaptor.
+  ReservingCarver(placement::DeviceCarver* inner, const DevicePools* pools, ReservedRoom room)
+      : inner_(inner), pools_(pools), room_(std::move(room)) {}
+
+  absl::StatusOr<placement::CarvedBlock> TryCarve(uint32_t device, uint64_t size,
+                                                  uint64_t alignment,
+                                                  placement::CarveRefusal* refusal) override;
+  void Release(const placement::CarvedBlock& block) override { inner_->Release(block); }
+
+  // Carves this adaptor refused (tests, counters).
+  uint64_t refused() const { return refused_; }
+
+ private:
+  placement::DeviceCarver* inner_;
+  const DevicePools* pools_;
+  const ReservedRoom room_;
+  uint64_t refused_ = 0;
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_POOL_RESERVING_CARVER_H_

@@ -1,0 +1,125 @@
+// Fuzzes the slab-handle channel as the socket listener sees it
+// (server/service/slab_channel.h): a connection's first bytes, then its
+// request bytes in chunks of any size, answered by a real MemoryBroker over
+// the sim backend that holds a few slabs.
+//
+// Input: byte 0 chooses the caller (bit 0: this process, whose pid the
+// daemon sees, or a caller in another pid namespace, pid 0, which needs a
+// hello for a session) and the chunk sizes (bits 1-6, 1..64 bytes) and
+// whether sends fail (bit 7: every 5th); the rest is what the client sent.
+// Checked for every input: answers are well formed (a 16-byte header and at
+// most kFdChannelMaxMessage message bytes, exactly as long as they say); an
+// fd comes with a successful open only, of the slab's size and sealed
+// against shrinking and growing; a connection-bound session is ended with
+// the connection and leaves no slab held by it.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "common/fd_channel.h"
+#include "server/backend/sim_backend.h"
+#include "server/core/memory_broker.h"
+#include "server/service/slab_channel.h"
+
+namespace gpumem {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+struct World {
+  SimBackend backend{std::vector<uint64_t>{64 * kMiB, 64 * kMiB}};
+  std::unique_ptr<MemoryBroker> broker;
+};
+
+World* world = nullptr;
+
+PeerCred Self() { return PeerCred{getpid(), getuid(), getgid()}; }
+
+void Check(bool ok, const char* what) {
+  if (!ok) {
+    fprintf(stderr, "slab_channel_fuzzer: %s\n", what);
+    abort();
+  }
+}
+
+}  // namespace
+}  // namespace gpumem
+
+using namespace gpumem;  // NOLINT: the fuzzer entry points are global
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  world = new World;
+  BrokerOptions o;
+  o.pool.slab_size = kMiB;
+  o.pool.granularity = 4096;
+  world->broker = std::make_unique<MemoryBroker>(&world->backend, o);
+  Check(world->broker->Start().ok(), "broker start");
+  // Slabs 1.. for the inputs to open and close.
+  for (int i = 0; i < 6; ++i) {
+    v1::AllocateRequest r;
+    r.set_size_bytes(i % 2 == 0 ? kMiB / 2 : 3 * kMiB);
+    Check(world->broker->AllocateAndWait(Self(), r).ok(), "seed allocation");
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const uint8_t mode = data[0];
+  const char* bytes = reinterpret_cast<const char*>(data + 1);
+  const size_t n = size - 1;
+  MemoryBroker* broker = world->broker.get();
+
+  // The listener peeks at up to 4 bytes first.
+  const Preface preface = ClassifyPreface(bytes, n < 4 ? n : 4);
+  if (n >= 4) Check(preface != Preface::kNeedMore, "4 bytes must decide");
+  if (preface != Preface::kSlabChannel) return 0;
+
+  SlabChannelConn conn;
+  conn.cred = (mode & 1) ? Self() : PeerCred{0, getuid(), getgid()};
+  const size_t chunk = 1 + ((mode >> 1) & 63);
+  int sends = 0;
+  auto send = [&](const SlabChannelReply& r) {
+    Check(r.bytes.size() >= sizeof(SlabResponse), "short answer");
+    SlabResponse resp;
+    memcpy(&resp, r.bytes.data(), sizeof(resp));
+    Check(resp.message_len <= kFdChannelMaxMessage, "message too long");
+    Check(r.bytes.size() == sizeof(resp) + resp.message_len, "answer length");
+    if (r.fd >= 0) {
+      Check(resp.code == 0, "fd with an error");
+      struct stat st;
+      Check(fstat(r.fd, &st) == 0, "fd not open");
+      Check(static_cast<uint64_t>(st.st_size) == resp.slab_size, "fd size != slab size");
+      const int seals = fcntl(r.fd, F_GET_SEALS);
+      Check(seals >= 0 && (seals & F_SEAL_SHRINK) && (seals & F_SEAL_GROW), "slab not sealed");
+      Check(ftruncate(r.fd, 0) != 0, "a client shrank a slab");
+    }
+    ++sends;
+    return !((mode & 0x80) && sends % 5 == 0);
+  };
+  bool open = true;
+  for (size_t at = 0; open && at < n; at += chunk) {
+    const size_t len = n - at < chunk ? n - at : chunk;
+    open = ServeSlabChannel(broker, conn, absl::string_view(bytes + at, len), send);
+    if (open) Check(conn.in.size() < sizeof(SlabRequest), "a whole request left unanswered");
+  }
+  // The connection closes.
+  if (conn.cred.bound_session != 0) {
+    const uint64_t bound = conn.cred.bound_session;
+    broker->EndConnection(bound);
+    Check(!broker->ResolveSessionToken(conn.token, conn.cred).ok(), "token outlived its session");
+    StatsView s = broker->Stats(PeerCred{getpid(), 0, 0}, /*include_slabs=*/true);
+    for (const DeviceStatsView& d : s.devices) {
+      for (const SlabStats& slab : d.slabs) {
+        // Only this process's own session may still hold a slab.
+        Check(slab.holders <= 1, "an ended session still holds a slab");
+      }
+    }
+  }
+  return 0;
+}
