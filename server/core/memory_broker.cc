@@ -351,17 +351,20 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
 }
 
 absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOf(const PeerCred& caller) const {
-  return tenants_->Get()->Resolve(caller.uid, caller.gid);
+  return tenants_->Get()->ResolveCaller(caller.uid, caller.gid, caller.socket_tenant);
 }
 
 absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOfSession(Session& session,
                                                                  const PeerCred& caller) {
   const std::shared_ptr<const tenants::TenantDirectory> dir = tenants_->Get();
   // Without configured tenants each uid is its own tenant, call by call
-  // (a process that changes uid acts as its new uid; nothing to fix).
-  if (!dir->configured()) return dir->Resolve(caller.uid, caller.gid);
-  absl::StatusOr<tenants::TenantRef> fixed =
-      session.FixTenant([&] { return dir->Resolve(caller.uid, caller.gid); });
+  // (a process that changes uid acts as its new uid; nothing to fix). A
+  // caller through a tenant's socket is that tenant, fixed at once.
+  if (!dir->configured() && caller.socket_tenant == 0) {
+    return dir->Resolve(caller.uid, caller.gid);
+  }
+  absl::StatusOr<tenants::TenantRef> fixed = session.FixTenant(
+      [&] { return dir->ResolveCaller(caller.uid, caller.gid, caller.socket_tenant); });
   if (!fixed.ok()) return fixed;
   // Its priority and limits now, if the directory in force still has the
   // tenant (a removed tenant keeps those it had).
@@ -490,10 +493,20 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::FreeIn(const PeerCred& caller,
   absl::StatusOr<AllocationRecord> taken = table_.Take(
       request.id(),
       [&](const AllocationRecord& r) -> absl::Status {
-        if (caller.uid != 0 && caller.uid != r.uid) {
+        if (caller.socket_tenant != 0) {
+          // Through a tenant's socket: that tenant's allocations only, and
+          // nothing said of anyone else's.
+          if (r.tenant != caller.socket_tenant) {
+            return absl::NotFoundError(absl::StrCat(
+                "no allocation ", request.id(), " of this socket's tenant"));
+          }
+        } else if (caller.uid != 0 &&
+                   (caller.uid != r.uid || r.session->cred().socket_tenant != 0)) {
           return absl::PermissionDeniedError(absl::StrCat(
-              "allocation ", request.id(), " belongs to uid ", r.uid, "; uid ", caller.uid,
-              " may not free it"));
+              "allocation ", request.id(), " belongs to ",
+              r.session->cred().socket_tenant != 0 ? "a socket tenant"
+                                                    : absl::StrCat("uid ", r.uid),
+              "; uid ", caller.uid, " may not free it"));
         }
         // A dedicated slab goes back to the backend with its block.
         if (needs_backend_work != nullptr && r.block.dedicated) {
@@ -628,7 +641,51 @@ void MemoryBroker::EndConnection(uint64_t session_id) {
 
 absl::StatusOr<uint64_t> MemoryBroker::ResolveSessionToken(absl::string_view token,
                                                            const PeerCred& caller) const {
-  return sessions_->ResolveToken(token, caller.uid);
+  return sessions_->ResolveToken(token, caller);
+}
+
+absl::StatusOr<MemoryBroker::TenantEnded> MemoryBroker::EndTenant(
+    uint32_t tenant, absl::string_view name, bool end_sessions,
+    const std::function<void()>& unlist) {
+  auto belongs = [tenant](const Session& s) {
+    if (s.cred().socket_tenant == tenant) return true;
+    const std::optional<tenants::TenantRef> t = s.tenant();
+    return t.has_value() && t->id == tenant;
+  };
+  {
+    // The barrier: no call is in flight while the tenant is counted and
+    // unlisted, and every call after it reads the new directory.
+    absl::WriterMutexLock barrier(&gate_);
+    if (shut_down_) return ShuttingDown();
+    uint32_t sessions = 0;
+    uint64_t allocations = 0, bytes = 0;
+    for (const std::shared_ptr<Session>& s : sessions_->List()) {
+      if (!belongs(*s)) continue;
+      const Session::Figures f = s->figures();
+      ++sessions;
+      allocations += f.allocations;
+      bytes += f.used_bytes;
+    }
+    if (allocations > 0 && !end_sessions) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tenant \"", name, "\" holds ", allocations, " allocation(s), ", FormatBytes(bytes),
+          ", in ", sessions, " session(s); free them first, or pass end_sessions to end its "
+          "sessions and free their memory"));
+    }
+    unlist();
+  }
+  TenantEnded ended;
+  for (const std::shared_ptr<Session>& s : sessions_->List()) {
+    if (!belongs(*s)) continue;
+    // Ends it as its process's exit would (OnSessionEnd, on this thread).
+    if (std::optional<size_t> held = sessions_->EndSession(s->id())) {
+      ++ended.sessions;
+      ended.allocations += *held;
+    }
+  }
+  absl::ReaderMutexLock gate(&gate_);
+  if (!shut_down_) pools_.ReleaseTenantSlabs(tenant);
+  return ended;
 }
 
 }  // namespace gpumem

@@ -222,11 +222,22 @@ absl::Status Daemon::StartParts() {
   absl::StatusOr<std::optional<int>> activation = TakeActivationSocket();
   if (!activation.ok()) return activation.status();
   p.listener = std::make_unique<SocketListener>(s.socket.value, broker, &p.peers);
+  // Socket tenants' sockets are served by the listener too (issue 24).
+  p.tenant_admin->ServeSocketTenants(
+      {&p.directory, broker, p.listener.get(), s.tenant_socket_dir.value});
   absl::Status bound =
       activation->has_value() ? p.listener->Adopt(**activation) : p.listener->Bind();
   if (!bound.ok()) return bound;
   if (absl::Status listening = p.listener->Start(p.server.get()); !listening.ok()) {
     return listening;
+  }
+  // The ledger's socket tenants come back with their sockets; the config's
+  // tenant sockets are made (one that cannot be is a start-up error).
+  for (const std::string& line : p.tenant_admin->RestoreSocketTenants()) {
+    std::cerr << "gpumemd: " << line << "\n";
+  }
+  if (std::vector<std::string> unmade = p.tenant_admin->SyncConfigSockets(); !unmade.empty()) {
+    return absl::FailedPreconditionError(absl::StrJoin(unmade, "; "));
   }
 
   p.serving = absl::StrCat("serving ", p.backend->devices().size(), " ", p.backend->name(),
@@ -288,7 +299,13 @@ absl::Status Daemon::Reload() {
   if (next.ok()) {
     ReloadTargets targets{p.broker.get(), &p.broker->devices(), &p.directory, p.quotas.get(),
                           p.ledger.get()};
+    next->tenant_socket_dir = settings_.tenant_socket_dir;  // restart-only
     outcome = ApplyReloadableConfig(*next, locations.get(), targets, /*at_start=*/false);
+    if (outcome.ok()) {  // the config's tenant sockets follow the directory
+      for (const std::string& line : p.tenant_admin->SyncConfigSockets()) {
+        std::cerr << "gpumemd: reload: " << line << "\n";
+      }
+    }
   } else {
     outcome = next.status();
   }

@@ -6,6 +6,7 @@ namespace {
 
 constexpr absl::string_view kNames[] = {
     "ALLOCATE", "FREE", "SESSION_END", "DAEMON_STOP", "DAEMON_RESTART", "QUOTA_SET", "LEDGER_GAP",
+    "TENANT_PUT", "TENANT_DELETE",
 };
 
 }  // namespace

@@ -4,9 +4,10 @@
 // Which kinds change a tenant's usage: ALLOCATE adds `bytes` on `device`;
 // FREE (an explicit Free), SESSION_END (the owning process ended),
 // DAEMON_STOP (released at a clean shutdown) and DAEMON_RESTART (live when
-// the daemon died, closed at the next start) take them away. QUOTA_SET and
-// LEDGER_GAP are records only (device -1, and bytes is the new total quota
-// or the count of events lost).
+// the daemon died, closed at the next start) take them away. QUOTA_SET,
+// TENANT_PUT, TENANT_DELETE and LEDGER_GAP are records only (device -1;
+// bytes is the new total quota, or the count of events lost; TENANT_PUT's
+// detail names the socket tenant's socket and quota).
 #ifndef GPUMEMD_SERVER_LEDGER_LEDGER_EVENT_H_
 #define GPUMEMD_SERVER_LEDGER_LEDGER_EVENT_H_
 
@@ -27,6 +28,8 @@ enum class EventKind : uint8_t {
   kDaemonRestart,
   kQuotaSet,
   kLedgerGap,
+  kTenantPut,     // a socket tenant made or changed (PutTenant)
+  kTenantDelete,  // a socket tenant removed (DeleteTenant)
 };
 
 // "ALLOCATE", "FREE", ... as stored in events.kind.

@@ -491,6 +491,27 @@ int SlabPool::ReleaseIdleSlabs(absl::Time now) {
   return released;
 }
 
+int SlabPool::ReleaseTenantSlabs(uint32_t tenant) {
+  Graveyard dead;
+  int released = 0;
+  absl::MutexLock lock(&mu_);
+  for (auto it = slabs_.begin(); it != slabs_.end();) {
+    auto next = std::next(it);
+    const SlabEntry& e = it->second;
+    if (e.tenant == tenant && !e.retained && e.allocator->live_blocks() == 0) {
+      ReleaseSlabLocked(it, &dead);
+      ++released;
+    }
+    it = next;
+  }
+  if (!dead.empty()) {
+    mu_.Unlock();
+    dead.clear();  // the backend takes the memory back
+    mu_.Lock();
+  }
+  return released;
+}
+
 void SlabPool::ReleaseAll() {
   std::map<uint64_t, SlabEntry> all;
   {

@@ -220,6 +220,11 @@ class SlabPool {
   }
   // Gives back every slab now (daemon shutdown), retained ones too.
   void ReleaseAll();
+  // `tenant` is gone for good (a socket tenant deleted): its empty slabs,
+  // which no other tenant may ever carve from, go back now (reserved ones
+  // too); one still held by a live session becomes retained as usual.
+  // Calls the backend. Returns how many slabs were released.
+  int ReleaseTenantSlabs(uint32_t tenant);
 
   uint32_t device() const { return device_; }
   // Bytes in live blocks.

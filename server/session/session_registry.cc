@@ -58,7 +58,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(const PeerCred&
     if (cred.bound_session != 0) {
       absl::MutexLock lock(&mu_);
       auto it = sessions_.find(cred.bound_session);
-      if (it != sessions_.end() && it->second.session->cred().uid == cred.uid) {
+      if (it != sessions_.end() && SamePrincipal(it->second.session->cred(), cred)) {
         return it->second.session;
       }
     }
@@ -73,7 +73,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(const PeerCred&
   // calls of one process (32 threads at once) make exactly one session.
   // pidfd_open and epoll_ctl are quick, non-blocking system calls.
   absl::MutexLock lock(&mu_);
-  auto it = by_pid_.find(cred.pid);
+  auto it = by_pid_.find(KeyOf(cred));
   if (it != by_pid_.end()) {
     Entry& e = sessions_[it->second];
     // The same process, even if it changed uid since: its session (and
@@ -91,10 +91,12 @@ std::shared_ptr<Session> SessionRegistry::Find(const PeerCred& cred) const {
   absl::MutexLock lock(&mu_);
   if (cred.pid <= 0) {
     auto it = sessions_.find(cred.bound_session);
-    if (it == sessions_.end() || it->second.session->cred().uid != cred.uid) return nullptr;
+    if (it == sessions_.end() || !SamePrincipal(it->second.session->cred(), cred)) {
+      return nullptr;
+    }
     return it->second.session;
   }
-  auto it = by_pid_.find(cred.pid);
+  auto it = by_pid_.find(KeyOf(cred));
   if (it == by_pid_.end()) return nullptr;
   const Entry& e = sessions_.at(it->second);
   if (Exited(e.pidfd)) return nullptr;
@@ -127,10 +129,13 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::BindConnection(
 }
 
 absl::StatusOr<uint64_t> SessionRegistry::ResolveToken(absl::string_view token,
-                                                       uid_t uid) const {
+                                                       const PeerCred& cred) const {
   absl::MutexLock lock(&mu_);
   auto it = by_token_.find(std::string(token));
-  if (it == by_token_.end() || sessions_.at(it->second).session->cred().uid != uid) {
+  // A token works only for the principal that opened its session: a token
+  // of one tenant's socket presented on another's (or on the main socket)
+  // names nothing.
+  if (it == by_token_.end() || !SamePrincipal(sessions_.at(it->second).session->cred(), cred)) {
     return absl::PermissionDeniedError(
         "unknown or ended session token (its slab channel closed?); reconnect");
   }
@@ -156,7 +161,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::CreateLocked(
   Entry e;
   e.session = std::make_shared<Session>(id, cred);
   e.pidfd = pidfd;
-  by_pid_[cred.pid] = id;
+  by_pid_[KeyOf(cred)] = id;
   sessions_[id] = e;
   return e.session;
 }
@@ -169,24 +174,26 @@ std::vector<std::shared_ptr<Session>> SessionRegistry::List() const {
   return out;
 }
 
-void SessionRegistry::End(uint64_t session_id) {
+std::optional<size_t> SessionRegistry::EndSession(uint64_t session_id) {
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
-    if (it == sessions_.end()) return;  // ended by another thread
+    if (it == sessions_.end()) return std::nullopt;  // ended by another thread
     if (it->second.pidfd >= 0) {
       epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.pidfd, nullptr);
       close(it->second.pidfd);
     }
     session = std::move(it->second.session);
     if (!session->token().empty()) by_token_.erase(session->token());
-    auto p = by_pid_.find(session->cred().pid);
+    auto p = by_pid_.find(KeyOf(session->cred()));
     if (p != by_pid_.end() && p->second == session_id) by_pid_.erase(p);
     sessions_.erase(it);
   }
   std::vector<uint64_t> ids = session->End();
+  const size_t held = ids.size();
   on_end_(session, std::move(ids));
+  return held;
 }
 
 void SessionRegistry::Watch() {
@@ -199,7 +206,7 @@ void SessionRegistry::Watch() {
     }
     for (int i = 0; i < n; ++i) {
       if (events[i].data.u64 == kWakeKey) return;
-      End(events[i].data.u64);
+      EndSession(events[i].data.u64);
     }
   }
 }
