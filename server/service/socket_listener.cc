@@ -171,9 +171,10 @@ bool SocketListener::RunInLoop(std::function<void()> task) {
       task();
       done.Notify();
     });
+    // Under the lock: Stop() closes task_fd_ only after it set loop_done_.
+    uint64_t one = 1;
+    (void)!write(task_fd_, &one, sizeof(one));
   }
-  uint64_t one = 1;
-  (void)!write(task_fd_, &one, sizeof(one));
   done.WaitForNotification();  // by the loop, or by Stop() after it
   return true;
 }
