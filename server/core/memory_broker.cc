@@ -92,6 +92,12 @@ class MemoryBroker::RequestWaiter final : public admission::Waiter {
   AllocateAnswer Attempt() {
     absl::ReaderMutexLock gate(&broker_->gate_);
     if (broker_->shut_down_) return ShuttingDown();
+    // Its session ended (EndTenant marks them ended behind the gate): not
+    // even a carve that would be given back, which could leave a slab for
+    // a tenant that is gone.
+    if (session_->ended()) {
+      return absl::FailedPreconditionError("the calling process has exited");
+    }
     return broker_
         ->Place(caller_, *session_, tenant_ref_, prepared_, PoolCarver::Mode::kMayCallBackend)
         .answer;
@@ -652,6 +658,7 @@ absl::StatusOr<MemoryBroker::TenantEnded> MemoryBroker::EndTenant(
     const std::optional<tenants::TenantRef> t = s.tenant();
     return t.has_value() && t->id == tenant;
   };
+  std::vector<SessionRegistry::Taken> taken;
   {
     // The barrier: no call is in flight while the tenant is counted and
     // unlisted, and every call after it reads the new directory.
@@ -673,16 +680,20 @@ absl::StatusOr<MemoryBroker::TenantEnded> MemoryBroker::EndTenant(
           "sessions and free their memory"));
     }
     unlist();
+    // Its sessions are marked ended and forgotten inside the barrier too: a
+    // session fixed to the tenant can take nothing more after it (a commit
+    // for an ended session fails, a waiter of one is answered with that)
+    // and a call after it gets a new session, which the directory refuses.
+    taken = sessions_->TakeSessions(belongs);
   }
   TenantEnded ended;
-  for (const std::shared_ptr<Session>& s : sessions_->List()) {
-    if (!belongs(*s)) continue;
-    // Ends it as its process's exit would (OnSessionEnd, on this thread).
-    if (std::optional<size_t> held = sessions_->EndSession(s->id())) {
-      ++ended.sessions;
-      ended.allocations += *held;
-    }
+  for (const SessionRegistry::Taken& t : taken) {
+    ++ended.sessions;
+    ended.allocations += t.allocation_ids.size();
   }
+  // As their processes' exits would (OnSessionEnd, on this thread): the
+  // memory returns, the waiters are answered.
+  sessions_->FinishSessions(std::move(taken));
   absl::ReaderMutexLock gate(&gate_);
   if (!shut_down_) pools_.ReleaseTenantSlabs(tenant);
   return ended;

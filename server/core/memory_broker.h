@@ -242,9 +242,11 @@ class MemoryBroker {
   // counted: live allocations with `end_sessions` false are
   // FAILED_PRECONDITION naming them, and nothing changes. Otherwise
   // `unlist` runs inside the barrier (it takes the tenant out of the
-  // directory in force, so no call after it is charged to the tenant);
-  // then every session charged to the tenant or opened through its socket
-  // ends (its memory returns, its waiting requests are answered) and the
+  // directory in force, so no call after it is charged to the tenant) and
+  // every session charged to the tenant or opened through its socket is
+  // marked ended (nothing more is committed for it, not even for a waiting
+  // request); then those sessions end (their memory returns, their waiting
+  // requests are answered) and the
   // tenant's empty slabs go back to their devices. Calls the backend; the
   // caller must hold no lock that a call into the broker takes.
   absl::StatusOr<TenantEnded> EndTenant(uint32_t tenant, absl::string_view name,

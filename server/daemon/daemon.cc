@@ -170,6 +170,11 @@ absl::Status Daemon::StartParts() {
       &p.directory, p.quotas.get(), p.ledger.get(), p.broker->devices(),
       [broker](const PeerCred& c) { return broker->IsAdmin(c); },
       [broker] { broker->QuotasChanged(); });
+  // The listener serves socket tenants' sockets too (issue 24); made here,
+  // before any thread could serve a tenant RPC, bound and started below.
+  p.listener = std::make_unique<SocketListener>(s.socket.value, broker, &p.peers);
+  p.tenant_admin->ServeSocketTenants(
+      {&p.directory, broker, p.listener.get(), s.tenant_socket_dir.value});
 
   // Metrics are opt-in: without --metrics_listen nothing is counted.
   if (!s.metrics_listen.value.empty()) {
@@ -221,10 +226,6 @@ absl::Status Daemon::StartParts() {
 
   absl::StatusOr<std::optional<int>> activation = TakeActivationSocket();
   if (!activation.ok()) return activation.status();
-  p.listener = std::make_unique<SocketListener>(s.socket.value, broker, &p.peers);
-  // Socket tenants' sockets are served by the listener too (issue 24).
-  p.tenant_admin->ServeSocketTenants(
-      {&p.directory, broker, p.listener.get(), s.tenant_socket_dir.value});
   absl::Status bound =
       activation->has_value() ? p.listener->Adopt(**activation) : p.listener->Bind();
   if (!bound.ok()) return bound;

@@ -174,26 +174,53 @@ std::vector<std::shared_ptr<Session>> SessionRegistry::List() const {
   return out;
 }
 
+std::shared_ptr<Session> SessionRegistry::RemoveLocked(uint64_t session_id) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return nullptr;  // ended by another thread
+  if (it->second.pidfd >= 0) {
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.pidfd, nullptr);
+    close(it->second.pidfd);
+  }
+  std::shared_ptr<Session> session = std::move(it->second.session);
+  if (!session->token().empty()) by_token_.erase(session->token());
+  auto p = by_pid_.find(KeyOf(session->cred()));
+  if (p != by_pid_.end() && p->second == session_id) by_pid_.erase(p);
+  sessions_.erase(it);
+  return session;
+}
+
 std::optional<size_t> SessionRegistry::EndSession(uint64_t session_id) {
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session_id);
-    if (it == sessions_.end()) return std::nullopt;  // ended by another thread
-    if (it->second.pidfd >= 0) {
-      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.pidfd, nullptr);
-      close(it->second.pidfd);
-    }
-    session = std::move(it->second.session);
-    if (!session->token().empty()) by_token_.erase(session->token());
-    auto p = by_pid_.find(KeyOf(session->cred()));
-    if (p != by_pid_.end() && p->second == session_id) by_pid_.erase(p);
-    sessions_.erase(it);
+    session = RemoveLocked(session_id);
   }
+  if (session == nullptr) return std::nullopt;
   std::vector<uint64_t> ids = session->End();
   const size_t held = ids.size();
   on_end_(session, std::move(ids));
   return held;
+}
+
+std::vector<SessionRegistry::Taken> SessionRegistry::TakeSessions(
+    const std::function<bool(const Session&)>& pick) {
+  std::vector<Taken> taken;
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, e] : sessions_) {
+    if (pick(*e.session)) ids.push_back(id);
+  }
+  for (uint64_t id : ids) {
+    Taken t;
+    t.session = RemoveLocked(id);
+    t.allocation_ids = t.session->End();
+    taken.push_back(std::move(t));
+  }
+  return taken;
+}
+
+void SessionRegistry::FinishSessions(std::vector<Taken> taken) {
+  for (Taken& t : taken) on_end_(t.session, std::move(t.allocation_ids));
 }
 
 void SessionRegistry::Watch() {

@@ -83,6 +83,19 @@ class SessionRegistry {
   // The number of allocations it held, or nullopt if it was not live.
   std::optional<size_t> EndSession(uint64_t session_id);
 
+  // Ending many sessions in two steps, so that the first may run under a
+  // lock of the caller's that on_end takes too: TakeSessions marks every
+  // live session `pick` accepts ended (nothing can be recorded for it from
+  // then on) and forgets it (no Attach or Find returns it), and returns
+  // each with the ids of the allocations it held; FinishSessions then calls
+  // on_end for each, on this thread.
+  struct Taken {
+    std::shared_ptr<Session> session;
+    std::vector<uint64_t> allocation_ids;
+  };
+  std::vector<Taken> TakeSessions(const std::function<bool(const Session&)>& pick);
+  void FinishSessions(std::vector<Taken> taken);
+
  private:
   struct Entry {
     std::shared_ptr<Session> session;
@@ -94,6 +107,8 @@ class SessionRegistry {
   // A process's sessions are keyed by its pid and the socket it came through.
   using ProcessKey = std::pair<pid_t, uint32_t>;
   static ProcessKey KeyOf(const PeerCred& cred) { return {cred.pid, cred.socket_tenant}; }
+  // Removes entry `it` (its pidfd, token and pid key) and returns its session.
+  std::shared_ptr<Session> RemoveLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   EndCallback on_end_;
   int epoll_fd_ = -1;
