@@ -315,7 +315,7 @@ void SlabPool::Release(const PoolBlock& block) {
   t.used_bytes -= block.size;
   --t.live_blocks;
   if (e.allocator->live_blocks() == 0) {
-    if (e.dedicated) {
+    if (e.dedicated || gone_.contains(e.tenant)) {
       ReleaseSlabLocked(it, &dead);
     } else {
       e.empty_since = absl::Now();
@@ -495,6 +495,7 @@ int SlabPool::ReleaseTenantSlabs(uint32_t tenant) {
   Graveyard dead;
   int released = 0;
   absl::MutexLock lock(&mu_);
+  gone_.insert(tenant);
   for (auto it = slabs_.begin(); it != slabs_.end();) {
     auto next = std::next(it);
     const SlabEntry& e = it->second;
