@@ -52,12 +52,15 @@ absl::StatusOr<ReloadOutcome> ApplyReloadableConfig(
   ReloadOutcome out;
 
   // The tenant directory and the admin group first: both can fail, and
-  // nothing is changed before they are known to apply.
+  // nothing is changed before they are known to apply. The directory is
+  // read and replaced under its change lock (PutTenant and DeleteTenant
+  // change it too).
+  absl::MutexLock changes(&targets.directory->changes());
   const std::shared_ptr<const tenants::TenantDirectory> in_force = targets.directory->Get();
   std::optional<tenants::TenantDirectory> next_tenants;
   absl::StatusOr<tenants::TenantDirectory> built = tenants::TenantDirectory::Build(
       settings.file, locations, settings.config_path, *targets.devices,
-      at_start ? nullptr : in_force.get());
+      at_start ? nullptr : in_force.get(), settings.tenant_socket_dir.value);
   if (!built.ok()) return built.status();
   if (!at_start && built->configured() != in_force->configured()) {
     out.restart_only.push_back(
@@ -89,8 +92,10 @@ absl::StatusOr<ReloadOutcome> ApplyReloadableConfig(
     std::vector<ledger::QuotaRow> rows;
     const std::string origin = at_start ? "config" : "config (reload)";
     for (const tenants::Tenant& t : next_tenants->tenants()) {
+      // Socket tenants made at run time get their PutTenant quota back
+      // (their rows are the ledger's socket_tenants table, not quotas).
       targets.quotas->SetQuota(t.id, t.quota);
-      if (!t.quota.unlimited()) {
+      if (!t.quota.unlimited() && !t.runtime) {
         rows.push_back({t.name, t.quota, origin, absl::GetCurrentTimeNanos()});
       }
     }

@@ -35,7 +35,14 @@
 //    name, with its last quota still enforced on its live sessions, and it
 //    is listed by GetStats and (for admins) GetUsage until they are freed;
 //    SetQuota no longer names it, and the ledger's quota table drops it;
-//  - priorities apply to Allocates that queue to wait after the reload.
+//  - priorities apply to Allocates that queue to wait after the reload;
+//  - socket tenants made at run time (PutTenant) are kept, with their ids,
+//    sockets and PutTenant quotas; a config that defines a tenant of one's
+//    name (or gives one's socket to a config tenant) is refused, naming the
+//    line. Sockets of config tenants (TenantConfig.socket) are made and
+//    removed after the directory is swapped in (TenantAdmin::
+//    SyncConfigSockets); they resolve inside settings.tenant_socket_dir,
+//    which the caller passes as the one in force (it is restart-only).
 // Restart-only: backend, socket, tenant_socket_dir, sim_devices,
 // sim_topology, handle_kinds, pool.slab_size (devices, the listening
 // sockets, handle kinds and slab geometry are fixed for the daemon's life),

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "common/byte_size.h"
 #include "server/backend/sim_topology.h"
+#include "server/tenants/socket_path.h"
 
 namespace gpumem {
 namespace {
@@ -97,9 +98,9 @@ absl::StatusOr<Settings> ResolveSettings(const CommandLine& flags, const std::st
 
   Pick(&s.socket, flags.socket, NonEmpty(file.socket()));
   Pick(&s.tenant_socket_dir, flags.tenant_socket_dir, NonEmpty(file.tenant_socket_dir()));
-  if (s.tenant_socket_dir.value.empty() || s.tenant_socket_dir.value[0] != '/') {
+  if (absl::Status dir = tenants::CheckSocketDir(s.tenant_socket_dir.value); !dir.ok()) {
     return Bad(s.tenant_socket_dir.source, "tenant_socket_dir", "tenant_socket_dir",
-               "must be an absolute path");
+               "must be an absolute path without '.', '..', '//' or a trailing '/'");
   }
 
   std::optional<std::string> slab_text = flags.slab_size;

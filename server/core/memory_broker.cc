@@ -114,6 +114,12 @@ class MemoryBroker::RequestWaiter final : public admission::Waiter {
   AllocateAnswer Attempt(const admission::Reservation* ahead) {
     absl::ReaderMutexLock gate(&broker_->gate_);
     if (broker_->shut_down_) return broker_->ShuttingDown();
+    // Its session ended (EndTenant marks them ended behind the gate): not
+    // even a carve that would be given back, which could leave a slab for
+    // a tenant that is gone.
+    if (session_->ended()) {
+      return absl::FailedPreconditionError("the calling process has exited");
+    }
     AllocateAnswer answer = broker_
         ->Place(caller_, *session_, tenant_ref_, prepared_, PoolCarver::Mode::kMayCallBackend,
                 ahead)
@@ -445,22 +451,23 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
 }
 
 absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOf(const PeerCred& caller) const {
-  return tenants_->Get()->Resolve(caller.uid, caller.gid);
+  return tenants_->Get()->ResolveCaller(caller.uid, caller.gid, caller.socket_tenant);
 }
 
 absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOfSession(Session& session,
                                                                  const PeerCred& caller) {
   const std::shared_ptr<const tenants::TenantDirectory> dir = tenants_->Get();
   // Without configured tenants each uid is its own tenant, call by call
-  // (a process that changes uid acts as its new uid; nothing to fix).
-  if (!dir->configured()) {
+  // (a process that changes uid acts as its new uid; nothing to fix). A
+  // caller through a tenant's socket is that tenant, fixed at once.
+  if (!dir->configured() && caller.socket_tenant == 0) {
     absl::StatusOr<tenants::TenantRef> own = dir->Resolve(caller.uid, caller.gid);
     if (!own.ok()) return own;
     if (absl::Status counted = CountSession(session, *own); !counted.ok()) return counted;
     return own;
   }
-  absl::StatusOr<tenants::TenantRef> fixed =
-      session.FixTenant([&] { return dir->Resolve(caller.uid, caller.gid); });
+  absl::StatusOr<tenants::TenantRef> fixed = session.FixTenant(
+      [&] { return dir->ResolveCaller(caller.uid, caller.gid, caller.socket_tenant); });
   if (!fixed.ok()) return fixed;
   // Its priority and limits now, if the directory in force still has the
   // tenant (a removed tenant keeps those it had).
@@ -649,10 +656,20 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::FreeIn(const PeerCred& caller,
   absl::StatusOr<AllocationRecord> taken = table_.Take(
       request.id(),
       [&](const AllocationRecord& r) -> absl::Status {
-        if (caller.uid != 0 && caller.uid != r.uid) {
+        if (caller.socket_tenant != 0) {
+          // Through a tenant's socket: that tenant's allocations only, and
+          // nothing said of anyone else's.
+          if (r.tenant != caller.socket_tenant) {
+            return absl::NotFoundError(absl::StrCat(
+                "no allocation ", request.id(), " of this socket's tenant"));
+          }
+        } else if (caller.uid != 0 &&
+                   (caller.uid != r.uid || r.session->cred().socket_tenant != 0)) {
           return absl::PermissionDeniedError(absl::StrCat(
-              "allocation ", request.id(), " belongs to uid ", r.uid, "; uid ", caller.uid,
-              " may not free it"));
+              "allocation ", request.id(), " belongs to ",
+              r.session->cred().socket_tenant != 0 ? "a socket tenant"
+                                                    : absl::StrCat("uid ", r.uid),
+              "; uid ", caller.uid, " may not free it"));
         }
         // A dedicated slab goes back to the backend with its block.
         if (needs_backend_work != nullptr && r.block.dedicated) {
@@ -832,7 +849,56 @@ void MemoryBroker::EndConnection(uint64_t session_id) {
 
 absl::StatusOr<uint64_t> MemoryBroker::ResolveSessionToken(absl::string_view token,
                                                            const PeerCred& caller) const {
-  return sessions_->ResolveToken(token, caller.uid);
+  return sessions_->ResolveToken(token, caller);
+}
+
+absl::StatusOr<MemoryBroker::TenantEnded> MemoryBroker::EndTenant(
+    uint32_t tenant, absl::string_view name, bool end_sessions,
+    const std::function<void()>& unlist) {
+  auto belongs = [tenant](const Session& s) {
+    if (s.cred().socket_tenant == tenant) return true;
+    const std::optional<tenants::TenantRef> t = s.tenant();
+    return t.has_value() && t->id == tenant;
+  };
+  std::vector<SessionRegistry::Taken> taken;
+  {
+    // The barrier: no call is in flight while the tenant is counted and
+    // unlisted, and every call after it reads the new directory.
+    absl::WriterMutexLock barrier(&gate_);
+    if (shut_down_) return ShuttingDown();
+    uint32_t sessions = 0;
+    uint64_t allocations = 0, bytes = 0;
+    for (const std::shared_ptr<Session>& s : sessions_->List()) {
+      if (!belongs(*s)) continue;
+      const Session::Figures f = s->figures();
+      ++sessions;
+      allocations += f.allocations;
+      bytes += f.used_bytes;
+    }
+    if (allocations > 0 && !end_sessions) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tenant \"", name, "\" holds ", allocations, " allocation(s), ", FormatBytes(bytes),
+          ", in ", sessions, " session(s); free them first, or pass end_sessions to end its "
+          "sessions and free their memory"));
+    }
+    unlist();
+    // Its sessions are marked ended and forgotten inside the barrier too: a
+    // session fixed to the tenant can take nothing more after it (a commit
+    // for an ended session fails, a waiter of one is answered with that)
+    // and a call after it gets a new session, which the directory refuses.
+    taken = sessions_->TakeSessions(belongs);
+  }
+  TenantEnded ended;
+  for (const SessionRegistry::Taken& t : taken) {
+    ++ended.sessions;
+    ended.allocations += t.allocation_ids.size();
+  }
+  // As their processes' exits would (OnSessionEnd, on this thread): the
+  // memory returns, the waiters are answered.
+  sessions_->FinishSessions(std::move(taken));
+  absl::ReaderMutexLock gate(&gate_);
+  if (!shut_down_) pools_.ReleaseTenantSlabs(tenant);
+  return ended;
 }
 
 }  // namespace gpumem

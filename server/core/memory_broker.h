@@ -42,7 +42,14 @@
 //    backend failure reaches the caller with the backend's code, naming the
 //    device and the operation; it is never reported as a refusal.
 //  - Free is allowed to the owning session, any process of the same uid, and
-//    root; otherwise PERMISSION_DENIED.
+//    root; otherwise PERMISSION_DENIED. A caller through a tenant's own
+//    socket (PeerCred::socket_tenant) is that tenant, whatever its uid: it
+//    may free only that tenant's allocations (another's id is NOT_FOUND,
+//    saying nothing of its owner), is never root nor an administrator, and
+//    sees only that tenant and the sessions opened through its socket; and
+//    the uid rule does not reach allocations made through a tenant's
+//    socket (only root's does). Its sessions are charged to that tenant
+//    (fixed at once), with or without configured tenants.
 //  - A request for a handle kind the daemon does not offer is
 //    FAILED_PRECONDITION naming the kinds it offers. Legacy IPC handle bytes
 //    go in the Allocate reply, and the session is recorded as given the
@@ -315,6 +322,26 @@ class MemoryBroker {
   absl::StatusOr<tenants::TenantRef> TenantOf(const PeerCred& caller) const;
   // Quotas changed (SetQuota, a reload): waiting requests are tried again.
   void QuotasChanged() { admission_.Kick(); }
+
+  // ---- Removing a tenant (DeleteTenant) ----
+  struct TenantEnded {
+    uint32_t sessions = 0;     // sessions ended
+    uint64_t allocations = 0;  // their allocations, freed
+  };
+  // Ends tenant `tenant` (`name` in messages). First, behind a barrier (the
+  // calls in flight finish, new ones wait for it), what the tenant holds is
+  // counted: live allocations with `end_sessions` false are
+  // FAILED_PRECONDITION naming them, and nothing changes. Otherwise
+  // `unlist` runs inside the barrier (it takes the tenant out of the
+  // directory in force, so no call after it is charged to the tenant) and
+  // every session charged to the tenant or opened through its socket is
+  // marked ended (nothing more is committed for it, not even for a waiting
+  // request); then those sessions end (their memory returns, their waiting
+  // requests are answered) and the
+  // tenant's empty slabs go back to their devices. Calls the backend; the
+  // caller must hold no lock that a call into the broker takes.
+  absl::StatusOr<TenantEnded> EndTenant(uint32_t tenant, absl::string_view name,
+                                        bool end_sessions, const std::function<void()>& unlist);
 
  private:
   class RequestWaiter;  // an Allocate waiting in admission (memory_broker.cc)

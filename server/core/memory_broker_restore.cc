@@ -53,6 +53,11 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
   // force, or (a tenant the config no longer has) an id of its own here.
   auto tenant_of = [&](const std::string& name) -> std::optional<tenants::TenantRef> {
     if (name.empty()) return std::nullopt;
+    // A listed tenant (configured, or a socket tenant in either mode).
+    if (const tenants::Tenant* t = dir->Find(name)) {
+      return tenants::TenantRef{t->id, name, t->priority, t->max_waiting_requests,
+                                t->max_sessions};
+    }
     if (!dir->configured()) {
       std::optional<uint32_t> uid = tenants::UidOfTenantName(name);
       if (!uid.has_value()) return std::nullopt;
@@ -60,7 +65,8 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
     }
     if (std::optional<uint32_t> id = dir->IdOf(name)) {
       const tenants::Tenant* t = dir->FindId(*id);
-      return tenants::TenantRef{*id, name, t->priority, t->max_waiting_requests};
+      return tenants::TenantRef{*id, name, t->priority, t->max_waiting_requests,
+                                t->max_sessions};
     }
     auto [it, fresh] = retired.try_emplace(name, next_restored_id);
     if (fresh) {
@@ -83,6 +89,12 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
     max_session = std::max(max_session, r.id);
     std::optional<tenants::TenantRef> tenant;
     if (r.tenant_fixed) tenant = tenant_of(r.tenant_name_string());
+    if (r.via_socket) {
+      // Through a tenant's socket: that tenant must still be one with a
+      // socket (socket tenants are back in the directory before this).
+      const tenants::Tenant* t = tenant.has_value() ? dir->FindId(tenant->id) : nullptr;
+      if (t == nullptr || t->socket.empty()) tenant.reset();
+    }
     absl::StatusOr<std::shared_ptr<Session>> s = sessions_->Restore(r, tenant);
     if (!s.ok()) {
       ++out.sessions_gone;

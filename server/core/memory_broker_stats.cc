@@ -3,6 +3,10 @@
 // figures and counters for everyone; tenants, sessions and slab owners only
 // of the caller's own uid (its tenant in the directory in force, and those
 // its live sessions are charged to), unless the caller is an administrator.
+// A caller through a tenant's socket is that tenant, not its uid: it sees
+// that tenant and the sessions opened through that socket, never others of
+// its uid (SamePrincipal). Socket tenants are listed even while they hold
+// nothing, so their existence and quota show.
 #include <algorithm>
 
 #include "absl/container/flat_hash_set.h"
@@ -22,10 +26,11 @@ StatsView MemoryBroker::Stats(const PeerCred& caller, bool include_slabs) const 
   // tenant's figures.
   absl::flat_hash_set<uint32_t> own_tenants;
   if (!admin) {
-    absl::StatusOr<tenants::TenantRef> mine = dir->Resolve(caller.uid, caller.gid);
+    absl::StatusOr<tenants::TenantRef> mine =
+        dir->ResolveCaller(caller.uid, caller.gid, caller.socket_tenant);
     if (mine.ok()) own_tenants.insert(mine->id);
     for (const std::shared_ptr<Session>& s : sessions) {
-      if (s->cred().uid != caller.uid) continue;
+      if (!SamePrincipal(s->cred(), caller)) continue;
       if (std::optional<tenants::TenantRef> t = s->tenant()) own_tenants.insert(t->id);
     }
   }
@@ -74,9 +79,12 @@ StatsView MemoryBroker::Stats(const PeerCred& caller, bool include_slabs) const 
     dv.peers = peer_rows_[d.index];
   }
   // Tenants that only wait hold nothing yet, but are shown with their
-  // waiting requests.
+  // waiting requests; socket tenants are shown as they are.
   for (const auto& [tenant, count] : waiting) {
     if (visible(tenant) && !shut_down_) tenants[tenant].resize(devices.size());
+  }
+  for (const tenants::Tenant& t : dir->tenants()) {
+    if (!t.socket.empty() && visible(t.id) && !shut_down_) tenants[t.id].resize(devices.size());
   }
   for (auto& [id, rows] : tenants) {
     TenantStatsView& tv = out.tenants.emplace_back();
@@ -95,7 +103,7 @@ StatsView MemoryBroker::Stats(const PeerCred& caller, bool include_slabs) const 
             [](const TenantStatsView& a, const TenantStatsView& b) { return a.id < b.id; });
   if (shut_down_) return out;
   for (const std::shared_ptr<Session>& s : sessions) {
-    if (!admin && s->cred().uid != caller.uid) continue;
+    if (!admin && !SamePrincipal(s->cred(), caller)) continue;
     Session::Figures f = s->figures();
     if (f.ended) continue;
     SessionStatsView& sv = out.sessions.emplace_back();

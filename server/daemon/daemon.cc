@@ -182,9 +182,10 @@ absl::Status Daemon::StartParts() {
 
   // Slab ids never repeat across daemons of this machine (a client may still
   // map a slab of an earlier daemon, known by its id): each daemon starts
-  // numbering at its start second << 20, above any earlier one's (which
-  // would need a million slabs a second to catch up).
-  SlabPool::AdvanceSlabIdsPast(static_cast<uint64_t>(absl::ToUnixSeconds(absl::Now())) << 20);
+  // numbering at its start millisecond << 12, above any earlier one's (which
+  // would need 4096 slabs a millisecond to catch up; two daemons of one
+  // second are told apart). The ids stay below 2^53, exact in JSON.
+  SlabPool::AdvanceSlabIdsPast(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 12);
 
   // What a restart needs, and what the last daemon left there.
   if (s.state.value != "none") {
@@ -238,13 +239,23 @@ absl::Status Daemon::StartParts() {
   if (absl::Status broker_started = p.broker->Start(); !broker_started.ok()) {
     return broker_started;
   }
-  if (p.state != nullptr) RestoreFromPrevious();
-
   MemoryBroker* broker = p.broker.get();
   p.tenant_admin = std::make_unique<TenantAdmin>(
       &p.directory, p.quotas.get(), p.ledger.get(), p.broker->devices(),
       [broker](const PeerCred& c) { return broker->IsAdmin(c); },
       [broker] { broker->QuotasChanged(); });
+  // The listener serves socket tenants' sockets too; made here, before any
+  // thread could serve a tenant RPC, bound and started below.
+  p.listener = std::make_unique<SocketListener>(s.socket.value, broker, &p.peers);
+  p.tenant_admin->ServeSocketTenants(
+      {&p.directory, broker, p.listener.get(), s.tenant_socket_dir.value});
+  // The ledger's socket tenants are listed again before the restore, whose
+  // sessions and slabs may be theirs (their sockets come once the listener
+  // runs).
+  for (const std::string& line : p.tenant_admin->RestoreSocketTenants()) {
+    std::cerr << "gpumemd: " << line << "\n";
+  }
+  if (p.state != nullptr) RestoreFromPrevious();
 
   // Metrics are opt-in: without --metrics_listen nothing is counted.
   if (!s.metrics_listen.value.empty()) {
@@ -297,7 +308,6 @@ absl::Status Daemon::StartParts() {
   // The listening socket: systemd's (socket activation), else the one the
   // last daemon kept in the fd store (clients' connects waited in its
   // backlog meanwhile), else a new one, kept in the fd store from now on.
-  p.listener = std::make_unique<SocketListener>(s.socket.value, broker, &p.peers);
   absl::Status bound;
   const bool from_activation = p.passed.socket.has_value() && p.passed.socket_from_activation;
   bool from_store = p.passed.socket.has_value() && !from_activation;
@@ -325,6 +335,14 @@ absl::Status Daemon::StartParts() {
   }
   if (absl::Status listening = p.listener->Start(p.server.get()); !listening.ok()) {
     return listening;
+  }
+  // The restored socket tenants' sockets; the config's tenant sockets are
+  // made (one that cannot be is a start-up error).
+  for (const std::string& line : p.tenant_admin->ServeRestoredSockets()) {
+    std::cerr << "gpumemd: " << line << "\n";
+  }
+  if (std::vector<std::string> unmade = p.tenant_admin->SyncConfigSockets(); !unmade.empty()) {
+    return absl::FailedPreconditionError(absl::StrJoin(unmade, "; "));
   }
 
   p.serving = absl::StrCat("serving ", p.backend->devices().size(), " ", p.backend->name(),
@@ -462,7 +480,13 @@ absl::Status Daemon::Reload() {
   if (next.ok()) {
     ReloadTargets targets{p.broker.get(), &p.broker->devices(), &p.directory, p.quotas.get(),
                           p.ledger.get()};
+    next->tenant_socket_dir = settings_.tenant_socket_dir;  // restart-only
     outcome = ApplyReloadableConfig(*next, locations.get(), targets, /*at_start=*/false);
+    if (outcome.ok()) {  // the config's tenant sockets follow the directory
+      for (const std::string& line : p.tenant_admin->SyncConfigSockets()) {
+        std::cerr << "gpumemd: reload: " << line << "\n";
+      }
+    }
   } else {
     outcome = next.status();
   }

@@ -5,8 +5,8 @@ namespace ledger {
 namespace {
 
 constexpr absl::string_view kNames[] = {
-    "ALLOCATE", "FREE", "SESSION_END", "DAEMON_STOP", "DAEMON_RESTART", "QUOTA_SET", "LEDGER_GAP",
-    "DAEMON_RESUMED",
+    "ALLOCATE",   "FREE",           "SESSION_END", "DAEMON_STOP",   "DAEMON_RESTART",
+    "QUOTA_SET",  "LEDGER_GAP",     "DAEMON_RESUMED", "TENANT_PUT", "TENANT_DELETE",
 };
 
 }  // namespace

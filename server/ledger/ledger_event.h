@@ -4,11 +4,13 @@
 // Which kinds change a tenant's usage: ALLOCATE adds `bytes` on `device`;
 // FREE (an explicit Free), SESSION_END (the owning process ended),
 // DAEMON_STOP (released at a clean shutdown) and DAEMON_RESTART (live when
-// the daemon died, closed at the next start) take them away. QUOTA_SET and
-// LEDGER_GAP are records only (device -1, and bytes is the new total quota
-// or the count of events lost), and so is DAEMON_RESUMED (a daemon started
-// again and carried on with what the one before it left: bytes is the
-// number of allocations that survived, detail says what did not).
+// the daemon died, closed at the next start) take them away. QUOTA_SET,
+// TENANT_PUT, TENANT_DELETE and LEDGER_GAP are records only (device -1;
+// bytes is the new total quota, or the count of events lost; TENANT_PUT's
+// detail names the socket tenant's socket and quota), and so is
+// DAEMON_RESUMED (a daemon started again and carried on with what the one
+// before it left: bytes is the number of allocations that survived, detail
+// says what did not).
 #ifndef GPUMEMD_SERVER_LEDGER_LEDGER_EVENT_H_
 #define GPUMEMD_SERVER_LEDGER_LEDGER_EVENT_H_
 
@@ -30,6 +32,8 @@ enum class EventKind : uint8_t {
   kQuotaSet,
   kLedgerGap,
   kDaemonResumed,
+  kTenantPut,     // a socket tenant made or changed (PutTenant)
+  kTenantDelete,  // a socket tenant removed (DeleteTenant)
 };
 
 // "ALLOCATE", "FREE", ... as stored in events.kind.

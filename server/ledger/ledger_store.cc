@@ -64,6 +64,19 @@ CREATE TABLE IF NOT EXISTS quota_devices(
   device INTEGER NOT NULL,
   bytes INTEGER NOT NULL,
   PRIMARY KEY(tenant, device));
+CREATE TABLE IF NOT EXISTS socket_tenants(
+  name TEXT PRIMARY KEY,
+  socket TEXT NOT NULL,
+  priority INTEGER NOT NULL,
+  total_bytes INTEGER,
+  max_allocations INTEGER,
+  source TEXT NOT NULL,
+  set_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS socket_tenant_devices(
+  tenant TEXT NOT NULL,
+  device_uuid TEXT NOT NULL,
+  bytes INTEGER NOT NULL,
+  PRIMARY KEY(tenant, device_uuid));
 )sql";
 
 // Finalizes a statement on every path.
@@ -392,6 +405,7 @@ absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
                                  const UsageAccount& usage,
                                  const std::vector<UsageAccount::Key>& changed,
                                  const std::vector<QuotaRow>& quotas, uint64_t highest_id) {
+  absl::MutexLock write(&write_mu_);
   absl::Status s = Exec("BEGIN IMMEDIATE");
   if (!s.ok()) return s;
   auto fail = [this](absl::Status status) {
@@ -499,6 +513,7 @@ absl::Status LedgerStore::WriteQuotas(const std::vector<QuotaRow>& quotas) {
 }
 
 absl::Status LedgerStore::ReplaceQuotas(const std::vector<QuotaRow>& quotas) {
+  absl::MutexLock write(&write_mu_);
   absl::Status s = Exec("BEGIN IMMEDIATE");
   if (!s.ok()) return s;
   if (s = Exec("DELETE FROM quotas; DELETE FROM quota_devices;"); !s.ok()) {
@@ -543,7 +558,118 @@ absl::StatusOr<std::vector<LedgerEvent>> LedgerStore::Query(const EventQuery& qu
 }
 
 void LedgerStore::SetMaxPageCount(int64_t pages) {
+  absl::MutexLock write(&write_mu_);
   Exec(absl::StrCat("PRAGMA max_page_count=", pages).c_str()).IgnoreError();
+}
+
+absl::Status LedgerStore::PutSocketTenant(const SocketTenantRow& row) {
+  absl::MutexLock write(&write_mu_);
+  absl::Status s = Exec("BEGIN IMMEDIATE");
+  if (!s.ok()) return s;
+  auto fail = [this](absl::Status status) {
+    Exec("ROLLBACK").IgnoreError();
+    return status;
+  };
+  {
+    Stmt del, ins;
+    if (sqlite3_prepare_v2(db_, "DELETE FROM socket_tenant_devices WHERE tenant = ?", -1,
+                           &del.s, nullptr) != SQLITE_OK ||
+        sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO socket_tenants(name, socket, priority, "
+                           "total_bytes, max_allocations, source, set_ns) VALUES(?,?,?,?,?,?,?)",
+                           -1, &ins.s, nullptr) != SQLITE_OK) {
+      return fail(Error("writing socket tenants"));
+    }
+    BindText(del.s, 1, row.name);
+    if (sqlite3_step(del.s) != SQLITE_DONE) return fail(Error("writing socket tenants"));
+    BindText(ins.s, 1, row.name);
+    BindText(ins.s, 2, row.socket);
+    sqlite3_bind_int(ins.s, 3, row.priority);
+    if (row.total_bytes) sqlite3_bind_int64(ins.s, 4, static_cast<int64_t>(*row.total_bytes));
+    if (row.max_allocations) {
+      sqlite3_bind_int64(ins.s, 5, static_cast<int64_t>(*row.max_allocations));
+    }
+    BindText(ins.s, 6, row.source);
+    sqlite3_bind_int64(ins.s, 7, row.set_ns);
+    if (sqlite3_step(ins.s) != SQLITE_DONE) return fail(Error("writing socket tenants"));
+  }
+  for (const auto& [uuid, bytes] : row.device_bytes) {
+    Stmt dev;
+    if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO socket_tenant_devices(tenant, "
+                           "device_uuid, bytes) VALUES(?,?,?)", -1, &dev.s, nullptr) != SQLITE_OK) {
+      return fail(Error("writing socket tenants"));
+    }
+    BindText(dev.s, 1, row.name);
+    BindText(dev.s, 2, uuid);
+    sqlite3_bind_int64(dev.s, 3, static_cast<int64_t>(bytes));
+    if (sqlite3_step(dev.s) != SQLITE_DONE) return fail(Error("writing socket tenants"));
+  }
+  if (s = Exec("COMMIT"); !s.ok()) return fail(s);
+  return absl::OkStatus();
+}
+
+absl::Status LedgerStore::DeleteSocketTenant(const std::string& name) {
+  absl::MutexLock write(&write_mu_);
+  absl::Status s = Exec("BEGIN IMMEDIATE");
+  if (!s.ok()) return s;
+  for (const char* sql : {"DELETE FROM socket_tenant_devices WHERE tenant = ?",
+                          "DELETE FROM socket_tenants WHERE name = ?"}) {
+    Stmt del;
+    if (sqlite3_prepare_v2(db_, sql, -1, &del.s, nullptr) != SQLITE_OK) {
+      s = Error("deleting a socket tenant");
+      Exec("ROLLBACK").IgnoreError();
+      return s;
+    }
+    BindText(del.s, 1, name);
+    if (sqlite3_step(del.s) != SQLITE_DONE) {
+      s = Error("deleting a socket tenant");
+      Exec("ROLLBACK").IgnoreError();
+      return s;
+    }
+  }
+  if (s = Exec("COMMIT"); !s.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<SocketTenantRow>> LedgerStore::SocketTenants() const {
+  absl::MutexLock write(&write_mu_);
+  std::vector<SocketTenantRow> rows;
+  Stmt q;
+  if (sqlite3_prepare_v2(db_, "SELECT name, socket, priority, total_bytes, max_allocations, "
+                         "source, set_ns FROM socket_tenants ORDER BY set_ns, name", -1, &q.s,
+                         nullptr) != SQLITE_OK) {
+    return Error("reading socket tenants");
+  }
+  int rc;
+  while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
+    SocketTenantRow r;
+    r.name = ColumnText(q.s, 0);
+    r.socket = ColumnText(q.s, 1);
+    r.priority = sqlite3_column_int(q.s, 2);
+    if (sqlite3_column_type(q.s, 3) != SQLITE_NULL) r.total_bytes = sqlite3_column_int64(q.s, 3);
+    if (sqlite3_column_type(q.s, 4) != SQLITE_NULL) {
+      r.max_allocations = sqlite3_column_int64(q.s, 4);
+    }
+    r.source = ColumnText(q.s, 5);
+    r.set_ns = sqlite3_column_int64(q.s, 6);
+    rows.push_back(std::move(r));
+  }
+  if (rc != SQLITE_DONE) return Error("reading socket tenants");
+  for (SocketTenantRow& r : rows) {
+    Stmt d;
+    if (sqlite3_prepare_v2(db_, "SELECT device_uuid, bytes FROM socket_tenant_devices "
+                           "WHERE tenant = ? ORDER BY device_uuid", -1, &d.s, nullptr) != SQLITE_OK) {
+      return Error("reading socket tenants");
+    }
+    BindText(d.s, 1, r.name);
+    while ((rc = sqlite3_step(d.s)) == SQLITE_ROW) {
+      r.device_bytes.emplace_back(ColumnText(d.s, 0), sqlite3_column_int64(d.s, 1));
+    }
+    if (rc != SQLITE_DONE) return Error("reading socket tenants");
+  }
+  return rows;
 }
 
 }  // namespace ledger

@@ -23,15 +23,23 @@
 //    committed so far.
 //  - Commit writes a group of events, their effect on `live` and `usage`,
 //    and pending quota rows in one transaction: all or nothing.
-// The write side (Open, Commit, SetQuotas) is for one thread at a time (the
-// ledger's writer); Query may run concurrently from any thread on its own
-// read-only connection.
+//  - Socket tenants made at run time (PutTenant) are rows of
+//    `socket_tenants` (with their per-device quotas, by device UUID, in
+//    `socket_tenant_devices`): PutSocketTenant and DeleteSocketTenant
+//    write one tenant in one transaction and return only once it is
+//    committed, so a tenant a caller was told exists survives a crash.
+// The write side takes one lock, so the writer thread's commits and the
+// callers of the other write methods never use the connection at once;
+// Query may run concurrently from any thread on its own read-only
+// connection.
 #ifndef GPUMEMD_SERVER_LEDGER_LEDGER_STORE_H_
 #define GPUMEMD_SERVER_LEDGER_LEDGER_STORE_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -51,6 +59,20 @@ struct QuotaRow {
   std::string tenant;
   tenants::Quota quota;
   std::string source;  // "config" or "SetQuota by uid N"
+  int64_t set_ns = 0;
+};
+
+// A row of socket_tenants: a socket tenant made at run time, as PutTenant
+// last set it. Device quotas are by device UUID (indexes may change across
+// restarts; UUIDs do not).
+struct SocketTenantRow {
+  std::string name;
+  std::string socket;
+  int32_t priority = 0;
+  std::optional<uint64_t> total_bytes;
+  std::optional<uint64_t> max_allocations;
+  std::vector<std::pair<std::string, uint64_t>> device_bytes;  // (uuid, bytes)
+  std::string source;  // "PutTenant by uid N"
   int64_t set_ns = 0;
 };
 
@@ -94,6 +116,12 @@ class LedgerStore {
   // Replaces every quota row (the config's, at start).
   absl::Status ReplaceQuotas(const std::vector<QuotaRow>& quotas);
 
+  // Socket tenants (see above): inserted or replaced, deleted (a name
+  // without a row is no error), listed by name.
+  absl::Status PutSocketTenant(const SocketTenantRow& row);
+  absl::Status DeleteSocketTenant(const std::string& name);
+  absl::StatusOr<std::vector<SocketTenantRow>> SocketTenants() const;
+
   absl::StatusOr<std::vector<LedgerEvent>> Query(const EventQuery& query) const;
 
   // Tests: changes the page limit of the write connection.
@@ -112,6 +140,8 @@ class LedgerStore {
 
   std::string path_;
   int lock_fd_ = -1;
+  // The write connection; every use after Open holds write_mu_.
+  mutable absl::Mutex write_mu_;
   sqlite3* db_ = nullptr;
   sqlite3* reader_ = nullptr;
   mutable absl::Mutex reader_mu_;

@@ -70,6 +70,21 @@ absl::Status TenantLedger::ReplaceQuotas(const std::vector<QuotaRow>& rows) {
   return store_->ReplaceQuotas(rows);
 }
 
+absl::Status TenantLedger::PutSocketTenant(const SocketTenantRow& row) {
+  if (store_ == nullptr) return absl::OkStatus();
+  return store_->PutSocketTenant(row);
+}
+
+absl::Status TenantLedger::DeleteSocketTenant(const std::string& name) {
+  if (store_ == nullptr) return absl::OkStatus();
+  return store_->DeleteSocketTenant(name);
+}
+
+absl::StatusOr<std::vector<SocketTenantRow>> TenantLedger::SocketTenants() const {
+  if (store_ == nullptr) return std::vector<SocketTenantRow>();
+  return store_->SocketTenants();
+}
+
 bool TenantLedger::WorkReady() const {
   return stopping_ || queue_.size() >= options_.max_batch || flush_wanted_ > committed_seq_;
 }

@@ -18,6 +18,9 @@
 //  - With no path (--ledger=none) nothing is written or read back; usage is
 //    still folded, for this run only, and Query is FAILED_PRECONDITION.
 //  - Close (and the destructor) commits what is queued and stops the writer.
+//  - Socket tenants made at run time are written at once, not queued
+//    (PutSocketTenant returns once the row is committed); with no path they
+//    are kept nowhere and SocketTenants() is empty.
 // Thread-safe.
 #ifndef GPUMEMD_SERVER_LEDGER_TENANT_LEDGER_H_
 #define GPUMEMD_SERVER_LEDGER_TENANT_LEDGER_H_
@@ -94,6 +97,10 @@ class TenantLedger {
   void SetQuota(QuotaRow row);
   // Replaces the quotas table now (start-up: the config's quotas).
   absl::Status ReplaceQuotas(const std::vector<QuotaRow>& rows);
+  // The socket tenants table (see above); the error names the file.
+  absl::Status PutSocketTenant(const SocketTenantRow& row);
+  absl::Status DeleteSocketTenant(const std::string& name);
+  absl::StatusOr<std::vector<SocketTenantRow>> SocketTenants() const;
 
   // Waits until every event appended before the call is committed; OK, or
   // UNAVAILABLE with SQLite's message while writes fail.

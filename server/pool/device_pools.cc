@@ -55,6 +55,10 @@ void DevicePools::ReleaseIdleSlabs(absl::Time now) {
   for (auto& pool : pools_) pool->ReleaseIdleSlabs(now);
 }
 
+void DevicePools::ReleaseTenantSlabs(uint32_t tenant) {
+  for (auto& pool : pools_) pool->ReleaseTenantSlabs(tenant);
+}
+
 void DevicePools::SetEmptyReleaseAfter(absl::Duration after) {
   for (auto& pool : pools_) pool->SetEmptyReleaseAfter(after);
 }

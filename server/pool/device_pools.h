@@ -63,6 +63,8 @@ class DevicePools {
   void SetEmptyReleaseAfter(absl::Duration after);
   void ForgetSession(uint64_t session);
   void ReleaseAll();
+  // SlabPool::ReleaseTenantSlabs on every device.
+  void ReleaseTenantSlabs(uint32_t tenant);
 
  private:
   Backend* const backend_;

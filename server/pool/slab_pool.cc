@@ -382,7 +382,7 @@ void SlabPool::Release(const PoolBlock& block) {
   t.used_bytes -= block.size;
   --t.live_blocks;
   if (e.allocator->live_blocks() == 0) {
-    if (e.dedicated) {
+    if (e.dedicated || gone_.contains(e.tenant)) {
       ReleaseSlabLocked(it, &dead);
     } else {
       e.empty_since = absl::Now();
@@ -562,6 +562,28 @@ int SlabPool::ReleaseIdleSlabs(absl::Time now) {
   if (!dead.empty()) {
     mu_.Unlock();
     dead.clear();
+    mu_.Lock();
+  }
+  return released;
+}
+
+int SlabPool::ReleaseTenantSlabs(uint32_t tenant) {
+  Graveyard dead;
+  int released = 0;
+  absl::MutexLock lock(&mu_);
+  gone_.insert(tenant);
+  for (auto it = slabs_.begin(); it != slabs_.end();) {
+    auto next = std::next(it);
+    const SlabEntry& e = it->second;
+    if (e.tenant == tenant && !e.retained && e.allocator->live_blocks() == 0) {
+      ReleaseSlabLocked(it, &dead);
+      ++released;
+    }
+    it = next;
+  }
+  if (!dead.empty()) {
+    mu_.Unlock();
+    dead.clear();  // the backend takes the memory back
     mu_.Lock();
   }
   return released;

@@ -252,6 +252,13 @@ class SlabPool {
   }
   // Gives back every slab now (daemon shutdown), retained ones too.
   void ReleaseAll();
+  // `tenant` is gone for good (a socket tenant deleted): its empty slabs,
+  // which no other tenant may ever carve from, go back now (reserved ones
+  // too), and each of its slabs still holding a block (one being freed at
+  // this moment) goes back as soon as it is empty; one still held by a
+  // live session becomes retained as usual. Calls the backend. Returns how
+  // many slabs were released now.
+  int ReleaseTenantSlabs(uint32_t tenant);
 
   uint32_t device() const { return device_; }
   // Bytes in live blocks.
@@ -353,6 +360,8 @@ class SlabPool {
   uint64_t pooled_bytes_ ABSL_GUARDED_BY(mu_) = 0;    // carvable slabs
   uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // retained slabs
   absl::flat_hash_map<uint32_t, TenantPoolStats> tenants_ ABSL_GUARDED_BY(mu_);
+  // Tenants gone for good (ReleaseTenantSlabs): their slabs go back once empty.
+  absl::flat_hash_set<uint32_t> gone_ ABSL_GUARDED_BY(mu_);
   // session -> slabs whose handle it was given (carvable or retained).
   absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> exports_
       ABSL_GUARDED_BY(mu_);

@@ -15,6 +15,8 @@
 #include <cstring>
 #include <iostream>
 
+#include "absl/synchronization/notification.h"
+
 #include <grpcpp/server.h>
 #include <grpcpp/server_posix.h>
 
@@ -142,15 +144,129 @@ absl::Status SocketListener::Start(grpc::Server* server) {
   fcntl(listen_fd_, F_SETFL, flags | O_NONBLOCK);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (epoll_fd_ < 0 || wake_fd_ < 0) return Errno("epoll/eventfd");
+  task_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (epoll_fd_ < 0 || wake_fd_ < 0 || task_fd_ < 0) return Errno("epoll/eventfd");
   struct epoll_event ev = {};
   ev.events = EPOLLIN;
   ev.data.fd = listen_fd_;
   if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0) return Errno("epoll_ctl");
   ev.data.fd = wake_fd_;
   if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) return Errno("epoll_ctl");
+  ev.data.fd = task_fd_;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, task_fd_, &ev) != 0) return Errno("epoll_ctl");
+  {
+    absl::MutexLock lock(&tasks_mu_);
+    loop_started_ = true;
+  }
   loop_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
+}
+
+bool SocketListener::RunInLoop(std::function<void()> task) {
+  absl::Notification done;
+  {
+    absl::MutexLock lock(&tasks_mu_);
+    if (!loop_started_ || loop_done_) return false;
+    tasks_.push_back([&task, &done] {
+      task();
+      done.Notify();
+    });
+    // Under the lock: Stop() closes task_fd_ only after it set loop_done_.
+    uint64_t one = 1;
+    (void)!write(task_fd_, &one, sizeof(one));
+  }
+  done.WaitForNotification();  // by the loop, or by Stop() after it
+  return true;
+}
+
+void SocketListener::RunTasks() {
+  uint64_t count;
+  (void)!read(task_fd_, &count, sizeof(count));
+  std::vector<std::function<void()>> tasks;
+  {
+    absl::MutexLock lock(&tasks_mu_);
+    tasks.swap(tasks_);
+  }
+  for (std::function<void()>& t : tasks) t();
+}
+
+absl::Status SocketListener::AddTenantSocket(uint32_t tenant, const std::string& socket_dir,
+                                             const std::string& path) {
+  if (tenant == 0) return absl::InvalidArgumentError("tenant 0 is the main socket's");
+  {
+    absl::MutexLock lock(&sockets_mu_);
+    if (tenant_sockets_.count(tenant) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tenant ", tenant, " has a socket already: ", tenant_sockets_[tenant]->path()));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<TenantSocketFile>> file = TenantSocketFile::Make(socket_dir, path);
+  if (!file.ok()) return file.status();
+  absl::Status added = absl::OkStatus();
+  const bool ran = RunInLoop([&] {
+    absl::MutexLock lock(&sockets_mu_);
+    if (tenant_sockets_.count(tenant) > 0) {
+      added = absl::FailedPreconditionError(absl::StrCat("tenant ", tenant, " has a socket already"));
+      return;
+    }
+    struct epoll_event ev = {};
+    ev.events = EPOLLIN;
+    ev.data.fd = (*file)->fd();
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, (*file)->fd(), &ev) != 0) {
+      added = Errno("epoll_ctl");
+      return;
+    }
+    tenant_listen_fds_[(*file)->fd()] = tenant;
+    tenant_sockets_[tenant] = *std::move(file);
+  });
+  if (!ran) return absl::FailedPreconditionError("gpumemd is not serving its sockets (stopping?)");
+  return added;  // on failure `file` still owns the socket: removed here
+}
+
+void SocketListener::RemoveTenantSocket(uint32_t tenant, bool close_connections) {
+  RunInLoop([&] { DropTenantSocket(tenant, close_connections); });
+}
+
+void SocketListener::DropTenantSocket(uint32_t tenant, bool close_connections) {
+  std::unique_ptr<TenantSocketFile> file;
+  {
+    absl::MutexLock lock(&sockets_mu_);
+    auto it = tenant_sockets_.find(tenant);
+    if (it != tenant_sockets_.end()) {
+      file = std::move(it->second);
+      tenant_sockets_.erase(it);
+    }
+  }
+  if (file != nullptr) {
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, file->fd(), nullptr);
+    tenant_listen_fds_.erase(file->fd());
+    file.reset();  // no longer accepting; the file is gone
+  }
+  if (!close_connections) return;
+  std::vector<int> doomed;
+  for (const auto& [fd, conn] : conns_) {
+    if (conn.cred.socket_tenant == tenant) doomed.push_back(fd);
+  }
+  for (int fd : doomed) CloseConn(fd);  // ends their connection-bound sessions
+  // gRPC owns its connections' fds: shutting the socket down makes it see
+  // the end and close it. Through a duplicate checked to be the same socket
+  // (the number may have been closed and reused since it was recorded).
+  for (const ConnectionRef& ref : peers_->TakeTenant(tenant)) {
+    const int dup = fcntl(ref.fd, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) continue;
+    struct stat st;
+    if (fstat(dup, &st) == 0 && st.st_dev == ref.dev && st.st_ino == ref.ino) {
+      shutdown(dup, SHUT_RDWR);
+    }
+    close(dup);
+  }
+}
+
+std::map<uint32_t, std::string> SocketListener::TenantSockets() const {
+  absl::MutexLock lock(&sockets_mu_);
+  std::map<uint32_t, std::string> out;
+  for (const auto& [tenant, file] : tenant_sockets_) out[tenant] = file->path();
+  return out;
 }
 
 void SocketListener::Loop() {
@@ -168,22 +284,28 @@ void SocketListener::Loop() {
       std::cerr << "gpumemd: epoll_wait: " << strerror(errno) << "\n";
       return;
     }
+    bool tasks = false;
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
       if (fd == wake_fd_) return;  // Stop()
-      if (fd == listen_fd_) {
-        AcceptAll();
+      if (fd == task_fd_) {
+        tasks = true;  // after this batch: a task may close fds it names
+      } else if (fd == listen_fd_) {
+        AcceptAll(listen_fd_, 0);
+      } else if (auto t = tenant_listen_fds_.find(fd); t != tenant_listen_fds_.end()) {
+        AcceptAll(fd, t->second);
       } else {
         OnReadable(fd);
       }
     }
+    if (tasks) RunTasks();
     ExpirePending();
   }
 }
 
-void SocketListener::AcceptAll() {
+void SocketListener::AcceptAll(int listen_fd, uint32_t tenant) {
   for (;;) {
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE) {
@@ -219,6 +341,7 @@ void SocketListener::AcceptAll() {
     Conn& c = conns_[fd];
     c = Conn();
     c.cred = *cred;
+    c.cred.socket_tenant = tenant;  // the socket it came through, not a claim
     c.generation = next_generation_++;
     pending_.push_back({absl::Now() + kFirstBytesTimeout, fd, c.generation});
   }
@@ -346,6 +469,18 @@ void SocketListener::Stop() {
     (void)!write(wake_fd_, &one, sizeof(one));
     loop_.join();
   }
+  std::vector<std::function<void()>> left;
+  {
+    absl::MutexLock lock(&tasks_mu_);
+    loop_done_ = true;  // from now on nobody waits for the loop
+    left.swap(tasks_);
+  }
+  for (std::function<void()>& t : left) t();  // posted before the loop ended
+  {
+    absl::MutexLock lock(&sockets_mu_);
+    tenant_sockets_.clear();  // each socket closed and its file removed
+  }
+  tenant_listen_fds_.clear();
   for (auto& [fd, conn] : conns_) {
     if (goodbye_ && conn.channel) SendGoodbye(fd);
     close(fd);
@@ -361,7 +496,8 @@ void SocketListener::Stop() {
   }
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
-  epoll_fd_ = wake_fd_ = -1;
+  if (task_fd_ >= 0) close(task_fd_);
+  epoll_fd_ = wake_fd_ = task_fd_ = -1;
 }
 
 }  // namespace gpumem

@@ -32,19 +32,32 @@
 // closes the socket, removes the file and ends the loop, closing channels.
 // Adopt() takes a socket that someone else (systemd) bound instead; its
 // file is left alone at Stop().
+//
+// Socket tenants' sockets (TenantSocketHost, tenant_socket_host.h) are
+// served by the same loop: each is another listening socket, added and
+// removed at run time, whose connections are marked with its tenant
+// (PeerCred::socket_tenant) at accept. Adding and removing run on the
+// loop's thread (the caller waits for it), so a removal and the loop's own
+// work on that socket's connections never overlap. Stop() removes them.
 #ifndef GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 #define GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/core/memory_broker.h"
 #include "server/service/slab_channel.h"
+#include "server/service/tenant_socket_file.h"
+#include "server/service/tenant_socket_host.h"
 #include "server/session/peer_credentials.h"
 
 namespace grpc {
@@ -53,7 +66,7 @@ class Server;
 
 namespace gpumem {
 
-class SocketListener {
+class SocketListener final : public TenantSocketHost {
  public:
   // How long a new connection may stay silent before it is closed.
   static constexpr absl::Duration kFirstBytesTimeout = absl::Seconds(5);
@@ -86,6 +99,13 @@ class SocketListener {
 
   const std::string& path() const { return path_; }
 
+  // TenantSocketHost (after Start; FAILED_PRECONDITION before it or once
+  // stopping).
+  absl::Status AddTenantSocket(uint32_t tenant, const std::string& socket_dir,
+                               const std::string& path) override;
+  void RemoveTenantSocket(uint32_t tenant, bool close_connections) override;
+  std::map<uint32_t, std::string> TenantSockets() const override;
+
  private:
   // cred, in, token: the slab channel's (slab_channel.h).
   struct Conn : SlabChannelConn {
@@ -96,7 +116,15 @@ class SocketListener {
   static constexpr size_t kMaxQueuedFds = 16;
 
   void Loop();
-  void AcceptAll();
+  // Accepts on `listen_fd`; connections are marked with `tenant` (0: the
+  // main socket).
+  void AcceptAll(int listen_fd, uint32_t tenant);
+  // Runs `task` on the loop's thread and waits for it; false (not run) when
+  // the loop has not started or has stopped.
+  bool RunInLoop(std::function<void()> task);
+  void RunTasks();
+  // The loop's side of RemoveTenantSocket.
+  void DropTenantSocket(uint32_t tenant, bool close_connections);
   void OnReadable(int fd);
   void ServeRequests(int fd, Conn& conn);
   void CloseConn(int fd);
@@ -113,7 +141,19 @@ class SocketListener {
   int wake_fd_ = -1;
   std::thread loop_;
   bool stopped_ = false;
+  // Work for the loop's thread (RunInLoop), signalled on task_fd_.
+  int task_fd_ = -1;
+  absl::Mutex tasks_mu_;
+  std::vector<std::function<void()>> tasks_ ABSL_GUARDED_BY(tasks_mu_);
+  bool loop_started_ ABSL_GUARDED_BY(tasks_mu_) = false;
+  bool loop_done_ ABSL_GUARDED_BY(tasks_mu_) = false;
+  // Socket tenants' sockets. Changed on the loop's thread only; the lock
+  // is for TenantSockets() on others.
+  mutable absl::Mutex sockets_mu_;
+  std::map<uint32_t, std::unique_ptr<TenantSocketFile>> tenant_sockets_
+      ABSL_GUARDED_BY(sockets_mu_);
   // Loop thread only:
+  absl::flat_hash_map<int, uint32_t> tenant_listen_fds_;  // listening fd -> tenant
   absl::flat_hash_map<int, Conn> conns_;
   // New connections in accept order: (deadline, fd, generation).
   struct Pending {

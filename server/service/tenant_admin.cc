@@ -1,6 +1,9 @@
 #include "server/service/tenant_admin.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <iostream>
 #include <map>
 #include <set>
 
@@ -10,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/byte_size.h"
 #include "server/service/quota_proto.h"
+#include "server/tenants/socket_path.h"
 
 namespace gpumem {
 namespace {
@@ -26,6 +30,49 @@ void ToProto(const ledger::LedgerEvent& e, v1::LedgerEvent* out) {
   out->set_bytes(e.bytes);
   out->set_allocation_id(e.allocation_id);
   out->set_detail(e.detail);
+}
+
+// A request's quota (devices by selector) as the tenant's, devices by index.
+absl::StatusOr<tenants::Quota> QuotaFromProto(const v1::Quota& q,
+                                              const std::vector<placement::DeviceView>& devices) {
+  tenants::Quota quota;
+  if (q.has_total_bytes()) quota.total_bytes = q.total_bytes();
+  if (q.has_max_allocations()) quota.max_allocations = q.max_allocations();
+  quota.device_bytes.resize(devices.size());
+  for (const v1::DeviceQuota& dq : q.devices()) {
+    absl::StatusOr<uint32_t> index = tenants::ResolveDeviceSelector(dq.device(), devices);
+    if (!index.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("quota.devices: ", index.status().message()));
+    }
+    if (!dq.has_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "quota.devices: device ", dq.device(), " has no bytes"));
+    }
+    if (quota.device_bytes[*index]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "quota.devices: device ", *index, " is given twice"));
+    }
+    quota.device_bytes[*index] = dq.bytes();
+  }
+  return quota;
+}
+
+bool SameQuota(const tenants::Quota& a, const tenants::Quota& b) {
+  if (a.total_bytes != b.total_bytes || a.max_allocations != b.max_allocations) return false;
+  const size_t n = std::max(a.device_bytes.size(), b.device_bytes.size());
+  for (uint32_t d = 0; d < n; ++d) {
+    if (a.device_limit(d) != b.device_limit(d)) return false;
+  }
+  return true;
+}
+
+// Who a refused administrator call names.
+std::string NotAdmin(const char* rpc, const PeerCred& caller) {
+  if (caller.socket_tenant != 0) {
+    return absl::StrCat(rpc, " is for root and the admin group; a caller through a tenant's "
+                        "socket is that tenant, not an administrator");
+  }
+  return absl::StrCat(rpc, " is for root and the admin group; uid ", caller.uid, " is neither");
 }
 
 }  // namespace
@@ -45,15 +92,16 @@ std::string DescribeQuota(const tenants::Quota& quota) {
 
 absl::StatusOr<v1::GetUsageResponse> TenantAdmin::GetUsage(const PeerCred& caller) const {
   const std::shared_ptr<const tenants::TenantDirectory> directory = directory_->Get();
-  absl::StatusOr<tenants::TenantRef> self = directory->Resolve(caller.uid, caller.gid);
+  absl::StatusOr<tenants::TenantRef> self =
+      directory->ResolveCaller(caller.uid, caller.gid, caller.socket_tenant);
   const bool admin = is_admin_(caller);
   if (!admin && !self.ok()) return self.status();
-  // Which tenants: the configured ones (and, for an administrator, removed
-  // ones still holding allocations), or (one tenant per uid) those the
-  // ledger has seen; never others' for a non-admin.
+  // Which tenants: the configured ones and socket tenants (and, for an
+  // administrator, removed ones still holding allocations), or (one tenant
+  // per uid) those the ledger has seen; never others' for a non-admin.
   std::map<std::string, uint32_t> ids;  // name -> id
+  for (const tenants::Tenant& t : directory->tenants()) ids[t.name] = t.id;
   if (directory->configured()) {
-    for (const tenants::Tenant& t : directory->tenants()) ids[t.name] = t.id;
     if (admin) {
       for (const auto& [id, name] : directory->retired()) {
         // A name configured again is shown as the configured tenant.
@@ -108,11 +156,14 @@ absl::StatusOr<v1::GetLedgerResponse> TenantAdmin::GetLedger(
   ledger::EventQuery q;
   q.tenant = request.tenant();
   if (!is_admin_(caller)) {
-    absl::StatusOr<tenants::TenantRef> self = directory_->Get()->Resolve(caller.uid, caller.gid);
+    absl::StatusOr<tenants::TenantRef> self =
+        directory_->Get()->ResolveCaller(caller.uid, caller.gid, caller.socket_tenant);
     if (!self.ok()) return self.status();
     if (!q.tenant.empty() && q.tenant != self->name) {
       return absl::PermissionDeniedError(absl::StrCat(
-          "uid ", caller.uid, " is charged to tenant \"", self->name,
+          caller.socket_tenant != 0 ? std::string("this socket")
+                                    : absl::StrCat("uid ", caller.uid),
+          " is charged to tenant \"", self->name,
           "\" and may not read the ledger of tenant \"", q.tenant,
           "\" (root and the admin group only)"));
     }
@@ -148,11 +199,7 @@ absl::StatusOr<v1::GetLedgerResponse> TenantAdmin::GetLedger(
 
 absl::StatusOr<v1::SetQuotaResponse> TenantAdmin::SetQuota(const PeerCred& caller,
                                                           const v1::SetQuotaRequest& request) {
-  if (!is_admin_(caller)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "SetQuota is for root and the admin group; uid ", caller.uid,
-        " may not change quotas"));
-  }
+  if (!is_admin_(caller)) return absl::PermissionDeniedError(NotAdmin("SetQuota", caller));
   const std::shared_ptr<const tenants::TenantDirectory> directory = directory_->Get();
   std::optional<uint32_t> id = directory->IdOf(request.tenant());
   if (!id) {
@@ -161,26 +208,9 @@ absl::StatusOr<v1::SetQuotaResponse> TenantAdmin::SetQuota(const PeerCred& calle
         directory->configured() ? " in the daemon's config"
                                 : " (without tenants in the config, tenants are named uid-N)"));
   }
-  tenants::Quota quota;
-  const v1::Quota& q = request.quota();
-  if (q.has_total_bytes()) quota.total_bytes = q.total_bytes();
-  if (q.has_max_allocations()) quota.max_allocations = q.max_allocations();
-  quota.device_bytes.resize(devices_.size());
-  for (const v1::DeviceQuota& dq : q.devices()) {
-    absl::StatusOr<uint32_t> index = tenants::ResolveDeviceSelector(dq.device(), devices_);
-    if (!index.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("quota.devices: ", index.status().message()));
-    }
-    if (!dq.has_bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "quota.devices: device ", dq.device(), " has no bytes"));
-    }
-    if (quota.device_bytes[*index]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "quota.devices: device ", *index, " is given twice"));
-    }
-    quota.device_bytes[*index] = dq.bytes();
-  }
+  absl::StatusOr<tenants::Quota> parsed = QuotaFromProto(request.quota(), devices_);
+  if (!parsed.ok()) return parsed.status();
+  const tenants::Quota& quota = *parsed;
   quotas_->SetQuota(*id, quota);
   const std::string words = DescribeQuota(quota);
   ledger::LedgerEvent e;
@@ -204,15 +234,286 @@ absl::StatusOr<v1::SetQuotaResponse> TenantAdmin::SetQuota(const PeerCred& calle
   return out;
 }
 
-// TODO(issue 24): socket tenants.
-absl::StatusOr<v1::PutTenantResponse> TenantAdmin::PutTenant(const PeerCred&,
-                                                             const v1::PutTenantRequest&) {
-  return absl::UnimplementedError("socket tenants are not served by this daemon yet");
+absl::StatusOr<uint32_t> TenantAdmin::Put(const tenants::TenantDirectory::SocketTenantSpec& spec,
+                                           bool record, const PeerCred& caller, bool* created) {
+  tenants::TenantDirectoryHolder* holder = sockets_.directory;
+  const std::shared_ptr<const tenants::TenantDirectory> in_force = holder->Get();
+  const tenants::Tenant* existing = in_force->Find(spec.name);
+  *created = existing == nullptr;
+  absl::StatusOr<tenants::TenantDirectory> next = in_force->WithSocketTenant(spec);
+  if (!next.ok()) return next.status();
+  const tenants::Tenant* made = next->Find(spec.name);
+  const uint32_t id = made->id;
+  const bool changed =
+      existing == nullptr || existing->priority != spec.priority || !SameQuota(existing->quota, spec.quota);
+  const int64_t now = absl::GetCurrentTimeNanos();
+  ledger::SocketTenantRow row;
+  row.name = spec.name;
+  row.socket = spec.socket;
+  row.priority = spec.priority;
+  row.total_bytes = spec.quota.total_bytes;
+  row.max_allocations = spec.quota.max_allocations;
+  for (uint32_t d = 0; d < devices_.size(); ++d) {
+    if (std::optional<uint64_t> b = spec.quota.device_limit(d)) {
+      row.device_bytes.emplace_back(devices_[d].uuid, *b);
+    }
+  }
+  row.source = absl::StrCat("PutTenant by uid ", caller.uid);
+  row.set_ns = now;
+  if (existing != nullptr) {
+    // Its socket is where it was; made again if it is not served (it could
+    // not be made when the tenant was restored at start).
+    if (sockets_.sockets->TenantSockets().count(id) == 0) {
+      absl::Status added = sockets_.sockets->AddTenantSocket(id, sockets_.socket_dir, spec.socket);
+      if (!added.ok()) return added;
+    }
+    if (!changed) return id;
+    if (record) {
+      if (absl::Status kept = ledger_->PutSocketTenant(row); !kept.ok()) {
+        return absl::UnavailableError(absl::StrCat(
+            "tenant \"", spec.name, "\" not changed: the ledger cannot record it: ",
+            kept.message()));
+      }
+    }
+    quotas_->SetQuota(id, spec.quota);
+    holder->Replace(*std::move(next));
+  } else {
+    // Listed first (with its quota), so the first connection through the
+    // socket finds it; then the socket; then the ledger row. Each undone
+    // if a later one fails.
+    quotas_->SetQuota(id, spec.quota);
+    holder->Replace(*next);
+    auto unlist = [&] {
+      holder->Replace(next->Without(id));
+      quotas_->SetQuota(id, tenants::Quota());
+    };
+    // Restoring at start (record false), the socket comes later
+    // (ServeRestoredSockets).
+    if (record) {
+      absl::Status added =
+          sockets_.sockets->AddTenantSocket(id, sockets_.socket_dir, spec.socket);
+      if (!added.ok()) {
+        unlist();
+        return added;
+      }
+    }
+    if (record) {
+      if (absl::Status kept = ledger_->PutSocketTenant(row); !kept.ok()) {
+        sockets_.sockets->RemoveTenantSocket(id, /*close_connections=*/true);
+        unlist();
+        return absl::UnavailableError(absl::StrCat(
+            "tenant \"", spec.name, "\" not made: the ledger cannot record it: ", kept.message()));
+      }
+    }
+  }
+  if (record) {
+    ledger::LedgerEvent e;
+    e.time_ns = now;
+    e.kind = ledger::EventKind::kTenantPut;
+    e.tenant = spec.name;
+    e.uid = caller.uid;
+    e.pid = caller.pid;
+    e.bytes = spec.quota.total_bytes.value_or(0);
+    e.detail = absl::StrCat(*created ? "made" : "changed", "; socket ", spec.socket, "; quota ",
+                            DescribeQuota(spec.quota), "; priority ", spec.priority);
+    ledger_->Append(std::move(e));
+  }
+  if (quota_changed_) quota_changed_();
+  return id;
+}
+
+absl::StatusOr<v1::PutTenantResponse> TenantAdmin::PutTenant(const PeerCred& caller,
+                                                             const v1::PutTenantRequest& request) {
+  if (!is_admin_(caller)) return absl::PermissionDeniedError(NotAdmin("PutTenant", caller));
+  if (sockets_.sockets == nullptr) {
+    return absl::UnimplementedError("this daemon serves no socket tenants");
+  }
+  if (absl::Status named = tenants::CheckSocketTenantName(request.name()); !named.ok()) {
+    return named;
+  }
+  absl::StatusOr<tenants::Quota> quota = QuotaFromProto(request.quota(), devices_);
+  if (!quota.ok()) return quota.status();
+  tenants::TenantDirectory::SocketTenantSpec spec;
+  spec.name = request.name();
+  spec.priority = request.priority();
+  spec.quota = *std::move(quota);
+  absl::MutexLock changes(&sockets_.directory->changes());
+  const tenants::Tenant* existing = sockets_.directory->Get()->Find(spec.name);
+  if (request.socket_path().empty() && existing != nullptr && existing->runtime) {
+    spec.socket = existing->socket;  // an update without a path keeps the socket
+  } else {
+    absl::StatusOr<std::string> path =
+        tenants::ResolveSocketPath(request.socket_path(), sockets_.socket_dir, spec.name);
+    if (!path.ok()) return path.status();
+    spec.socket = *std::move(path);
+  }
+  bool created = false;
+  absl::StatusOr<uint32_t> id = Put(spec, /*record=*/true, caller, &created);
+  if (!id.ok()) return id.status();
+  v1::PutTenantResponse out;
+  out.set_name(spec.name);
+  out.set_tenant(*id);
+  out.set_socket_path(spec.socket);
+  out.set_created(created);
+  QuotaToProto(spec.quota, out.mutable_quota());
+  return out;
 }
 
 absl::StatusOr<v1::DeleteTenantResponse> TenantAdmin::DeleteTenant(
-    const PeerCred&, const v1::DeleteTenantRequest&) {
-  return absl::UnimplementedError("socket tenants are not served by this daemon yet");
+    const PeerCred& caller, const v1::DeleteTenantRequest& request) {
+  if (!is_admin_(caller)) return absl::PermissionDeniedError(NotAdmin("DeleteTenant", caller));
+  if (sockets_.sockets == nullptr) {
+    return absl::UnimplementedError("this daemon serves no socket tenants");
+  }
+  tenants::TenantDirectoryHolder* holder = sockets_.directory;
+  absl::MutexLock changes(&holder->changes());
+  const std::shared_ptr<const tenants::TenantDirectory> in_force = holder->Get();
+  const tenants::Tenant* t = in_force->Find(request.name());
+  v1::DeleteTenantResponse out;
+  if (t == nullptr) {
+    // Not listed; a row left by a tenant that could not be restored goes.
+    if (absl::Status gone = ledger_->DeleteSocketTenant(request.name()); !gone.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "the ledger cannot record the removal of tenant \"", request.name(), "\": ",
+          gone.message()));
+    }
+    out.set_existed(false);
+    return out;
+  }
+  if (!t->runtime) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tenant \"", t->name, "\" is defined in the daemon's config; remove it there and "
+        "reload (DeleteTenant removes only tenants PutTenant made)"));
+  }
+  const uint32_t id = t->id;
+  const std::string name = t->name;
+  absl::StatusOr<MemoryBroker::TenantEnded> ended = sockets_.broker->EndTenant(
+      id, name, request.end_sessions(), [&] { holder->Replace(in_force->Without(id)); });
+  if (!ended.ok()) return ended.status();
+  sockets_.sockets->RemoveTenantSocket(id, /*close_connections=*/true);
+  quotas_->SetQuota(id, tenants::Quota());
+  ledger::LedgerEvent e;
+  e.kind = ledger::EventKind::kTenantDelete;
+  e.tenant = name;
+  e.uid = caller.uid;
+  e.pid = caller.pid;
+  e.detail = absl::StrCat("removed; ", ended->sessions, " session(s) ended, ",
+                          ended->allocations, " allocation(s) freed");
+  ledger_->Append(std::move(e));
+  out.set_existed(true);
+  out.set_sessions_ended(ended->sessions);
+  out.set_allocations_freed(ended->allocations);
+  if (absl::Status gone = ledger_->DeleteSocketTenant(name); !gone.ok()) {
+    // Removed here; a restart before the row goes would bring it back, so
+    // the caller is told to ask again (which finds no tenant, and retries
+    // the row).
+    return absl::UnavailableError(absl::StrCat(
+        "tenant \"", name, "\" was removed, but the ledger cannot record it (",
+        gone.message(), "); call DeleteTenant again"));
+  }
+  return out;
+}
+
+std::vector<std::string> TenantAdmin::RestoreSocketTenants() {
+  std::vector<std::string> lines;
+  if (sockets_.sockets == nullptr) return lines;
+  absl::StatusOr<std::vector<ledger::SocketTenantRow>> rows = ledger_->SocketTenants();
+  if (!rows.ok()) {
+    lines.push_back(absl::StrCat("socket tenants not restored: ", rows.status().message()));
+    return lines;
+  }
+  absl::MutexLock changes(&sockets_.directory->changes());
+  PeerCred daemon;  // the daemon itself, for the ledger's events
+  daemon.uid = geteuid();
+  daemon.pid = getpid();
+  for (const ledger::SocketTenantRow& row : *rows) {
+    tenants::TenantDirectory::SocketTenantSpec spec;
+    spec.name = row.name;
+    spec.priority = row.priority;
+    spec.quota.total_bytes = row.total_bytes;
+    spec.quota.max_allocations = row.max_allocations;
+    spec.quota.device_bytes.resize(devices_.size());
+    for (const auto& [uuid, bytes] : row.device_bytes) {
+      absl::StatusOr<uint32_t> index = tenants::ResolveDeviceSelector(uuid, devices_);
+      if (!index.ok()) {
+        lines.push_back(absl::StrCat("socket tenant \"", row.name, "\": its quota on device ",
+                                     uuid, " is dropped: this daemon has no such device"));
+        continue;
+      }
+      spec.quota.device_bytes[*index] = bytes;
+    }
+    const absl::Status named = tenants::CheckSocketTenantName(row.name);
+    absl::StatusOr<std::string> path =
+        tenants::ResolveSocketPath(row.socket, sockets_.socket_dir, row.name);
+    const tenants::Tenant* clash = sockets_.directory->Get()->Find(row.name);
+    if (clash != nullptr && clash->runtime) continue;  // put again already
+    std::string why;
+    if (!named.ok()) {
+      why = std::string(named.message());
+    } else if (!path.ok()) {
+      why = absl::StrCat(path.status().message(), " (was tenant_socket_dir changed?)");
+    } else if (clash != nullptr) {
+      why = "the config defines a tenant of that name now";
+    }
+    if (!why.empty()) {
+      lines.push_back(absl::StrCat("socket tenant \"", row.name, "\" is not restored and "
+                                   "leaves the ledger: ", why));
+      ledger_->DeleteSocketTenant(row.name).IgnoreError();
+      continue;
+    }
+    spec.socket = *path;
+    bool created = false;
+    absl::StatusOr<uint32_t> id = Put(spec, /*record=*/false, daemon, &created);
+    if (!id.ok()) {
+      lines.push_back(absl::StrCat("socket tenant \"", row.name, "\" is not restored: ",
+                                   id.status().message()));
+    }
+  }
+  return lines;
+}
+
+std::vector<std::string> TenantAdmin::ServeRestoredSockets() {
+  std::vector<std::string> lines;
+  if (sockets_.sockets == nullptr) return lines;
+  absl::MutexLock changes(&sockets_.directory->changes());
+  const std::shared_ptr<const tenants::TenantDirectory> dir = sockets_.directory->Get();
+  const std::map<uint32_t, std::string> served = sockets_.sockets->TenantSockets();
+  for (const tenants::Tenant& t : dir->tenants()) {
+    if (!t.runtime || t.socket.empty() || served.count(t.id) > 0) continue;
+    absl::Status added = sockets_.sockets->AddTenantSocket(t.id, sockets_.socket_dir, t.socket);
+    if (!added.ok()) {
+      lines.push_back(absl::StrCat("socket tenant \"", t.name, "\" is restored without its "
+                                   "socket ", t.socket, " (", added.message(),
+                                   "; PutTenant makes it again)"));
+    }
+  }
+  return lines;
+}
+
+std::vector<std::string> TenantAdmin::SyncConfigSockets() {
+  std::vector<std::string> lines;
+  if (sockets_.sockets == nullptr) return lines;
+  absl::MutexLock changes(&sockets_.directory->changes());
+  const std::shared_ptr<const tenants::TenantDirectory> dir = sockets_.directory->Get();
+  std::map<uint32_t, std::string> served = sockets_.sockets->TenantSockets();
+  // Sockets of tenants the directory no longer has, or that moved: removed
+  // (their connections stay, as a removed tenant's live sessions do).
+  for (const auto& [id, path] : served) {
+    const tenants::Tenant* t = dir->FindId(id);
+    if (t == nullptr || t->socket != path) {
+      sockets_.sockets->RemoveTenantSocket(id, /*close_connections=*/false);
+    }
+  }
+  served = sockets_.sockets->TenantSockets();
+  for (const tenants::Tenant& t : dir->tenants()) {
+    if (t.runtime || t.socket.empty() || served.count(t.id) > 0) continue;
+    absl::Status added = sockets_.sockets->AddTenantSocket(t.id, sockets_.socket_dir, t.socket);
+    if (!added.ok()) {
+      lines.push_back(absl::StrCat("tenant \"", t.name, "\": socket ", t.socket,
+                                   " not made: ", added.message()));
+    }
+  }
+  return lines;
 }
 
 }  // namespace gpumem

@@ -18,6 +18,30 @@
 //    configured tenants and the tenants a reload removed that still hold
 //    allocations (their names, no priority, the quota still enforced on
 //    them) until those are freed.
+//  - Socket tenants (PutTenant, DeleteTenant; root and the admin group
+//    only, never a caller through a tenant's socket): a tenant bound to a
+//    socket of its own inside tenant_socket_dir, so that every connection
+//    through it is charged to it whatever the caller's uid or pid
+//    namespace. PutTenant is idempotent: it makes the tenant (listed in
+//    the directory, then its socket made, then its row committed to the
+//    ledger, each undone if a later one fails) or updates its quota and
+//    priority (its socket stays where it is; asking for another path is
+//    FAILED_PRECONDITION). DeleteTenant of a tenant with live allocations
+//    is FAILED_PRECONDITION naming them unless end_sessions is set; then
+//    (and always for its sessions holding nothing) its sessions end, its
+//    memory returns, its waiters are answered, its socket stops accepting
+//    and is removed, and the connections through it are closed; then its
+//    ledger row goes. An unknown name is existed = false. Tenants the
+//    config defines are the config's: PutTenant and DeleteTenant refuse
+//    them (FAILED_PRECONDITION). Their changes to the directory are
+//    serialized with reloads (TenantDirectoryHolder::changes()).
+//  - At start, RestoreSocketTenants brings back the ledger's socket tenants
+//    (before the broker restores what a previous daemon kept, whose
+//    sessions may be theirs), ServeRestoredSockets makes their sockets once
+//    the listener runs, and SyncConfigSockets makes (and, after a reload,
+//    removes) the sockets of tenants the config gives one (TenantConfig.
+//    socket); connections through a socket a reload removed stay open, as
+//    live sessions of a removed tenant do.
 // Figures: current bytes and allocation counts come from the quota book (exact
 // now); peak and byte-seconds from the ledger's fold of its events (at most
 // one writer cycle, 100 ms, behind), over the ledger file's whole life.
@@ -31,8 +55,10 @@
 #include "absl/status/statusor.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 #include "server/ledger/tenant_ledger.h"
+#include "server/core/memory_broker.h"
 #include "server/placement/device_view.h"
 #include "server/quota/quota_book.h"
+#include "server/service/tenant_socket_host.h"
 #include "server/session/peer_credentials.h"
 #include "server/tenants/tenant_directory.h"
 
@@ -60,7 +86,35 @@ class TenantAdmin {
   absl::StatusOr<v1::DeleteTenantResponse> DeleteTenant(const PeerCred& caller,
                                                         const v1::DeleteTenantRequest& request);
 
+  // What socket tenants need; until set, PutTenant and DeleteTenant are
+  // UNIMPLEMENTED. Everything must outlive the admin.
+  struct SocketTenantParts {
+    tenants::TenantDirectoryHolder* directory = nullptr;  // the one given above
+    MemoryBroker* broker = nullptr;
+    TenantSocketHost* sockets = nullptr;
+    std::string socket_dir;  // tenant_socket_dir, normalized
+  };
+  void ServeSocketTenants(SocketTenantParts parts) { sockets_ = std::move(parts); }
+
+  // Start: the ledger's socket tenants back in the directory, with their
+  // quotas; their sockets are made by ServeRestoredSockets. One line per
+  // tenant not restored, saying why.
+  std::vector<std::string> RestoreSocketTenants();
+  // Start, once the listener runs: the sockets of the socket tenants
+  // RestoreSocketTenants listed. One line per socket that cannot be made
+  // (its tenant stays listed: PutTenant tries its socket again).
+  std::vector<std::string> ServeRestoredSockets();
+  // The sockets of the tenants the config gives one, made or removed to
+  // match the directory in force (start, and after each reload). One line
+  // per socket that could not be made.
+  std::vector<std::string> SyncConfigSockets();
+
  private:
+  // The socket tenant `spec` listed, with its socket (made if the host has
+  // none for it): PutTenant's work under the directory's change lock.
+  // `*created` says it was new; `record` writes its ledger row.
+  absl::StatusOr<uint32_t> Put(const tenants::TenantDirectory::SocketTenantSpec& spec,
+                               bool record, const PeerCred& caller, bool* created);
 
   const tenants::TenantDirectoryHolder* directory_;
   quota::QuotaBook* quotas_;
@@ -68,6 +122,7 @@ class TenantAdmin {
   const std::vector<placement::DeviceView> devices_;
   std::function<bool(const PeerCred&)> is_admin_;
   std::function<void()> quota_changed_;
+  SocketTenantParts sockets_;
 };
 
 // The quota's words, e.g. "total_bytes 8.00 GiB; device 1 2.00 GiB;

@@ -1,6 +1,7 @@
 // AdminGroup: who is an administrator of the daemon. Root always is; so is
 // a member of the configured Unix group (primary or supplementary, as the
-// system's group database lists the caller's uid).
+// system's group database lists the caller's uid). A caller through a
+// tenant's own socket (PeerCred::socket_tenant) never is, whatever its uid.
 //
 // Administrators see every session and tenant in GetStats and GetUsage,
 // may name any tenant in GetLedger, and may change quotas and tenants. The

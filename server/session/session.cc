@@ -27,6 +27,7 @@ void Session::RecordLocked() {
   r.uid = cred_.uid;
   r.gid = cred_.gid;
   r.bound = cred_.pid <= 0 ? 1 : 0;
+  r.via_socket = cred_.socket_tenant != 0 ? 1 : 0;
   r.set_token(token_);
   if (tenant_.has_value()) {
     r.tenant_fixed = 1;

@@ -86,7 +86,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(const PeerCred&
     if (cred.bound_session != 0) {
       absl::MutexLock lock(&mu_);
       auto it = sessions_.find(cred.bound_session);
-      if (it != sessions_.end() && it->second.session->cred().uid == cred.uid) {
+      if (it != sessions_.end() && SamePrincipal(it->second.session->cred(), cred)) {
         return it->second.session;
       }
     }
@@ -101,7 +101,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Attach(const PeerCred&
   // calls of one process (32 threads at once) make exactly one session.
   // pidfd_open and epoll_ctl are quick, non-blocking system calls.
   absl::MutexLock lock(&mu_);
-  auto it = by_pid_.find(cred.pid);
+  auto it = by_pid_.find(KeyOf(cred));
   if (it != by_pid_.end()) {
     Entry& e = sessions_[it->second];
     // The same process, even if it changed uid since: its session (and
@@ -119,10 +119,12 @@ std::shared_ptr<Session> SessionRegistry::Find(const PeerCred& cred) const {
   absl::MutexLock lock(&mu_);
   if (cred.pid <= 0) {
     auto it = sessions_.find(cred.bound_session);
-    if (it == sessions_.end() || it->second.session->cred().uid != cred.uid) return nullptr;
+    if (it == sessions_.end() || !SamePrincipal(it->second.session->cred(), cred)) {
+      return nullptr;
+    }
     return it->second.session;
   }
-  auto it = by_pid_.find(cred.pid);
+  auto it = by_pid_.find(KeyOf(cred));
   if (it == by_pid_.end()) return nullptr;
   const Entry& e = sessions_.at(it->second);
   if (Exited(e.pidfd)) return nullptr;
@@ -157,6 +159,15 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::BindConnection(
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Restore(
     const state::SessionRecord& r, std::optional<tenants::TenantRef> tenant) {
   PeerCred cred{r.pid, r.uid, r.gid, 0};
+  if (r.via_socket) {
+    // Its principal is its socket tenant, as the directory in force numbers
+    // it now (the caller checked that the tenant still has a socket).
+    if (!tenant.has_value()) {
+      return absl::NotFoundError(absl::StrCat(
+          "session ", r.id, " came through a tenant's socket, and that tenant is gone"));
+    }
+    cred.socket_tenant = tenant->id;
+  }
   absl::MutexLock lock(&mu_);
   next_id_ = std::max(next_id_, r.id + 1);
   if (sessions_.contains(r.id)) {
@@ -189,7 +200,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Restore(
   e.session = std::make_shared<Session>(r.id, cred, "", state_, r.start_ticks, r.slot,
                                         std::move(tenant));
   e.pidfd = pidfd;
-  by_pid_[r.pid] = r.id;
+  by_pid_[KeyOf(cred)] = r.id;
   sessions_[r.id] = e;
   return e.session;
 }
@@ -204,10 +215,11 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::RebindConnection(
   absl::MutexLock lock(&mu_);
   auto it = by_token_.find(std::string(token));
   if (it == by_token_.end() || !unbound_.contains(it->second) ||
-      sessions_.at(it->second).session->cred().uid != cred.uid) {
+      !SamePrincipal(sessions_.at(it->second).session->cred(), cred)) {
     return absl::PermissionDeniedError(
-        "no session of this uid waits for that token (it was not restored, was "
-        "rebound already, or expired): start a new session");
+        "no session of this caller waits for that token (it was not restored, was "
+        "rebound already, expired, or is another uid's or another tenant socket's): "
+        "start a new session");
   }
   unbound_.erase(it->second);
   return sessions_.at(it->second).session;
@@ -220,15 +232,18 @@ int SessionRegistry::ExpireUnbound() {
     expired.assign(unbound_.begin(), unbound_.end());
     unbound_.clear();
   }
-  for (uint64_t id : expired) End(id);
+  for (uint64_t id : expired) EndSession(id);
   return static_cast<int>(expired.size());
 }
 
 absl::StatusOr<uint64_t> SessionRegistry::ResolveToken(absl::string_view token,
-                                                       uid_t uid) const {
+                                                       const PeerCred& cred) const {
   absl::MutexLock lock(&mu_);
   auto it = by_token_.find(std::string(token));
-  if (it == by_token_.end() || sessions_.at(it->second).session->cred().uid != uid) {
+  // A token works only for the principal that opened its session: a token
+  // of one tenant's socket presented on another's (or on the main socket)
+  // names nothing.
+  if (it == by_token_.end() || !SamePrincipal(sessions_.at(it->second).session->cred(), cred)) {
     return absl::PermissionDeniedError(
         "unknown or ended session token (its slab channel closed?); reconnect");
   }
@@ -254,7 +269,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::CreateLocked(
   Entry e;
   e.session = std::make_shared<Session>(id, cred, "", state_, StartTicks(cred.pid));
   e.pidfd = pidfd;
-  by_pid_[cred.pid] = id;
+  by_pid_[KeyOf(cred)] = id;
   sessions_[id] = e;
   return e.session;
 }
@@ -267,25 +282,54 @@ std::vector<std::shared_ptr<Session>> SessionRegistry::List() const {
   return out;
 }
 
-void SessionRegistry::End(uint64_t session_id) {
+std::shared_ptr<Session> SessionRegistry::RemoveLocked(uint64_t session_id) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return nullptr;  // ended by another thread
+  if (it->second.pidfd >= 0) {
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.pidfd, nullptr);
+    close(it->second.pidfd);
+  }
+  std::shared_ptr<Session> session = std::move(it->second.session);
+  if (!session->token().empty()) by_token_.erase(session->token());
+  unbound_.erase(session_id);
+  auto p = by_pid_.find(KeyOf(session->cred()));
+  if (p != by_pid_.end() && p->second == session_id) by_pid_.erase(p);
+  sessions_.erase(it);
+  return session;
+}
+
+std::optional<size_t> SessionRegistry::EndSession(uint64_t session_id) {
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session_id);
-    if (it == sessions_.end()) return;  // ended by another thread
-    if (it->second.pidfd >= 0) {
-      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.pidfd, nullptr);
-      close(it->second.pidfd);
-    }
-    session = std::move(it->second.session);
-    if (!session->token().empty()) by_token_.erase(session->token());
-    unbound_.erase(session_id);
-    auto p = by_pid_.find(session->cred().pid);
-    if (p != by_pid_.end() && p->second == session_id) by_pid_.erase(p);
-    sessions_.erase(it);
+    session = RemoveLocked(session_id);
   }
+  if (session == nullptr) return std::nullopt;
   std::vector<uint64_t> ids = session->End();
+  const size_t held = ids.size();
   on_end_(session, std::move(ids));
+  return held;
+}
+
+std::vector<SessionRegistry::Taken> SessionRegistry::TakeSessions(
+    const std::function<bool(const Session&)>& pick) {
+  std::vector<Taken> taken;
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, e] : sessions_) {
+    if (pick(*e.session)) ids.push_back(id);
+  }
+  for (uint64_t id : ids) {
+    Taken t;
+    t.session = RemoveLocked(id);
+    t.allocation_ids = t.session->End();
+    taken.push_back(std::move(t));
+  }
+  return taken;
+}
+
+void SessionRegistry::FinishSessions(std::vector<Taken> taken) {
+  for (Taken& t : taken) on_end_(t.session, std::move(t.allocation_ids));
 }
 
 void SessionRegistry::Watch() {
@@ -298,7 +342,7 @@ void SessionRegistry::Watch() {
     }
     for (int i = 0; i < n; ++i) {
       if (events[i].data.u64 == kWakeKey) return;
-      End(events[i].data.u64);
+      EndSession(events[i].data.u64);
     }
   }
 }

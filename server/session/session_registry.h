@@ -3,7 +3,11 @@
 // objects (session.h); the registry finds, creates and ends them.
 //
 // A session is created the first time a process calls the daemon and is
-// keyed by the pid the kernel reports for its connection (SO_PEERCRED). The
+// keyed by the pid the kernel reports for its connection (SO_PEERCRED) and
+// the socket it came through (PeerCred::socket_tenant): one process that
+// calls through the main socket and through a tenant's socket (or through
+// two tenants' sockets) has one session per socket, each charged to its
+// own tenant. The
 // registry holds a pidfd for each session's process and a watcher thread
 // that polls them: when a process exits (cleanly, by crash or by SIGKILL)
 // its pidfd becomes readable and the registry ends the session and calls
@@ -15,8 +19,9 @@
 // A pid that is reused by a new process is detected at Attach (the old
 // pidfd is already readable) and gets a new session. Attach is atomic:
 // however many threads of one process call it at once, the process gets
-// exactly one session. on_end is only ever called on the watcher thread,
-// so callers of Attach may hold locks that on_end takes.
+// exactly one session. on_end is called on the watcher thread, or on the
+// thread of whoever ends a session explicitly (EndConnection, EndSession),
+// never from Attach, so callers of Attach may hold locks that on_end takes.
 #ifndef GPUMEMD_SERVER_SESSION_SESSION_REGISTRY_H_
 #define GPUMEMD_SERVER_SESSION_SESSION_REGISTRY_H_
 
@@ -26,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -62,21 +68,28 @@ class SessionRegistry {
   // returned token (128 random bits, hex) is what the caller presents on
   // its other connections (gRPC metadata) to act in this session.
   absl::StatusOr<std::shared_ptr<Session>> BindConnection(const PeerCred& cred);
-  void EndConnection(uint64_t session_id) { End(session_id); }
-  // The connection-bound session a token names, if it is live and of `uid`;
+  void EndConnection(uint64_t session_id) { EndSession(session_id); }
+  // The connection-bound session a token names, if it is live and was
+  // opened by the same principal as `cred` (SamePrincipal: the same
+  // tenant's socket, or the main socket and the same uid);
   // PERMISSION_DENIED otherwise.
-  absl::StatusOr<uint64_t> ResolveToken(absl::string_view token, uid_t uid) const;
+  absl::StatusOr<uint64_t> ResolveToken(absl::string_view token, const PeerCred& cred) const;
   // A session a previous daemon recorded (a restart): a process-bound one
   // comes back if the same process still runs (same pid and start time),
   // watched as before; a connection-bound one comes back waiting for its
   // client to bind a new connection to it (RebindConnection) until
-  // ExpireUnbound. Its id is kept. NOT_FOUND when its process is gone.
+  // ExpireUnbound. Its id is kept. One that came through a tenant's socket
+  // has that tenant (`tenant`, numbered as the directory in force numbers
+  // it) as its principal. NOT_FOUND when its process, or its socket
+  // tenant, is gone.
   absl::StatusOr<std::shared_ptr<Session>> Restore(const state::SessionRecord& record,
                                                    std::optional<tenants::TenantRef> tenant);
   // New sessions get ids above `id` (those a previous daemon gave).
   void AdvanceIdsPast(uint64_t id);
   // A restored connection-bound session, for the caller that presents its
-  // token (same uid) on a new connection; PERMISSION_DENIED otherwise.
+  // token on a new connection as the same principal (SamePrincipal: the
+  // same uid on the main socket, the same tenant's socket);
+  // PERMISSION_DENIED otherwise.
   absl::StatusOr<std::shared_ptr<Session>> RebindConnection(absl::string_view token,
                                                             const PeerCred& cred);
   // Ends the restored connection-bound sessions nobody rebound; returns how
@@ -89,6 +102,23 @@ class SessionRegistry {
   // The live session `session_id`, or null.
   std::shared_ptr<Session> Get(uint64_t session_id) const;
   std::vector<std::shared_ptr<Session>> List() const;
+  // Ends session `session_id` now (as if its process had exited: on_end is
+  // called, on this thread, so the caller must hold no lock on_end takes).
+  // The number of allocations it held, or nullopt if it was not live.
+  std::optional<size_t> EndSession(uint64_t session_id);
+
+  // Ending many sessions in two steps, so that the first may run under a
+  // lock of the caller's that on_end takes too: TakeSessions marks every
+  // live session `pick` accepts ended (nothing can be recorded for it from
+  // then on) and forgets it (no Attach or Find returns it), and returns
+  // each with the ids of the allocations it held; FinishSessions then calls
+  // on_end for each, on this thread.
+  struct Taken {
+    std::shared_ptr<Session> session;
+    std::vector<uint64_t> allocation_ids;
+  };
+  std::vector<Taken> TakeSessions(const std::function<bool(const Session&)>& pick);
+  void FinishSessions(std::vector<Taken> taken);
 
  private:
   struct Entry {
@@ -98,7 +128,11 @@ class SessionRegistry {
   absl::StatusOr<std::shared_ptr<Session>> CreateLocked(const PeerCred& cred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Watch();
-  void End(uint64_t session_id);  // removes, ends and calls on_end
+  // A process's sessions are keyed by its pid and the socket it came through.
+  using ProcessKey = std::pair<pid_t, uint32_t>;
+  static ProcessKey KeyOf(const PeerCred& cred) { return {cred.pid, cred.socket_tenant}; }
+  // Removes entry `it` (its pidfd, token and pid key) and returns its session.
+  std::shared_ptr<Session> RemoveLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   EndCallback on_end_;
   state::DurableState* const state_;
@@ -107,7 +141,7 @@ class SessionRegistry {
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Entry> sessions_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<pid_t, uint64_t> by_pid_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ProcessKey, uint64_t> by_pid_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> by_token_ ABSL_GUARDED_BY(mu_);
   // Restored connection-bound sessions whose client has not come back yet.
   absl::flat_hash_set<uint64_t> unbound_ ABSL_GUARDED_BY(mu_);

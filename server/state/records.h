@@ -71,6 +71,9 @@ struct SessionRecord {
   uint32_t tenant = 0;
   uint8_t bound = 0;
   uint8_t tenant_fixed = 0;
+  // Opened through its tenant's own socket (PeerCred::socket_tenant): the
+  // tenant named here is its principal, whatever its uid.
+  uint8_t via_socket = 0;
   char token[34] = {};        // 32 hex characters and a NUL
   char tenant_name[64] = {};  // when tenant_fixed
   uint32_t slot = 0;          // where Load found it (ignored in the file)

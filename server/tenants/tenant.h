@@ -6,6 +6,11 @@
 // by name across reloads, and a tenant added by a reload gets an id never
 // used before in the daemon's life (tenant_directory.h); without, each uid
 // is its own tenant and the id is the uid (no quota unless SetQuota).
+// Socket tenants made at run time (PutTenant) take ids from
+// kFirstRuntimeTenantId up, in either mode, so they never meet a uid's id
+// (uids from 2^31 up are refused when no tenants are configured) nor a
+// configured tenant's. No tenant has id 0 on a tenant socket: 0 in
+// PeerCred::socket_tenant means the main socket.
 #ifndef GPUMEMD_SERVER_TENANTS_TENANT_H_
 #define GPUMEMD_SERVER_TENANTS_TENANT_H_
 
@@ -49,6 +54,9 @@ struct TenantRef {
   uint32_t max_sessions = 0;
 };
 
+// The first id of socket tenants made at run time (2^31).
+inline constexpr uint32_t kFirstRuntimeTenantId = uint32_t{1} << 31;
+
 // The daemon's max_waiting_requests when the config sets none.
 inline constexpr uint32_t kDefaultMaxWaitingRequests = 1024;
 
@@ -66,6 +74,11 @@ struct Tenant {
   Quota quota;
   std::vector<uid_t> uids;
   std::vector<gid_t> gids;
+  // Its own socket's absolute path (inside tenant_socket_dir), or empty:
+  // every connection through it is charged to this tenant.
+  std::string socket;
+  // Made at run time by PutTenant (kept in the ledger), not by the config.
+  bool runtime = false;
 };
 
 }  // namespace tenants

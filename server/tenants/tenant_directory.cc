@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
+#include "server/tenants/socket_path.h"
 
 namespace gpumem {
 namespace tenants {
@@ -72,8 +73,10 @@ absl::Status ParseConfigText(absl::string_view text, absl::string_view path,
 absl::StatusOr<TenantDirectory> TenantDirectory::Build(
     const v1::DaemonConfig& config, const TextFormat::ParseInfoTree* locations,
     absl::string_view path, const std::vector<placement::DeviceView>& devices,
-    const TenantDirectory* previous) {
+    const TenantDirectory* previous, absl::string_view socket_dir) {
+  if (socket_dir.empty()) socket_dir = config.tenant_socket_dir();
   TenantDirectory dir;
+  absl::flat_hash_map<std::string, std::string> socket_owner;  // path -> tenant
   // Ids: kept by name from a configured `previous`, new ones above all it
   // ever gave. Without one, 1..N in config order.
   const bool carry =
@@ -139,6 +142,28 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
           "\": quota max_allocations must be >= 0, not ", qc.max_allocations()));
     }
     if (qc.max_allocations() > 0) t.quota.max_allocations = qc.max_allocations();
+    if (!tc.socket().empty()) {
+      const std::string sat = Where(path, tree, tc, "socket", -1);
+      absl::Status dir_ok = socket_dir.empty()
+                                ? absl::InvalidArgumentError("tenant_socket_dir is not set")
+                                : CheckSocketDir(socket_dir);
+      if (!dir_ok.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            sat, "tenant \"", t.name, "\" has a socket, but ", dir_ok.message()));
+      }
+      absl::StatusOr<std::string> socket = ResolveSocketPath(tc.socket(), socket_dir, t.name);
+      if (!socket.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(sat, "tenant \"", t.name, "\": ", socket.status().message()));
+      }
+      auto [owner, fresh] = socket_owner.emplace(*socket, t.name);
+      if (!fresh) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            sat, "tenant \"", t.name, "\": socket ", *socket, " is tenant \"", owner->second,
+            "\"'s already"));
+      }
+      t.socket = *std::move(socket);
+    }
     t.quota.device_bytes.resize(devices.size());
     for (int d = 0; d < qc.device_size(); ++d) {
       const v1::DeviceQuotaConfig& dq = qc.device(d);
@@ -162,8 +187,31 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
     }
     dir.tenants_.push_back(std::move(t));
   }
+  dir.config_count_ = dir.tenants_.size();
+  // Socket tenants made at run time stay, with their ids and sockets, unless
+  // the config now takes one's name or socket.
+  if (previous != nullptr) {
+    dir.next_runtime_id_ = previous->next_runtime_id_;
+    for (const Tenant& old : previous->tenants_) {
+      if (!old.runtime) continue;
+      if (auto named = by_name.find(old.name); named != by_name.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(path, locations, config, "tenant", named->second), "tenant \"", old.name,
+            "\" is a socket tenant made at run time (PutTenant): remove it with DeleteTenant "
+            "first, or give the config's tenant another name"));
+      }
+      if (auto owner = socket_owner.find(old.socket); owner != socket_owner.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(path, locations, config, "tenant", by_name.at(owner->second)), "tenant \"",
+            owner->second, "\": socket ", old.socket, " is the socket of tenant \"", old.name,
+            "\" (made at run time by PutTenant)"));
+      }
+      dir.tenants_.push_back(old);
+      dir.tenants_.back().max_waiting_requests = dir.max_waiting_requests_;
+    }
+  }
   // Ids once the section is known good (a refused build gives none away).
-  for (uint32_t i = 0; i < dir.tenants_.size(); ++i) {
+  for (uint32_t i = 0; i < dir.config_count_; ++i) {
     Tenant& t = dir.tenants_[i];
     const Tenant* kept = carry ? previous->Find(t.name) : nullptr;
     if (kept != nullptr) {
@@ -177,11 +225,22 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
       }
       t.id = dir.next_id_++;
     }
-    dir.by_id_[t.id] = i;
+    if (t.id >= kFirstRuntimeTenantId) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          path, ": tenant \"", t.name, "\": no configured tenant id left below ",
+          kFirstRuntimeTenantId, " in this daemon's life (restart it)"));
+    }
   }
+  dir.Reindex();
   if (carry) {
     for (const Tenant& old : previous->tenants_) {
       if (!dir.by_id_.contains(old.id)) dir.retired_[old.id] = old.name;
+    }
+  } else if (previous != nullptr) {
+    // Runtime tenants removed earlier keep their names (their ids are in a
+    // range of their own, the same in either mode).
+    for (const auto& [id, name] : previous->retired_) {
+      if (id >= kFirstRuntimeTenantId) dir.retired_[id] = name;
     }
   }
   if (!config.default_tenant().empty()) {
@@ -196,8 +255,94 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
   return dir;
 }
 
+void TenantDirectory::Reindex() {
+  by_id_.clear();
+  for (uint32_t i = 0; i < tenants_.size(); ++i) by_id_[tenants_[i].id] = i;
+}
+
+TenantRef TenantDirectory::RefOf(const Tenant& t) const {
+  return TenantRef{t.id, t.name, t.priority, t.max_waiting_requests, t.max_sessions};
+}
+
+absl::StatusOr<TenantRef> TenantDirectory::ResolveCaller(uid_t uid, gid_t gid,
+                                                        uint32_t socket_tenant) const {
+  if (socket_tenant == 0) return Resolve(uid, gid);
+  const Tenant* t = FindId(socket_tenant);
+  if (t == nullptr || t->socket.empty()) {
+    auto r = retired_.find(socket_tenant);
+    return absl::PermissionDeniedError(absl::StrCat(
+        "this socket's tenant",
+        r == retired_.end() ? std::string() : absl::StrCat(" \"", r->second, "\""),
+        " was removed; its socket serves nobody"));
+  }
+  return RefOf(*t);
+}
+
+absl::StatusOr<TenantDirectory> TenantDirectory::WithSocketTenant(
+    const SocketTenantSpec& spec) const {
+  TenantDirectory next = *this;
+  Tenant* same = nullptr;
+  for (size_t i = 0; i < next.tenants_.size(); ++i) {
+    Tenant& t = next.tenants_[i];
+    if (t.name == spec.name) {
+      if (i < config_count_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tenant \"", spec.name, "\" is defined in the daemon's config; PutTenant makes and "
+            "changes only tenants of its own (edit the config and reload instead)"));
+      }
+      same = &t;
+    } else if (!t.socket.empty() && t.socket == spec.socket) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "socket ", spec.socket, " is tenant \"", t.name, "\"'s"));
+    }
+  }
+  if (same != nullptr) {
+    if (same->socket != spec.socket) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tenant \"", spec.name, "\" has its socket at ", same->socket, ", not ", spec.socket,
+          "; a socket tenant's socket does not move (DeleteTenant it, then PutTenant)"));
+    }
+    same->priority = spec.priority;
+    same->quota = spec.quota;
+    return next;
+  }
+  if (next.next_runtime_id_ >= UINT32_MAX - 1) {
+    return absl::ResourceExhaustedError(
+        "no socket tenant id left in this daemon's life (restart it to number them again)");
+  }
+  Tenant t;
+  t.id = next.next_runtime_id_++;
+  t.name = spec.name;
+  t.priority = spec.priority;
+  t.max_waiting_requests = max_waiting_requests_;
+  t.quota = spec.quota;
+  t.socket = spec.socket;
+  t.runtime = true;
+  next.retired_.erase(t.id);
+  next.tenants_.push_back(std::move(t));
+  next.Reindex();
+  return next;
+}
+
+TenantDirectory TenantDirectory::Without(uint32_t id) const {
+  TenantDirectory next = *this;
+  for (size_t i = config_count_; i < next.tenants_.size(); ++i) {
+    if (next.tenants_[i].id != id) continue;
+    next.retired_[id] = next.tenants_[i].name;
+    next.tenants_.erase(next.tenants_.begin() + static_cast<ptrdiff_t>(i));
+    next.Reindex();
+    break;
+  }
+  return next;
+}
+
 absl::StatusOr<TenantRef> TenantDirectory::Resolve(uid_t uid, gid_t gid) const {
-  if (tenants_.empty()) {
+  if (config_count_ == 0) {
+    if (uid >= kFirstRuntimeTenantId) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "uid ", uid, " is in the range gpumemd keeps for socket tenants' ids (2^31 and up) "
+          "while no tenants are configured; configure tenants to serve it"));
+    }
     return TenantRef{uid, UidTenantName(uid), 0, max_waiting_requests_, max_sessions_};
   }
   int index = -1;
@@ -213,8 +358,7 @@ absl::StatusOr<TenantRef> TenantDirectory::Resolve(uid_t uid, gid_t gid) const {
         "uid ", uid, " (gid ", gid, ") belongs to no tenant in the daemon's config "
         "and there is no default_tenant"));
   }
-  const Tenant& t = tenants_[index];
-  return TenantRef{t.id, t.name, t.priority, t.max_waiting_requests, t.max_sessions};
+  return RefOf(tenants_[index]);
 }
 
 const Tenant* TenantDirectory::Find(absl::string_view name) const {
@@ -230,17 +374,17 @@ const Tenant* TenantDirectory::FindId(uint32_t id) const {
 }
 
 std::optional<uint32_t> TenantDirectory::IdOf(absl::string_view name) const {
-  if (!tenants_.empty()) {
-    const Tenant* t = Find(name);
-    return t == nullptr ? std::nullopt : std::optional<uint32_t>(t->id);
-  }
-  return UidOfTenantName(name);
+  if (const Tenant* t = Find(name)) return t->id;
+  if (configured()) return std::nullopt;
+  std::optional<uint32_t> uid = UidOfTenantName(name);
+  if (uid.has_value() && *uid >= kFirstRuntimeTenantId) return std::nullopt;
+  return uid;
 }
 
 std::string TenantDirectory::NameOf(uint32_t id) const {
-  if (tenants_.empty()) return UidTenantName(id);
   if (const Tenant* t = FindId(id)) return t->name;
   if (auto r = retired_.find(id); r != retired_.end()) return r->second;
+  if (!configured() && id < kFirstRuntimeTenantId) return UidTenantName(id);
   return absl::StrCat("tenant-", id);
 }
 

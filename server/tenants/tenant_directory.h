@@ -1,6 +1,7 @@
-// TenantDirectory: which tenant a caller belongs to, from the kernel's
-// uid/gid, as the config says; TenantDirectoryHolder: the directory in force,
-// replaced whole when SIGHUP reloads the config.
+// TenantDirectory: which tenant a caller belongs to: from the kernel's
+// uid/gid, as the config says, or the tenant whose own socket it came
+// through; TenantDirectoryHolder: the directory in force, replaced whole
+// when SIGHUP reloads the config or a socket tenant is put or deleted.
 //
 // Guarantees:
 //  - A TenantDirectory is immutable once built, so Resolve needs no lock.
@@ -26,9 +27,25 @@
 //    (next_id()), so a removed tenant's id is never reused, not even when
 //    its name comes back. Removed tenants are remembered (retired()) so
 //    that their live allocations keep their name until freed.
+//  - Socket tenants: a tenant may own a socket (TenantConfig.socket, or
+//    one made at run time by PutTenant: WithSocketTenant). A caller
+//    through that socket is that tenant, whatever its uid
+//    (ResolveCaller with the socket's tenant id); the main socket keeps the
+//    uid/gid rules and never resolves to a tenant made at run time. No two
+//    tenants share a socket path. Tenants made at run time have ids from
+//    kFirstRuntimeTenantId up, never reused, in either mode; a reload
+//    keeps them (ids, sockets, quotas) unless the new config defines a
+//    tenant of one's name, which refuses the reload. Without configured
+//    tenants, uids from kFirstRuntimeTenantId (2^31) up are refused, so a
+//    uid's tenant id never meets a runtime tenant's. configured() says
+//    whether the config has tenants; tenants() lists all, config order
+//    first, then those made at run time in the order they were made.
 //  - TenantDirectoryHolder::Get is a shared_ptr copy under a small lock;
 //    a request takes one snapshot and resolves with it, holding no lock,
 //    and a Replace never waits for readers (they keep the old snapshot).
+//    Whoever changes the directory (a reload, PutTenant, DeleteTenant)
+//    holds changes() from reading the one in force to replacing it, so no
+//    change is lost to another made at the same time.
 #ifndef GPUMEMD_SERVER_TENANTS_TENANT_DIRECTORY_H_
 #define GPUMEMD_SERVER_TENANTS_TENANT_DIRECTORY_H_
 
@@ -64,17 +81,48 @@ class TenantDirectory {
   // tenants configured there are no ids to keep: the result is as at start
   // (ids 1..N; the daemon does not switch between one tenant per uid and
   // configured tenants on reload, see server/config/reloadable.h).
+  // `socket_dir` (the daemon's tenant_socket_dir, normalized) is where
+  // TenantConfig.socket paths resolve (server/tenants/socket_path.h); when
+  // empty, config.tenant_socket_dir(), which a tenant with a socket then
+  // needs. The tenants `previous` made at run time are kept.
   static absl::StatusOr<TenantDirectory> Build(
       const v1::DaemonConfig& config,
       const google::protobuf::TextFormat::ParseInfoTree* locations,
       absl::string_view config_path,
       const std::vector<placement::DeviceView>& devices,
-      const TenantDirectory* previous = nullptr);
+      const TenantDirectory* previous = nullptr, absl::string_view socket_dir = "");
 
+  // A main-socket caller's tenant, by uid and gid.
   absl::StatusOr<TenantRef> Resolve(uid_t uid, gid_t gid) const;
+  // A caller's tenant: through tenant `socket_tenant`'s socket, that
+  // tenant (PERMISSION_DENIED once it is removed); through the main socket
+  // (socket_tenant 0), Resolve(uid, gid).
+  absl::StatusOr<TenantRef> ResolveCaller(uid_t uid, gid_t gid, uint32_t socket_tenant) const;
 
-  bool configured() const { return !tenants_.empty(); }
-  // The configured tenants, config order (empty when not configured).
+  // A socket tenant as PutTenant asks for it; `socket` already resolved
+  // (server/tenants/socket_path.h).
+  struct SocketTenantSpec {
+    std::string name;
+    int32_t priority = 0;
+    Quota quota;
+    std::string socket;
+  };
+  // This directory with a socket tenant made at run time: `spec.name` is
+  // added with a new id, or, if this directory made it at run time already,
+  // updated (quota, priority; same id; its socket must be the same).
+  // FAILED_PRECONDITION when the config defines a tenant of that name or
+  // the existing one has another socket; ALREADY_EXISTS when another
+  // tenant has that socket; RESOURCE_EXHAUSTED when no id is left.
+  absl::StatusOr<TenantDirectory> WithSocketTenant(const SocketTenantSpec& spec) const;
+  // This directory without the runtime tenant `id` (remembered as retired,
+  // so its name stays known). Unchanged if it has no such runtime tenant.
+  TenantDirectory Without(uint32_t id) const;
+
+  // Whether the config defines tenants (tenants made at run time do not
+  // count: without configured ones each uid is still its own tenant).
+  bool configured() const { return config_count_ > 0; }
+  // Every tenant: the configured ones in config order, then those made at
+  // run time.
   const std::vector<Tenant>& tenants() const { return tenants_; }
   // A configured tenant by name or id, or null (removed tenants included).
   const Tenant* Find(absl::string_view name) const;
@@ -91,12 +139,18 @@ class TenantDirectory {
   uint32_t next_id() const { return next_id_; }
 
  private:
+  // Rebuilds by_id_ from tenants_.
+  void Reindex();
+  TenantRef RefOf(const Tenant& t) const;
+
   std::vector<Tenant> tenants_;
+  size_t config_count_ = 0;  // tenants_[0, config_count_) are the config's
   absl::flat_hash_map<uid_t, uint32_t> by_uid_;  // -> index into tenants_
   absl::flat_hash_map<gid_t, uint32_t> by_gid_;
   absl::flat_hash_map<uint32_t, uint32_t> by_id_;  // tenant id -> index
   absl::flat_hash_map<uint32_t, std::string> retired_;
   uint32_t next_id_ = 1;
+  uint32_t next_runtime_id_ = kFirstRuntimeTenantId;
   int default_index_ = -1;
   // The daemon's limit on waiting requests per tenant (uid tenants too).
   uint32_t max_waiting_requests_ = kDefaultMaxWaitingRequests;
@@ -119,8 +173,12 @@ class TenantDirectoryHolder {
     absl::MutexLock lock(&mu_);
     current_.swap(fresh);  // the old one is freed below, outside the lock
   }
+  // Held by whoever changes the directory, from Get to Replace (see the
+  // top of this file). Readers never take it.
+  absl::Mutex& changes() const { return changes_; }
 
  private:
+  mutable absl::Mutex changes_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const TenantDirectory> current_ ABSL_GUARDED_BY(mu_);
 };

@@ -378,7 +378,7 @@ TEST_F(CApiTest, DaemonRestartUnderARunningClient) {
   void* fresh = nullptr;
   ASSERT_EQ(gpumem_malloc(c, 4096, nullptr, &fresh), GPUMEM_OK) << gpumem_last_error_message();
   memset(fresh, 2, 4096);
-  EXPECT_EQ(gpumem_free(c, small), GPUMEM_E_LOST) << gpumem_last_error_message();
+  EXPECT_EQ(gpumem_free(c, small), GPUMEM_E_LOST) << gpumem_last_error_message() << daemon_.Log();
   EXPECT_NE(std::string(gpumem_last_error_message()).find("restarted"), std::string::npos);
   EXPECT_EQ(gpumem_free(c, big), GPUMEM_E_LOST);
   EXPECT_EQ(gpumem_free(c, small), GPUMEM_E_LOST);  // the range stays reserved

@@ -179,7 +179,14 @@ grpc::Status FakeGpumemd::PutTenant(grpc::ServerContext*, const v1::PutTenantReq
     }
     dq.set_device(absl::StrCat(found));
   }
+  if (absl::StartsWith(req->name(), "uid-")) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("tenant name \"", req->name(), "\" is a uid tenant's name"));
+  }
   std::string path = req->socket_path();
+  if (auto known = tenants_.find(req->name()); known != tenants_.end() && path.empty()) {
+    path = known->second.socket_path;
+  }
   if (path.empty()) path = absl::StrCat(claims_dir_, "/", req->name(), ".sock");
   if (path.find('/') == std::string::npos) path = absl::StrCat(claims_dir_, "/", path);
   if (!absl::StartsWith(path, claims_dir_ + "/") || absl::StrContains(path, "/../") ||
@@ -189,6 +196,11 @@ grpc::Status FakeGpumemd::PutTenant(grpc::ServerContext*, const v1::PutTenantReq
   }
   auto it = tenants_.find(req->name());
   const bool created = it == tenants_.end();
+  if (!created && it->second.socket_path != path) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("tenant ", req->name(), " has its socket at ",
+                                     it->second.socket_path, ", not ", path));
+  }
   Tenant& t = tenants_[req->name()];
   if (created) {
     t.id = next_id_++;

@@ -7,7 +7,10 @@
 //     tenant_socket_dir or a bare file name there (empty: <dir>/<name>.sock;
 //     outside is INVALID_ARGUMENT); the socket is really bound there (the
 //     double listens and never answers); the same request again changes
-//     nothing, answers created=false and keeps the socket where it was.
+//     nothing, answers created=false and keeps the socket where it was;
+//     asking an existing tenant for another socket path is
+//     FAILED_PRECONDITION (an empty one keeps it), a "uid-N" name
+//     INVALID_ARGUMENT, as the real daemon answers.
 //   - DeleteTenant: removes the tenant and its socket; an unknown name is
 //     existed=false; a tenant holding memory (SetTenantUsage) is
 //     FAILED_PRECONDITION unless end_sessions, which frees it.

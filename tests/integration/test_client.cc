@@ -21,6 +21,11 @@
 //       N threads call GetSession at once; prints "sessions K" (distinct ids).
 //   --stats     prints "sessions N uids U1,U2,... tenants T1,T2,..." as
 //               GetStats shows them to this process.
+//   --tenant_rpc=put|delete|set_quota|usage [--tenant=NAME]
+//       one tenant RPC over a plain gRPC channel (no session token): prints
+//       "status CODE" (put, delete, set_quota) or "usage T1,T2,..." (the
+//       tenant names GetUsage shows this caller), or "status CODE" if refused.
+//   --session   prints "session ID PID UID" as GetSession answers.
 //   --clients=N --size=BYTES
 //       N separate clients (each its own gRPC connection, stream and slab
 //       channel), each allocating and mapping one buffer; prints "ready"
@@ -37,19 +42,24 @@
 #include <cstring>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
+#include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "common/fd_channel.h"
 
 ABSL_FLAG(std::string, socket, "", "daemon socket");
 ABSL_FLAG(uint64_t, size, 0, "bytes per buffer");
 ABSL_FLAG(int, count, 1, "buffers");
 ABSL_FLAG(std::string, devices, "", "comma-separated selectors, round-robin");
-ABSL_FLAG(std::string, then, "hold", "hold | exit | free");
+ABSL_FLAG(std::string, then, "hold", "hold | exit | free | check");
+ABSL_FLAG(std::string, check_file, "",
+          "--then=check: once this file exists, check every buffer's bytes, then free them");
 ABSL_FLAG(uint64_t, read_slab, 0, "slab to map and read");
 ABSL_FLAG(uint64_t, offset, 0, "offset to read");
 ABSL_FLAG(int, expect, 0, "expected byte");
@@ -58,6 +68,9 @@ ABSL_FLAG(bool, keep, false, "free a block but keep its slab mapped");
 ABSL_FLAG(int, session_race, 0, "threads calling GetSession at once");
 ABSL_FLAG(bool, stats, false, "print what GetStats shows this caller");
 ABSL_FLAG(int, clients, 0, "separate clients, one mapped buffer each");
+ABSL_FLAG(std::string, tenant_rpc, "", "put | delete | set_quota | usage");
+ABSL_FLAG(std::string, tenant, "probe", "the tenant --tenant_rpc names");
+ABSL_FLAG(bool, session, false, "print what GetSession answers");
 
 namespace gpumem {
 using client::Client;
@@ -144,6 +157,47 @@ int Stats(Client& client) {
   return 0;
 }
 
+int TenantRpc(const std::string& socket, const std::string& rpc) {
+  auto stub = v1::GpuMemory::NewStub(
+      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Status s;
+  const std::string tenant = absl::GetFlag(FLAGS_tenant);
+  if (rpc == "put") {
+    v1::PutTenantRequest req;
+    req.set_name(tenant);
+    v1::PutTenantResponse resp;
+    s = stub->PutTenant(&ctx, req, &resp);
+  } else if (rpc == "delete") {
+    v1::DeleteTenantRequest req;
+    req.set_name(tenant);
+    req.set_end_sessions(true);
+    v1::DeleteTenantResponse resp;
+    s = stub->DeleteTenant(&ctx, req, &resp);
+  } else if (rpc == "set_quota") {
+    v1::SetQuotaRequest req;
+    req.set_tenant(tenant);
+    req.mutable_quota()->set_total_bytes(uint64_t{1} << 40);
+    v1::SetQuotaResponse resp;
+    s = stub->SetQuota(&ctx, req, &resp);
+  } else if (rpc == "usage") {
+    v1::GetUsageResponse resp;
+    s = stub->GetUsage(&ctx, v1::GetUsageRequest(), &resp);
+    if (s.ok()) {
+      std::vector<std::string> names;
+      for (const v1::TenantUsage& t : resp.tenants()) names.push_back(t.name());
+      printf("usage %s\n", absl::StrJoin(names, ",").c_str());
+      return 0;
+    }
+  } else {
+    printf("error unknown --tenant_rpc\n");
+    return 1;
+  }
+  printf("status %d\n", static_cast<int>(s.error_code()));
+  return 0;
+}
+
 int ManyClients(const std::string& socket, int n) {
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<Buffer> buffers;
@@ -191,10 +245,22 @@ int Main() {
     printf(b == absl::GetFlag(FLAGS_expect) ? "read ok\n" : "read mismatch\n");
     return 0;
   }
+  if (!absl::GetFlag(FLAGS_tenant_rpc).empty()) {
+    return TenantRpc(socket, absl::GetFlag(FLAGS_tenant_rpc));
+  }
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(socket);
   if (!client.ok()) {
     printf("error %d\n", static_cast<int>(client.status().code()));
     return 1;
+  }
+  if (absl::GetFlag(FLAGS_session)) {
+    absl::StatusOr<v1::Session> s = (*client)->GetSession();
+    if (!s.ok()) {
+      printf("error %d\n", static_cast<int>(s.status().code()));
+      return 1;
+    }
+    printf("session %lu %d %u\n", static_cast<unsigned long>(s->session_id()), s->pid(), s->uid());
+    return 0;
   }
   if (absl::GetFlag(FLAGS_keep)) return Keep(**client, socket);
   if (absl::GetFlag(FLAGS_session_race) > 0) {
@@ -237,6 +303,33 @@ int Main() {
     for (Buffer& b : buffers) {
       if (!b.Free().ok()) return 1;
     }
+    printf("freed\n");
+    fflush(stdout);
+    return 0;
+  }
+  if (then == "check") {
+    // (A daemon restart may come meanwhile: the library carries the
+    // buffers over.)
+    while (access(absl::GetFlag(FLAGS_check_file).c_str(), F_OK) != 0) usleep(20 * 1000);
+    int intact = 0, lost = 0;
+    for (Buffer& b : buffers) {
+      if ((*client)->IsLost(b.id())) ++lost;
+      const unsigned char want = static_cast<unsigned char>(b.id() & 0xff);
+      const unsigned char* p = static_cast<const unsigned char*>(b.data());
+      bool same = true;
+      for (uint64_t i = 0; i < b.size() && same; ++i) same = p[i] == want;
+      if (same) ++intact;
+    }
+    for (Buffer& b : buffers) {
+      absl::Status s = b.Free();
+      if (!s.ok()) {
+        printf("free error %d %s\n", static_cast<int>(s.code()), std::string(s.message()).c_str());
+        fflush(stdout);
+        return 1;
+      }
+    }
+    // (The frees waited for the library to come through a restart.)
+    printf("intact %d lost %d restarts %d\n", intact, lost, static_cast<int>((*client)->restarts()));
     printf("freed\n");
     fflush(stdout);
     return 0;

@@ -202,6 +202,30 @@ TEST(SlabPoolTest, TenantsNeverShareASlab) {
   EXPECT_VALID(pool);
 }
 
+// A tenant gone for good (a socket tenant deleted): its empty slabs go back
+// at once, a slab still holding a block as soon as it is empty; other
+// tenants' slabs stay.
+TEST(SlabPoolTest, GoneTenantsSlabsGoBackAsSoonAsEmpty) {
+  SimBackend backend({kDevice});
+  SlabPool pool(&backend, 0, Options(absl::Hours(1)));
+  absl::StatusOr<PoolBlock> a = Carve(pool, kMiB, kGran, /*tenant=*/1);
+  absl::StatusOr<PoolBlock> big = Carve(pool, kSlab, kGran, /*tenant=*/1);  // a second slab
+  absl::StatusOr<PoolBlock> b = Carve(pool, kMiB, kGran, /*tenant=*/2);
+  ASSERT_TRUE(a.ok() && big.ok() && b.ok());
+  ASSERT_NE(a->slab_id, big->slab_id);
+  pool.Release(*a);  // tenant 1's first slab is empty now, its second is not
+  EXPECT_EQ(pool.ReleaseTenantSlabs(1), 1);
+  EXPECT_FALSE(pool.HasSlab(a->slab_id));
+  EXPECT_TRUE(pool.HasSlab(big->slab_id));
+  pool.Release(*big);  // the block being freed while the tenant went
+  EXPECT_FALSE(pool.HasSlab(big->slab_id));
+  EXPECT_EQ(pool.TenantStats().count(1), 0u);
+  EXPECT_TRUE(pool.HasSlab(b->slab_id));
+  pool.Release(*b);
+  EXPECT_TRUE(pool.HasSlab(b->slab_id)) << "another tenant's empty slab waits as usual";
+  EXPECT_VALID(pool);
+}
+
 TEST(SlabPoolTest, ManyTenantsEachBlockInOwnSlab) {
   SimBackend backend({kDevice});
   SlabPool pool(&backend, 0, Options(absl::Milliseconds(1)));

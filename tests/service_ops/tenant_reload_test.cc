@@ -9,6 +9,10 @@
 //    quota book) under its name until freed; its quota stays enforced.
 //  - A bad file changes nothing (all or nothing), and names its line.
 //  - Switching between no tenants and tenants waits for a restart.
+//  - Socket tenants: a config tenant's socket and a tenant made at run time
+//    (PutTenant) outlive reloads with their ids; the runtime one gets its
+//    own quota back (not the config's), its callers stay charged to it, and
+//    a config that takes its name is refused, changing nothing.
 //  - Reloads racing allocations and frees of moving uids (run under TSan).
 // Callers are sleeping children forked before the broker's threads start
 // (identity is taken as given: uids are forged).
@@ -299,6 +303,67 @@ TEST_F(TenantReloadTest, SwitchingTenantModeWaitsForARestart) {
 // Reloads that move two uids between tenants (and drop and re-add one)
 // while both allocate and free: every allocation is charged to one tenant
 // and credited back to the same one; nothing is left charged at the end.
+constexpr char kSocketsOne[] = R"(
+tenant_socket_dir: "/run/t"
+tenant { name: "t1" uids: 4242 socket: "t1.sock" quota { total_bytes: "8MiB" } }
+)";
+
+TEST_F(TenantReloadTest, SocketTenantsOutliveReloads) {
+  ASSERT_NO_FATAL_FAILURE(Start(kSocketsOne));
+  ASSERT_NE(holder_->Get()->Find("t1"), nullptr);
+  EXPECT_EQ(holder_->Get()->Find("t1")->socket, "/run/t/t1.sock");
+  // A tenant made at run time, as PutTenant does (its quota in the book).
+  tenants::TenantDirectory::SocketTenantSpec spec;
+  spec.name = "claim-1";
+  spec.socket = "/run/t/claim-1/gpumemd.sock";
+  spec.quota.total_bytes = 4 * kMiB;
+  absl::StatusOr<tenants::TenantDirectory> with = holder_->Get()->WithSocketTenant(spec);
+  ASSERT_TRUE(with.ok()) << with.status();
+  const uint32_t claim = with->Find("claim-1")->id;
+  quotas_.SetQuota(claim, spec.quota);
+  holder_->Replace(*std::move(with));
+  PeerCred pod = Cred(0, 0);  // uid 0 through claim-1's socket
+  pod.socket_tenant = claim;
+  ASSERT_TRUE(Alloc(pod, 3 * kMiB).ok());
+  tenants::Quota raised;
+  raised.total_bytes = 64 * kMiB;
+  quotas_.SetQuota(claim, raised);  // as SetQuota would, until a reload
+
+  absl::StatusOr<ReloadOutcome> r = Reload(R"(
+    tenant_socket_dir: "/run/t"
+    tenant { name: "t1" uids: 4242 socket: "t1.sock" quota { total_bytes: "16MiB" } }
+    tenant { name: "t2" uids: 4243 socket: "/run/t/t2/s" }
+  )");
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::shared_ptr<const tenants::TenantDirectory> dir = holder_->Get();
+  ASSERT_NE(dir->Find("t1"), nullptr);
+  ASSERT_NE(dir->Find("t2"), nullptr);
+  EXPECT_EQ(dir->Find("t1")->id, 1u);
+  EXPECT_EQ(dir->Find("t1")->socket, "/run/t/t1.sock");
+  EXPECT_EQ(dir->Find("t2")->socket, "/run/t/t2/s");
+  ASSERT_NE(dir->Find("claim-1"), nullptr);
+  EXPECT_EQ(dir->Find("claim-1")->id, claim);
+  EXPECT_EQ(*quotas_.GetQuota(claim).total_bytes, 4 * kMiB) << "its PutTenant quota is back";
+  EXPECT_EQ(Alloc(pod, 2 * kMiB).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(Alloc(pod, kMiB).ok());
+  const v1::GetStatsResponse stats = RootStats();
+  const v1::TenantStats* row = Row(stats, claim);
+  ASSERT_NE(row, nullptr);
+  EXPECT_EQ(row->name(), "claim-1");
+  EXPECT_EQ(row->used_bytes(), 4 * kMiB);
+
+  // A config that takes its name: refused, naming the line; nothing changes.
+  absl::StatusOr<ReloadOutcome> clash = Reload(
+      "tenant_socket_dir: \"/run/t\"\ntenant { name: \"t1\" uids: 4242 }\n"
+      "tenant {\n name: \"claim-1\" uids: 4244 }\n");
+  ASSERT_FALSE(clash.ok());
+  EXPECT_EQ(clash.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(clash.status().message(), "cfg.textproto:3:")) << clash.status();
+  EXPECT_TRUE(absl::StrContains(clash.status().message(), "made at run time")) << clash.status();
+  EXPECT_EQ(holder_->Get()->Find("t2")->socket, "/run/t/t2/s");
+  EXPECT_EQ(holder_->Get()->Find("claim-1")->id, claim);
+}
+
 TEST_F(TenantReloadTest, ReloadsRaceAllocationsAndFrees) {
   const char* configs[] = {
       R"(tenant { name: "a" uids: [4242, 4243] } tenant { name: "b" })",

@@ -81,6 +81,15 @@ void ExpectError(const std::string& text, const std::string& where, const std::s
   EXPECT_NE(dir.status().message().find(words), std::string::npos) << dir.status();
 }
 
+void ExpectErrorFrom(const std::string& text, const TenantDirectory* previous,
+                     const std::string& where, const std::string& words) {
+  absl::StatusOr<TenantDirectory> dir = FromText(text, previous);
+  ASSERT_FALSE(dir.ok()) << text;
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(dir.status().message().find(where), std::string::npos) << dir.status();
+  EXPECT_NE(dir.status().message().find(words), std::string::npos) << dir.status();
+}
+
 TEST(TenantDirectoryTest, ConfigErrorsNameTheLine) {
   ExpectError("tenant { name: \"a\" uids: 7 }\n"
               "tenant {\n"
@@ -202,6 +211,166 @@ TEST(TenantDirectoryTest, BuildFromUnconfiguredNumbersFromOne) {
   ASSERT_TRUE(back.ok());
   EXPECT_FALSE(back->configured());
   EXPECT_EQ(back->NameOf(1), "uid-1");
+}
+
+// ---- Socket tenants ----
+
+TenantDirectory::SocketTenantSpec Spec(const std::string& name, const std::string& socket,
+                                       uint64_t total = 0, int32_t priority = 0) {
+  TenantDirectory::SocketTenantSpec spec;
+  spec.name = name;
+  spec.socket = socket;
+  spec.priority = priority;
+  if (total > 0) spec.quota.total_bytes = total;
+  return spec;
+}
+
+constexpr char kSockets[] = "tenant_socket_dir: \"/run/t\"\n";
+
+TEST(TenantDirectoryTest, ConfigTenantSocketsResolveInsideTheSocketDir) {
+  absl::StatusOr<TenantDirectory> dir = FromText(std::string(kSockets) + R"(
+    tenant { name: "a" uids: 1000 socket: "a.sock" }
+    tenant { name: "b" socket: "/run/t/b/gpumemd.sock" }
+    tenant { name: "c" uids: 1001 }
+  )");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(dir->Find("a")->socket, "/run/t/a.sock");
+  EXPECT_EQ(dir->Find("b")->socket, "/run/t/b/gpumemd.sock");
+  EXPECT_EQ(dir->Find("c")->socket, "");
+  // Through a's socket, any uid is a; through the main socket the uid rules.
+  const uint32_t a = dir->Find("a")->id, b = dir->Find("b")->id;
+  EXPECT_EQ(dir->ResolveCaller(0, 0, a)->name, "a");
+  EXPECT_EQ(dir->ResolveCaller(1001, 0, a)->name, "a");
+  EXPECT_EQ(dir->ResolveCaller(1001, 0, b)->name, "b");
+  EXPECT_EQ(dir->ResolveCaller(1001, 0, 0)->name, "c");
+  EXPECT_EQ(dir->ResolveCaller(0, 0, 0).status().code(), absl::StatusCode::kPermissionDenied);
+  // A tenant without a socket is no socket's.
+  EXPECT_EQ(dir->ResolveCaller(0, 0, dir->Find("c")->id).status().code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST(TenantDirectoryTest, ConfigSocketErrorsNameTheLine) {
+  ExpectError(std::string(kSockets) + "tenant {\n name: \"a\"\n socket: \"/tmp/a.sock\"\n}\n",
+              "t.textproto:4:", "outside");
+  ExpectError(std::string(kSockets) + "tenant {\n name: \"a\"\n socket: \"../a.sock\"\n}\n",
+              "t.textproto:4:", "relative");
+  ExpectError(std::string(kSockets) +
+                  "tenant { name: \"a\" socket: \"x.sock\" }\n"
+                  "tenant {\n name: \"b\"\n socket: \"/run/t/x.sock\"\n}\n",
+              "t.textproto:5:", "is tenant \"a\"'s already");
+  ExpectError("tenant {\n name: \"a\"\n socket: \"a.sock\"\n}\n", "t.textproto:",
+              "tenant_socket_dir is not set");
+}
+
+TEST(TenantDirectoryTest, SocketTenantsMadeAtRunTime) {
+  absl::StatusOr<TenantDirectory> dir = FromText(std::string(kSockets) + R"(
+    tenant { name: "a" uids: 1000 socket: "a.sock" }
+  )");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  absl::StatusOr<TenantDirectory> v2 = dir->WithSocketTenant(Spec("claim-1", "/run/t/c1/s", 1 << 20, 3));
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  const Tenant* c1 = v2->Find("claim-1");
+  ASSERT_NE(c1, nullptr);
+  EXPECT_TRUE(c1->runtime);
+  EXPECT_EQ(c1->id, kFirstRuntimeTenantId);
+  EXPECT_EQ(*c1->quota.total_bytes, 1u << 20);
+  EXPECT_EQ(v2->ResolveCaller(0, 0, c1->id)->name, "claim-1");
+  EXPECT_EQ(v2->ResolveCaller(0, 0, c1->id)->priority, 3);
+  // The main socket never resolves to it, and it does not make the
+  // directory "configured" on its own.
+  EXPECT_EQ(v2->Resolve(0, 0).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(v2->tenants().size(), 2u);
+  EXPECT_EQ(v2->IdOf("claim-1"), c1->id);
+
+  // The same again changes the quota only; the id stays.
+  absl::StatusOr<TenantDirectory> v3 = v2->WithSocketTenant(Spec("claim-1", "/run/t/c1/s", 2 << 20));
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  EXPECT_EQ(v3->Find("claim-1")->id, c1->id);
+  EXPECT_EQ(*v3->Find("claim-1")->quota.total_bytes, 2u << 20);
+  EXPECT_EQ(v3->tenants().size(), 2u);
+  // Refused: moving its socket, another tenant's socket, a config name.
+  EXPECT_EQ(v3->WithSocketTenant(Spec("claim-1", "/run/t/elsewhere")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(v3->WithSocketTenant(Spec("claim-2", "/run/t/c1/s")).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(v3->WithSocketTenant(Spec("claim-2", "/run/t/a.sock")).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(v3->WithSocketTenant(Spec("a", "/run/t/other")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // A second one gets the next id; removing the first retires its id and
+  // name, and the next new one never gets that id again.
+  absl::StatusOr<TenantDirectory> v4 = v3->WithSocketTenant(Spec("claim-2", "/run/t/c2/s"));
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  const uint32_t c2 = v4->Find("claim-2")->id;
+  EXPECT_EQ(c2, kFirstRuntimeTenantId + 1);
+  TenantDirectory v5 = v4->Without(c1->id);
+  EXPECT_EQ(v5.Find("claim-1"), nullptr);
+  EXPECT_EQ(v5.FindId(c1->id), nullptr);
+  EXPECT_EQ(v5.NameOf(c1->id), "claim-1");
+  EXPECT_EQ(v5.ResolveCaller(0, 0, c1->id).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(v5.ResolveCaller(0, 0, c1->id).status().message().find("claim-1"), std::string::npos);
+  EXPECT_EQ(v5.FindId(c2)->name, "claim-2");  // indexes rebuilt
+  absl::StatusOr<TenantDirectory> v6 = v5.WithSocketTenant(Spec("claim-1", "/run/t/c1/s"));
+  ASSERT_TRUE(v6.ok());
+  EXPECT_EQ(v6->Find("claim-1")->id, kFirstRuntimeTenantId + 2);
+  // Without() of a config tenant changes nothing.
+  EXPECT_NE(v6->Without(v6->Find("a")->id).Find("a"), nullptr);
+}
+
+TEST(TenantDirectoryTest, ReloadKeepsRuntimeTenantsAndRefusesTheirNames) {
+  absl::StatusOr<TenantDirectory> v1 = FromText(std::string(kSockets) + R"(tenant { name: "a" uids: 1 })");
+  ASSERT_TRUE(v1.ok());
+  absl::StatusOr<TenantDirectory> v2 = v1->WithSocketTenant(Spec("claim-1", "/run/t/c1/s", 5));
+  ASSERT_TRUE(v2.ok());
+  const uint32_t id = v2->Find("claim-1")->id;
+  absl::StatusOr<TenantDirectory> v3 = FromText(std::string(kSockets) + R"(
+    tenant { name: "a" uids: 1 }
+    tenant { name: "b" uids: 2 socket: "b.sock" }
+  )", &*v2);
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  ASSERT_NE(v3->Find("claim-1"), nullptr);
+  EXPECT_EQ(v3->Find("claim-1")->id, id);
+  EXPECT_EQ(v3->Find("claim-1")->socket, "/run/t/c1/s");
+  EXPECT_EQ(*v3->Find("claim-1")->quota.total_bytes, 5u);
+  EXPECT_EQ(v3->Find("b")->id, 2u);
+  absl::StatusOr<TenantDirectory> v4 = v3->WithSocketTenant(Spec("claim-2", "/run/t/c2/s"));
+  ASSERT_TRUE(v4.ok());
+  EXPECT_EQ(v4->Find("claim-2")->id, id + 1);
+  // A config that takes a runtime tenant's name, or its socket: refused,
+  // naming the line.
+  ExpectErrorFrom(std::string(kSockets) + "tenant { name: \"a\" uids: 1 }\ntenant {\n name: \"claim-1\" }\n",
+                  &*v4, "t.textproto:3:", "made at run time");
+  ExpectErrorFrom(std::string(kSockets) +
+                      "tenant { name: \"a\" uids: 1 }\ntenant {\n name: \"z\" socket: \"/run/t/c2/s\" }\n",
+                  &*v4, "t.textproto:3:", "socket of tenant \"claim-2\"");
+}
+
+TEST(TenantDirectoryTest, WithoutConfiguredTenantsRuntimeIdsAreNoUids) {
+  TenantDirectory none;
+  absl::StatusOr<TenantDirectory> dir = none.WithSocketTenant(Spec("claim-1", "/run/t/c1/s"));
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_FALSE(dir->configured());
+  const uint32_t id = dir->Find("claim-1")->id;
+  EXPECT_EQ(id, kFirstRuntimeTenantId);
+  EXPECT_EQ(dir->Resolve(1000, 1000)->name, "uid-1000");
+  EXPECT_EQ(dir->Resolve(0, 0)->id, 0u);
+  // A uid that could meet a runtime tenant's id is refused, saying why.
+  absl::StatusOr<TenantRef> high = dir->Resolve(kFirstRuntimeTenantId, 0);
+  EXPECT_EQ(high.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(high.status().message().find("2^31"), std::string::npos);
+  EXPECT_FALSE(dir->IdOf("uid-2147483648").has_value());
+  EXPECT_EQ(dir->IdOf("uid-7"), 7u);
+  EXPECT_EQ(dir->IdOf("claim-1"), id);
+  EXPECT_EQ(dir->NameOf(id), "claim-1");
+  EXPECT_EQ(dir->NameOf(7), "uid-7");
+  TenantDirectory gone = dir->Without(id);
+  EXPECT_EQ(gone.NameOf(id), "claim-1");  // its last events keep its name
+  // A reload in this mode (no tenants) keeps it and its numbering.
+  absl::StatusOr<TenantDirectory> reloaded = FromText("", &*dir);
+  ASSERT_TRUE(reloaded.ok());
+  EXPECT_EQ(reloaded->Find("claim-1")->id, id);
+  EXPECT_EQ(reloaded->WithSocketTenant(Spec("claim-2", "/run/t/c2/s"))->Find("claim-2")->id, id + 1);
 }
 
 TEST(TenantDirectoryHolderTest, ReadersKeepTheirSnapshot) {

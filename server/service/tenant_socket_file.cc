@@ -1,0 +1,222 @@
+// Every filesystem step below tenant_socket_dir goes through a directory fd
+// opened with O_NOFOLLOW (openat, mkdirat, fstatat, unlinkat, renameat);
+// bind and connect, which take a path, get /proc/self/fd/N/NAME. Without
+// /proc (rare) they get the absolute path, checked the same way just before.
+#include "server/service/tenant_socket_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace gpumem {
+namespace {
+
+std::atomic<uint64_t> temp_counter{0};
+
+bool HaveProcFds() {
+  static const bool have = access("/proc/self/fd", X_OK) == 0;
+  return have;
+}
+
+// An address for NAME in directory fd `dir` (absolute path `abs` when the
+// /proc form does not fit or /proc is missing); false if neither fits.
+bool AddressOf(int dir, const std::string& name, const std::string& abs, sockaddr_un* addr) {
+  memset(addr, 0, sizeof(*addr));
+  addr->sun_family = AF_UNIX;
+  std::string p = absl::StrCat("/proc/self/fd/", dir, "/", name);
+  if (!HaveProcFds() || p.size() >= sizeof(addr->sun_path)) p = abs;
+  if (p.size() >= sizeof(addr->sun_path)) return false;
+  memcpy(addr->sun_path, p.data(), p.size());
+  return true;
+}
+
+// Makes `dir` and its parents (the configured tenant_socket_dir itself,
+// which the admin chose: followed as the system resolves it).
+absl::Status MakeDirs(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tenant_socket_dir ", dir, " exists and is not a directory"));
+  }
+  const size_t slash = dir.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    absl::Status parent = MakeDirs(dir.substr(0, slash));
+    if (!parent.ok()) return parent;
+  }
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot create tenant_socket_dir ", dir, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TenantSocketFile>> TenantSocketFile::Make(
+    const std::string& socket_dir, const std::string& path) {
+  if (path.size() <= socket_dir.size() + 1 ||
+      path.compare(0, socket_dir.size() + 1, socket_dir + "/") != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "socket path ", path, " is not inside tenant_socket_dir ", socket_dir));
+  }
+  if (absl::Status made = MakeDirs(socket_dir); !made.ok()) return made;
+  std::unique_ptr<TenantSocketFile> f(new TenantSocketFile());
+  f->path_ = path;
+  const int root = open(socket_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot open tenant_socket_dir ", socket_dir, ": ", strerror(errno)));
+  }
+  f->dirs_.push_back(root);
+  f->dir_names_.push_back(socket_dir);
+  f->made_.push_back(false);
+  // From here on a failure returns through `fail`, which undoes what was
+  // made (the destructor: the directories made, the fds).
+  auto fail = [&f](absl::Status s) -> absl::StatusOr<std::unique_ptr<TenantSocketFile>> {
+    f->Remove();
+    return s;
+  };
+  std::vector<std::string> parts = absl::StrSplit(path.substr(socket_dir.size() + 1), '/');
+  f->name_ = parts.back();
+  parts.pop_back();
+  std::string sofar = socket_dir;
+  for (const std::string& part : parts) {
+    absl::StrAppend(&sofar, "/", part);
+    const int parent = f->dirs_.back();
+    bool made = false;
+    int d = openat(parent, part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (d < 0 && errno == ENOENT) {
+      if (mkdirat(parent, part.c_str(), 0755) == 0) {
+        made = true;
+      } else if (errno != EEXIST) {
+        return fail(absl::FailedPreconditionError(
+            absl::StrCat("cannot create directory ", sofar, ": ", strerror(errno))));
+      }
+      d = openat(parent, part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    }
+    if (d < 0) {
+      const int err = errno;
+      if (made) unlinkat(parent, part.c_str(), AT_REMOVEDIR);
+      struct stat st;
+      if (fstatat(parent, part.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "socket path ", path, ": ", sofar, " is a symlink (socket paths may not pass "
+            "through symlinks)")));
+      }
+      if (err == ENOTDIR || err == ELOOP) {
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("socket path ", path, ": ", sofar, " is not a directory")));
+      }
+      return fail(absl::FailedPreconditionError(
+          absl::StrCat("cannot open directory ", sofar, ": ", strerror(err))));
+    }
+    f->dirs_.push_back(d);
+    f->dir_names_.push_back(part);
+    f->made_.push_back(made);
+  }
+  const int dir = f->dirs_.back();
+
+  // What is there now.
+  struct stat st;
+  if (fstatat(dir, f->name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (S_ISLNK(st.st_mode)) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "socket path ", path, " is a symlink; refusing to make a socket through it")));
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+      return fail(absl::AlreadyExistsError(absl::StrCat(
+          path, " exists and is not a socket; refusing to replace it")));
+    }
+    sockaddr_un probe_addr;
+    if (AddressOf(dir, f->name_, path, &probe_addr)) {
+      const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      const bool live =
+          connect(probe, reinterpret_cast<sockaddr*>(&probe_addr), sizeof(probe_addr)) == 0;
+      close(probe);
+      if (live) {
+        return fail(absl::AlreadyExistsError(absl::StrCat(
+            "something is serving ", path, " already (another daemon, or this one's main "
+            "socket); choose another socket path")));
+      }
+    }
+    unlinkat(dir, f->name_.c_str(), 0);  // stale: left by a daemon that died
+  } else if (errno != ENOENT) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("cannot look at ", path, ": ", strerror(errno))));
+  }
+
+  // Bound and listening under a temporary name, then renamed into place.
+  const std::string tmp = absl::StrCat(".gpumemd-", getpid(), "-", temp_counter.fetch_add(1));
+  const size_t slash = path.rfind('/');
+  sockaddr_un addr;
+  if (!AddressOf(dir, tmp, path.substr(0, slash + 1) + tmp, &addr)) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("socket path ", path, " is too long for a Unix socket address")));
+  }
+  f->fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (f->fd_ < 0) {
+    return fail(absl::InternalError(absl::StrCat("socket: ", strerror(errno))));
+  }
+  if (bind(f->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("cannot bind a socket in ", path.substr(0, slash), ": ", strerror(errno))));
+  }
+  auto fail_bound = [&](absl::Status s) {
+    unlinkat(dir, tmp.c_str(), 0);
+    return fail(std::move(s));
+  };
+  if (fchmodat(dir, tmp.c_str(), 0666, 0) != 0) {
+    return fail_bound(absl::FailedPreconditionError(
+        absl::StrCat("cannot make ", path, " mode 0666: ", strerror(errno))));
+  }
+  if (listen(f->fd_, 128) != 0) {
+    return fail_bound(absl::InternalError(absl::StrCat("listen: ", strerror(errno))));
+  }
+  if (fstatat(dir, tmp.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return fail_bound(absl::FailedPreconditionError(
+        absl::StrCat("cannot look at the socket made for ", path, ": ", strerror(errno))));
+  }
+  f->dev_ = st.st_dev;
+  f->ino_ = st.st_ino;
+  if (renameat(dir, tmp.c_str(), dir, f->name_.c_str()) != 0) {
+    return fail_bound(absl::FailedPreconditionError(
+        absl::StrCat("cannot move the socket into place at ", path, ": ", strerror(errno))));
+  }
+  return f;
+}
+
+TenantSocketFile::~TenantSocketFile() { Remove(); }
+
+void TenantSocketFile::Remove() {
+  if (fd_ >= 0) {
+    close(fd_);
+    fd_ = -1;
+    struct stat st;
+    if (!dirs_.empty() &&
+        fstatat(dirs_.back(), name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        st.st_dev == dev_ && st.st_ino == ino_) {
+      unlinkat(dirs_.back(), name_.c_str(), 0);
+    }
+  }
+  for (size_t i = dirs_.size(); i-- > 0;) {
+    close(dirs_[i]);
+    if (i > 0 && made_[i]) unlinkat(dirs_[i - 1], dir_names_[i].c_str(), AT_REMOVEDIR);
+  }
+  dirs_.clear();
+  dir_names_.clear();
+  made_.clear();
+}
+
+}  // namespace gpumem

@@ -1,0 +1,70 @@
+// TenantSocketFile: a socket tenant's listening Unix socket, made at a path
+// inside the daemon's tenant_socket_dir, and removed again.
+//
+// The path's text was checked already (server/tenants/socket_path.h: inside
+// the directory, no "." or ".." components). What is checked here is the
+// filesystem, without ever following a symlink below the directory: each
+// directory on the way is opened with O_NOFOLLOW from the one before (a
+// missing one is made, mode 0755), and the socket is bound through the last
+// one's fd (/proc/self/fd/N/NAME), so a component swapped for a symlink
+// meanwhile cannot send the socket elsewhere. What may already be at the
+// path:
+//  - nothing: the socket is made;
+//  - a socket nobody serves (left by a daemon that died): replaced;
+//  - a socket something serves: ALREADY_EXISTS;
+//  - a symlink, or a directory on the way that is a symlink or no
+//    directory: INVALID_ARGUMENT;
+//  - any other file: ALREADY_EXISTS (never replaced).
+// The socket is mode 0666 (pods run as any uid; what a caller may do is
+// decided by the tenant it comes through) and appears only once it listens
+// (bound under a temporary name and renamed into place). On any failure
+// nothing is left: no socket, no temporary name, no directory made for it.
+// The destructor closes the socket and removes its file (if the file is
+// still this socket) and the directories it made, if empty.
+#ifndef GPUMEMD_SERVER_SERVICE_TENANT_SOCKET_FILE_H_
+#define GPUMEMD_SERVER_SERVICE_TENANT_SOCKET_FILE_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace gpumem {
+
+class TenantSocketFile {
+ public:
+  // `socket_dir` is made (0755) if missing; `path` is inside it.
+  static absl::StatusOr<std::unique_ptr<TenantSocketFile>> Make(const std::string& socket_dir,
+                                                                const std::string& path);
+  ~TenantSocketFile();
+  TenantSocketFile(const TenantSocketFile&) = delete;
+  TenantSocketFile& operator=(const TenantSocketFile&) = delete;
+
+  // The listening socket (non-blocking, close-on-exec).
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  TenantSocketFile() = default;
+  // Closes the socket, removes the file if it is still ours, then the
+  // directories made for it (if empty), and closes every directory fd.
+  void Remove();
+
+  std::string path_;
+  std::string name_;  // the file's name in its directory
+  int fd_ = -1;
+  // The directories from tenant_socket_dir down to the socket's, opened
+  // without following symlinks; made[i]: dirs[i] was made for this socket.
+  std::vector<int> dirs_;
+  std::vector<std::string> dir_names_;  // dirs[i]'s name in dirs[i-1]
+  std::vector<bool> made_;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_SERVICE_TENANT_SOCKET_FILE_H_

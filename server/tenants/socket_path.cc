@@ -1,0 +1,105 @@
+#include "server/tenants/socket_path.h"
+
+#include <cctype>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "server/tenants/tenant.h"
+
+namespace gpumem {
+namespace tenants {
+namespace {
+
+// Why `part` (one component of a path) may not be one, or "".
+std::string BadComponent(absl::string_view part) {
+  if (part.empty()) return "has an empty component ('//' or a trailing '/')";
+  if (part == "." || part == "..") return absl::StrCat("has a \"", part, "\" component");
+  for (char c : part) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) return "has a NUL or control byte";
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::Status CheckSocketDir(absl::string_view dir) {
+  if (dir.size() < 2 || dir[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenant_socket_dir \"", dir, "\" must be an absolute path below /"));
+  }
+  for (absl::string_view part : absl::StrSplit(dir.substr(1), '/')) {
+    const std::string bad = BadComponent(part);
+    if (!bad.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("tenant_socket_dir \"", dir, "\" ", bad));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ResolveSocketPath(absl::string_view requested,
+                                              absl::string_view socket_dir,
+                                              absl::string_view tenant_name) {
+  std::string path;
+  if (requested.empty()) {
+    path = absl::StrCat(socket_dir, "/", tenant_name, ".sock");
+  } else if (!absl::StrContains(requested, '/')) {
+    const std::string bad = BadComponent(requested);
+    if (!bad.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("socket path \"", requested, "\" ", bad));
+    }
+    path = absl::StrCat(socket_dir, "/", requested);
+  } else if (requested[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "socket path \"", requested, "\" is relative: give a bare file name (made in ",
+        socket_dir, ") or an absolute path inside ", socket_dir));
+  } else {
+    const std::string prefix = absl::StrCat(socket_dir, "/");
+    if (!absl::StartsWith(requested, prefix) || requested.size() == prefix.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "socket path \"", requested, "\" is outside the daemon's tenant_socket_dir ",
+          socket_dir, " (socket tenants' sockets are made only there)"));
+    }
+    for (absl::string_view part : absl::StrSplit(requested.substr(prefix.size()), '/')) {
+      const std::string bad = BadComponent(part);
+      if (!bad.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("socket path \"", requested, "\" ", bad));
+      }
+    }
+    path = std::string(requested);
+  }
+  if (path.size() > kMaxSocketPath) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "socket path \"", path, "\" is ", path.size(), " bytes; a Unix socket path holds at most ",
+        kMaxSocketPath));
+  }
+  return path;
+}
+
+absl::Status CheckSocketTenantName(absl::string_view name) {
+  if (name.empty() || name.size() > 63) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenant name \"", name, "\" must be 1 to 63 characters (it is ", name.size(), ")"));
+  }
+  for (char c : name) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (!(std::isalnum(u) || c == '-' || c == '_' || c == '.')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tenant name \"", name, "\" may hold only letters, digits, '-', '_' and '.'"));
+    }
+  }
+  if (name[0] == '.') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenant name \"", name, "\" may not start with '.'"));
+  }
+  if (UidOfTenantName(name).has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenant name \"", name, "\" is a uid tenant's name (uid-N); choose another"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tenants
+}  // namespace gpumem

@@ -1,0 +1,49 @@
+// Socket tenants' names and socket paths, checked by their text alone.
+//
+// A socket tenant's socket lives inside the daemon's tenant_socket_dir
+// (DIR). What a request or the config may name (PutTenant.socket_path,
+// TenantConfig.socket), and what it resolves to:
+//  - empty: DIR/NAME.sock (NAME the tenant's name);
+//  - a bare file name ("gpumemd.sock"): DIR/gpumemd.sock;
+//  - an absolute path inside DIR ("DIR/claim-1/gpumemd.sock"): itself.
+// Anything else is INVALID_ARGUMENT saying why: a relative path with a '/',
+// a path outside DIR or DIR itself, an empty, "." or ".." component (so
+// "DIR/../x" and "DIR//x" are refused, not cleaned up), a NUL or control
+// byte, or a path longer than a Unix socket address holds (107 bytes).
+// The answer is the one absolute path the socket will have, so comparing
+// two answers compares two sockets. The filesystem (symlinks, what already
+// exists there) is checked when the socket is made
+// (server/service/tenant_socket_file.h).
+#ifndef GPUMEMD_SERVER_TENANTS_SOCKET_PATH_H_
+#define GPUMEMD_SERVER_TENANTS_SOCKET_PATH_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace gpumem {
+namespace tenants {
+
+// The longest path a Unix socket address holds (sun_path less its NUL).
+inline constexpr size_t kMaxSocketPath = 107;
+
+// `socket_dir` must be absolute and normalized (CheckSocketDir).
+absl::StatusOr<std::string> ResolveSocketPath(absl::string_view requested,
+                                              absl::string_view socket_dir,
+                                              absl::string_view tenant_name);
+
+// OK if `dir` is an absolute path without empty, "." or ".." components
+// and without a trailing '/' ("/" itself is refused too).
+absl::Status CheckSocketDir(absl::string_view dir);
+
+// A name PutTenant may give: 1..63 letters, digits, '-', '_' and '.', not
+// starting with '.', and not of the form "uid-N" (the name of uid N's own
+// tenant when no tenants are configured). INVALID_ARGUMENT otherwise.
+absl::Status CheckSocketTenantName(absl::string_view name);
+
+}  // namespace tenants
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_TENANTS_SOCKET_PATH_H_

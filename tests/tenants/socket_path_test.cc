@@ -1,0 +1,85 @@
+// Socket tenants' socket paths and names, by their text alone
+// (server/tenants/socket_path.h): what resolves where, and every way out of
+// tenant_socket_dir refused with INVALID_ARGUMENT.
+#include "server/tenants/socket_path.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace gpumem {
+namespace tenants {
+namespace {
+
+constexpr char kDir[] = "/run/gpumemd/tenants";
+
+std::string Resolved(const std::string& requested, const std::string& name = "team") {
+  absl::StatusOr<std::string> p = ResolveSocketPath(requested, kDir, name);
+  return p.ok() ? *p : "ERROR " + std::string(p.status().message());
+}
+
+void ExpectRefused(const std::string& requested, const std::string& words) {
+  absl::StatusOr<std::string> p = ResolveSocketPath(requested, kDir, "team");
+  ASSERT_FALSE(p.ok()) << requested << " resolved to " << *p;
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << p.status();
+  EXPECT_NE(p.status().message().find(words), std::string::npos) << p.status();
+}
+
+TEST(SocketPathTest, EmptyBareAndInsideResolveToOneAbsolutePath) {
+  EXPECT_EQ(Resolved(""), "/run/gpumemd/tenants/team.sock");
+  EXPECT_EQ(Resolved("gpumemd.sock"), "/run/gpumemd/tenants/gpumemd.sock");
+  // The DRA plugin's form: a file inside a directory it made there.
+  EXPECT_EQ(Resolved("/run/gpumemd/tenants/claim-5f0c/gpumemd.sock"),
+            "/run/gpumemd/tenants/claim-5f0c/gpumemd.sock");
+  EXPECT_EQ(Resolved("/run/gpumemd/tenants/a/b/c.sock"), "/run/gpumemd/tenants/a/b/c.sock");
+}
+
+TEST(SocketPathTest, EveryWayOutIsRefused) {
+  ExpectRefused("/run/gpumemd/gpumemd.sock", "outside");
+  ExpectRefused("/tmp/x.sock", "outside");
+  // A sibling whose name starts like the directory is not inside it.
+  ExpectRefused("/run/gpumemd/tenants-evil/x.sock", "outside");
+  ExpectRefused("/run/gpumemd/tenants", "outside");
+  ExpectRefused("/run/gpumemd/tenants/", "outside");
+  ExpectRefused("/run/gpumemd/tenants/../gpumemd.sock", "\"..\"");
+  ExpectRefused("/run/gpumemd/tenants/a/../../x.sock", "\"..\"");
+  ExpectRefused("/run/gpumemd/tenants/./x.sock", "\".\"");
+  ExpectRefused("/run/gpumemd/tenants//x.sock", "empty component");
+  ExpectRefused("/run/gpumemd/tenants/a/", "empty component");
+  ExpectRefused("..", "\"..\"");
+  ExpectRefused(".", "\".\"");
+  ExpectRefused("claim-1/gpumemd.sock", "relative");
+  ExpectRefused("../x.sock", "relative");
+  ExpectRefused(std::string("a\0b.sock", 8), "control byte");
+  ExpectRefused("/run/gpumemd/tenants/a\nb/x.sock", "control byte");
+  ExpectRefused("/run/gpumemd/tenants/" + std::string(100, 'x'), "at most 107");
+  // 107 bytes exactly fit.
+  const std::string fits = "/run/gpumemd/tenants/" + std::string(107 - 21, 'y');
+  EXPECT_EQ(Resolved(fits), fits);
+}
+
+TEST(SocketPathTest, SocketDirMustBeNormalized) {
+  EXPECT_TRUE(CheckSocketDir("/run/gpumemd/tenants").ok());
+  for (const char* bad : {"", "/", "run/x", "/run/x/", "/run//x", "/run/./x", "/run/../x"}) {
+    EXPECT_EQ(CheckSocketDir(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(SocketPathTest, TenantNames) {
+  for (const char* good : {"claim-5f0c1d2e-0000-4000-8000-000000000001", "a", "A.b_c-9"}) {
+    EXPECT_TRUE(CheckSocketTenantName(good).ok()) << good;
+  }
+  EXPECT_TRUE(CheckSocketTenantName(std::string(63, 'n')).ok());
+  for (const std::string& bad :
+       {std::string(), std::string(64, 'n'), std::string("a/b"), std::string("a b"),
+        std::string(".hidden"), std::string("uid-0"), std::string("uid-1000"),
+        std::string("caf\xc3\xa9"), std::string("a\0b", 3)}) {
+    const absl::Status s = CheckSocketTenantName(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(CheckSocketTenantName("uid-7").message().find("uid tenant"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tenants
+}  // namespace gpumem
