@@ -42,6 +42,22 @@ for probe in ("readinessProbe", "livenessProbe"):
     cmd = c[probe]["exec"]["command"]
     if not cmd[0].endswith("gpumemd_probe") or "--socket=" + sock not in cmd:
         fail("%s does not ask gpumemd_probe about %s: %s" % (probe, sock, cmd))
+# Restarts: the state outside what client pods mount, on a hostPath of its
+# own; a stopped pod keeps it (SIGUSR2 before the kubelet's SIGTERM).
+state = args.get("state")
+if not state or state == "none":
+    fail("the DaemonSet must keep its restart state (--state=PATH)")
+if os.path.dirname(state) == os.path.dirname(sock) or state.startswith(mount["mountPath"] + "/"):
+    fail("--state=%s is in the socket directory that client pods mount" % state)
+smount = next((m for m in c["volumeMounts"] if state.startswith(m["mountPath"] + "/")), None)
+if smount is None:
+    fail("--state=%s is not on a mounted volume: it would not outlive the pod" % state)
+svol = next(v for v in spec["volumes"] if v["name"] == smount["name"])
+if "hostPath" not in svol or svol["hostPath"]["path"] == host_dir:
+    fail("--state's volume must be a hostPath of its own")
+pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+if "kill -USR2 1" not in " ".join(pre):
+    fail("the gpumemd container's preStop must send SIGUSR2 (a planned restart): %r" % pre)
 if spec["terminationGracePeriodSeconds"] <= float(args.get("drain_seconds", 0)):
     fail("terminationGracePeriodSeconds must exceed --drain_seconds")
 if args.get("backend") == "cuda":

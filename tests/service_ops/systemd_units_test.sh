@@ -38,7 +38,9 @@ awk -v e="$exposure" -v m="$MAX_EXPOSURE" 'BEGIN { exit !(e <= m) }' ||
 # The settings the issue names are really there (not just a low score).
 for line in Type=notify WatchdogSec= ExecReload= NoNewPrivileges=yes ProtectSystem=strict \
     ProtectHome=yes PrivateTmp=yes RuntimeDirectory=gpumemd StateDirectory=gpumemd \
-    DevicePolicy=closed "DeviceAllow=/dev/nvidiactl rw"; do
+    DevicePolicy=closed "DeviceAllow=/dev/nvidiactl rw" KillSignal=SIGUSR2 \
+    SuccessExitStatus=75 RestartForceExitStatus=75 FileDescriptorStoreMax=4096 \
+    Restart=on-failure RuntimeDirectoryPreserve=yes; do
   grep -q "^$line" "$DEPLOY/gpumemd.service" || fail "gpumemd.service lacks $line"
 done
 for line in ListenStream=/run/gpumemd/gpumemd.sock SocketMode=0660 SocketGroup=gpumem; do
