@@ -15,11 +15,17 @@
  *    the tenant for whole leases, so quotas stay exact at lease granularity.
  *  - All functions are thread-safe on one client, except that gpumem_close()
  *    must not race with other calls on the same client.
- *  - When the daemon restarts, memory from before is lost: its pointers are
- *    invalid (the memory stays mapped, orphaned, until the program frees it,
- *    so a thread still writing it does not crash), gpumem_free() of them
- *    answers GPUMEM_E_LOST, and the library reconnects with backoff and
- *    serves new requests.
+ *  - A daemon restart (crash, kill -9, upgrade) loses only what cannot
+ *    survive it: the library reconnects in the background and re-presents
+ *    its leases and large blocks, and those the new daemon keeps carry on
+ *    as they were (same pointers, freed normally); calls made meanwhile wait
+ *    for it (GPUMEM_RECONNECT_MS). A block that did not survive (legacy CUDA
+ *    IPC memory, one the daemon could not take back, everything after a
+ *    daemon that stopped for good) is lost: its pointer is invalid, its
+ *    memory stays mapped, orphaned, until the program frees it (so a thread
+ *    still writing it does not crash; legacy IPC memory excepted, which died
+ *    with the daemon), its addresses stay reserved, and gpumem_free() of it
+ *    answers GPUMEM_E_LOST.
  *
  * Environment (read by gpumem_connect() and the PyTorch entry points):
  *   GPUMEMD_SOCKET            the daemon's socket (default /run/gpumemd/gpumemd.sock)
@@ -27,7 +33,7 @@
  *   GPUMEM_LEASE_SIZE         bytes per lease, e.g. "64MiB" (default 64 MiB)
  *   GPUMEM_CACHE_MAX          largest request served from leases (default 1/4 lease)
  *   GPUMEM_IDLE_RELEASE_MS    an empty lease goes back after this idle time (default 10000)
- *   GPUMEM_RECONNECT_MS       how long one call waits for a restarted daemon (default 5000)
+ *   GPUMEM_RECONNECT_MS       how long a call waits for a restarting daemon (default 30000)
  */
 #ifndef GPUMEMD_CLIENT_GPUMEM_H_
 #define GPUMEMD_CLIENT_GPUMEM_H_
@@ -53,7 +59,7 @@ enum {
   GPUMEM_E_FOREIGN_POINTER = 101,   /* not memory of this client (or NULL) */
   GPUMEM_E_DOUBLE_FREE = 102,       /* in this client's memory, but not a live block:
                                        freed already, or not the start of a block */
-  GPUMEM_E_LOST = 103,              /* memory from before a daemon restart */
+  GPUMEM_E_LOST = 103,              /* a block that did not survive a daemon restart */
   GPUMEM_E_CLOSED = 104,            /* the client was closed */
   GPUMEM_E_FORKED = 105,            /* called in a fork() child on the parent's client */
 };
