@@ -105,7 +105,7 @@ struct PoolOptions {
   uint64_t lease_bytes = 64ull << 20;
   uint64_t cache_max_request = 0;          // 0: lease_bytes / 4
   int64_t idle_release_ms = 10000;
-  int64_t reconnect_ms = 5000;             // how long one call waits for a daemon
+  int64_t reconnect_ms = 30000;            // how long one call waits for a daemon
 };
 
 // The library's figures, summed over leases and thread caches.

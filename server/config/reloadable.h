@@ -46,7 +46,7 @@
 // Restart-only: backend, socket, tenant_socket_dir, sim_devices,
 // sim_topology, handle_kinds, pool.slab_size (devices, the listening
 // sockets, handle kinds and slab geometry are fixed for the daemon's life),
-// ledger, and switching between no tenants (each uid its own tenant, id =
+// ledger, state, restore_grace_seconds, and switching between no tenants (each uid its own tenant, id =
 // uid) and configured tenants (ids 1..N), whose ids could collide: then the
 // whole tenant section waits for a restart (it is still checked).
 #ifndef GPUMEMD_SERVER_CONFIG_RELOADABLE_H_

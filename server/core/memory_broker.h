@@ -322,6 +322,9 @@ class MemoryBroker {
   absl::StatusOr<tenants::TenantRef> TenantOf(const PeerCred& caller) const;
   // Quotas changed (SetQuota, a reload): waiting requests are tried again.
   void QuotasChanged() { admission_.Kick(); }
+  // Tests: the admission thread has done everything asked of it so far
+  // (each waiter tried after the last change) and sleeps.
+  bool AdmissionIdle() const { return admission_.Idle(); }
 
   // ---- Removing a tenant (DeleteTenant) ----
   struct TenantEnded {

@@ -1,7 +1,7 @@
 // DurableState: what the daemon must carry over a restart (its slabs, the
 // allocations in them, the sessions that own them and hold their handles,
 // the names of their tenants), kept in a file that outlives the process: on
-// tmpfs (/run/gpumemd/state by default), it survives a crash, kill -9, an
+// tmpfs (next to the socket, `<socket>.state`, by default), it survives a crash, kill -9, an
 // upgrade, a stop followed by a start, and a container's restart when the
 // directory is a hostPath; not a reboot, where GPU memory is gone anyway.
 //
@@ -71,7 +71,7 @@ struct Snapshot {
 
 class DurableState {
  public:
-  // Opens `path` (its directory is created, mode 0700). `previous` receives
+  // Opens `path` (its directory is created if missing). `previous` receives
   // what the file held when it was written by an earlier daemon of this boot
   // (empty for a new file), and `note` one line saying what was found.
   static absl::StatusOr<std::unique_ptr<DurableState>> Open(const std::string& path,

@@ -25,6 +25,7 @@
 #include "absl/strings/cord.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/core/sleeping_child.h"
 #include "common/refusal_payload.h"
 #include "server/backend/sim_backend.h"
 #include "server/core/memory_broker.h"
@@ -93,31 +94,7 @@ TEST(DaemonCounters, ConcurrentRecordsAllCount) {
   EXPECT_EQ(v.refused_other, 40000u);
 }
 
-// A child that sleeps until killed: a second session whose end the broker
-// sees (forked before the broker's threads start).
-class SleepingChild {
- public:
-  SleepingChild() {
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      for (;;) pause();
-    }
-  }
-  ~SleepingChild() { Kill(); }
-  void Kill() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      int st;
-      waitpid(pid_, &st, 0);
-      pid_ = -1;
-    }
-  }
-  PeerCred Cred() const { return PeerCred{pid_, getuid(), getgid()}; }
-
- private:
-  pid_t pid_ = -1;
-};
+using testing::SleepingChild;
 
 class BrokerCountersTest : public ::testing::Test {
  protected:

@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/core/sleeping_child.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 #include "server/backend/sim_backend.h"
 #include "common/refusal_payload.h"
@@ -56,45 +57,7 @@ constexpr int kDevices = 4;
 constexpr uid_t kUidA = 4242;
 constexpr uid_t kUidB = 4243;
 
-// A child process that only sleeps until it is killed (async-signal-safe
-// calls only, so it is also safe to fork from a threaded process).
-class SleepingChild {
- public:
-  SleepingChild() {
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      for (;;) pause();
-    }
-  }
-  ~SleepingChild() {
-    Kill();
-    Reap();
-  }
-  SleepingChild(const SleepingChild&) = delete;
-  SleepingChild& operator=(const SleepingChild&) = delete;
-
-  pid_t pid() const { return pid_; }
-  PeerCred Cred(uid_t uid, gid_t gid) const { return PeerCred{pid_, uid, gid}; }
-  PeerCred Cred() const { return PeerCred{pid_, getuid(), getgid()}; }
-  // SIGKILL; the child stays a zombie until Reap().
-  void Kill() {
-    if (pid_ > 0 && !killed_) kill(pid_, SIGKILL);
-    killed_ = true;
-  }
-  void Reap() {
-    if (pid_ > 0 && !reaped_) {
-      int status;
-      waitpid(pid_, &status, 0);
-    }
-    reaped_ = true;
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool killed_ = false;
-  bool reaped_ = false;
-};
+using testing::SleepingChild;
 
 PeerCred Self() { return PeerCred{getpid(), getuid(), getgid()}; }
 // Stats callers: root sees every session and tenant; an unprivileged uid

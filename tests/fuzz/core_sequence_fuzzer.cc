@@ -35,7 +35,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
+#include "absl/synchronization/mutex.h"
 #include "server/backend/sim_backend.h"
 #include "server/config/daemon_config.h"
 #include "server/core/memory_broker.h"
@@ -218,12 +218,16 @@ class Run {
     const PeerCred c = Cred(s);
     const uint32_t tenant = TenantOf(s);
     asked_.clear();
-    absl::Notification done;
+    // (An absl::Mutex, which ThreadSanitizer sees, not Debian's
+    // uninstrumented absl::Notification.)
+    absl::Mutex done_mu;
+    bool done = false;
     absl::StatusOr<v1::AllocateResponse> a;
     MemoryBroker::AllocateOutcome o =
         broker_->Allocate(c, r, [&](MemoryBroker::AllocateAnswer answer) {
+          absl::MutexLock lock(&done_mu);
           a = std::move(answer);
-          done.Notify();
+          done = true;
         });
     if (o.kind == MemoryBroker::AllocateOutcome::Kind::kWaiting) {
       // Held (for reclaims, or wait_ms): the sessions asked answer now,
@@ -235,7 +239,8 @@ class Run {
           }
         }
       }
-      done.WaitForNotification();
+      absl::MutexLock lock(&done_mu);
+      done_mu.Await(absl::Condition(&done));
     } else {
       a = std::move(o.answer);
     }
