@@ -63,11 +63,7 @@ void DraPluginFixture::SetUp() {
   peer_ = StartRealPeer(dir_, &why);
   ASSERT_NE(peer_, nullptr) << why;
   if (absl::Status s = ProbeTenantRpcs(*peer_); !s.ok()) {
-    if (std::getenv("GPUMEMD_DRA_REQUIRE_TENANT_SOCKETS") != nullptr) {
-      FAIL() << "gpumemd does not serve socket tenants: " << s;
-    }
-    GTEST_SKIP() << "gpumemd does not serve PutTenant/DeleteTenant yet (issue 24 part 1: "
-                 << s << "); set GPUMEMD_DRA_REQUIRE_TENANT_SOCKETS=1 to make this a failure";
+    FAIL() << "gpumemd does not serve socket tenants (PutTenant/DeleteTenant): " << s;
   }
 #else
   peer_ = StartFakePeer(dir_);

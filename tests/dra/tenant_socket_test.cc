@@ -3,10 +3,8 @@
 // whatever it is (here uid 0, in its own PID namespace, as in a pod), is
 // refused past the claim's quota, cannot touch another claim's memory, and
 // loses its memory and its socket when the claim is unprepared.
-// Needs gpumemd's per-tenant sockets (issue 24 part 1): skipped, with a
-// message saying so, while the daemon answers PutTenant with UNIMPLEMENTED
-// (GPUMEMD_DRA_REQUIRE_TENANT_SOCKETS=1 makes that a failure). Needs root
-// and unshare (skipped otherwise).
+// Uses gpumemd's per-tenant sockets (a daemon answering PutTenant with
+// UNIMPLEMENTED fails it). Needs root and unshare (skipped otherwise).
 #include <sys/stat.h>
 #include <unistd.h>
 
