@@ -249,6 +249,23 @@ absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
     } else if (rc != SQLITE_DONE) {
       return Error("reading meta");
     }
+    // Ids are below 2^63 (SQLite's INTEGER is signed): a negative one, or a
+    // negative reservation, is damage no daemon wrote, and the ids that
+    // follow could not be kept above it.
+    Stmt bad;
+    if (sqlite3_prepare_v2(db_,
+                           "SELECT (SELECT COUNT(*) FROM events WHERE allocation_id < 0) + "
+                           "(SELECT COUNT(*) FROM meta WHERE key = 'allocation_id_reserved' "
+                           "AND value < 0)",
+                           -1, &bad.s, nullptr) != SQLITE_OK ||
+        sqlite3_step(bad.s) != SQLITE_ROW) {
+      return Error("reading events");
+    }
+    if (const int64_t n = sqlite3_column_int64(bad.s, 0); n > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ledger ", path_, " is damaged (", n, " allocation id(s) out of range, negative): "
+          "move it aside to start a new ledger"));
+    }
     // Ids the last run may have handed out are all <= id_reserved_.
     Stmt m;
     if (sqlite3_prepare_v2(db_, "SELECT COALESCE(MAX(allocation_id), 0) FROM events", -1,
