@@ -339,7 +339,13 @@ class Worker {
         Say(absl::StrCat("CORRUPT small block ", reinterpret_cast<uintptr_t>(s.p), " of ", s.n));
       }
       const int rc = gpumem_free(c_, s.p);
-      if (rc != GPUMEM_OK && (survive_ || rc != GPUMEM_E_LOST)) Counted(rc, "free");
+      // Close mode: a block from before a restart is gone (the pool says
+      // LOST, or, for a large block whose loss it had not applied yet, the
+      // daemon's NOT_FOUND "did not survive the restart").
+      const bool gone = rc == GPUMEM_E_LOST ||
+                        (rc == GPUMEM_E_NOT_FOUND &&
+                         strstr(gpumem_last_error_message(), "did not survive the restart"));
+      if (rc != GPUMEM_OK && (survive_ || !gone)) Counted(rc, "free");
       s = small_.back();
       small_.pop_back();
     }
