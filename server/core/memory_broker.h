@@ -404,6 +404,9 @@ class MemoryBroker {
   // The grace time after a restart is over: slabs whose handle did not come
   // back lose their blocks; connection-bound sessions nobody rebound end.
   void FinishRestore();
+  // Its first step, under the gate: the blocks of slabs whose handle did not
+  // come back are closed, the slabs dropped.
+  void FinishRestoreSlabs() ABSL_SHARED_LOCKS_REQUIRED(gate_);
 
   Backend* backend_;
   BrokerOptions options_;

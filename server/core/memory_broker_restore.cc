@@ -415,9 +415,7 @@ absl::StatusOr<std::shared_ptr<Session>> MemoryBroker::RebindConnection(
   return sessions_->RebindConnection(token, caller);
 }
 
-void MemoryBroker::FinishRestore() {
-  absl::ReaderMutexLock gate(&gate_);
-  if (shut_down_) return;
+void MemoryBroker::FinishRestoreSlabs() {
   const std::string why = absl::StrCat(
       "its slab's handle did not come back within ",
       absl::FormatDuration(options_.restore_grace), " of the restart");
@@ -433,7 +431,20 @@ void MemoryBroker::FinishRestore() {
       pool.DropAwaitingSlab(f.slab_id);
     }
   }
+}
+
+void MemoryBroker::FinishRestore() {
+  {
+    absl::ReaderMutexLock gate(&gate_);
+    if (shut_down_) return;
+    FinishRestoreSlabs();
+  }
+  // Without the gate: each session's end takes it (OnSessionEnd); taken
+  // again by a thread that holds it shared, it deadlocks once a writer
+  // (Shutdown) waits between the two.
   sessions_->ExpireUnbound();
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return;
   // Blocks no client of their (live) session re-presented in time.
   std::vector<uint64_t> unclaimed;
   {

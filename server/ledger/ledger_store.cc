@@ -189,6 +189,7 @@ absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defe
   // and not others (a MAX(seq) below rows a scan finds, live allocations
   // missed) and carry on writing into it.
   if (s = QuickCheck(); !s.ok()) return s;
+  if (s = SchemaCheck(); !s.ok()) return s;
   if (max_page_count > 0) SetMaxPageCount(max_page_count);
   if (s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
   if (s = Exec(kSchema); !s.ok()) { Exec("ROLLBACK").IgnoreError(); return s; }
@@ -220,6 +221,48 @@ absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defe
         absl::StrCat("ledger ", path_, ": cannot open for reading: ", sqlite3_errmsg(reader_)));
   }
   sqlite3_busy_timeout(reader_, 5000);
+  return absl::OkStatus();
+}
+
+absl::Status LedgerStore::SchemaCheck() {
+  // Each table this ledger has, as kSchema makes it: its columns in order,
+  // with their types and which are the primary key. A file whose schema
+  // text was changed (a primary key that is no longer the rowid, a column
+  // renamed) passes quick_check but would be read wrongly.
+  struct Want {
+    const char* table;
+    const char* columns;  // "name type pk;" each
+  };
+  static const Want kWant[] = {
+      {"meta", "key TEXT 1;value INTEGER 0;"},
+      {"events", "seq INTEGER 1;time_ns INTEGER 0;kind TEXT 0;tenant TEXT 0;uid INTEGER 0;"
+                 "pid INTEGER 0;session INTEGER 0;device INTEGER 0;bytes INTEGER 0;"
+                 "allocation_id INTEGER 0;detail TEXT 0;"},
+      {"live", "allocation_id INTEGER 1;tenant TEXT 0;uid INTEGER 0;pid INTEGER 0;"
+               "session INTEGER 0;device INTEGER 0;bytes INTEGER 0;time_ns INTEGER 0;"},
+      {"usage", "tenant TEXT 1;device INTEGER 2;current_bytes INTEGER 0;peak_bytes INTEGER 0;"
+                "byte_seconds REAL 0;updated_ns INTEGER 0;"},
+  };
+  for (const Want& w : kWant) {
+    Stmt q;
+    const std::string sql = absl::StrCat("PRAGMA table_info(", w.table, ")");
+    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &q.s, nullptr) != SQLITE_OK) {
+      return Error("checking the schema");
+    }
+    std::string got;
+    int rc;
+    while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
+      absl::StrAppend(&got, ColumnText(q.s, 1), " ", ColumnText(q.s, 2), " ",
+                      sqlite3_column_int64(q.s, 5), ";");
+    }
+    if (rc != SQLITE_DONE) return Error("checking the schema");
+    if (!got.empty() && got != w.columns) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ledger ", path_, " is damaged (its table ", w.table,
+          " is not this ledger's: its schema was changed): move it aside to start a new "
+          "ledger"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -261,6 +304,25 @@ absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
       id_reserved_ = sqlite3_column_int64(q.s, 0);
     } else if (rc != SQLITE_DONE) {
       return Error("reading meta");
+    }
+    // Ids are integers below 2^63 (SQLite's INTEGER is signed): a negative
+    // one, one that is not an integer (text sorts above every integer, so
+    // MAX would not see the largest), or such a reservation, is damage no
+    // daemon wrote, and the ids that follow could not be kept above it.
+    Stmt bad;
+    if (sqlite3_prepare_v2(db_,
+                           "SELECT (SELECT COUNT(*) FROM events WHERE allocation_id < 0 OR "
+                           "typeof(allocation_id) != 'integer') + "
+                           "(SELECT COUNT(*) FROM meta WHERE key = 'allocation_id_reserved' "
+                           "AND (value < 0 OR typeof(value) != 'integer'))",
+                           -1, &bad.s, nullptr) != SQLITE_OK ||
+        sqlite3_step(bad.s) != SQLITE_ROW) {
+      return Error("reading events");
+    }
+    if (const int64_t n = sqlite3_column_int64(bad.s, 0); n > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ledger ", path_, " is damaged (", n, " allocation id(s) negative or not integers): "
+          "move it aside to start a new ledger"));
     }
     // Ids the last run may have handed out are all <= id_reserved_.
     Stmt m;

@@ -134,6 +134,8 @@ class LedgerStore {
   absl::Status Init(int64_t now_ns, int64_t max_page_count, bool defer);
   // PRAGMA quick_check: FAILED_PRECONDITION naming the damage.
   absl::Status QuickCheck();
+  // The tables are this ledger's (columns, types, primary keys).
+  absl::Status SchemaCheck();
   absl::Status Recover(int64_t now_ns, bool defer);
   absl::Status WriteQuotas(const std::vector<QuotaRow>& quotas);
   absl::Status InsertEvent(const LedgerEvent& e);

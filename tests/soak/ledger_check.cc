@@ -46,6 +46,59 @@ int64_t LiveRows(const std::string& path) {
   return sqlite3_column_int64(q.s, 0);
 }
 
+std::vector<uint64_t> LiveIds(const std::string& path) {
+  std::vector<uint64_t> out;
+  Db db;
+  if (!Open(path, &db)) return out;
+  Stmt q;
+  if (sqlite3_prepare_v2(db.db, "SELECT allocation_id FROM live", -1, &q.s, nullptr) !=
+      SQLITE_OK) {
+    return out;
+  }
+  while (sqlite3_step(q.s) == SQLITE_ROW) {
+    out.push_back(static_cast<uint64_t>(sqlite3_column_int64(q.s, 0)));
+  }
+  return out;
+}
+
+int64_t LastSeq(const std::string& path) {
+  Db db;
+  if (!Open(path, &db)) return -1;
+  Stmt q;
+  if (sqlite3_prepare_v2(db.db, "SELECT COALESCE(MAX(seq), 0) FROM events", -1, &q.s,
+                         nullptr) != SQLITE_OK ||
+      sqlite3_step(q.s) != SQLITE_ROW) {
+    return -1;
+  }
+  return sqlite3_column_int64(q.s, 0);
+}
+
+std::map<uint64_t, Ending> EndingsAfter(const std::string& path, int64_t after_seq,
+                                        std::vector<std::string>* resumed) {
+  std::map<uint64_t, Ending> out;
+  Db db;
+  if (!Open(path, &db)) return out;
+  Stmt q;
+  if (sqlite3_prepare_v2(db.db,
+                         "SELECT kind, allocation_id, detail FROM events WHERE seq > ? AND "
+                         "kind IN ('FREE', 'SESSION_END', 'DAEMON_STOP', 'DAEMON_RESTART', "
+                         "'DAEMON_RESUMED') ORDER BY seq",
+                         -1, &q.s, nullptr) != SQLITE_OK) {
+    return out;
+  }
+  sqlite3_bind_int64(q.s, 1, after_seq);
+  while (sqlite3_step(q.s) == SQLITE_ROW) {
+    const std::string kind = Text(q.s, 0);
+    if (kind == "DAEMON_RESUMED") {
+      if (resumed != nullptr) resumed->push_back(Text(q.s, 2));
+      continue;
+    }
+    out.try_emplace(static_cast<uint64_t>(sqlite3_column_int64(q.s, 1)),
+                    Ending{kind, Text(q.s, 2)});
+  }
+  return out;
+}
+
 LedgerReport CheckLedger(const std::string& path) {
   LedgerReport r;
   Db db;

@@ -44,6 +44,23 @@ LedgerReport CheckLedger(const std::string& path);
 // Rows of the live table (-1 if the file cannot be read).
 int64_t LiveRows(const std::string& path);
 
+// The allocation ids of the live table (empty if the file cannot be read).
+std::vector<uint64_t> LiveIds(const std::string& path);
+
+// The highest event seq (0 for none, -1 if the file cannot be read).
+int64_t LastSeq(const std::string& path);
+
+// How an allocation ended: the first ending event (FREE, SESSION_END,
+// DAEMON_STOP, DAEMON_RESTART) of its id after a given seq.
+struct Ending {
+  std::string kind;
+  std::string detail;
+};
+// Every allocation that ended after `after_seq`, by id; and in `resumed`
+// the DAEMON_RESUMED events' details after it (a restart's summary).
+std::map<uint64_t, Ending> EndingsAfter(const std::string& path, int64_t after_seq,
+                                        std::vector<std::string>* resumed = nullptr);
+
 }  // namespace soak
 }  // namespace gpumem
 

@@ -2,15 +2,27 @@
 // the pressure tests. One mode per run; every line is flushed at once so the
 // parent can follow along even when it SIGKILLs the process.
 //
-//   --mode=worker --seed=N [--ops_per_sec=R]
+//   --mode=worker --seed=N [--ops_per_sec=R] [--restart=survive|close]
 //       Until killed: random requests through both client paths (the C ABI's
 //       caching pool for small blocks, C++ Client Buffers for large ones,
-//       raw requests with wait_ms), random sizes, placements, shards and
-//       lifetimes; each block is filled with a pattern and checked when it
-//       is freed. Prints "stats ops=.. allocs=.. refused=.. waited=..
-//       lost=.. errors=.. corrupt=.." every second, "ERROR ..." for a status
-//       no request should get, "CORRUPT ..." for a block whose bytes
-//       changed. A daemon restart costs it its memory (UNAVAILABLE, then
+//       raw requests with wait_ms, never mapped), random sizes, placements,
+//       shards and lifetimes; each mapped block is filled with a pattern and
+//       checked when it is freed. Prints "stats ops=.. allocs=.. refused=..
+//       waited=.. lost=.. errors=.. corrupt=.. restarts=.. generation=..
+//       lost_bytes=.. connect_failures=.. cxx=.." every second (restarts:
+//       the C++ Client's, generation: the C ABI pool's, 1 + its restarts;
+//       lost_bytes: what the pool says it lost; connect_failures: new C++
+//       Clients refused while the daemon was down; cxx: 1 while it has a
+//       C++ Client), "ERROR ..." for a status no request should get,
+//       "CORRUPT ..." for a block whose bytes changed.
+//       --restart=survive (the default): a daemon restart loses nothing the
+//       process has mapped: calls made meanwhile wait and go to the new
+//       daemon, every block frees normally. Any UNAVAILABLE, CANCELLED, a
+//       lost block of the pool, or a mapped Buffer whose Free answers
+//       NOT_FOUND is an ERROR. Only a raw block (never mapped: no fd of its
+//       slab here to give back) may be gone: its Free's NOT_FOUND is counted
+//       as lost (the soak checks, from the ledger, why it was closed).
+//       --restart=close: a restart costs it its memory (UNAVAILABLE, then
 //       NOT_FOUND or GPUMEM_E_LOST): counted as lost, then it goes on.
 //   --mode=attack --size=BYTES
 //       Allocates a block, fetches its slab's fd over the slab channel and
@@ -38,6 +50,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -60,6 +73,9 @@ ABSL_FLAG(double, ops_per_sec, 200, "worker: requests per second at most");
 ABSL_FLAG(uint64_t, size, 1 << 20, "attack: block size");
 ABSL_FLAG(uint64_t, bytes, 0, "idle_leases, mute: bytes to hold");
 ABSL_FLAG(uint64_t, block, 1 << 20, "idle_leases, mute: block size");
+ABSL_FLAG(std::string, restart, "survive",
+          "worker: survive (a daemon restart loses nothing mapped) | close (it ends "
+          "every allocation)");
 
 namespace gpumem {
 namespace {
@@ -103,7 +119,10 @@ bool Intact(const void* p, uint64_t n, uint8_t v) {
 
 class Worker {
  public:
-  Worker(std::string socket, uint64_t seed) : socket_(std::move(socket)), rng_(seed) {}
+  Worker(std::string socket, uint64_t seed)
+      : socket_(std::move(socket)),
+        rng_(seed),
+        survive_(absl::GetFlag(FLAGS_restart) != "close") {}
 
   int Run() {
     c_ = gpumem_connect(socket_.c_str());
@@ -119,9 +138,22 @@ class Worker {
       FreeExpired(absl::Now());
       MaybeDrop();
       if (absl::Now() >= next_stats) {
+        int64_t generation = 0, lost_bytes = 0;
+        PoolFigures(&generation, &lost_bytes);
+        if (survive_ && lost_bytes > 0 && !said_pool_lost_) {
+          said_pool_lost_ = true;
+          ++errors_;
+          Say(absl::StrCat("ERROR the C ABI pool lost ", lost_bytes,
+                           " bytes at a daemon restart"));
+        }
         Say(absl::StrCat("stats ops=", ops_, " allocs=", allocs_, " refused=", refused_,
                          " waited=", waited_, " lost=", lost_, " errors=", errors_,
-                         " corrupt=", corrupt_));
+                         " corrupt=", corrupt_, " restarts=",
+                         cxx_ != nullptr ? cxx_->restarts() + cxx_restarts_before_
+                                         : cxx_restarts_before_,
+                         " generation=", generation, " lost_bytes=", lost_bytes,
+                         " connect_failures=", connect_failures_,
+                         " cxx=", cxx_ != nullptr ? 1 : 0));
         next_stats += absl::Seconds(1);
       }
       absl::SleepFor(pace);
@@ -151,11 +183,26 @@ class Worker {
   }
   int Pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng_); }
 
+  // The C ABI pool's "generation" and "lost_bytes" (gpumem_stats_json).
+  void PoolFigures(int64_t* generation, int64_t* lost_bytes) {
+    char* json = nullptr;
+    if (gpumem_stats_json(c_, &json) != GPUMEM_OK) return;
+    const std::string s(json);
+    gpumem_string_free(json);
+    auto field = [&s](const std::string& name) -> int64_t {
+      const size_t at = s.find("\"" + name + "\":");
+      return at == std::string::npos ? -1 : std::atoll(s.c_str() + at + name.size() + 3);
+    };
+    *generation = field("generation");
+    *lost_bytes = field("lost_bytes");
+  }
+
   // Codes an allocation may get under chaos; anything else is an error.
+  // With survive_, a restart must cost nothing: its codes are errors too.
   void Counted(int rc, const std::string& what) {
     if (rc == GPUMEM_E_RESOURCE_EXHAUSTED) {
       ++refused_;
-    } else if (rc == GPUMEM_E_UNAVAILABLE || rc == GPUMEM_E_LOST) {
+    } else if (!survive_ && (rc == GPUMEM_E_UNAVAILABLE || rc == GPUMEM_E_LOST)) {
       ++lost_;
     } else if (rc != GPUMEM_OK) {
       ++errors_;
@@ -166,8 +213,9 @@ class Worker {
     using absl::StatusCode;
     if (s.code() == StatusCode::kResourceExhausted) {
       ++refused_;
-    } else if (s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kNotFound ||
-               s.code() == StatusCode::kCancelled) {
+    } else if (!survive_ && (s.code() == StatusCode::kUnavailable ||
+                             s.code() == StatusCode::kNotFound ||
+                             s.code() == StatusCode::kCancelled)) {
       ++lost_;  // the daemon restarted (or is restarting)
       drop_ = true;
     } else if (!s.ok()) {
@@ -180,7 +228,13 @@ class Worker {
     if (cxx_ == nullptr) {
       absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(socket_);
       if (!c.ok()) {
-        ++lost_;
+        // A new connection while the daemon is down fails (nothing waits
+        // for a daemon before the first one): not a loss.
+        if (survive_) {
+          ++connect_failures_;
+        } else {
+          ++lost_;
+        }
         return nullptr;
       }
       cxx_ = *std::move(c);
@@ -196,6 +250,7 @@ class Worker {
     for (Large& l : large_) l.b.Abandon();
     large_.clear();
     raw_.clear();
+    if (cxx_ != nullptr) cxx_restarts_before_ += cxx_->restarts();
     cxx_.reset();
   }
 
@@ -284,7 +339,13 @@ class Worker {
         Say(absl::StrCat("CORRUPT small block ", reinterpret_cast<uintptr_t>(s.p), " of ", s.n));
       }
       const int rc = gpumem_free(c_, s.p);
-      if (rc != GPUMEM_OK && rc != GPUMEM_E_LOST) Counted(rc, "free");
+      // Close mode: a block from before a restart is gone (the pool says
+      // LOST, or, for a large block whose loss it had not applied yet, the
+      // daemon's NOT_FOUND "did not survive the restart").
+      const bool gone = rc == GPUMEM_E_LOST ||
+                        (rc == GPUMEM_E_NOT_FOUND &&
+                         strstr(gpumem_last_error_message(), "did not survive the restart"));
+      if (rc != GPUMEM_OK && (survive_ || !gone)) Counted(rc, "free");
       s = small_.back();
       small_.pop_back();
     }
@@ -307,7 +368,14 @@ class Worker {
         ++i;
         continue;
       }
-      if (Client* c = Cxx()) Counted(c->Free(raw_[i].id), "free_raw");
+      if (Client* c = Cxx()) {
+        const absl::Status freed = c->Free(raw_[i].id);
+        if (survive_ && freed.code() == absl::StatusCode::kNotFound) {
+          ++lost_;  // closed at a restart: nobody here had its slab open
+        } else {
+          Counted(freed, "free_raw");
+        }
+      }
       raw_[i] = raw_.back();
       raw_.pop_back();
     }
@@ -318,6 +386,10 @@ class Worker {
   gpumem_client* c_ = nullptr;
   std::unique_ptr<Client> cxx_;
   bool drop_ = false;
+  const bool survive_;
+  bool said_pool_lost_ = false;
+  uint64_t cxx_restarts_before_ = 0;  // restarts of C++ Clients dropped
+  uint64_t connect_failures_ = 0;
   std::vector<Small> small_;
   std::vector<Large> large_;
   std::vector<Raw> raw_;
