@@ -1056,9 +1056,10 @@ class Soak {
       absl::SleepFor(absl::Milliseconds(500));
       Baseline now = Measure();
       // gRPC starts a timer thread of its own now and then and retires it
-      // when idle: a few more samples before a count above the baseline is
-      // called a leak (a leaked fd or thread stays).
-      for (int i = 0; i < 4 && (now.fds > base.fds || now.threads > base.threads); ++i) {
+      // once idle: more samples, over up to 10 s, before a count above the
+      // baseline is called a leak (a leaked fd or thread stays).
+      for (int i = 0; i < 40 && (now.fds > base.fds || now.threads > base.threads); ++i) {
+        absl::SleepFor(absl::Milliseconds(250));
         now = Measure();
       }
       const double growth = base.rss_kib > 0
