@@ -574,23 +574,20 @@ absl::Status LedgerStore::WriteQuotas(const std::vector<QuotaRow>& quotas) {
   return absl::OkStatus();
 }
 
-absl::Status LedgerStore::ReplaceQuotas(const std::vector<QuotaRow>& quotas) {
-  absl::MutexLock write(&write_mu_);
+absl::Status LedgerStore::InTransaction(const std::function<absl::Status()>& body) {
   absl::Status s = Exec("BEGIN IMMEDIATE");
   if (!s.ok()) return s;
-  if (s = Exec("DELETE FROM quotas; DELETE FROM quota_devices;"); !s.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    return s;
-  }
-  if (s = WriteQuotas(quotas); !s.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    return s;
-  }
-  if (s = Exec("COMMIT"); !s.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    return s;
-  }
-  return absl::OkStatus();
+  if (s = body(); s.ok()) s = Exec("COMMIT");
+  if (!s.ok()) Exec("ROLLBACK").IgnoreError();
+  return s;
+}
+
+absl::Status LedgerStore::ReplaceQuotas(const std::vector<QuotaRow>& quotas) {
+  absl::MutexLock write(&write_mu_);
+  return InTransaction([&] {
+    absl::Status s = Exec("DELETE FROM quotas; DELETE FROM quota_devices;");
+    return s.ok() ? WriteQuotas(quotas) : s;
+  });
 }
 
 absl::StatusOr<std::vector<LedgerEvent>> LedgerStore::Query(const EventQuery& query) const {
@@ -626,73 +623,59 @@ void LedgerStore::SetMaxPageCount(int64_t pages) {
 
 absl::Status LedgerStore::PutSocketTenant(const SocketTenantRow& row) {
   absl::MutexLock write(&write_mu_);
-  absl::Status s = Exec("BEGIN IMMEDIATE");
-  if (!s.ok()) return s;
-  auto fail = [this](absl::Status status) {
-    Exec("ROLLBACK").IgnoreError();
-    return status;
-  };
-  {
-    Stmt del, ins;
-    if (sqlite3_prepare_v2(db_, "DELETE FROM socket_tenant_devices WHERE tenant = ?", -1,
-                           &del.s, nullptr) != SQLITE_OK ||
-        sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO socket_tenants(name, socket, priority, "
-                           "total_bytes, max_allocations, source, set_ns) VALUES(?,?,?,?,?,?,?)",
-                           -1, &ins.s, nullptr) != SQLITE_OK) {
-      return fail(Error("writing socket tenants"));
+  return InTransaction([&]() -> absl::Status {
+    {
+      Stmt del, ins;
+      if (sqlite3_prepare_v2(db_, "DELETE FROM socket_tenant_devices WHERE tenant = ?", -1,
+                             &del.s, nullptr) != SQLITE_OK ||
+          sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO socket_tenants(name, socket, priority, "
+                             "total_bytes, max_allocations, source, set_ns) VALUES(?,?,?,?,?,?,?)",
+                             -1, &ins.s, nullptr) != SQLITE_OK) {
+        return Error("writing socket tenants");
+      }
+      BindText(del.s, 1, row.name);
+      if (sqlite3_step(del.s) != SQLITE_DONE) return Error("writing socket tenants");
+      BindText(ins.s, 1, row.name);
+      BindText(ins.s, 2, row.socket);
+      sqlite3_bind_int(ins.s, 3, row.priority);
+      if (row.total_bytes) sqlite3_bind_int64(ins.s, 4, static_cast<int64_t>(*row.total_bytes));
+      if (row.max_allocations) {
+        sqlite3_bind_int64(ins.s, 5, static_cast<int64_t>(*row.max_allocations));
+      }
+      BindText(ins.s, 6, row.source);
+      sqlite3_bind_int64(ins.s, 7, row.set_ns);
+      if (sqlite3_step(ins.s) != SQLITE_DONE) return Error("writing socket tenants");
     }
-    BindText(del.s, 1, row.name);
-    if (sqlite3_step(del.s) != SQLITE_DONE) return fail(Error("writing socket tenants"));
-    BindText(ins.s, 1, row.name);
-    BindText(ins.s, 2, row.socket);
-    sqlite3_bind_int(ins.s, 3, row.priority);
-    if (row.total_bytes) sqlite3_bind_int64(ins.s, 4, static_cast<int64_t>(*row.total_bytes));
-    if (row.max_allocations) {
-      sqlite3_bind_int64(ins.s, 5, static_cast<int64_t>(*row.max_allocations));
+    for (const auto& [uuid, bytes] : row.device_bytes) {
+      Stmt dev;
+      if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO socket_tenant_devices(tenant, "
+                             "device_uuid, bytes) VALUES(?,?,?)",
+                             -1, &dev.s, nullptr) != SQLITE_OK) {
+        return Error("writing socket tenants");
+      }
+      BindText(dev.s, 1, row.name);
+      BindText(dev.s, 2, uuid);
+      sqlite3_bind_int64(dev.s, 3, static_cast<int64_t>(bytes));
+      if (sqlite3_step(dev.s) != SQLITE_DONE) return Error("writing socket tenants");
     }
-    BindText(ins.s, 6, row.source);
-    sqlite3_bind_int64(ins.s, 7, row.set_ns);
-    if (sqlite3_step(ins.s) != SQLITE_DONE) return fail(Error("writing socket tenants"));
-  }
-  for (const auto& [uuid, bytes] : row.device_bytes) {
-    Stmt dev;
-    if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO socket_tenant_devices(tenant, "
-                           "device_uuid, bytes) VALUES(?,?,?)", -1, &dev.s, nullptr) != SQLITE_OK) {
-      return fail(Error("writing socket tenants"));
-    }
-    BindText(dev.s, 1, row.name);
-    BindText(dev.s, 2, uuid);
-    sqlite3_bind_int64(dev.s, 3, static_cast<int64_t>(bytes));
-    if (sqlite3_step(dev.s) != SQLITE_DONE) return fail(Error("writing socket tenants"));
-  }
-  if (s = Exec("COMMIT"); !s.ok()) return fail(s);
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::Status LedgerStore::DeleteSocketTenant(const std::string& name) {
   absl::MutexLock write(&write_mu_);
-  absl::Status s = Exec("BEGIN IMMEDIATE");
-  if (!s.ok()) return s;
-  for (const char* sql : {"DELETE FROM socket_tenant_devices WHERE tenant = ?",
-                          "DELETE FROM socket_tenants WHERE name = ?"}) {
-    Stmt del;
-    if (sqlite3_prepare_v2(db_, sql, -1, &del.s, nullptr) != SQLITE_OK) {
-      s = Error("deleting a socket tenant");
-      Exec("ROLLBACK").IgnoreError();
-      return s;
+  return InTransaction([&]() -> absl::Status {
+    for (const char* sql : {"DELETE FROM socket_tenant_devices WHERE tenant = ?",
+                            "DELETE FROM socket_tenants WHERE name = ?"}) {
+      Stmt del;
+      if (sqlite3_prepare_v2(db_, sql, -1, &del.s, nullptr) != SQLITE_OK) {
+        return Error("deleting a socket tenant");
+      }
+      BindText(del.s, 1, name);
+      if (sqlite3_step(del.s) != SQLITE_DONE) return Error("deleting a socket tenant");
     }
-    BindText(del.s, 1, name);
-    if (sqlite3_step(del.s) != SQLITE_DONE) {
-      s = Error("deleting a socket tenant");
-      Exec("ROLLBACK").IgnoreError();
-      return s;
-    }
-  }
-  if (s = Exec("COMMIT"); !s.ok()) {
-    Exec("ROLLBACK").IgnoreError();
-    return s;
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::vector<SocketTenantRow>> LedgerStore::SocketTenants() const {

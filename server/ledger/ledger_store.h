@@ -36,6 +36,7 @@
 #define GPUMEMD_SERVER_LEDGER_LEDGER_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -131,6 +132,9 @@ class LedgerStore {
   LedgerStore(std::string path) : path_(std::move(path)) {}
   absl::Status Error(const char* what) const;
   absl::Status Exec(const char* sql);
+  // BEGIN IMMEDIATE, `body`, COMMIT; rolled back when either fails. Under
+  // write_mu_.
+  absl::Status InTransaction(const std::function<absl::Status()>& body);
   absl::Status Init(int64_t now_ns, int64_t max_page_count, bool defer);
   // PRAGMA quick_check: FAILED_PRECONDITION naming the damage.
   absl::Status QuickCheck();

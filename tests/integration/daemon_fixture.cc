@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -61,6 +62,28 @@ int ThreadCount(pid_t pid) {
   }
   closedir(d);
   return n;
+}
+
+int FdCount(pid_t pid) {
+  DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+int64_t RssKiB(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) != 0) continue;
+    long long kib = -1;
+    return std::sscanf(line.c_str(), "VmRSS: %lld", &kib) == 1 ? kib : -1;
+  }
+  return -1;
 }
 
 std::string MakeTempDir() {

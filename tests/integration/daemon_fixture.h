@@ -10,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,10 @@ std::string RunfilePath(const std::string& workspace_relative);
 
 // The number of threads of process `pid` (-1 if it is gone).
 int ThreadCount(pid_t pid);
+// Its open fds (-1 if it is gone), and its resident memory in KiB (VmRSS;
+// -1 if it is gone).
+int FdCount(pid_t pid);
+int64_t RssKiB(pid_t pid);
 
 // A fresh directory under /tmp (short enough for a Unix socket path),
 // mode 0755 so that tests may run clients as another uid.

@@ -15,7 +15,6 @@
 //
 // Clients run as other uids (a tenant of their own with a quota), so this
 // test needs root; it is skipped otherwise.
-#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -45,32 +44,12 @@ namespace {
 using client::Client;
 using testing::ChildProcess;
 using testing::FakeSystemd;
+using testing::FdCount;
+using testing::RssKiB;
 
 constexpr uid_t kCapped = 65531;  // tenant "capped": a 24 MiB quota
 constexpr int kWorkers = 7;       // and one "fill" client of kCapped: 8
 constexpr int kGraceSeconds = 5;  // --restore_grace_seconds
-
-int FdCount(pid_t pid) {
-  DIR* d = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
-  if (d == nullptr) return -1;
-  int n = 0;
-  while (struct dirent* e = readdir(d)) n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
-
-int64_t RssKiB(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    int64_t kib = 0;
-    if (absl::StartsWith(line, "VmRSS:") &&
-        absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(6, line.size() - 9)), &kib)) {
-      return kib;
-    }
-  }
-  return -1;
-}
 
 double Quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
