@@ -29,11 +29,11 @@
 //     ">10us p/g/f/x/u" counts them, and the lines under the table give the
 //     slowest of each. A third run of the same trace times the calls over
 //     10 us again (the traces and the allocator are deterministic, so it is
-//     the same call on the same state): a call slow for the allocator's own
-//     work is slow again, one that met a stall of the machine is not.
-//     "own max" is the slowest call with each call over 10 us (not
-//     preempted) taken at the faster of its two timings: the allocator's
-//     own worst case, with the machine's one-off stalls out. The
+//     the same call on the same state, except that the background
+//     populator's progress may differ): the lines under the table count how
+//     many were slow again. No maximum is made from the faster of two
+//     timings (with a background populator they need not be the same call
+//     on the same state): "all max" is the maximum over every call. The
 //     "environment" line gives the stalls of an empty clock interval (no
 //     fault, no preemption) over 2 million tries, the machine's own share.
 //     How page faults are measured around: with --prefault (the default)
@@ -172,8 +172,9 @@
 //     p99.9 (round 2). Node pages are now faulted in by a PagePopulator
 //     thread, ahead of the allocator by a quarter of what it has handed out
 //     (NodeStorage). F: calls over 10 us blamed on growth 515, 513 -> 27,
-//     23; all-call max 369, 93 -> 44, 31 us; own max 61, 59 -> 28, 21 us;
-//     p99.9 471, 341 -> 370, 251 ns. C own max 61, 56 -> 27, 25 us.
+//     23; all-call max 369, 93 -> 44, 31 us; "own max" (a column since
+//     removed) 61, 59 -> 28, 21 us; p99.9 471, 341 -> 370, 251 ns. C own
+//     max 61, 56 -> 27, 25 us.
 //   * What is left on the request path is posting to the populator: a
 //     futex wake of its idle thread, 5-30 us on this VM (a test program:
 //     condition-variable notify after a 5 ms sleep, p50 4.6 us, p90 12.9,
@@ -238,9 +239,6 @@ struct Row {
   // many, how many were over 10 us again, the slowest rerun time.
   uint64_t rechecked[kNumCauses] = {}, recheck_slow[kNumCauses] = {},
            recheck_max_ns[kNumCauses] = {};
-  // The slowest call with every call over 10 us (not preempted) taken at
-  // the faster of its two timings, this run's and the rerun's.
-  uint64_t own_max_ns = 0;
   double meta_held = 0, meta_in_use = 0;
   bool has_in_use = false;
   bool has_meta = true;
@@ -338,29 +336,18 @@ void FillLatency(const LatencyRecorder<A>& rec, uint64_t faults, Row* row) {
   row->slow10 = rec.slow(1);
 }
 
-// `again` replayed the trace `first` recorded, timing first's calls over
-// 10 us again. Calls are deterministic (same trace, same allocator state),
-// so a call's own cost is at most the faster of its two timings: that gives
-// "own max", the slowest call with the machine's one-off stalls (what the
-// rerun does not repeat) taken out and everything the call does itself
-// (growth, faults, searches: slow in both runs) kept. Preempted calls are
-// left out of it.
+// `again` replayed a trace, timing the first run's calls over 10 us again:
+// per cause, how many were timed again, how many were over 10 us again and
+// the slowest rerun. These are counts beside the table; no timing of the
+// first run is replaced by its rerun's.
 template <class A>
-void FillRecheck(const LatencyRecorder<A>& first, const LatencyRecorder<A>& again,
-                 Row* row) {
-  row->own_max_ns = first.all().MaxAtOrBelow(10000);
-  for (size_t i = 0; i < again.rechecked().size(); ++i) {
-    const typename LatencyRecorder<A>::SlowCall& call = again.rechecked()[i];
-    uint64_t own = call.ns;
-    if (i < again.recheck_ns().size()) {
-      const int c = call.cause;
-      const uint64_t ns = again.recheck_ns()[i];
-      ++row->rechecked[c];
-      if (ns > 10000) ++row->recheck_slow[c];
-      row->recheck_max_ns[c] = std::max(row->recheck_max_ns[c], ns);
-      own = std::min(own, ns);
-    }
-    row->own_max_ns = std::max(row->own_max_ns, own);
+void FillRecheck(const LatencyRecorder<A>& again, Row* row) {
+  for (size_t i = 0; i < again.rechecked().size() && i < again.recheck_ns().size(); ++i) {
+    const int c = again.rechecked()[i].cause;
+    const uint64_t ns = again.recheck_ns()[i];
+    ++row->rechecked[c];
+    if (ns > 10000) ++row->recheck_slow[c];
+    row->recheck_max_ns[c] = std::max(row->recheck_max_ns[c], ns);
   }
 }
 
@@ -405,7 +392,7 @@ Row RunChurnTrace(const traces::TraceSpec& t, const char* name) {
     SetProbes(&again);
     again.Recheck(rec.slow_calls());
     traces::RunTimed(again, t, Scaled(t.ops), absl::GetFlag(FLAGS_seed));
-    FillRecheck(rec, again, &row);
+    FillRecheck(again, &row);
   }
   const int seeds = std::max(1, absl::GetFlag(FLAGS_util_seeds));
   double sum = 0, mn = 1, sum_req = 0, mn_req = 1;
@@ -467,7 +454,7 @@ Row RunRampTrace(const traces::RampSpec& t, const char* name) {
     SetProbes(&again);
     again.Recheck(rec.slow_calls());
     traces::RunRamp(again, t, steps, absl::GetFlag(FLAGS_seed) + 2000);
-    FillRecheck(rec, again, &row);
+    FillRecheck(again, &row);
   }
   return row;
 }
@@ -490,7 +477,7 @@ Row RunF(const char* name) {
     SetProbes(&again);
     again.Recheck(rec.slow_calls());
     traces::RunFTrace(again, cap, absl::GetFlag(FLAGS_seed));
-    FillRecheck(rec, again, &row);
+    FillRecheck(again, &row);
   }
   row.util_mean = row.util_min = r.utilization;
   row.util_req_mean = row.util_req_min = r.utilization_with_request;
@@ -551,10 +538,10 @@ void Prefault(uint64_t bytes) {
 }
 
 void PrintTable(const std::vector<Row>& rows, const Environment& env) {
-  absl::PrintF("%-5s %-15s %9s %9s %10s %8s %15s %15s %7s %7s %6s %8s %9s %7s %7s %6s %14s %8s %7s %7s\n",
+  absl::PrintF("%-5s %-15s %9s %9s %10s %8s %15s %15s %7s %7s %6s %8s %9s %7s %6s %14s %8s %7s %7s\n",
                "trace", "allocator", "med ns/pr", "p99 ns/pr", "ops",
                "refused", "util@fail(min)", "util+req(min)", "a p99.9",
-               "a max", "a>2us", "all p99.9", "all max", "own max", "faulted", "preemp",
+               "a max", "a>2us", "all p99.9", "all max", "faulted", "preemp",
                ">10us p/g/f/x/u", "meta B/l", "in-use", "live");
   for (const Row& r : rows) {
     std::string med = "-", p99 = "-", ops = "-";
@@ -574,31 +561,28 @@ void PrintTable(const std::vector<Row>& rows, const Environment& env) {
       if (r.has_meta) meta = absl::StrFormat("%.1f", r.meta_held);
     }
     std::string p999 = "-", amax = "-", over = "-", all_p999 = "-", all_max = "-",
-                own_max = "-", faulted = "-", preempted = "-", causes = "-";
+                faulted = "-", preempted = "-", causes = "-";
     if (r.has_latency) {
       p999 = absl::StrFormat("%d", r.alloc_p999_ns);
       amax = absl::StrFormat("%d", r.alloc_max_ns);
       over = absl::StrFormat("%d", r.alloc_over_2us);
       all_p999 = absl::StrFormat("%d", r.all_p999_ns);
       all_max = absl::StrFormat("%d", r.all_max_ns);
-      own_max = absl::StrFormat("%d", r.own_max_ns);
       faulted = absl::StrFormat("%d", r.faulted_calls);
       preempted = absl::StrFormat("%d", r.preempted_calls);
       causes = CauseCounts(r.slow10);
     }
     std::string in_use = r.has_in_use ? absl::StrFormat("%.1f", r.meta_in_use) : "-";
-    absl::PrintF("%-5s %-15s %9s %9s %10s %8d %15s %15s %7s %7s %6s %8s %9s %7s %7s %6s %15s %8s %7s %7d\n",
+    absl::PrintF("%-5s %-15s %9s %9s %10s %8d %15s %15s %7s %7s %6s %8s %9s %7s %6s %15s %8s %7s %7d\n",
                  r.trace.c_str(), r.allocator.c_str(), med.c_str(), p99.c_str(),
                  ops.c_str(), r.failures, util.c_str(), util_req.c_str(),
                  p999.c_str(), amax.c_str(), over.c_str(), all_p999.c_str(),
-                 all_max.c_str(), own_max.c_str(), faulted.c_str(), preempted.c_str(), causes.c_str(),
+                 all_max.c_str(), faulted.c_str(), preempted.c_str(), causes.c_str(),
                  meta.c_str(), in_use.c_str(), r.live);
   }
   absl::PrintF("single Allocate calls, ns (first seed): a p99.9 / a max / a>2us over "
                "calls that took no page fault and were not preempted; all p99.9 / "
-               "all max over every call; own max: the slowest call with each call "
-               "over 10 us (not preempted) taken at the faster of its two timings, "
-               "this run's and the rerun's (the machine's one-off stalls out); "
+               "all max over every call; "
                "faulted / preemp: calls that took a page "
                "fault / were preempted; >10us: calls over 10 us blamed on preemption / "
                "node storage growth / a page fault / the exact fallback search / "
@@ -667,10 +651,10 @@ void PrintJson(const std::vector<Row>& rows, const Environment& env) {
       absl::PrintF(", \"allocate_calls\": %d, \"allocate_p999_ns\": %d, "
                    "\"allocate_max_ns\": %d, \"allocate_over_2us\": %d, "
                    "\"allocate_all_p999_ns\": %d, \"allocate_all_max_ns\": %d, "
-                   "\"allocate_own_max_ns\": %d, \"allocate_faulted_calls\": %d, \"allocate_preempted_calls\": %d, "
+                   "\"allocate_faulted_calls\": %d, \"allocate_preempted_calls\": %d, "
                    "\"minor_faults\": %d",
                    r.alloc_calls, r.alloc_p999_ns, r.alloc_max_ns,
-                   r.alloc_over_2us, r.all_p999_ns, r.all_max_ns, r.own_max_ns,
+                   r.alloc_over_2us, r.all_p999_ns, r.all_max_ns,
                    r.faulted_calls, r.preempted_calls, r.faults);
       for (const SlowCalls* sc : {&r.slow2, &r.slow10}) {
         absl::PrintF(", \"slow_over_%dus\": {", sc->threshold_ns / 1000);

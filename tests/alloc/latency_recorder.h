@@ -107,13 +107,6 @@ class LatencyHistogram {
     }
     return kExactNs;
   }
-  // The slowest recorded value <= ns (ns < kExactNs), 0 if none.
-  uint64_t MaxAtOrBelow(uint64_t ns) const {
-    for (uint64_t v = std::min(ns, kExactNs - 1) + 1; v-- > 0;) {
-      if (counts_[v] != 0) return v;
-    }
-    return 0;
-  }
   // Calls that took longer than `ns` (ns < kExactNs).
   uint64_t CountAbove(uint64_t ns) const {
     uint64_t above = 0;
