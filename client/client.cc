@@ -456,20 +456,33 @@ absl::StatusOr<std::vector<Buffer>> Client::AllocateSharded(
     req.set_handle_kind(impl_->handle_kind);
     if (impl_->usage.has_value()) *req.mutable_usage() = *impl_->usage;
   }
-  absl::StatusOr<v1::AllocateResponse> resp = AllocateRaw(req);
-  if (!resp.ok()) return resp.status();
-  std::vector<Buffer> out;
-  for (const v1::Allocation& a : resp->allocations()) {
-    absl::StatusOr<void*> data = MapBlock(a);
-    if (!data.ok()) {
-      for (int i = static_cast<int>(out.size()); i < resp->allocations_size(); ++i) {
-        Free(resp->allocations(i).id()).IgnoreError();
+  for (int attempt = 0;; ++attempt) {
+    const uint64_t restarts_before = restarts();
+    absl::StatusOr<v1::AllocateResponse> resp = AllocateRaw(req);
+    if (!resp.ok()) return resp.status();
+    std::vector<Buffer> out;
+    absl::Status mapped;
+    for (const v1::Allocation& a : resp->allocations()) {
+      absl::StatusOr<void*> data = MapBlock(a);
+      if (!data.ok()) {
+        mapped = data.status();
+        break;
       }
-      return data.status();  // `out` frees the mapped ones
+      out.push_back(Buffer(this, a, *data));
     }
-    out.push_back(Buffer(this, a, *data));
+    if (mapped.ok()) return out;
+    // Free what was not mapped (waits for a restart under way); `out` frees
+    // the mapped ones.
+    for (int i = static_cast<int>(out.size()); i < resp->allocations_size(); ++i) {
+      Free(resp->allocations(i).id()).IgnoreError();
+    }
+    out.clear();
+    // The daemon restarted between the answer and the map: ask the new one.
+    if (attempt > 0 || mapped.code() != absl::StatusCode::kUnavailable ||
+        restarts() == restarts_before) {
+      return mapped;
+    }
   }
-  return out;
 }
 
 Buffer::Buffer(Buffer&& other) noexcept
