@@ -904,7 +904,19 @@ class Soak {
     int64_t rss_kib = 0;
     std::map<std::string, int> thread_names;  // comm -> count, at the last sample
     std::map<std::string, int> fd_kinds;      // readlink target kind -> count
+    // gRPC's timer manager: it starts another "grpc_global_timer" thread
+    // whenever every one it has is running timer callbacks at once, and
+    // stops them only at shutdown (gRPC's iomgr/timer_manager.cc), so their
+    // count is the high-water mark of timer callbacks run at once, not a
+    // leak. Judged apart: at most kMaxGrpcTimerThreads.
+    int TimerThreads() const {
+      auto it = thread_names.find("grpc_global_tim");  // comm is 15 chars
+      return it == thread_names.end() ? 0 : it->second;
+    }
+    // Every other thread: must come back to the baseline.
+    int OwnThreads() const { return threads - TimerThreads(); }
   };
+  static constexpr int kMaxGrpcTimerThreads = 8;
   static std::map<std::string, int> ThreadNames(pid_t pid) {
     std::map<std::string, int> out;
     const std::string dir = absl::StrCat("/proc/", pid, "/task");
@@ -1055,10 +1067,11 @@ class Soak {
     if (Quiesce("end of instance " + std::to_string(instances_))) {
       absl::SleepFor(absl::Milliseconds(500));
       Baseline now = Measure();
-      // gRPC starts a timer thread of its own now and then and retires it
-      // once idle: more samples, over up to 10 s, before a count above the
-      // baseline is called a leak (a leaked fd or thread stays).
-      for (int i = 0; i < 40 && (now.fds > base.fds || now.threads > base.threads); ++i) {
+      // Connections and threads end asynchronously after the quiesce: more
+      // samples, over up to 10 s, before a count above the baseline is
+      // called a leak (a leaked fd or thread stays).
+      for (int i = 0; i < 40 && (now.fds > base.fds || now.OwnThreads() > base.OwnThreads());
+           ++i) {
         absl::SleepFor(absl::Milliseconds(250));
         now = Measure();
       }
@@ -1067,17 +1080,23 @@ class Soak {
                                 : 0;
       rss_growth_max_ = std::max(rss_growth_max_, growth);
       fd_delta_max_ = std::max(fd_delta_max_, now.fds - base.fds);
-      thread_delta_max_ = std::max(thread_delta_max_, now.threads - base.threads);
+      thread_delta_max_ = std::max(thread_delta_max_, now.OwnThreads() - base.OwnThreads());
+      timer_threads_max_ = std::max(timer_threads_max_, now.TimerThreads());
       last_baseline_ = base;
       last_end_ = now;
       if (now.fds > base.fds) {
         Violation(absl::StrCat("daemon fds ", now.fds, " above the baseline ", base.fds, " (",
                                Diff(base.fd_kinds, now.fd_kinds), ")"));
       }
-      if (now.threads > base.threads) {
+      if (now.OwnThreads() > base.OwnThreads()) {
         Violation(absl::StrCat("daemon threads ", now.threads, " above the baseline ",
                                base.threads, " (", Diff(base.thread_names, now.thread_names),
                                ")"));
+      }
+      if (now.TimerThreads() > kMaxGrpcTimerThreads) {
+        Violation(absl::StrCat("daemon has ", now.TimerThreads(),
+                               " gRPC timer threads, more than ", kMaxGrpcTimerThreads,
+                               " (timer callbacks blocked at once)"));
       }
       const bool judged = warmup >= absl::GetFlag(FLAGS_rss_min_warmup);
       rss_judged_ = rss_judged_ || judged;
@@ -1181,10 +1200,11 @@ class Soak {
     printf("  quiesce checks %lu, ledger checks %lu (last: %lu events, %lu write outages "
            "recorded, %lu events dropped)\n",
            quiesces_, ledger_checks_, ledger_events_, gaps_, lost_events_);
-    printf("  daemon at quiesce points: fds %+d, threads %+d (worst over instances), RSS growth "
+    printf("  daemon at quiesce points: fds %+d, threads %+d (worst over instances; gRPC "
+           "timer threads apart, at most %d), RSS growth "
            "%.3f%% (worst), %s; last instance fds %d -> %d, threads %d -> %d, RSS %ld -> %ld "
            "KiB\n",
-           fd_delta_max_, thread_delta_max_, rss_growth_max_ * 100,
+           fd_delta_max_, thread_delta_max_, timer_threads_max_, rss_growth_max_ * 100,
            rss_judged_ ? absl::StrFormat("%.3f%% where judged (warm-up >= %s)",
                                          rss_growth_judged_max_ * 100,
                                          absl::FormatDuration(absl::GetFlag(FLAGS_rss_min_warmup)))
@@ -1204,12 +1224,14 @@ class Soak {
              "\"lost\":%lu,\"client_kills\":%lu,\"attacks\":%lu,\"reloads\":%lu,"
              "\"ledger_fills\":%lu,\"daemon_restarts\":%lu,\"quiesce_checks\":%lu,"
              "\"ledger_checks\":%lu,\"fd_delta_max\":%d,\"thread_delta_max\":%d,"
+             "\"grpc_timer_threads_max\":%d,"
              "\"rss_growth_max\":%.5f,\"rss_judged\":%s,\"violations\":%lu,"
              "\"ledger_fs\":\"%s\",\"restart_check\":\"%s\"%s%s,"
              "\"last_fds\":[%d,%d],\"last_threads\":[%d,%d],\"last_rss_kib\":[%ld,%ld]}\n",
              absl::ToDoubleSeconds(absl::GetFlag(FLAGS_duration)), totals_.ops, totals_.allocs,
              totals_.refused, totals_.lost, kills_, attacks_, reloads_, fills_, restarts_,
-             quiesces_, ledger_checks_, fd_delta_max_, thread_delta_max_, rss_growth_max_,
+             quiesces_, ledger_checks_, fd_delta_max_, thread_delta_max_, timer_threads_max_,
+             rss_growth_max_,
              rss_judged_ ? "true" : "false", violations, tmpfs_ ? "tmpfs" : "pages",
              survive_ ? "survive" : "close", survives_ != nullptr ? "," : "",
              survives_ != nullptr ? survives_->Json().c_str() : "", last_baseline_.fds,
@@ -1246,7 +1268,7 @@ class Soak {
   std::vector<std::string> violations_;
   uint64_t kills_ = 0, attacks_ = 0, reloads_ = 0, fills_ = 0, restarts_ = 0, instances_ = 0,
            quiesces_ = 0, ledger_checks_ = 0, ledger_events_ = 0, gaps_ = 0, lost_events_ = 0;
-  int fd_delta_max_ = 0, thread_delta_max_ = 0;
+  int fd_delta_max_ = 0, thread_delta_max_ = 0, timer_threads_max_ = 0;
   double rss_growth_max_ = 0, rss_growth_judged_max_ = 0;
   bool rss_judged_ = false;
   Baseline last_baseline_, last_end_;
