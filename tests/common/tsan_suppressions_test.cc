@@ -5,7 +5,9 @@
 // no report (what remains suppressed is enough for gRPC itself), and the old
 // namespace-wide line, `race:grpc::internal::`, added back through
 // TSAN_OPTIONS=suppressions, must hide the planted race again: that is what
-// the line did, and why it is gone.
+// the line did, and why it is gone. An async variant (completion queues, as
+// the daemon serves) must be reported too: tsan_support's completion-queue
+// annotations must not order two handlers.
 //
 // In a plain build there is no TSan: the program must still serve both calls
 // (exit 0), and the TSan cases are skipped, saying so.
@@ -93,6 +95,21 @@ TEST(PlantedRaceTest, TsanReportsTheRaceInTheHandler) {
   // matched: the report's stacks name them.
   EXPECT_NE(r.output.find("grpc::internal::RpcMethodHandler"), std::string::npos)
       << r.output;
+}
+
+// The daemon serves its unary calls asynchronously from completion queues; the
+// queue hand-offs tsan_support tells TSan of must not order two handlers.
+TEST(PlantedRaceTest, TsanReportsTheRaceInAnAsyncHandler) {
+  const Result r = RunServer("async_race", kReportAll);
+  EXPECT_NE(r.output.find("answered 2 calls"), std::string::npos) << r.output;
+  if (!kTsan) {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    GTEST_SKIP() << "not a TSan build: run with --config=tsan to check the report";
+  }
+  EXPECT_EQ(r.exit_code, 66) << r.output;
+  EXPECT_NE(r.output.find("WARNING: ThreadSanitizer: data race"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("PlantedAsyncRaceWrite"), std::string::npos) << r.output;
 }
 
 TEST(PlantedRaceTest, LockedControlDrawsNoReport) {
