@@ -309,18 +309,28 @@ extern "C" const char* __tsan_default_suppressions() {
     // glibc's dynamic TLS (a dlopen'ed library's thread_local, e.g. the
     // CUDA driver's or its fake's): the loader frees a finished thread's
     // DTV block, which malloc may have handed to another thread; glibc's
-    // loader is not instrumented, so TSan sees the reuse as a race. Two
-    // functions of ld-linux-x86-64.so.2 by name (allocate_dtv_entry is
-    // static: named only where libc6-dbg's symbols are installed); neither
-    // calls our code or starts a thread.
+    // loader is not instrumented, so TSan sees the reuse as a race
+    // (cuda_client_test, without these lines: free in _dl_deallocate_tls on
+    // one thread against malloc in allocate_dtv_entry, or against the fake
+    // driver's cuCtxPopCurrent writing its thread_local, on a thread that had
+    // finished). Two functions of ld-linux-x86-64.so.2, by name (the match is
+    // a substring: with libc6-dbg the frame reads __GI__dl_deallocate_tls;
+    // allocate_dtv_entry is static, named only with libc6-dbg's symbols).
+    // Neither calls our code or starts a thread.
     "race:_dl_deallocate_tls\n"
     "race:allocate_dtv_entry\n"
-    // NSS modules (getgrnam/getpwuid for the admin group) are loaded by
-    // glibc's internal dlopen, which TSan does not see (so called_from_lib
-    // cannot name them), and may reuse an fd number that gRPC closed
-    // (called_from_lib hides that close from TSan). Matched by module: frames
-    // inside libnss_*.so, which call no code of ours and start no thread.
-    "race:libnss_\n";
+    // NSS modules (getgrnam/getpwuid for the admin group): glibc loads them
+    // with its internal dlopen, which TSan does not see (so called_from_lib
+    // cannot name them), and they reuse fd numbers gRPC closed (a close
+    // called_from_lib hides from TSan): reload_test, without this line,
+    // reports fstat64 from libnss_systemd.so.2 (Daemon::Reload ->
+    // ParseDaemonConfig) against the accept4 of SocketListener that first
+    // made that fd number. Its functions have no symbols, so the module is
+    // named: the one module Debian 12's nsswitch.conf (files systemd) loads.
+    // Frames inside it call no code of ours and start no thread (a race on
+    // a buffer handed to getgrnam_r would be hidden too: ours are local to
+    // each call).
+    "race:libnss_systemd.so.2\n";
 }
 
 #endif  // __SANITIZE_THREAD__
