@@ -432,7 +432,10 @@ TEST_F(DraPluginTest, ApiServerDownOrSlowIsAnErrorInTime) {
 
 TEST_F(DraPluginTest, SliceWriteIsRetriedWithBackoff) {
   // --backoff_initial=100ms, --backoff_max=800ms: refused writes are
-  // retried after about 100, 200, 400, 800, 800 ms.
+  // retried after about 100, 200, 400, 800, 800 ms. The property is the
+  // lower bound (never sooner than the backoff); the upper bound only says
+  // the retries keep coming, with a margin that holds under TSan on two
+  // loaded cores (a retry of the 800 ms step took 2.4 s there).
   api_->FailNextSliceWrites(6, 503);
   StartPlugin();
   ASSERT_TRUE(api_->WaitFor(
@@ -442,7 +445,7 @@ TEST_F(DraPluginTest, SliceWriteIsRetriedWithBackoff) {
         }
         return false;
       },
-      absl::Seconds(15)))
+      absl::Seconds(30)))
       << PluginLog();
   const std::vector<FakeApiServer::Request> w = api_->SliceWrites();
   ASSERT_GE(w.size(), 7u);
@@ -451,7 +454,7 @@ TEST_F(DraPluginTest, SliceWriteIsRetriedWithBackoff) {
     EXPECT_EQ(w[i].status, 503);
     const double gap = absl::ToDoubleMilliseconds(w[i + 1].at - w[i].at);
     EXPECT_GE(gap, want_ms[i] * 0.95) << "retry " << i + 1;
-    EXPECT_LE(gap, want_ms[i] * 1.1 + 400) << "retry " << i + 1;
+    EXPECT_LE(gap, want_ms[i] * 1.5 + 2000) << "retry " << i + 1;
   }
   EXPECT_EQ(w[6].status, 200);
   EXPECT_TRUE(absl::StrContains(PluginLog(), "HTTP 503")) << PluginLog();

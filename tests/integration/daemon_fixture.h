@@ -69,8 +69,10 @@ class ChildProcess {
   ~ChildProcess();  // SIGKILLs and reaps a child still running
 
   // The next line of the child's stdout (without '\n'); empty on EOF or
-  // after timeout_ms.
-  std::string ReadLine(int timeout_ms = 10000);
+  // after timeout_ms. The default is a hang guard, not a property: long
+  // enough for a client's first line under TSan on two loaded cores (15 s
+  // was seen).
+  std::string ReadLine(int timeout_ms = 60000);
   void Kill(int sig);
   // Waits for exit; returns the exit status, or -signal if killed.
   int Wait();
