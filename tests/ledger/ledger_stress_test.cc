@@ -284,24 +284,37 @@ TEST(LedgerStressTest, ChurnOfTinyAllocationsKeepsMemoryBounded) {
   LedgerOptions o;
   o.path = path;
   auto l = OpenOrDie(o);
-  const int64_t rss0 = RssKiB();
   uint64_t id = l->first_allocation_id();
-  constexpr int kPairs = 250000;  // half a million events
-  for (int i = 0; i < kPairs; ++i) {
-    l->Append(Event(EventKind::kAllocate, id, "churn", 0, 1));
-    l->Append(Event(EventKind::kFree, id++, "churn", 0, 1));
-  }
-  ASSERT_TRUE(l->Flush().ok());
-  const int64_t rss1 = RssKiB();
+  // One tenant allocating and freeing 1 byte as fast as the writer takes
+  // it (a Flush per 10,000 pairs): half a million events.
+  auto churn = [&](int pairs) {
+    for (int i = 0; i < pairs; ++i) {
+      l->Append(Event(EventKind::kAllocate, id, "churn", 0, 1));
+      l->Append(Event(EventKind::kFree, id++, "churn", 0, 1));
+      if (i % 10000 == 9999) ASSERT_TRUE(l->Flush().ok());
+    }
+    ASSERT_TRUE(l->Flush().ok());
+  };
+  churn(50000);
+  const int64_t rss_warm = RssKiB();
+  churn(200000);
+  const int64_t rss_end = RssKiB();
   const UsageRow row = l->Usage().at({"churn", 0});
   EXPECT_EQ(row.current_bytes, 0u);
   EXPECT_EQ(row.peak_bytes, 1u);
-  EXPECT_EQ(l->stats().committed_events, 2u * kPairs);
-  EXPECT_EQ(l->stats().dropped_events, 0u);
-  // The queue is swapped out whole and committed; nothing per allocation
-  // stays in memory once committed (generous: the queue may hold a few
-  // hundred thousand events while one producer outruns the writer).
-  EXPECT_LT(rss1 - rss0, 256 * 1024) << rss0 << " KiB -> " << rss1 << " KiB";
+  const WriterStats st = l->stats();
+  EXPECT_EQ(st.committed_events, 2u * 250000);
+  EXPECT_EQ(st.dropped_events, 0u);
+  EXPECT_EQ(st.held_events, 0u);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // Nothing per allocation stays in memory once committed: 400,000 more
+  // events after the warm-up leave the process about where it was (the
+  // sanitizers' quarantine and shadow memory would not).
+  EXPECT_LT(rss_end - rss_warm, 32 * 1024) << rss_warm << " KiB -> " << rss_end << " KiB";
+#else
+  (void)rss_warm;
+  (void)rss_end;
+#endif
   l.reset();
   sqlite3* db = nullptr;
   sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr);
