@@ -34,6 +34,10 @@
 //    from the events by the writer; Usage() answers from memory.
 //  - With no path (--ledger=none) nothing is written or read back; usage is
 //    still folded, for this run only, and Query is FAILED_PRECONDITION.
+//  - kill -9 of the daemon loses at most the events not yet committed (the
+//    batch in flight: under max_batch events, or max_delay's worth); every
+//    commit before it is in the file (ledger_store.h, durability), and the
+//    next start closes or defers what was live (LedgerStore::Open, Resume).
 //  - Close (and the destructor) commits what is queued and stops the writer.
 //  - Socket tenants made at run time are written at once, not queued
 //    (PutSocketTenant returns once the row is committed); with no path they
