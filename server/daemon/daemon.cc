@@ -31,6 +31,7 @@
 #include "server/core/memory_broker.h"
 #include "server/ledger/tenant_ledger.h"
 #include "server/metrics/call_metrics.h"
+#include "server/metrics/ledger_collector.h"
 #include "server/metrics/metrics_endpoint.h"
 #include "server/metrics/stats_collector.h"
 #include "server/pool/slab_pool.h"
@@ -262,7 +263,8 @@ absl::Status Daemon::StartParts() {
     p.call_metrics = std::make_unique<CallMetrics>();
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint = MetricsEndpoint::Start(
         s.metrics_listen.value,
-        {p.call_metrics->registry(), std::make_shared<StatsCollector>(broker)});
+        {p.call_metrics->registry(), std::make_shared<StatsCollector>(broker),
+         std::make_shared<LedgerCollector>(p.ledger.get())});
     if (!endpoint.ok()) return endpoint.status();
     p.metrics = *std::move(endpoint);
   }

@@ -1,10 +1,14 @@
 // SQL lives here and only here. Statements the writer runs per event are
-// prepared once; everything else is prepared per call.
+// prepared once and reused (a multi-row INSERT of 32 events was measured
+// slower than the one-row statement: tests/bench/RESULTS.md); everything
+// else is prepared per call.
 #include "server/ledger/ledger_store.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sqlite3.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -110,6 +114,15 @@ LedgerEvent EventFromRow(sqlite3_stmt* s) {
   return e;
 }
 
+// Events a commit writes between two sched_yield()s.
+constexpr size_t kYieldEvery = 32;
+
+// Keeps the WAL's page count where the writer can read it.
+int WalHook(void* arg, sqlite3*, const char*, int pages) {
+  static_cast<std::atomic<int>*>(arg)->store(pages, std::memory_order_relaxed);
+  return SQLITE_OK;
+}
+
 constexpr const char* kEventColumns =
     "seq, time_ns, kind, tenant, uid, pid, session, device, bytes, allocation_id, detail";
 
@@ -182,8 +195,23 @@ absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defe
   absl::Status s = Exec("PRAGMA journal_mode=WAL");
   if (!s.ok()) return s;
   // In WAL mode NORMAL keeps every committed transaction across a crash of
-  // the process (kill -9); only a power cut may lose the last ones.
+  // the process (kill -9): a commit is a write() into the WAL, which the
+  // kernel keeps whatever becomes of the process; only a power cut may lose
+  // the last ones (fsync happens at checkpoints). See ledger_store.h.
   if (s = Exec("PRAGMA synchronous=NORMAL"); !s.ok()) return s;
+  // Checkpoints are the owner's (Checkpoint), never a side effect of a
+  // commit.
+  if (s = Exec("PRAGMA wal_autocheckpoint=0"); !s.ok()) return s;
+  sqlite3_wal_hook(db_, &WalHook, &wal_pages_);
+  {
+    struct stat st;
+    if (stat(path_.c_str(), &st) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("ledger ", path_, ": cannot stat it: ", strerror(errno)));
+    }
+    file_dev_ = st.st_dev;
+    file_ino_ = st.st_ino;
+  }
   // A damaged file is refused before anything reads or writes its tables:
   // recovery on a b-tree with lost or misordered pages would see some rows
   // and not others (a MAX(seq) below rows a scan finds, live allocations
@@ -444,30 +472,72 @@ absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
   return absl::OkStatus();
 }
 
+void LedgerStore::BindEvent(sqlite3_stmt* s, int first, const LedgerEvent& e) {
+  sqlite3_bind_int64(s, first, e.seq);
+  sqlite3_bind_int64(s, first + 1, e.time_ns);
+  absl::string_view kind = KindName(e.kind);
+  sqlite3_bind_text(s, first + 2, kind.data(), static_cast<int>(kind.size()), SQLITE_STATIC);
+  // The events outlive the statement's step (Commit's caller keeps them).
+  sqlite3_bind_text(s, first + 3, e.tenant.data(), static_cast<int>(e.tenant.size()),
+                    SQLITE_STATIC);
+  sqlite3_bind_int64(s, first + 4, e.uid);
+  sqlite3_bind_int(s, first + 5, e.pid);
+  sqlite3_bind_int64(s, first + 6, e.session);
+  sqlite3_bind_int(s, first + 7, e.device);
+  sqlite3_bind_int64(s, first + 8, e.bytes);
+  sqlite3_bind_int64(s, first + 9, e.allocation_id);
+  sqlite3_bind_text(s, first + 10, e.detail.data(), static_cast<int>(e.detail.size()),
+                    SQLITE_STATIC);
+}
+
 absl::Status LedgerStore::InsertEvent(const LedgerEvent& e) {
   sqlite3_stmt* s = insert_event_;
   sqlite3_reset(s);
-  sqlite3_bind_int64(s, 1, e.seq);
-  sqlite3_bind_int64(s, 2, e.time_ns);
-  absl::string_view kind = KindName(e.kind);
-  sqlite3_bind_text(s, 3, kind.data(), static_cast<int>(kind.size()), SQLITE_STATIC);
-  BindText(s, 4, e.tenant);
-  sqlite3_bind_int64(s, 5, e.uid);
-  sqlite3_bind_int(s, 6, e.pid);
-  sqlite3_bind_int64(s, 7, e.session);
-  sqlite3_bind_int(s, 8, e.device);
-  sqlite3_bind_int64(s, 9, e.bytes);
-  sqlite3_bind_int64(s, 10, e.allocation_id);
-  BindText(s, 11, e.detail);
-  if (sqlite3_step(s) != SQLITE_DONE) return Error("writing an event");
+  BindEvent(s, 1, e);
+  const int rc = sqlite3_step(s);
+  sqlite3_clear_bindings(s);
+  if (rc != SQLITE_DONE) return Error("writing an event");
   return absl::OkStatus();
 }
+
+absl::Status LedgerStore::CheckFile() const {
+  struct stat st;
+  if (stat(path_.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ledger ", path_, " was removed while gpumemd ran (", strerror(errno),
+        "): nothing more can be recorded in it; put the file back or restart gpumemd to "
+        "start a new ledger there"));
+  }
+  if (st.st_dev != file_dev_ || st.st_ino != file_ino_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ledger ", path_, " was replaced by another file while gpumemd ran: nothing more "
+        "is recorded until the daemon's own file is back at that path; restart gpumemd to "
+        "use the new file"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LedgerStore::CheckpointResult> LedgerStore::Checkpoint() {
+  absl::MutexLock write(&write_mu_);
+  CheckpointResult r;
+  if (sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, &r.wal_pages,
+                                &r.copied) != SQLITE_OK) {
+    return Error("checkpointing");
+  }
+  // The WAL restarts from its start at the next commit once all of it was
+  // copied; until then it stays this long.
+  wal_pages_.store(r.copied >= r.wal_pages ? 0 : r.wal_pages, std::memory_order_relaxed);
+  return r;
+}
+
+int LedgerStore::wal_pages() const { return wal_pages_.load(std::memory_order_relaxed); }
 
 absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
                                  const UsageAccount& usage,
                                  const std::vector<UsageAccount::Key>& changed,
                                  const std::vector<QuotaRow>& quotas, uint64_t highest_id) {
   absl::MutexLock write(&write_mu_);
+  if (absl::Status file = CheckFile(); !file.ok()) return file;
   absl::Status s = Exec("BEGIN IMMEDIATE");
   if (!s.ok()) return s;
   auto fail = [this](absl::Status status) {
@@ -486,7 +556,12 @@ absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
       net_zero.insert(e.allocation_id);
     }
   }
+  size_t written = 0;
   for (const LedgerEvent& e : events) {
+    // A commit of a full batch is about a millisecond of CPU: give the core
+    // to whatever waits for it every kYieldEvery events, so a serving
+    // thread woken onto this core never waits behind the whole commit.
+    if (++written % kYieldEvery == 0) sched_yield();
     if (s = InsertEvent(e); !s.ok()) return fail(s);
     const int sign = UsageSign(e.kind);
     if (sign != 0 && net_zero.contains(e.allocation_id)) continue;

@@ -22,7 +22,21 @@
 //    the stored high-water mark at least kIdWindow/2 above the highest id
 //    committed so far.
 //  - Commit writes a group of events, their effect on `live` and `usage`,
-//    and pending quota rows in one transaction: all or nothing.
+//    and pending quota rows in one transaction: all or nothing. It yields
+//    the core (sched_yield) every few dozen events, so a full batch never
+//    holds a core a serving thread waits for. Before it
+//    writes, it checks that PATH is still the file Open opened: a ledger
+//    removed or replaced under the running daemon is an error naming it
+//    (the events would otherwise go to an unlinked file and be lost at
+//    exit), until the file is put back.
+//  - Durability: WAL with synchronous=NORMAL. A commit is in the WAL (the
+//    kernel's page cache) when Commit returns; the process dying at any
+//    moment after that (kill -9, a crash) loses none of it, because the
+//    kernel still writes those pages. Only losing the machine (power, a
+//    kernel crash) may lose the last commits before a checkpoint's fsync;
+//    the file stays consistent either way.
+//  - SQLite's automatic checkpoint is off: the owner calls Checkpoint
+//    (PASSIVE: never waits for readers or blocks them).
 //  - Socket tenants made at run time (PutTenant) are rows of
 //    `socket_tenants` (with their per-device quotas, by device UUID, in
 //    `socket_tenant_devices`): PutSocketTenant and DeleteSocketTenant
@@ -35,6 +49,9 @@
 #ifndef GPUMEMD_SERVER_LEDGER_LEDGER_STORE_H_
 #define GPUMEMD_SERVER_LEDGER_LEDGER_STORE_H_
 
+#include <sys/types.h>
+
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -128,6 +145,15 @@ class LedgerStore {
   // Tests: changes the page limit of the write connection.
   void SetMaxPageCount(int64_t pages);
 
+  // A PASSIVE checkpoint: copies what it can of the WAL into the file.
+  struct CheckpointResult {
+    int wal_pages = 0;  // in the WAL when it ran
+    int copied = 0;     // of those, copied (fewer: a reader holds older ones)
+  };
+  absl::StatusOr<CheckpointResult> Checkpoint();
+  // Pages in the WAL after the last commit or checkpoint.
+  int wal_pages() const;
+
  private:
   LedgerStore(std::string path) : path_(std::move(path)) {}
   absl::Status Error(const char* what) const;
@@ -143,6 +169,10 @@ class LedgerStore {
   absl::Status Recover(int64_t now_ns, bool defer);
   absl::Status WriteQuotas(const std::vector<QuotaRow>& quotas);
   absl::Status InsertEvent(const LedgerEvent& e);
+  // Binds `e` to columns first..first+10 of `s`.
+  static void BindEvent(sqlite3_stmt* s, int first, const LedgerEvent& e);
+  // PATH is still the file Open opened.
+  absl::Status CheckFile() const;
 
   std::string path_;
   int lock_fd_ = -1;
@@ -156,6 +186,9 @@ class LedgerStore {
   sqlite3_stmt* delete_live_ = nullptr;
   sqlite3_stmt* upsert_usage_ = nullptr;
   uint64_t id_reserved_ = 0;
+  dev_t file_dev_ = 0;
+  ino_t file_ino_ = 0;
+  std::atomic<int> wal_pages_{0};  // set by the WAL hook after each commit
   Recovery recovery_;
 };
 

@@ -1,12 +1,23 @@
 // The writer owns everything between the queue and the file: the events
-// held for retry, the set of usage rows changed since the last commit, and
-// the outage record that becomes a LEDGER_GAP event.
+// held for retry, the set of usage rows changed since the last commit, the
+// outage record that becomes a LEDGER_GAP event, and the WAL's checkpoints.
+// It runs niced, so the serving threads take the core first whenever they
+// want it.
 #include "server/ledger/tenant_ledger.h"
 
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
 #include <iostream>
 #include <iterator>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -16,6 +27,18 @@ namespace {
 
 std::string TimeText(int64_t ns) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixNanos(ns), absl::UTCTimeZone());
+}
+
+int64_t ThreadCpuNs() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec * 1'000'000'000LL + t.tv_nsec;
+}
+
+int64_t MonotonicNs() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1'000'000'000LL + t.tv_nsec;
 }
 
 }  // namespace
@@ -129,9 +152,19 @@ void TenantLedger::SetMaxPageCountForTest(int64_t pages) {
 }
 
 void TenantLedger::WriterLoop() {
+  pthread_setname_np(pthread_self(), "gpumemd-ledger");
+  if (options_.writer_nice != 0) {
+    // On Linux a nice value is per thread (setpriority on the thread id).
+    const pid_t tid = static_cast<pid_t>(syscall(SYS_gettid));
+    if (setpriority(PRIO_PROCESS, tid, options_.writer_nice) != 0) {
+      std::cerr << "gpumemd: ledger writer: cannot set nice " << options_.writer_nice << ": "
+                << strerror(errno) << std::endl;
+    }
+  }
   std::vector<LedgerEvent> held;  // taken from the queue, not yet committed
   std::vector<QuotaRow> quotas;
-  std::set<UsageAccount::Key> changed;
+  absl::flat_hash_set<UsageAccount::Key> changed;
+  int64_t last_wal_shout_ns = 0;
   uint64_t highest_id = 0;
   // The outage in progress, if any.
   int64_t failing_since_ns = 0;
@@ -145,7 +178,14 @@ void TenantLedger::WriterLoop() {
     {
       // Only swaps under the lock, so Append never waits for the fold.
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(this, &TenantLedger::WorkReady), options_.max_delay);
+      if (failing_since_ns != 0) {
+        // While commits fail, retry once per max_delay whatever is asked
+        // (a Flush, a full batch): retrying at once would spin on a core.
+        mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.max_delay);
+      } else {
+        mu_.AwaitWithTimeout(absl::Condition(this, &TenantLedger::WorkReady),
+                             options_.max_delay);
+      }
       stop = stopping_;
       fresh.swap(queue_);
       for (QuotaRow& q : quota_queue_) quotas.push_back(std::move(q));
@@ -172,12 +212,53 @@ void TenantLedger::WriterLoop() {
       continue;
     }
     absl::Status s = absl::OkStatus();
+    int64_t commit_ns = 0;
     if (store_ != nullptr) {
       std::vector<UsageAccount::Key> keys(changed.begin(), changed.end());
-      absl::MutexLock usage(&usage_mu_);
-      s = store_->Commit(held, usage_, keys, quotas, highest_id);
+      const int64_t t0 = MonotonicNs();
+      {
+        absl::MutexLock usage(&usage_mu_);
+        s = store_->Commit(held, usage_, keys, quotas, highest_id);
+      }
+      commit_ns = MonotonicNs() - t0;
+    }
+    // A checkpoint after a commit that worked, once the WAL is long enough:
+    // here, on the niced writer, never on a commit of anyone else's.
+    bool checkpointed = false, blocked = false;
+    int64_t checkpoint_ns = 0;
+    int wal_pages = 0;
+    if (store_ != nullptr && s.ok()) {
+      wal_pages = store_->wal_pages();
+      if (wal_pages >= options_.checkpoint_pages) {
+        const int64_t t0 = MonotonicNs();
+        absl::StatusOr<LedgerStore::CheckpointResult> c = store_->Checkpoint();
+        checkpoint_ns = MonotonicNs() - t0;
+        checkpointed = true;
+        blocked = !c.ok() || c->copied < c->wal_pages;
+        wal_pages = store_->wal_pages();
+        const int64_t now = absl::GetCurrentTimeNanos();
+        if (wal_pages > 64 * options_.checkpoint_pages &&
+            now - last_wal_shout_ns > 60'000'000'000LL) {
+          last_wal_shout_ns = now;
+          std::cerr << "gpumemd: ledger " << options_.path << ": its WAL holds " << wal_pages
+                    << " pages that cannot be checkpointed: a reader keeps a read "
+                       "transaction open on the file (an sqlite3 shell left in BEGIN, or a "
+                       "long SELECT); the WAL grows until it ends. Commits go on."
+                    << std::endl;
+        }
+      }
     }
     absl::MutexLock lock(&mu_);
+    stats_.commit_ns += commit_ns;
+    stats_.max_commit_ns = std::max(stats_.max_commit_ns, commit_ns);
+    if (checkpointed) {
+      ++stats_.checkpoints;
+      stats_.checkpoint_ns += checkpoint_ns;
+      if (blocked) ++stats_.blocked_checkpoints;
+    }
+    if (store_ != nullptr && s.ok()) stats_.wal_pages = wal_pages;
+    stats_.writer_cpu_ns = ThreadCpuNs();
+    stats_.failing = !s.ok();
     if (s.ok()) {
       if (!held.empty()) committed_seq_ = std::max(committed_seq_, held.back().seq);
       stats_.committed_events += held.size();
@@ -204,6 +285,7 @@ void TenantLedger::WriterLoop() {
         dropped = 0;
         failing_.clear();
       }
+      stats_.held_events = 0;
     } else {
       const int64_t now = absl::GetCurrentTimeNanos();
       if (failing_since_ns == 0) failing_since_ns = now;
@@ -217,6 +299,7 @@ void TenantLedger::WriterLoop() {
         dropped += excess;
         stats_.dropped_events += excess;
       }
+      stats_.held_events = held.size();
       if (now - last_shout_ns > 10'000'000'000LL) {
         last_shout_ns = now;
         std::cerr << "gpumemd: LEDGER WRITE FAILED: " << s.message() << "; " << held.size()

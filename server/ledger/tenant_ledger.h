@@ -7,16 +7,37 @@
 //    under its lock. Events are committed in order.
 //  - A writer thread commits queued events in one transaction each time 1,000
 //    are queued or 100 ms have passed since the last commit, whichever is
-//    first (LedgerOptions).
-//  - A commit that fails (disk full, I/O error) is logged loudly on stderr,
+//    first (LedgerOptions). It runs below the serving threads (niced by
+//    writer_nice), so a commit never holds a core a request wants, and it
+//    checkpoints the WAL itself (PASSIVE, after a commit, once the WAL holds
+//    checkpoint_pages pages): SQLite's automatic checkpoint is off, so no
+//    checkpoint runs anywhere else.
+//  - Nothing the serving threads call waits for SQLite: Append takes one
+//    short lock to push onto a vector the writer swaps out whole; the
+//    writer commits without that lock.
+//  - A commit that fails (disk full, I/O error, the file removed or replaced
+//    under the daemon: see LedgerStore::Commit) is logged loudly on stderr,
 //    the events stay queued in memory (at most max_held; beyond that the
 //    oldest are dropped and counted) and are retried; allocations keep being
-//    served. When a commit works again, a LEDGER_GAP event records when
-//    writes failed, why, and how many events were dropped.
+//    served, and usage, peak and byte-seconds in memory stay exact (they are
+//    folded from every event, dropped ones included, and written with the
+//    next commit that works). So while the disk is full the promise is: no
+//    event is lost until max_held are waiting; beyond that the oldest go, and
+//    their count is recorded. When a commit works again, a LEDGER_GAP event
+//    records when writes failed, why, and how many events were dropped.
+//    stats() says so meanwhile (failing, held_events, dropped_events).
+//  - A reader that keeps a read transaction open (sqlite3 left open on the
+//    file) does not stop commits (WAL), but no checkpoint can then reset the
+//    WAL, which grows: counted in stats() (blocked_checkpoints, wal_pages)
+//    and logged once a minute while the WAL is over 64 * checkpoint_pages.
 //  - Usage (current, peak, byte-seconds per tenant and device) is folded
 //    from the events by the writer; Usage() answers from memory.
 //  - With no path (--ledger=none) nothing is written or read back; usage is
 //    still folded, for this run only, and Query is FAILED_PRECONDITION.
+//  - kill -9 of the daemon loses at most the events not yet committed (the
+//    batch in flight: under max_batch events, or max_delay's worth); every
+//    commit before it is in the file (ledger_store.h, durability), and the
+//    next start closes or defers what was live (LedgerStore::Open, Resume).
 //  - Close (and the destructor) commits what is queued and stops the writer.
 //  - Socket tenants made at run time are written at once, not queued
 //    (PutSocketTenant returns once the row is committed); with no path they
@@ -48,6 +69,13 @@ struct LedgerOptions {
   absl::Duration max_delay = absl::Milliseconds(100);
   size_t max_batch = 1000;
   size_t max_held = 1000000;
+  // The writer thread's nice value (setpriority on its thread id; 0 leaves
+  // it as the daemon's other threads). 10 gives it about a tenth of a core
+  // under full load, several times what it needs at line rate.
+  int writer_nice = 10;
+  // The writer runs a PASSIVE checkpoint after a commit once the WAL holds
+  // this many pages (SQLite's own automatic checkpoint is off).
+  int checkpoint_pages = 1000;
   int64_t max_page_count = 0;  // tests: see LedgerStore::Open
   // The daemon may carry on with what the last one left (server/restart/):
   // live allocations are not closed at Open but reconciled by Resume.
@@ -59,6 +87,15 @@ struct WriterStats {
   uint64_t commits = 0;
   uint64_t failed_commits = 0;
   uint64_t dropped_events = 0;
+  uint64_t held_events = 0;         // taken by the writer, not yet committed
+  bool failing = false;             // the last commit failed
+  int64_t writer_cpu_ns = 0;        // the writer thread's CPU time so far
+  int64_t commit_ns = 0;            // wall time in Commit, all commits
+  int64_t max_commit_ns = 0;        // the longest Commit
+  uint64_t checkpoints = 0;         // PASSIVE checkpoints run by the writer
+  uint64_t blocked_checkpoints = 0;  // of those, ones a reader kept from finishing
+  int64_t checkpoint_ns = 0;        // wall time in them
+  int64_t wal_pages = 0;            // the WAL's pages after the last commit or checkpoint
 };
 
 class TenantLedger {

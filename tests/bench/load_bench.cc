@@ -33,8 +33,26 @@
 // is measured side by side in one run; the summary gives after/before for
 // the 4-client stream pairs/s ratio to the floor and the 1-client stream
 // p50 ratio.
+// --ledger_compare: instead of the above, the ledger's cost side by side: a
+// second gpumemd with --ledger=none beside the first (ledger on, its file
+// in the daemon's private directory), and for each client count
+// --ledger_rounds rounds of one stream row against each ("daemon",
+// "no_ledger"; the order alternates by round), section "ledger". Each row
+// carries the 1-minute load average when it started (the machine may be
+// shared). The summary gives, per count and round, on/off ratios of pairs/s,
+// p999 and daemon CPU per pair, and their spread over the rounds. Then
+// (--replay_seconds > 0) --soak_clients clients run on the ledger daemon for
+// that long at full rate; the daemon is stopped and its ledger replayed:
+// folding every event in order must give exactly the usage table (current,
+// peak, byte-seconds, per tenant and device); the run fails otherwise.
+// With --baseline_daemon both daemons of --ledger_compare are that binary
+// (an earlier build's ledger cost, for before/after).
+// Every daemon runs with the installed defaults (1 GiB slabs, 30 s empty
+// slab release, no lock-order checking) except the flags a row's label
+// names; --daemon_flags adds to all load rows.
 // --json prints everything as one JSON object instead of tables.
 #include <dirent.h>
+#include <sqlite3.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -45,6 +63,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -65,6 +84,7 @@
 #include "absl/strings/strip.h"
 #include "client/stream_transport.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
+#include "server/ledger/usage_account.h"
 #include "tests/bench/floor_server.h"
 #include "tests/integration/daemon_fixture.h"
 
@@ -82,6 +102,11 @@ ABSL_FLAG(std::string, daemon_flags, "",
           "extra gpumemd flags for the load rows, space-separated (e.g. --ledger=none)");
 ABSL_FLAG(std::string, baseline_daemon, "",
           "another gpumemd binary to measure beside this one (rows \"baseline\")");
+ABSL_FLAG(bool, ledger_compare, false,
+          "measure ledger on against --ledger=none instead (see the file's comment)");
+ABSL_FLAG(int, ledger_rounds, 3, "--ledger_compare: rounds per client count");
+ABSL_FLAG(double, replay_seconds, 0,
+          "--ledger_compare: then run this long at full rate and replay the ledger (0: skip)");
 ABSL_FLAG(bool, json, false, "print JSON");
 // Internal: how this binary runs as a child of itself.
 ABSL_FLAG(std::string, role, "driver",
@@ -228,18 +253,22 @@ int RunFiller() {
 
 // ---- driver -------------------------------------------------------------
 
-// CPU seconds (user + system) of a process so far.
+// CPU seconds a process's threads have run so far, to the nanosecond (the
+// first field of each /proc/PID/task/TID/schedstat; /proc/PID/stat counts
+// clock ticks, 2% of a 5 s row: too coarse for a 1.05x target).
 double ProcessCpuSeconds(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  size_t paren = all.rfind(')');
-  if (paren == std::string::npos) return 0;
-  std::vector<std::string> f = absl::StrSplit(all.substr(paren + 2), ' ');
-  if (f.size() < 13) return 0;
-  double utime = 0, stime = 0;
-  absl::SimpleAtod(f[11], &utime);
-  absl::SimpleAtod(f[12], &stime);
-  return (utime + stime) / sysconf(_SC_CLK_TCK);
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = opendir(tasks.c_str());
+  if (d == nullptr) return 0;
+  uint64_t ns = 0;
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(absl::StrCat(tasks, "/", e->d_name, "/schedstat"));
+    uint64_t run = 0;
+    if (in >> run) ns += run;
+  }
+  closedir(d);
+  return ns / 1e9;
 }
 
 // Context switches (voluntary + involuntary) of all of a process's threads.
@@ -298,7 +327,15 @@ struct Row {
   uint64_t rss_start = 0, rss_end = 0;
   // Daemon rows: ratio to the floor row of the same transport and count.
   double x_floor_pairs = 0, x_floor_p50 = 0;
+  double load1 = 0;  // the 1-minute load average when the row started
 };
+
+double LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double l = 0;
+  in >> l;
+  return l;
+}
 
 class Driver {
  public:
@@ -312,6 +349,7 @@ class Driver {
     row.transport = transport;
     row.clients = n;
     row.seconds = seconds;
+    row.load1 = LoadAverage();
     const std::string go = absl::StrCat(dir_, "/go-", ++phase_);
     std::vector<std::unique_ptr<testing::ChildProcess>> kids;
     std::vector<std::string> outs;
@@ -475,10 +513,10 @@ std::string Json(const std::vector<Row>& rows, const ScaleFigures* scale) {
         "\"pairs\":%d,\"errors\":%d,\"seconds\":%.2f,\"pairs_per_s\":%.1f,"
         "\"p50_us\":%.1f,\"p99_us\":%.1f,\"p999_us\":%.1f,\"server_cpu_us_per_pair\":%.2f,"
         "\"server_switches_per_pair\":%.2f,\"rss_start_bytes\":%d,\"rss_end_bytes\":%d,\"x_floor_pairs_per_s\":%.3f,"
-        "\"x_floor_p50\":%.3f}",
+        "\"x_floor_p50\":%.3f,\"load1\":%.2f}",
         r.section, r.target, r.transport, r.clients, r.pairs, r.errors, r.seconds,
         r.pairs_per_s, r.p50, r.p99, r.p999, r.cpu_us_per_pair, r.switches_per_pair, r.rss_start, r.rss_end,
-        r.x_floor_pairs, r.x_floor_p50));
+        r.x_floor_pairs, r.x_floor_p50, r.load1));
   }
   std::string s = absl::StrCat("{\"rows\":[", absl::StrJoin(items, ","), "]");
   if (scale != nullptr) {
@@ -508,6 +546,192 @@ void PrintRow(const Row& r) {
   if (!r.first_error.empty()) printf("         first error: %s\n", r.first_error.c_str());
 }
 
+
+// ---- ledger on against off ----------------------------------------------
+
+// Folds every event of the ledger file at `path` in order and compares the
+// result with its usage table, row by row, exactly. Empty when equal, else
+// what differs.
+std::string ReplayLedger(const std::string& path, uint64_t* events, size_t* rows) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    return "cannot open " + path;
+  }
+  std::string problem;
+  ledger::UsageAccount replayed;
+  sqlite3_stmt* q = nullptr;
+  sqlite3_prepare_v2(db, "SELECT time_ns, kind, tenant, device, bytes FROM events ORDER BY seq",
+                     -1, &q, nullptr);
+  *events = 0;
+  while (q != nullptr && sqlite3_step(q) == SQLITE_ROW) {
+    ledger::LedgerEvent e;
+    e.time_ns = sqlite3_column_int64(q, 0);
+    auto kind = ledger::KindFromName(reinterpret_cast<const char*>(sqlite3_column_text(q, 1)));
+    if (!kind) {
+      problem = "an event of unknown kind";
+      break;
+    }
+    e.kind = *kind;
+    e.tenant = reinterpret_cast<const char*>(sqlite3_column_text(q, 2));
+    e.device = sqlite3_column_int(q, 3);
+    e.bytes = sqlite3_column_int64(q, 4);
+    replayed.Apply(e);
+    ++*events;
+  }
+  sqlite3_finalize(q);
+  std::map<ledger::UsageAccount::Key, ledger::UsageRow> stored;
+  sqlite3_prepare_v2(db, "SELECT tenant, device, current_bytes, peak_bytes, byte_seconds, "
+                     "updated_ns FROM usage", -1, &q, nullptr);
+  while (q != nullptr && sqlite3_step(q) == SQLITE_ROW) {
+    ledger::UsageRow r;
+    r.current_bytes = sqlite3_column_int64(q, 2);
+    r.peak_bytes = sqlite3_column_int64(q, 3);
+    r.byte_seconds = sqlite3_column_double(q, 4);
+    r.updated_ns = sqlite3_column_int64(q, 5);
+    stored[{reinterpret_cast<const char*>(sqlite3_column_text(q, 0)),
+            sqlite3_column_int(q, 1)}] = r;
+  }
+  sqlite3_finalize(q);
+  sqlite3_close(db);
+  *rows = stored.size();
+  if (!problem.empty()) return problem;
+  if (stored.size() != replayed.rows().size()) {
+    return absl::StrCat(stored.size(), " usage rows stored, ", replayed.rows().size(),
+                        " from the events");
+  }
+  for (const auto& [key, want] : replayed.rows()) {
+    auto it = stored.find(key);
+    if (it == stored.end()) return absl::StrCat("no usage row for ", key.first, "/", key.second);
+    const ledger::UsageRow& got = it->second;
+    if (got.current_bytes != want.current_bytes || got.peak_bytes != want.peak_bytes ||
+        got.byte_seconds != want.byte_seconds || got.updated_ns != want.updated_ns) {
+      return absl::StrFormat(
+          "%s/%d: stored current %d peak %d byte-seconds %.17g, replayed %d %d %.17g",
+          key.first, key.second, got.current_bytes, got.peak_bytes, got.byte_seconds,
+          want.current_bytes, want.peak_bytes, want.byte_seconds);
+    }
+  }
+  return "";
+}
+
+struct Spread {
+  double lo = 0, hi = 0;
+  void Add(double v, bool first) {
+    if (first || v < lo) lo = v;
+    if (first || v > hi) hi = v;
+  }
+};
+
+int RunLedgerCompare(Driver& driver, const std::vector<std::string>& args, bool json) {
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  testing::DaemonProcess on(args);
+  std::vector<std::string> off_args = args;
+  off_args.push_back("--ledger=none");
+  testing::DaemonProcess off(off_args);
+  if (const std::string b = absl::GetFlag(FLAGS_baseline_daemon); !b.empty()) {
+    on.SetBinary(b);  // an earlier build's ledger cost
+    off.SetBinary(b);
+  }
+  if (!on.Start() || !off.Start()) {
+    fprintf(stderr, "load_bench: a daemon did not start:\n%s%s", on.Log().c_str(),
+            off.Log().c_str());
+    return 1;
+  }
+  std::vector<int> counts;
+  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_clients), ',')) {
+    int v = 0;
+    if (absl::SimpleAtoi(c, &v) && v > 0) counts.push_back(v);
+  }
+  if (!json) {
+    printf("%-8s %-11s %-6s %4s %10s %8s %8s %9s %7s %8s %6s\n", "section", "target", "via",
+           "N", "pairs/s", "p50 us", "p99 us", "p999 us", "errors", "cpu us", "cs");
+  }
+  std::vector<Row> rows;
+  std::vector<std::string> ratios_json;
+  std::vector<std::string> summary;
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_ledger_rounds));
+  for (int c : counts) {
+    Spread pairs, p999, cpu;
+    for (int r = 0; r < rounds; ++r) {
+      Row d, n;
+      auto run_on = [&] {
+        d = driver.RunPhase("daemon", on.socket(), on.pid(), "stream", c, seconds);
+      };
+      auto run_off = [&] {
+        n = driver.RunPhase("no_ledger", off.socket(), off.pid(), "stream", c, seconds);
+      };
+      if (r % 2 == 0) {
+        run_on();
+        run_off();
+      } else {
+        run_off();
+        run_on();
+      }
+      for (Row* x : {&d, &n}) {
+        x->section = "ledger";
+        if (!json) PrintRow(*x);
+        rows.push_back(*x);
+      }
+      if (!json) printf("         load %.2f / %.2f\n", d.load1, n.load1);
+      const double xp = n.pairs_per_s > 0 ? d.pairs_per_s / n.pairs_per_s : 0;
+      const double x999 = n.p999 > 0 ? d.p999 / n.p999 : 0;
+      const double xcpu = n.cpu_us_per_pair > 0 ? d.cpu_us_per_pair / n.cpu_us_per_pair : 0;
+      pairs.Add(xp, r == 0);
+      p999.Add(x999, r == 0);
+      cpu.Add(xcpu, r == 0);
+      ratios_json.push_back(absl::StrFormat(
+          "{\"clients\":%d,\"round\":%d,\"pairs_per_s\":%.3f,\"p999\":%.3f,"
+          "\"cpu_per_pair\":%.3f,\"load1\":%.2f}",
+          c, r, xp, x999, xcpu, d.load1));
+      summary.push_back(absl::StrFormat(
+          "ledger on/off, %d stream client(s), round %d: pairs/s %.3fx, p999 %.3fx, "
+          "daemon cpu/pair %.3fx (load %.2f)",
+          c, r + 1, xp, x999, xcpu, d.load1));
+    }
+    summary.push_back(absl::StrFormat(
+        "ledger on/off, %d stream client(s), spread over %d rounds: pairs/s %.3f-%.3fx, "
+        "p999 %.3f-%.3fx, daemon cpu/pair %.3f-%.3fx",
+        c, rounds, pairs.lo, pairs.hi, p999.lo, p999.hi, cpu.lo, cpu.hi));
+  }
+  off.Stop();
+  std::string replay_json;
+  int failed = 0;
+  const double replay = absl::GetFlag(FLAGS_replay_seconds);
+  if (replay > 0) {
+    Row s = driver.RunPhase("daemon", on.socket(), on.pid(), "stream",
+                            absl::GetFlag(FLAGS_soak_clients), replay);
+    s.section = "replay";
+    if (!json) PrintRow(s);
+    rows.push_back(s);
+  }
+  const std::string ledger_path = on.dir() + "/ledger.db";
+  if (on.Stop() != 0) failed = 1;
+  if (replay > 0) {
+    uint64_t events = 0;
+    size_t usage_rows = 0;
+    const std::string diff = ReplayLedger(ledger_path, &events, &usage_rows);
+    if (!diff.empty()) failed = 1;
+    replay_json = absl::StrFormat(
+        ",\"replay\":{\"seconds\":%.1f,\"events\":%d,\"usage_rows\":%d,\"equal\":%s,"
+        "\"difference\":\"%s\"}",
+        replay, events, usage_rows, diff.empty() ? "true" : "false", diff);
+    summary.push_back(absl::StrFormat(
+        "replay after %.0f s at full rate: %d events folded in order give the %d usage rows "
+        "%s",
+        replay, events, usage_rows, diff.empty() ? "exactly" : "NOT: " + diff));
+  }
+  if (json) {
+    std::string j = Json(rows, nullptr);
+    j.pop_back();  // the closing brace
+    printf("%s,\"ledger_ratios\":[%s]%s}\n", j.c_str(), absl::StrJoin(ratios_json, ",").c_str(),
+           replay_json.c_str());
+  } else {
+    for (const std::string& line : summary) printf("%s\n", line.c_str());
+  }
+  return failed;
+}
+
 int RunDriver() {
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -517,14 +741,17 @@ int RunDriver() {
   const bool json = absl::GetFlag(FLAGS_json);
   const double seconds = absl::GetFlag(FLAGS_seconds);
 
+  // As installed (slab size, empty slab release and the rest at their
+  // defaults; the fixture's lock-order checking off), on 4 simulated devices.
   std::vector<std::string> daemon_args = {
-      "--sim_devices=4x16GiB", "--slab_size=256MiB", "--empty_slab_release_seconds=3600",
+      "--sim_devices=4x16GiB",
       absl::StrCat("--stream_threads=", absl::GetFlag(FLAGS_stream_threads)),
-      "--mutex_deadlock_detection=false"};  // as installed, not as under test
+      "--mutex_deadlock_detection=false"};
   for (absl::string_view f :
        absl::StrSplit(absl::GetFlag(FLAGS_daemon_flags), ' ', absl::SkipEmpty())) {
     daemon_args.emplace_back(f);
   }
+  if (absl::GetFlag(FLAGS_ledger_compare)) return RunLedgerCompare(driver, daemon_args, json);
   testing::DaemonProcess daemon(daemon_args);
   if (!daemon.Start()) {
     fprintf(stderr, "load_bench: daemon did not start:\n%s", daemon.Log().c_str());

@@ -31,3 +31,20 @@ assert s["devices"] == 4 and s["live_blocks"] == 2000 and s["errors"] == 0, s
 assert s["get_stats_p99_ms"] > 0 and s["rss_full_bytes"] > 0, s
 assert s["reclaim_seconds"] < 120, s
 PY
+# The ledger comparison: both daemons' rows each round, the ratios, and the
+# replay of the ledger after a short full-rate run equals its usage table.
+out=$("$1" --ledger_compare --clients=1 --seconds=0.3 --ledger_rounds=2 \
+      --replay_seconds=1 --soak_clients=2 --json)
+echo "$out"
+/usr/bin/python3 - "$out" <<'PY'
+import json, sys
+j = json.loads(sys.argv[1])
+rows = [r for r in j["rows"] if r["section"] == "ledger"]
+assert sorted(r["target"] for r in rows) == ["daemon", "daemon", "no_ledger", "no_ledger"], rows
+for r in j["rows"]:
+    assert r["errors"] == 0 and r["pairs"] > 0 and r["server_cpu_us_per_pair"] > 0, r
+assert len(j["ledger_ratios"]) == 2, j["ledger_ratios"]
+for x in j["ledger_ratios"]:
+    assert x["pairs_per_s"] > 0 and x["p999"] > 0 and x["cpu_per_pair"] > 0, x
+assert j["replay"]["equal"] and j["replay"]["events"] > 0, j["replay"]
+PY

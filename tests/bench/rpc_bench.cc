@@ -7,16 +7,25 @@
 //   Allocate + Free       one block of --size on device 0, two RPCs
 //   Allocate+map+Free     the client library's Buffer path (first use of a
 //                         slab fetches its fd; later blocks reuse the mapping)
-// Prints median and p99 microseconds per operation and the ratio to the
-// floor; --json prints the same as JSON. The daemon keeps its ledger (a file
+// Prints median, p99 and p999 microseconds per operation, the daemon
+// process's CPU per operation (user + system over the operation's timed
+// stretches, from the kernel's per-thread run time) and the ratio to the floor; --json prints the same as JSON. The daemon keeps its ledger (a file
 // in its private directory); with --ledger_compare a second daemon with
 // --ledger=none runs beside it and one more row times Allocate + Free there,
-// in the same rounds, so the ledger's cost is a ratio of two rows of one run.
+// in the same rounds, so the ledger's cost is a ratio of two rows of one run
+// (p50, p999 and CPU per pair).
+#include <dirent.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -41,13 +50,32 @@ using Clock = std::chrono::steady_clock;
 struct Series {
   std::string name;
   std::vector<double> us;  // one sample per operation
+  double server_cpu_s = 0;  // the serving daemon's CPU over the timed stretches
 };
 
 // What one line of output says about a series.
 struct Row {
   std::string name;
-  double p50_us, p99_us;
+  double p50_us, p99_us, p999_us, cpu_us;
 };
+
+// CPU seconds a process's threads have run so far, to the nanosecond (the
+// first field of each /proc/PID/task/TID/schedstat; /proc/PID/stat counts
+// clock ticks, too coarse for a stretch of a few milliseconds).
+double ProcessCpuSeconds(pid_t pid) {
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = opendir(tasks.c_str());
+  if (d == nullptr) return 0;
+  uint64_t ns = 0;
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(absl::StrCat(tasks, "/", e->d_name, "/schedstat"));
+    uint64_t run = 0;
+    if (in >> run) ns += run;
+  }
+  closedir(d);
+  return ns / 1e9;
+}
 
 // The q-quantile of samples sorted ascending (the nearest rank below).
 double Quantile(const std::vector<double>& sorted, double q) {
@@ -57,16 +85,21 @@ double Quantile(const std::vector<double>& sorted, double q) {
 // Sorts the series' samples (once) and reads its quantiles off them.
 Row Summarize(Series& s) {
   std::sort(s.us.begin(), s.us.end());
-  return {s.name, Quantile(s.us, 0.5), Quantile(s.us, 0.99)};
+  return {s.name, Quantile(s.us, 0.5), Quantile(s.us, 0.99), Quantile(s.us, 0.999),
+          s.us.empty() ? 0 : s.server_cpu_s * 1e6 / s.us.size()};
 }
 
+// Times n operations against the daemon `server` (its CPU is charged to
+// the series).
 template <typename F>
-bool Time(Series& s, int n, F op) {
+bool Time(Series& s, pid_t server, int n, F op) {
+  const double cpu0 = ProcessCpuSeconds(server);
   for (int i = 0; i < n; ++i) {
     auto t0 = Clock::now();
     if (!op()) return false;
     s.us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
   }
+  s.server_cpu_s += ProcessCpuSeconds(server) - cpu0;
   return true;
 }
 
@@ -112,16 +145,16 @@ int Run() {
     if (a.ok()) (void)plain_client->Free(a->allocations(0).id());
   }
   for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
-    bool ok = Time(floor, n, [&] { return c.GetSession().ok(); }) &&
-              Time(pair, n, [&] {
+    bool ok = Time(floor, daemon.pid(), n, [&] { return c.GetSession().ok(); }) &&
+              Time(pair, daemon.pid(), n, [&] {
                 auto a = c.AllocateRaw(req);
                 return a.ok() && c.Free(a->allocations(0).id()).ok();
               }) &&
-              Time(buffer, n, [&] {
+              Time(buffer, daemon.pid(), n, [&] {
                 auto b = c.Allocate(absl::GetFlag(FLAGS_size), on0);
                 return b.ok() && b->Free().ok();
               }) &&
-              (!compare || Time(unledgered, n, [&] {
+              (!compare || Time(unledgered, plain.pid(), n, [&] {
                  auto a = plain_client->AllocateRaw(req);
                  return a.ok() && plain_client->Free(a->allocations(0).id()).ok();
                }));
@@ -142,25 +175,30 @@ int Run() {
            static_cast<unsigned long>(absl::GetFlag(FLAGS_size)), floor.us.size());
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      printf("  {\"op\": \"%s\", \"p50_us\": %.2f, \"p99_us\": %.2f, \"ops_per_s\": %.0f, "
-             "\"ratio_to_floor\": %.2f}%s\n",
-             r.name.c_str(), r.p50_us, r.p99_us, 1e6 / r.p50_us, r.p50_us / base,
-             i + 1 < rows.size() ? "," : "");
+      printf("  {\"op\": \"%s\", \"p50_us\": %.2f, \"p99_us\": %.2f, \"p999_us\": %.2f, "
+             "\"daemon_cpu_us\": %.2f, \"ops_per_s\": %.0f, \"ratio_to_floor\": %.2f}%s\n",
+             r.name.c_str(), r.p50_us, r.p99_us, r.p999_us, r.cpu_us, 1e6 / r.p50_us,
+             r.p50_us / base, i + 1 < rows.size() ? "," : "");
     }
     if (compare) {
-      printf("], \"ledger_on_over_off_p50\": %.3f}\n", rows[1].p50_us / rows[3].p50_us);
+      printf("], \"ledger_on_over_off_p50\": %.3f, \"ledger_on_over_off_p999\": %.3f, "
+             "\"ledger_on_over_off_cpu\": %.3f}\n",
+             rows[1].p50_us / rows[3].p50_us, rows[1].p999_us / rows[3].p999_us,
+             rows[3].cpu_us > 0 ? rows[1].cpu_us / rows[3].cpu_us : 0.0);
     } else {
       printf("]}\n");
     }
   } else {
-    printf("%-28s %9s %9s %10s %8s\n", "operation (1 client)", "p50 us", "p99 us", "ops/s",
-           "x floor");
+    printf("%-28s %9s %9s %9s %8s %10s %8s\n", "operation (1 client)", "p50 us", "p99 us",
+           "p999 us", "cpu us", "ops/s", "x floor");
     for (const Row& r : rows) {
-      printf("%-28s %9.1f %9.1f %10.0f %8.2f\n", r.name.c_str(), r.p50_us, r.p99_us,
-             1e6 / r.p50_us, r.p50_us / base);
+      printf("%-28s %9.1f %9.1f %9.1f %8.1f %10.0f %8.2f\n", r.name.c_str(), r.p50_us,
+             r.p99_us, r.p999_us, r.cpu_us, 1e6 / r.p50_us, r.p50_us / base);
     }
     if (compare) {
-      printf("ledger on / off, Allocate+Free p50: %.3f\n", rows[1].p50_us / rows[3].p50_us);
+      printf("ledger on / off, Allocate+Free: p50 %.3f, p999 %.3f, daemon cpu %.3f\n",
+             rows[1].p50_us / rows[3].p50_us, rows[1].p999_us / rows[3].p999_us,
+             rows[3].cpu_us > 0 ? rows[1].cpu_us / rows[3].cpu_us : 0.0);
     }
     printf("(%zu samples per row, %s blocks, interleaved in %d rounds)\n", floor.us.size(),
            absl::StrFormat("%lu B", absl::GetFlag(FLAGS_size)).c_str(),
