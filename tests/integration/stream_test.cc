@@ -22,6 +22,7 @@
 #include "client/stream_transport.h"
 #include "gtest/gtest.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
+#include "tests/common/poll_until.h"
 #include "tests/integration/daemon_client_test.h"
 #include "tests/integration/daemon_fixture.h"
 
@@ -34,6 +35,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using testing::ChildProcess;
 using testing::DaemonClientTest;
+using testing::PollUntil;
 
 class StreamTest : public DaemonClientTest {
  protected:
@@ -244,7 +246,12 @@ TEST_F(StreamTest, WaitingRequestsAreRefusedOnTheStreamAndServedUnary) {
   v1::AllocateRequest wait = all;
   wait.set_wait_ms(20000);
   std::thread freer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Only once the daemon holds it waiting (a free before would test no
+    // waiting at all).
+    EXPECT_TRUE(PollUntil([&] {
+      auto stats = client_->GetStats();
+      return stats.ok() && stats->counters().waiting_requests() == 1;
+    })) << "the request never waited";
     EXPECT_TRUE(client_->Free(first->allocations(0).id()).ok());
   });
   auto waited = client_->AllocateRaw(wait);
