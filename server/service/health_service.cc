@@ -115,8 +115,9 @@ void HealthService::Changed::OnEvent(bool ok) {
 void HealthService::SetNotServing() {
   if (!serving_.exchange(false, std::memory_order_relaxed)) return;  // once
   if (queue_ != nullptr) {
-    changed_alarm_.Set(queue_->cq.get(), std::chrono::system_clock::now(),
-                       static_cast<CqEvent*>(&changed_));
+    changed_alarm_ = std::make_unique<grpc::Alarm>();
+    changed_alarm_->Set(queue_->cq.get(), std::chrono::system_clock::now(),
+                        static_cast<CqEvent*>(&changed_));
   }
 }
 

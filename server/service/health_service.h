@@ -22,6 +22,7 @@
 #define GPUMEMD_SERVER_SERVICE_HEALTH_SERVICE_H_
 
 #include <atomic>
+#include <memory>
 #include <set>
 #include <string>
 
@@ -68,7 +69,9 @@ class HealthService final
 
   std::atomic<bool> serving_{true};
   EventQueue* queue_ = nullptr;  // set by Start, before any call
-  grpc::Alarm changed_alarm_;    // set once, by the first SetNotServing
+  // Made and set once, by the first SetNotServing (not before: a gRPC
+  // alarm that merely exists changes how gRPC's timer threads come and go).
+  std::unique_ptr<grpc::Alarm> changed_alarm_;
   Changed changed_{this};
   // Watches accepted and not yet deleted: the queue's thread only.
   std::set<WatchCall*> open_;
