@@ -288,8 +288,20 @@ TEST_F(StreamTest, ClientThatStopsReadingIsThrottledAlone) {
   auto abuser = Abuser("stop_reading");
   ASSERT_EQ(abuser->ReadLine(30000), "stalled");
   // The daemon stopped taking its requests: far fewer than it sent
-  // (1,000,000) were carried out, and the count no longer grows.
-  const uint64_t held = AllocationsOf(abuser->pid());
+  // (1,000,000) were carried out, and the count no longer grows. "stalled"
+  // is the abuser's view (its writes stopped getting through); the daemon
+  // may still be working through what it had read (seconds, under TSan):
+  // wait for the count to hold still for a second (no daemon-side figure
+  // says the stream is throttled), then check it stays so.
+  uint64_t held = AllocationsOf(abuser->pid());
+  int still = 0;
+  EXPECT_TRUE(PollUntil([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const uint64_t now = AllocationsOf(abuser->pid());
+    still = now == held ? still + 1 : 0;
+    held = now;
+    return still >= 5 || held >= 100000;
+  })) << "the abuser's allocations still grow after 60 s: " << held;
   EXPECT_LT(held, 100000u);
   ExpectOthersServed(baseline);
   EXPECT_EQ(AllocationsOf(abuser->pid()), held);
