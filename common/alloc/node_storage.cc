@@ -63,9 +63,7 @@ uint32_t NodeStorage::Prepare(uint32_t n) {
       ++own_.grows;
     }
     to = std::min(to, usable);
-    own_.pages_populated += PopulateSlots(static_cast<char*>(nodes_),
-                                          static_cast<char*>(flags_), from, to);
-    ++own_.populate_batches;
+    PopulateSlots(static_cast<char*>(nodes_), static_cast<char*>(flags_), from, to);
     RaisePopulated(to);
     return to;
   }
@@ -118,13 +116,23 @@ bool NodeStorage::GrowLocked(uint64_t slots) {
   return remap;
 }
 
-uint64_t NodeStorage::PopulateSlots(char* node_base, char* flag_base, uint32_t from,
-                                    uint32_t to) const {
-  if (from >= to) return 0;
-  return MappedBuffer::PopulateRange(node_base + uint64_t{from} * node_bytes_,
-                                     uint64_t{to - from} * node_bytes_) +
-         MappedBuffer::PopulateRange(flag_base + uint64_t{from} * flag_bytes_,
-                                     uint64_t{to - from} * flag_bytes_);
+void NodeStorage::PopulateSlots(char* node_base, char* flag_base, uint32_t from,
+                                uint32_t to) {
+  if (from >= to) return;
+  const uint64_t pages =
+      MappedBuffer::PopulateRange(node_base + uint64_t{from} * node_bytes_,
+                                  uint64_t{to - from} * node_bytes_) +
+      MappedBuffer::PopulateRange(flag_base + uint64_t{from} * flag_bytes_,
+                                  uint64_t{to - from} * flag_bytes_);
+  // Counted by the thread that faulted the pages in, whichever path it
+  // came by: the owner's counts are the owner's alone.
+  if (PagePopulator::OnWorkerThread()) {
+    background_pages_.fetch_add(pages, std::memory_order_relaxed);
+    background_batches_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    own_.pages_populated += pages;
+    ++own_.populate_batches;
+  }
 }
 
 void NodeStorage::RaisePopulated(uint32_t to) {
@@ -154,9 +162,7 @@ void NodeStorage::Background(uint32_t target) {
   const uint32_t step = static_cast<uint32_t>(kBatchBytes / node_bytes_);
   for (uint32_t at = from; at < target;) {
     const uint32_t to = std::min<uint64_t>(target, uint64_t{at} + step);
-    background_pages_.fetch_add(PopulateSlots(node_base, flag_base, at, to),
-                                std::memory_order_relaxed);
-    background_batches_.fetch_add(1, std::memory_order_relaxed);
+    PopulateSlots(node_base, flag_base, at, to);
     RaisePopulated(to);
     at = to;
   }

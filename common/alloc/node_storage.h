@@ -81,7 +81,8 @@ class NodeStorage : public std::enable_shared_from_this<NodeStorage> {
   void* flags() const { return flags_; }
 
   // What the owner's thread did itself in Prepare (allocator_bench blames a
-  // slow call on these), and what the populator did.
+  // slow call on these), and what the populator did. Faulting-in is counted
+  // by the thread that did it, whichever code path it took.
   struct Counts {
     uint64_t grows = 0;            // arrays made larger by the owner's thread
     uint64_t remaps = 0;           // of those, past the reservation (mremap)
@@ -114,9 +115,9 @@ class NodeStorage : public std::enable_shared_from_this<NodeStorage> {
   // mremap after waiting out the populator). True if it remapped.
   bool GrowLocked(uint64_t slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Faults in the pages of slots [from, to) of the arrays at `node_base`
-  // and `flag_base`; returns pages.
-  uint64_t PopulateSlots(char* node_base, char* flag_base, uint32_t from,
-                         uint32_t to) const;
+  // and `flag_base`, counting them for the thread that runs it: the
+  // populator's (PagePopulator::OnWorkerThread) or else the owner's.
+  void PopulateSlots(char* node_base, char* flag_base, uint32_t from, uint32_t to);
   // populated_ = max(populated_, to), from either thread.
   void RaisePopulated(uint32_t to);
   // The populator's task: bring usable and populated slots up to `target`.

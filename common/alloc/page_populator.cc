@@ -6,6 +6,11 @@
 #include <utility>
 
 namespace gpumem {
+namespace {
+thread_local bool on_worker_thread = false;
+}  // namespace
+
+bool PagePopulator::OnWorkerThread() { return on_worker_thread; }
 
 PagePopulator* PagePopulator::Shared() {
   static PagePopulator* const shared = new PagePopulator();
@@ -27,6 +32,7 @@ uint64_t PagePopulator::tasks_done() const {
 }
 
 void PagePopulator::Run() {
+  on_worker_thread = true;
   for (;;) {
     Task task;
     {

@@ -47,6 +47,11 @@ class PagePopulator {
   // Tasks finished so far (tests wait on it).
   uint64_t tasks_done() const;
 
+  // True on the thread of a PagePopulator (any instance's): work done here
+  // is the populator's, not its poster's (NodeStorage counts faulting-in by
+  // the thread that did it).
+  static bool OnWorkerThread();
+
  private:
   void Run();
 

@@ -11,17 +11,22 @@
 //  - Check: SERVING for "" (the whole daemon) and "gpumem.v1.GpuMemory"
 //    while serving, NOT_SERVING once SetNotServing() was called, NOT_FOUND
 //    for any other service name.
-//  - Watch: the same status once (SERVICE_UNKNOWN for other names, as the
-//    protocol says), then the stream stays open until the client leaves or
-//    the daemon stops. Served asynchronously from a completion queue the
-//    daemon already drains (StreamService's), so open watches hold no
-//    thread each and the health service adds no thread at all.
+//  - Watch: the same status at once (SERVICE_UNKNOWN for other names, as
+//    the protocol says), then again whenever it changes (NOT_SERVING once
+//    SetNotServing() was called: a drain has begun); the stream stays open
+//    until the client leaves or the daemon stops. Served asynchronously
+//    from a completion queue the daemon already drains (StreamService's),
+//    so open watches hold no thread each and the health service adds no
+//    thread at all; a change reaches them through an alarm on that queue.
 #ifndef GPUMEMD_SERVER_SERVICE_HEALTH_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_HEALTH_SERVICE_H_
 
 #include <atomic>
+#include <memory>
+#include <set>
 #include <string>
 
+#include <grpcpp/alarm.h>
 #include <grpcpp/server_builder.h>
 
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -43,8 +48,9 @@ class HealthService final
   // hands each tag to CqEvent::OnEvent (cq_event.h) and which is drained
   // after grpc::Server::Shutdown().
   void Start(EventQueue* queue);
-  // Check answers NOT_SERVING from now on (the daemon is stopping).
-  void SetNotServing() { serving_.store(false, std::memory_order_relaxed); }
+  // Check answers NOT_SERVING from now on (the daemon is stopping), and
+  // open watches are sent it. Before the queue is shut down.
+  void SetNotServing();
 
   class WatchCall;  // health_service.cc
 
@@ -53,7 +59,22 @@ class HealthService final
       const std::string& service) const;
 
  private:
+  // The alarm's event: on the queue's thread, every open watch sends its
+  // status if it changed.
+  struct Changed final : CqEvent {
+    explicit Changed(HealthService* s) : service(s) {}
+    void OnEvent(bool ok) override;
+    HealthService* const service;
+  };
+
   std::atomic<bool> serving_{true};
+  EventQueue* queue_ = nullptr;  // set by Start, before any call
+  // Made and set once, by the first SetNotServing (not before: a gRPC
+  // alarm that merely exists changes how gRPC's timer threads come and go).
+  std::unique_ptr<grpc::Alarm> changed_alarm_;
+  Changed changed_{this};
+  // Watches accepted and not yet deleted: the queue's thread only.
+  std::set<WatchCall*> open_;
 };
 
 }  // namespace gpumem

@@ -4,9 +4,11 @@
 #include "common/alloc/offset_allocator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -460,10 +462,22 @@ TEST(OffsetAllocatorStorage, PopulatorFaultsNodePagesInAhead) {
   const std::vector<Block> blocks = FillWith256Aligned(&a, 200000);
   ExpectValid(a);
   const OffsetAllocator::ColdPathCounts c = a.cold_path_counts();
+  // Faulting-in is counted by the thread that did it: none by this one.
   EXPECT_EQ(c.storage.populate_batches, 0u);
+  EXPECT_EQ(c.storage.pages_populated, 0u);
   EXPECT_EQ(c.storage.remaps, 0u);
   EXPECT_GT(c.storage.requests, 0u);
   EXPECT_LT(c.storage.requests, 100u);
+  // ... and the populator's thread did: at least half the node pages of
+  // the ~200,000 slots (it may still be working on the rest).
+  const uint64_t want_pages = 200000 * 32 / 4096 / 2;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (a.cold_path_counts().storage.background_pages < want_pages &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GE(a.cold_path_counts().storage.background_pages, want_pages)
+      << "the populator did not fault node pages in within 60 s";
   for (size_t i = 0; i < blocks.size(); i += 2) a.Free(blocks[i]);
   ExpectValid(a);
   for (size_t i = 1; i < blocks.size(); i += 2) a.Free(blocks[i]);

@@ -68,6 +68,9 @@ class FaultyBackend : public Backend {
     inner_->RefreshNewSlabRoom(device);
   }
   int creates() const { return creates_.load(); }
+  // Slow creations (SlowCreate) begun, and finished sleeping.
+  int slow_creates_begun() const { return slow_begun_.load(); }
+  int slow_creates_slept() const { return slow_slept_.load(); }
   int exports() const { return exports_.load(); }
 
   const char* name() const override { return inner_->name(); }
@@ -90,7 +93,11 @@ class FaultyBackend : public Backend {
       if (create_countdown_ > 0 && --create_countdown_ == 0) return create_error_;
       if (device == slow_device_) delay = slow_delay_;
     }
-    if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
+    if (delay > absl::ZeroDuration()) {
+      slow_begun_.fetch_add(1);
+      absl::SleepFor(delay);
+      slow_slept_.fetch_add(1);
+    }
     {
       absl::MutexLock lock(&mu_);
       if (device_free_ != UINT64_MAX) {
@@ -148,6 +155,7 @@ class FaultyBackend : public Backend {
   uint32_t slow_device_ = UINT32_MAX;
   absl::Duration slow_delay_;
   std::atomic<int> creates_{0};
+  std::atomic<int> slow_begun_{0}, slow_slept_{0};
   std::atomic<int> exports_{0};
   std::atomic<int> refreshes_{0};
   uint64_t device_free_ = UINT64_MAX;  // UINT64_MAX: as the inner backend

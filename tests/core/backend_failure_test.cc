@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "server/backend/sim_backend.h"
 #include "server/core/memory_broker.h"
+#include "tests/common/poll_until.h"
 #include "tests/core/stats_of.h"
 #include "tests/backend/faulty_backend.h"
 
@@ -135,10 +136,12 @@ TEST_F(BackendFailureTest, AFailedExportRecordsNoHolder) {
   f.set_id(a->allocations(0).id());
   ASSERT_TRUE(broker_->Free(self_, f).ok());
   // The empty slab is released after 50 ms and nobody holds it.
-  absl::SleepFor(absl::Milliseconds(300));
-  v1::GetStatsResponse s = StatsOf(*broker_, root_);
+  v1::GetStatsResponse s;
+  ASSERT_TRUE(testing::PollUntil([&] {
+    s = StatsOf(*broker_, root_);
+    return s.devices(3).pooled_bytes() == 0;
+  })) << "the empty slab was not released: " << s.devices(3).ShortDebugString();
   EXPECT_EQ(s.devices(3).retained_bytes(), 0u);
-  EXPECT_EQ(s.devices(3).pooled_bytes(), 0u);
 }
 
 TEST_F(BackendFailureTest, ASlowDeviceDoesNotHoldUpTheOthers) {
@@ -149,7 +152,8 @@ TEST_F(BackendFailureTest, ASlowDeviceDoesNotHoldUpTheOthers) {
     EXPECT_TRUE(r.ok()) << r.status();
     slow_done = true;
   });
-  absl::SleepFor(absl::Milliseconds(100));  // the slow creation is under way
+  ASSERT_TRUE(testing::PollUntil([&] { return backend_.slow_creates_begun() == 1; }))
+      << "the slow creation never began";
   // 7 threads allocate and free on devices 0..2 meanwhile; the first pair of
   // each creates a slab (fast), the rest reuse it.
   std::atomic<int64_t> worst_us{0};
@@ -181,15 +185,17 @@ TEST_F(BackendFailureTest, ASlowDeviceDoesNotHoldUpTheOthers) {
   EXPECT_EQ(pairs.load(), 350);
   EXPECT_TRUE(finished_before_slow)
       << "the other devices' 350 pairs waited for the slow slab creation";
-  // A pair never waited anywhere near the 2 s creation.
+  // A pair never waited anywhere near the 2 s creation (1 s: the margin
+  // for a sanitizer build on a loaded 2-core machine).
   EXPECT_LT(worst_us.load(), 1000 * 1000) << worst_us.load() << " us";
-  // GetStats does not wait for it either (checked while another is slow).
-  backend_.SlowCreate(2, absl::Seconds(1));
+  // GetStats does not wait for it either: it returns while another slow
+  // creation is still asleep.
+  backend_.SlowCreate(2, absl::Seconds(3));
   std::thread slow2([&] { EXPECT_TRUE(broker_->AllocateAndWait(self_, On(2, 32 * kMiB)).ok()); });
-  absl::SleepFor(absl::Milliseconds(100));
-  const absl::Time start = absl::Now();
+  ASSERT_TRUE(testing::PollUntil([&] { return backend_.slow_creates_begun() == 2; }))
+      << "the second slow creation never began";
   StatsOf(*broker_, root_, true);
-  EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));
+  EXPECT_EQ(backend_.slow_creates_slept(), 1) << "GetStats waited for the slow creation";
   slow2.join();
 }
 

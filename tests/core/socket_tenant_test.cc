@@ -30,6 +30,7 @@
 #include "server/core/memory_broker.h"
 #include "server/quota/quota_book.h"
 #include "server/tenants/tenant_directory.h"
+#include "tests/common/poll_until.h"
 #include "tests/core/stats_of.h"
 
 namespace gpumem {
@@ -327,6 +328,11 @@ TEST_F(SocketTenantTest, EndTenantRefusesWhileItHoldsMemoryOrEndsItsSessions) {
 TEST_F(SocketTenantTest, EndTenantWhileItsCallersKeepAllocating) {
   std::atomic<bool> stop{false};
   std::atomic<int> served{0};
+  // 0: before EndTenant, every request is served; 1: while it runs, a
+  // request may be refused (its session ended, or its tenant gone); 2:
+  // after it, every request is refused, naming the removed tenant.
+  std::atomic<int> phase{0};
+  std::atomic<int> refused_after{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] {
@@ -335,8 +341,24 @@ TEST_F(SocketTenantTest, EndTenantWhileItsCallersKeepAllocating) {
       const PeerCred c = Cred(i, 0, a_);
       std::vector<uint64_t> kept;
       while (!stop.load()) {
+        const int began = phase.load();
         absl::StatusOr<v1::AllocateResponse> r = broker_->AllocateAndWait(c, Request(kMiB));
-        if (!r.ok()) continue;
+        if (!r.ok()) {
+          const absl::StatusCode code = r.status().code();
+          if (began == 2) {
+            EXPECT_EQ(code, absl::StatusCode::kPermissionDenied) << r.status();
+            ++refused_after;
+          } else if (phase.load() == 0) {
+            ADD_FAILURE() << "refused before EndTenant: " << r.status();
+            return;
+          } else {
+            EXPECT_TRUE(code == absl::StatusCode::kPermissionDenied ||
+                        code == absl::StatusCode::kFailedPrecondition)
+                << r.status();
+          }
+          continue;
+        }
+        EXPECT_NE(began, 2) << "served after EndTenant returned";
         ++served;
         kept.push_back(r->allocations(0).id());
         if (kept.size() > (i % 2 == 0 ? 0u : 2u)) {
@@ -349,10 +371,14 @@ TEST_F(SocketTenantTest, EndTenantWhileItsCallersKeepAllocating) {
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (served.load() < 50 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
   EXPECT_GE(served.load(), 50);
+  phase.store(1);
   absl::StatusOr<MemoryBroker::TenantEnded> ended =
       broker_->EndTenant(a_, "claim-a", /*end_sessions=*/true, [&] { Remove(a_); });
+  phase.store(2);
   ASSERT_TRUE(ended.ok()) << ended.status();
-  absl::SleepFor(absl::Milliseconds(50));  // callers keep trying, refused now
+  // The callers keep trying and are refused now (each thread a few times).
+  EXPECT_TRUE(testing::PollUntil([&] { return refused_after.load() >= 20; }))
+      << refused_after.load() << " refusals after EndTenant";
   stop.store(true);
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(broker_->live_allocations(), 0u) << "an allocation of the ended tenant survived";

@@ -1,8 +1,12 @@
 // The daemon's own grpc.health.v1.Health (server/service/health_service.h):
 // Check answers SERVING for "" and gpumem.v1.GpuMemory and NOT_FOUND for
-// other names; Watch sends the status and keeps the stream open; watches
-// that stay open do not stop the daemon from shutting down cleanly (the
-// fixture's TearDown expects exit status 0).
+// other names; Watch sends the status, keeps the stream open and sends the
+// change to NOT_SERVING when a drain begins; watches that stay open do not
+// stop the daemon from shutting down cleanly (exit status 0).
+#include <signal.h>
+
+#include <chrono>
+
 #include <grpcpp/grpcpp.h>
 
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -18,7 +22,8 @@ using grpc::health::v1::HealthCheckResponse;
 
 class HealthTest : public testing::DaemonClientTest {
  protected:
-  HealthTest() : DaemonClientTest({"--sim_devices=1x1GiB"}) {}
+  // A drain waits up to 60 s for live allocations (none in most tests).
+  HealthTest() : DaemonClientTest({"--sim_devices=1x1GiB", "--drain_seconds=60"}) {}
 
   std::unique_ptr<Health::Stub> Stub() {
     return Health::NewStub(grpc::CreateChannel("unix:" + daemon_->socket(),
@@ -46,9 +51,11 @@ TEST_F(HealthTest, CheckKnowsTheDaemonsServices) {
   EXPECT_NE(s.error_message().find("no.such.Service"), std::string::npos);
 }
 
-TEST_F(HealthTest, WatchSendsTheStatusAndStaysOpen) {
+TEST_F(HealthTest, WatchSendsTheStatusStaysOpenAndSendsTheChange) {
   auto stub = Stub();
   grpc::ClientContext ctx;
+  // A bound on a hang (a change never sent), far beyond the test's length.
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   HealthCheckRequest req;
   auto reader = stub->Watch(&ctx, req);
   HealthCheckResponse resp;
@@ -63,10 +70,26 @@ TEST_F(HealthTest, WatchSendsTheStatusAndStaysOpen) {
 
   // The daemon still answers while the watches are open.
   EXPECT_TRUE(client_->GetSession().ok());
-  ctx.TryCancel();
+  // A live allocation holds the drain open; SIGTERM begins it. The open
+  // watch (the same stream: a server that ended it early fails here) is
+  // sent NOT_SERVING.
+  auto held = client_->Allocate(1 << 20);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_EQ(kill(daemon_->pid(), SIGTERM), 0);
+  ASSERT_TRUE(reader->Read(&resp)) << "the watch ended instead of sending the change";
+  EXPECT_EQ(resp.status(), HealthCheckResponse::NOT_SERVING);
+  // Check agrees, while the daemon drains.
+  grpc::ClientContext check_ctx;
+  HealthCheckRequest whole;
+  HealthCheckResponse now;
+  ASSERT_TRUE(stub->Check(&check_ctx, whole, &now).ok());
+  EXPECT_EQ(now.status(), HealthCheckResponse::NOT_SERVING);
+
+  // A second SIGTERM ends the drain; the daemon stops and ends the streams.
+  EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
   EXPECT_FALSE(reader->Read(&resp));
-  unknown_ctx.TryCancel();
-  EXPECT_FALSE(unknown->Read(&resp));
+  EXPECT_FALSE(unknown->Read(&resp));  // unknown's status never changed
+  daemon_.reset();
 }
 
 TEST_F(HealthTest, OpenWatchDoesNotHoldUpShutdown) {
@@ -76,7 +99,14 @@ TEST_F(HealthTest, OpenWatchDoesNotHoldUpShutdown) {
   HealthCheckResponse resp;
   ASSERT_TRUE(reader->Read(&resp));
   EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
-  EXPECT_FALSE(reader->Read(&resp));  // the daemon ended the stream
+  // The daemon ended the stream, perhaps after sending the change (its
+  // drain, with nothing live, is over at once).
+  int changes = 0;
+  while (reader->Read(&resp)) {
+    EXPECT_EQ(resp.status(), HealthCheckResponse::NOT_SERVING);
+    ++changes;
+  }
+  EXPECT_LE(changes, 1);
   daemon_.reset();
 }
 

@@ -6,7 +6,8 @@
 //  - export tracking: a released slab whose handle a live process holds is
 //    counted as retained, not offered to placement, and comes back within a
 //    second of that process being killed;
-//  - a client that unmaps (the library sends a close) leaves nothing retained;
+//  - a client that unmaps (the library sends a close) leaves nothing retained,
+//    while it still lives;
 //  - what GetStats shows an unprivileged caller, and an admin-group member;
 //  - 32 threads of one fresh process make exactly one session.
 #include <signal.h>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
+#include "tests/common/poll_until.h"
 #include "tests/integration/daemon_client_test.h"
 #include "tests/integration/daemon_fixture.h"
 
@@ -30,6 +32,7 @@ namespace {
 
 using testing::ChildProcess;
 using testing::DaemonClientTest;
+using testing::PollUntil;
 using testing::RunfilePath;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
@@ -190,19 +193,38 @@ TEST_F(IsolationTest, HeldSlabIsRetainedNotOfferedAndReturnsWhenTheHolderDies) {
 }
 
 TEST_F(IsolationTest, AClientThatUnmapsLeavesNothingRetained) {
-  // The library unmaps on Free and tells the daemon it closed the slab.
-  ChildProcess c(Client({"--size=1048576", "--count=2", "--devices=0", "--then=free"}),
+  // The library unmaps on Free and tells the daemon it closed the slab. The
+  // client lives on (its session open), so only that close can explain a
+  // released slab that is not retained for it.
+  ChildProcess c(Client({"--size=1048576", "--count=2", "--devices=0",
+                         "--then=free_hold"}),
                  kUidA);
   for (int i = 0; i < 2; ++i) EXPECT_EQ(c.ReadLine(kLineMs).rfind("alloc ", 0), 0u);
-  EXPECT_EQ(c.ReadLine(kLineMs), "ready");
-  EXPECT_EQ(c.ReadLine(kLineMs), "freed");
-  // Wait past the idle release while the process is still alive? It has
-  // exited after freeing; either way nothing may stay retained.
-  EXPECT_EQ(c.Wait(), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  v1::DeviceStats d = Device0();
-  EXPECT_EQ(d.retained_bytes(), 0u);
+  ASSERT_EQ(c.ReadLine(kLineMs), "ready");
+  ASSERT_EQ(c.ReadLine(kLineMs), "freed");
+  // The empty slab is released after 0.2 s (checked each second): wait for
+  // that, then look.
+  v1::DeviceStats d;
+  ASSERT_TRUE(PollUntil([&] {
+    d = Device0();
+    return d.pooled_bytes() == 0;
+  })) << "the empty slab was not released within 60 s: " << d.ShortDebugString();
+  EXPECT_EQ(d.retained_bytes(), 0u) << "the slab stays retained for a client that closed it";
   EXPECT_EQ(d.used_bytes(), 0u);
+  EXPECT_EQ(d.free_bytes(), d.total_bytes());
+  // ... and the client was alive throughout, its session open.
+  ASSERT_EQ(kill(c.pid(), 0), 0);
+  auto stats = client_->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  bool session_open = false;
+  for (const auto& s : stats->sessions()) {
+    if (s.pid() == c.pid()) {
+      session_open = true;
+      EXPECT_EQ(s.retained_bytes(), 0u);
+    }
+  }
+  EXPECT_TRUE(session_open) << "the client's session ended before the check";
+  c.Kill(SIGKILL);
 }
 
 TEST_F(IsolationTest, UnprivilegedCallersSeeDevicesAndOnlyTheirOwnSessions) {

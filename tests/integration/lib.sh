@@ -30,6 +30,18 @@ stop_daemon() {
   rm -rf "$WORKDIR"
 }
 
+# eventually SECONDS COMMAND...: reruns COMMAND every 50 ms until it
+# succeeds (returns 0) or SECONDS have passed (returns 1): for a result the
+# daemon produces asynchronously (a session's end, a release). The caller
+# fails loudly on 1; SECONDS bound a hang, generous for sanitizer builds.
+eventually() {
+  local end=$((SECONDS + $1)); shift
+  until "$@"; do
+    [ "$SECONDS" -lt "$end" ] || return 1
+    sleep 0.05
+  done
+}
+
 # json_ok FILE PYTHON-EXPRESSION: evaluates the expression with `j` bound to
 # the parsed JSON; returns 0 if it is true, 1 if not (does not fail the test).
 json_ok() {

@@ -22,6 +22,7 @@
 #include "client/stream_transport.h"
 #include "gtest/gtest.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
+#include "tests/common/poll_until.h"
 #include "tests/integration/daemon_client_test.h"
 #include "tests/integration/daemon_fixture.h"
 
@@ -34,6 +35,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using testing::ChildProcess;
 using testing::DaemonClientTest;
+using testing::PollUntil;
 
 class StreamTest : public DaemonClientTest {
  protected:
@@ -244,7 +246,12 @@ TEST_F(StreamTest, WaitingRequestsAreRefusedOnTheStreamAndServedUnary) {
   v1::AllocateRequest wait = all;
   wait.set_wait_ms(20000);
   std::thread freer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Only once the daemon holds it waiting (a free before would test no
+    // waiting at all).
+    EXPECT_TRUE(PollUntil([&] {
+      auto stats = client_->GetStats();
+      return stats.ok() && stats->counters().waiting_requests() == 1;
+    })) << "the request never waited";
     EXPECT_TRUE(client_->Free(first->allocations(0).id()).ok());
   });
   auto waited = client_->AllocateRaw(wait);
@@ -281,8 +288,20 @@ TEST_F(StreamTest, ClientThatStopsReadingIsThrottledAlone) {
   auto abuser = Abuser("stop_reading");
   ASSERT_EQ(abuser->ReadLine(30000), "stalled");
   // The daemon stopped taking its requests: far fewer than it sent
-  // (1,000,000) were carried out, and the count no longer grows.
-  const uint64_t held = AllocationsOf(abuser->pid());
+  // (1,000,000) were carried out, and the count no longer grows. "stalled"
+  // is the abuser's view (its writes stopped getting through); the daemon
+  // may still be working through what it had read (seconds, under TSan):
+  // wait for the count to hold still for a second (no daemon-side figure
+  // says the stream is throttled), then check it stays so.
+  uint64_t held = AllocationsOf(abuser->pid());
+  int still = 0;
+  EXPECT_TRUE(PollUntil([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const uint64_t now = AllocationsOf(abuser->pid());
+    still = now == held ? still + 1 : 0;
+    held = now;
+    return still >= 5 || held >= 100000;
+  })) << "the abuser's allocations still grow after 60 s: " << held;
   EXPECT_LT(held, 100000u);
   ExpectOthersServed(baseline);
   EXPECT_EQ(AllocationsOf(abuser->pid()), held);

@@ -1,11 +1,12 @@
 // test_client: a real client process for the multi-process tests.
 //
 // Modes (one per run):
-//   --size=BYTES --count=N [--devices=0,1] --then=hold|exit|free
+//   --size=BYTES --count=N [--devices=0,1] --then=hold|exit|free|free_hold
 //       allocates N mapped buffers (round-robin over --devices), fills each
 //       with the byte (id & 0xff), prints "alloc ID DEVICE SLAB OFFSET SIZE"
 //       per buffer and "ready", then holds them until killed, exits without
-//       freeing (_exit), or frees them and prints "freed".
+//       freeing (_exit), or frees them and prints "freed" (free_hold: then
+//       lives on, holding nothing, until killed).
 //   --read_slab=ID --offset=O --expect=B
 //       fetches a slab's fd over the slab channel, maps it and prints
 //       "read ok" if the byte at O is B, else "read mismatch", or
@@ -57,7 +58,7 @@ ABSL_FLAG(std::string, socket, "", "daemon socket");
 ABSL_FLAG(uint64_t, size, 0, "bytes per buffer");
 ABSL_FLAG(int, count, 1, "buffers");
 ABSL_FLAG(std::string, devices, "", "comma-separated selectors, round-robin");
-ABSL_FLAG(std::string, then, "hold", "hold | exit | free | check");
+ABSL_FLAG(std::string, then, "hold", "hold | exit | free | free_hold | check");
 ABSL_FLAG(std::string, check_file, "",
           "--then=check: once this file exists, check every buffer's bytes, then free them");
 ABSL_FLAG(uint64_t, read_slab, 0, "slab to map and read");
@@ -299,13 +300,15 @@ int Main() {
   fflush(stdout);
   const std::string then = absl::GetFlag(FLAGS_then);
   if (then == "exit") _exit(0);  // no destructors: the daemon must reclaim
-  if (then == "free") {
+  if (then == "free" || then == "free_hold") {
     for (Buffer& b : buffers) {
       if (!b.Free().ok()) return 1;
     }
+    buffers.clear();
     printf("freed\n");
     fflush(stdout);
-    return 0;
+    if (then == "free") return 0;
+    for (;;) pause();  // the session lives on; its slabs were closed
   }
   if (then == "check") {
     // (A daemon restart may come meanwhile: the library carries the

@@ -4,7 +4,13 @@
 //   "sent N"          all requests are on their way
 //   "alloc ID"        one was served (the block is kept until the process ends)
 //   "error CODE MSG"  one was refused
-// Then it sleeps until it is killed.
+// Then it sleeps until it is killed. With --keeper it first forks a child
+// that holds the process's connections open and prints "keeper PID": when
+// this process is killed its calls are not cancelled (the sockets live on
+// in the child), so only the daemon's session end can drop its waiters.
+// The keeper lives until it is killed (at most 10 minutes).
+#include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -21,6 +27,7 @@ ABSL_FLAG(std::string, socket, "", "daemon socket");
 ABSL_FLAG(int, requests, 10, "requests sent at once");
 ABSL_FLAG(uint64_t, size, 1 << 20, "bytes each");
 ABSL_FLAG(uint32_t, wait_ms, 60000, "AllocateRequest.wait_ms");
+ABSL_FLAG(bool, keeper, false, "fork a child that keeps the connections open");
 
 namespace gpumem {
 namespace {
@@ -56,6 +63,17 @@ int Main() {
     });
   }
   Line("sent " + std::to_string(threads.size()));
+  if (absl::GetFlag(FLAGS_keeper)) {
+    // A raw clone, not fork(): no atfork handler runs (gRPC's would shut
+    // the child's copies of its sockets down).
+    const pid_t keeper = static_cast<pid_t>(syscall(SYS_clone, SIGCHLD, nullptr, nullptr,
+                                                    nullptr, nullptr));
+    if (keeper == 0) {
+      alarm(600);  // SIGALRM ends it should the test not
+      for (;;) pause();
+    }
+    Line("keeper " + std::to_string(keeper));
+  }
   for (auto& t : threads) t.join();
   for (;;) pause();
 }

@@ -7,10 +7,12 @@
 // other uids, so this test needs root (it is skipped otherwise) and no
 // sandbox.
 #include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -85,13 +87,14 @@ class WaitingTest : public ::testing::Test {
     if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
   }
 
-  ChildProcess* Waiters(uid_t uid, int requests, uint64_t size, uint32_t wait_ms = 60000) {
-    clients_.push_back(std::make_unique<ChildProcess>(
-        std::vector<std::string>{binary_, "--socket=" + daemon_->socket(),
-                                 "--requests=" + std::to_string(requests),
-                                 "--size=" + std::to_string(size),
-                                 "--wait_ms=" + std::to_string(wait_ms)},
-        uid));
+  ChildProcess* Waiters(uid_t uid, int requests, uint64_t size, uint32_t wait_ms = 60000,
+                        bool keeper = false) {
+    std::vector<std::string> argv = {binary_, "--socket=" + daemon_->socket(),
+                                     "--requests=" + std::to_string(requests),
+                                     "--size=" + std::to_string(size),
+                                     "--wait_ms=" + std::to_string(wait_ms)};
+    if (keeper) argv.push_back("--keeper");
+    clients_.push_back(std::make_unique<ChildProcess>(argv, uid));
     return clients_.back().get();
   }
 
@@ -214,8 +217,18 @@ TEST_F(WaitingTest, DeadAndAbandonedWaitersAreDroppedAtOnce) {
   r.set_size_bytes(48 * kMiB);
   absl::StatusOr<v1::AllocateResponse> held = client_->AllocateRaw(r);
   ASSERT_TRUE(held.ok()) << held.status();
-  ChildProcess* doomed = Waiters(kHigh, 1, 40 * kMiB);
+  // The doomed process's connections outlive it (a forked keeper holds
+  // them), so its call is not cancelled: only its session's end can drop
+  // its waiter.
+  ChildProcess* doomed = Waiters(kHigh, 1, 40 * kMiB, 60000, /*keeper=*/true);
   ASSERT_EQ(doomed->ReadLine(30000), "sent 1");
+  const std::string keeper_line = doomed->ReadLine(30000);
+  pid_t keeper = 0;
+  ASSERT_EQ(sscanf(keeper_line.c_str(), "keeper %d", &keeper), 1) << keeper_line;
+  struct KillKeeper {
+    pid_t pid;
+    ~KillKeeper() { kill(pid, SIGKILL); }
+  } kill_keeper{keeper};
   ASSERT_TRUE(WaitFor([&] { return Waiting() == 1; }));
   ChildProcess* next = Waiters(kLow, 1, 40 * kMiB);
   ASSERT_EQ(next->ReadLine(30000), "sent 1");
@@ -223,7 +236,11 @@ TEST_F(WaitingTest, DeadAndAbandonedWaitersAreDroppedAtOnce) {
   const auto killed = Clock::now();
   doomed->Kill(SIGKILL);
   doomed->Wait();
-  ASSERT_TRUE(WaitFor([&] { return Waiting() == 1; }, std::chrono::seconds(5)));
+  ASSERT_EQ(kill(keeper, 0), 0) << "the keeper died with the doomed process";
+  // At once: long before its wait_ms (60 s); 2 s is the margin for a
+  // sanitizer build on a loaded machine.
+  ASSERT_TRUE(WaitFor([&] { return Waiting() == 1; }, std::chrono::seconds(30)))
+      << Waiting() << " waiting 30 s after the waiting process was killed";
   EXPECT_LT(Clock::now() - killed, std::chrono::seconds(2));
 
   // A caller that gives up: its call's deadline passes long before wait_ms.
@@ -241,12 +258,19 @@ TEST_F(WaitingTest, DeadAndAbandonedWaitersAreDroppedAtOnce) {
   ASSERT_TRUE(WaitFor([&] { return Waiting() == 1; }, std::chrono::seconds(5)))
       << Waiting() << " waiting after the caller gave up";
 
-  // Room: the one that is left gets it, and nobody else took memory.
+  // Room: the one that is left gets it, and nobody else took memory: the
+  // 40 MiB in use are next's session's.
   ASSERT_TRUE(client_->Free(held->allocations(0).id()).ok());
   EXPECT_TRUE(absl::StartsWith(next->ReadLine(10000), "alloc "));
   v1::GetStatsResponse s = Stats();
   EXPECT_EQ(s.devices(0).used_bytes(), 40 * kMiB);
   EXPECT_EQ(s.counters().waiting_requests(), 0u);
+  uint64_t next_holds = 0;
+  for (const v1::SessionStats& session : s.sessions()) {
+    EXPECT_NE(session.pid(), doomed->pid()) << "the killed process still has a session";
+    if (session.pid() == next->pid()) next_holds = session.used_bytes();
+  }
+  EXPECT_EQ(next_holds, 40 * kMiB) << "the grant went to someone other than the live waiter";
 }
 
 }  // namespace

@@ -34,7 +34,12 @@ json_check "$WORKDIR/tenants.json" \
 "$CTL" --socket="$SOCK" alloc 1MiB >/dev/null
 "$CTL" --socket="$SOCK" ledger >"$WORKDIR/ledger.txt"
 grep -q "ALLOCATE .*tenant=shared" "$WORKDIR/ledger.txt" || { cat "$WORKDIR/ledger.txt"; fail "no ALLOCATE line"; }
-grep -q "SESSION_END .*tenant=shared" "$WORKDIR/ledger.txt" || fail "no SESSION_END line"
+# The session ends when the daemon sees gpumemctl gone, asynchronously.
+session_end_logged() {
+  "$CTL" --socket="$SOCK" ledger >"$WORKDIR/ledger.txt" &&
+    grep -q "SESSION_END .*tenant=shared" "$WORKDIR/ledger.txt"
+}
+eventually 60 session_end_logged || { cat "$WORKDIR/ledger.txt"; fail "no SESSION_END line within 60 s"; }
 # A second daemon may not use the same ledger.
 expect_start_error "second daemon on one ledger" "ledger $dir/new/sub/ledger.db is in use by another gpumemd (pid $DAEMON_PID)" \
   --ledger="$dir/new/sub/ledger.db"

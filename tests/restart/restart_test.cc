@@ -35,6 +35,7 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
+#include "tests/common/poll_until.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/restart/fake_systemd.h"
 
@@ -200,8 +201,9 @@ class RestartTest : public ::testing::Test {
     EXPECT_EQ(used, 0u);
     EXPECT_EQ(pooled, 0u) << "every slab goes back once empty (--empty_slab_release_seconds=0)";
     c->reset();
-    absl::SleepFor(absl::Milliseconds(200));  // our own connection closed
-    EXPECT_LE(FdCount(systemd_->pid()), fds + 2) << "fds: a fresh daemon had " << fds;
+    // Our own connection closed: the daemon drops its fds as it sees that.
+    EXPECT_TRUE(testing::PollUntil([&] { return FdCount(systemd_->pid()) <= fds + 2; }))
+        << "fds: " << FdCount(systemd_->pid()) << ", a fresh daemon had " << fds;
     EXPECT_LE(RssKiB(systemd_->pid()), rss_kib + 32 * 1024)
         << "RSS: a fresh daemon had " << rss_kib << " KiB";
   }

@@ -36,6 +36,7 @@
 #include "server/ledger/tenant_ledger.h"
 #include "server/quota/quota_book.h"
 #include "server/core/memory_broker.h"
+#include "tests/common/poll_until.h"
 #include "tests/core/stats_of.h"
 #include "server/tenants/tenant_directory.h"
 
@@ -379,8 +380,14 @@ TEST_F(TenantReloadTest, ReloadsRaceAllocationsAndFrees) {
     workers.emplace_back([&, w] {
       const PeerCred who = Cred(w, w % 2 == 0 ? kUidX : kUidY);
       while (!stop.load()) {
+        // Every one is served, whichever tenant the reloads leave its
+        // session's uid in (the session keeps the tenant it was fixed to).
         absl::StatusOr<v1::AllocateResponse> a = Alloc(who, 64 * 1024);
-        if (!a.ok()) continue;
+        if (!a.ok()) {
+          ADD_FAILURE() << "worker " << w << ": " << a.status();
+          stop = true;
+          return;
+        }
         ++served;
         EXPECT_TRUE(Free(who, a->allocations(0).id()).ok());
       }
@@ -391,7 +398,7 @@ TEST_F(TenantReloadTest, ReloadsRaceAllocationsAndFrees) {
     ASSERT_TRUE(r.ok()) << r.status();
     absl::SleepFor(absl::Milliseconds(2));
   }
-  while (served.load() < 50) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_TRUE(testing::PollUntil([&] { return served.load() >= 50 || stop.load(); }));
   stop = true;
   for (std::thread& t : workers) t.join();
   std::shared_ptr<const tenants::TenantDirectory> dir = holder_->Get();
