@@ -22,6 +22,11 @@ std::string RunfilePath(const std::string& workspace_relative);
 
 // The number of threads of process `pid` (-1 if it is gone).
 int ThreadCount(pid_t pid);
+// The same less gRPC's timer threads ("grpc_global_timer"): gRPC starts
+// another whenever every one it has is running timer callbacks at once and
+// stops them only at shutdown, so their number is a high-water mark of
+// gRPC's, not threads the daemon made or leaked.
+int ThreadCountBesidesGrpcTimers(pid_t pid);
 // Its open fds (-1 if it is gone), and its resident memory in KiB (VmRSS;
 // -1 if it is gone).
 int FdCount(pid_t pid);
