@@ -3,8 +3,10 @@
 #include "client/client.h"
 
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "client/client_impl.h"
 #include "client/slab_mapper.h"
 #include "client/stream_transport.h"
@@ -193,6 +196,27 @@ absl::Status WaitUntilServing(Client::Impl& impl) {
   return absl::UnavailableError(impl.gone_why);
 }
 
+// A request_key (proto AllocateRequest): nonzero and unique per call in
+// this process (the session): a counter from a random start, through
+// SplitMix64's finalizer (a bijection, so distinct counts give distinct
+// keys), so keys do not repeat across the process's daemons either.
+uint64_t NewRequestKey() {
+  static const uint64_t seed = [] {
+    uint64_t s = 0;
+    if (getrandom(&s, sizeof(s), 0) != static_cast<ssize_t>(sizeof(s))) {
+      s = static_cast<uint64_t>(absl::GetCurrentTimeNanos()) ^
+          (static_cast<uint64_t>(getpid()) << 32);
+    }
+    return s;
+  }();
+  static std::atomic<uint64_t> count{0};
+  uint64_t x = seed + count.fetch_add(1, std::memory_order_relaxed) * 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x != 0 ? x : 1;
+}
+
 }  // namespace
 
 template <typename T, typename Fn>
@@ -213,7 +237,12 @@ absl::StatusOr<T> Client::WithRestart(Fn call) {
 }
 
 absl::StatusOr<v1::AllocateResponse> Client::AllocateRaw(
-    const v1::AllocateRequest& request) {
+    const v1::AllocateRequest& given) {
+  // One key for this call, the same on each of WithRestart's retries: a
+  // daemon killed after it made the allocation but before its answer came
+  // gives the retry that allocation back instead of charging a second one.
+  v1::AllocateRequest request = given;
+  if (request.request_key() == 0) request.set_request_key(NewRequestKey());
   return WithRestart<v1::AllocateResponse>(
       [this, &request](DaemonLink& link) -> absl::StatusOr<v1::AllocateResponse> {
         absl::StatusOr<v1::AllocateResponse> answer = absl::UnknownError("not sent");

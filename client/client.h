@@ -112,7 +112,9 @@ class Client {
       uint64_t total_size, uint32_t shards,
       const v1::PlacementRequest& placement = {});
 
-  // The raw RPCs, for tools that do not map memory (gpumemctl).
+  // The raw RPCs, for tools that do not map memory (gpumemctl). AllocateRaw
+  // gives a request without a request_key a new one (kept across its
+  // retries over a daemon restart); a key the caller set is sent as it is.
   absl::StatusOr<v1::AllocateResponse> AllocateRaw(const v1::AllocateRequest& request);
   absl::Status Free(uint64_t allocation_id);
   absl::StatusOr<v1::GetStatsResponse> GetStats(bool include_slabs = false);

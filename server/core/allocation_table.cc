@@ -51,6 +51,7 @@ absl::StatusOr<std::vector<uint64_t>> AllocationTable::Commit(
       d.pid = r.pid;
       d.tenant = r.tenant;
       d.device = r.device;
+      d.request_key = r.request_key;
       r.state_slot = state_->PutAllocation(d);
     }
     AppendEvent(ledger::EventKind::kAllocate, ids[i], r);
@@ -125,6 +126,13 @@ absl::Status AllocationTable::Restore(uint64_t id, AllocationRecord record, Sess
 void AllocationTable::AdvanceIdsPast(uint64_t id) {
   absl::MutexLock lock(&mu_);
   next_id_ = std::max(next_id_, id + 1);
+}
+
+std::optional<AllocationRecord> AllocationTable::Find(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = records_.find(id);
+  if (it == records_.end()) return std::nullopt;
+  return it->second;
 }
 
 size_t AllocationTable::size() const {

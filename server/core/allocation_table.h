@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,9 @@ struct AllocationRecord {
   uint32_t tenant = 0;
   uint32_t device = 0;
   uint32_t state_slot = state::kNoSlot;  // its durable record
+  // The Allocate's request_key (0: none), kept so that its retry after a
+  // restart finds it (MemoryBroker::RetakeByKey).
+  uint64_t request_key = 0;
 };
 
 class AllocationTable {
@@ -94,6 +98,9 @@ class AllocationTable {
   absl::Status Restore(uint64_t id, AllocationRecord record, Session& session);
   // New allocations get ids above `id`.
   void AdvanceIdsPast(uint64_t id);
+
+  // A copy of live allocation `id`'s record, if it is live.
+  std::optional<AllocationRecord> Find(uint64_t id) const;
 
   size_t size() const;
   // Visits every live record under the lock (keep `visit` short).

@@ -397,12 +397,21 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
         prepared.placement = *std::move(placement);
         prepared.kind = *kind;
         prepared.size_bytes = request.size_bytes();
+        prepared.request_key = request.request_key();
         if (request.has_usage()) prepared.usage = FiguresOf(request.usage());
         tenant = TenantOfSession(**session, caller);
         if (!tenant.ok()) checked = tenant.status();
       }
     }
     if (!checked.ok()) return refused(checked);
+  }
+  // A retry whose first attempt a previous daemon carried out: its
+  // allocations, not new ones (which the tenant's quota, still charged for
+  // them, may refuse).
+  if (prepared.request_key != 0) {
+    if (std::optional<v1::AllocateResponse> again = RetakeByKey(**session, prepared)) {
+      return answered(Finish(*std::move(again), **session, prepared));
+    }
   }
 
   const uint64_t seen = admission_.kicks();
@@ -577,6 +586,7 @@ MemoryBroker::Placed MemoryBroker::Place(const PeerCred& caller, Session& sessio
     r.device = b.device;
     r.charged = b.size_bytes;
     r.block = pool_carver.block(b);
+    r.request_key = prepared.request_key;
   }
   absl::StatusOr<std::vector<uint64_t>> ids = table_.Commit(session, records);
   if (!ids.ok()) {
@@ -594,20 +604,24 @@ MemoryBroker::Placed MemoryBroker::Place(const PeerCred& caller, Session& sessio
   v1::AllocateResponse response;
   for (size_t i = 0; i < records.size(); ++i) {
     const AllocationRecord& r = records[i];
-    const DeviceInfo& d = backend_->devices()[r.device];
     v1::Allocation* a = response.add_allocations();
-    a->set_id((*ids)[i]);
-    a->set_device_index(r.device);
-    a->set_device_uuid(d.uuid);
-    a->set_slab_id(r.block.slab_id);
-    a->set_slab_size_bytes(r.block.slab_size);
-    a->set_offset(r.block.offset);
-    a->set_size_bytes(r.block.size);
-    a->set_handle_kind(ToWire(r.block.kind));
+    Describe((*ids)[i], r, a);
     if (r.block.kind == HandleKind::kCudaIpc) a->set_ipc_handle(ipc_handles[i]);
   }
   placed.answer = std::move(response);
   return placed;
+}
+
+void MemoryBroker::Describe(uint64_t id, const AllocationRecord& r, v1::Allocation* a) const {
+  const DeviceInfo& d = backend_->devices()[r.device];
+  a->set_id(id);
+  a->set_device_index(r.device);
+  a->set_device_uuid(d.uuid);
+  a->set_slab_id(r.block.slab_id);
+  a->set_slab_size_bytes(r.block.slab_size);
+  a->set_offset(r.block.offset);
+  a->set_size_bytes(r.block.size);
+  a->set_handle_kind(ToWire(r.block.kind));
 }
 
 std::string MemoryBroker::TenantName(uint32_t id) const {

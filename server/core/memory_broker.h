@@ -100,7 +100,10 @@
 //    and charge, with its id — before anything is served. Clients confirm
 //    with Resume; what cannot survive (legacy IPC memory, a slab whose
 //    handle never comes back within restore_grace, a session whose process
-//    is gone) is closed, saying why.
+//    is gone) is closed, saying why. An Allocate retried after a restart
+//    with the request_key of one the previous daemon carried out but whose
+//    answer was lost gets that allocation back (RetakeByKey), never a
+//    second one.
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef GPUMEMD_SERVER_CORE_MEMORY_BROKER_H_
@@ -354,6 +357,7 @@ class MemoryBroker {
     HandleKind kind = HandleKind::kMemfd;
     std::optional<UsageFigures> usage;
     uint64_t size_bytes = 0;
+    uint64_t request_key = 0;  // the request's (0: none)
   };
   // What one placement attempt gave.
   struct Placed {
@@ -384,6 +388,15 @@ class MemoryBroker {
                const admission::Reservation* ahead);
   // What a waiting request reserves, if it comes to that (admission::Claim).
   admission::Claim ClaimOf(const Prepared& prepared, const tenants::TenantRef& tenant) const;
+  // A retry after a restart (request_key set): the restored allocations of
+  // `session` that an Allocate with this key made before the restart, not
+  // claimed yet and just as `prepared` asks (shard count, each shard's
+  // size, handle kind, alignment), are claimed and answered, charged
+  // nothing more and with no ledger event; nullopt (nothing changed) when
+  // there are none or they do not match.
+  std::optional<v1::AllocateResponse> RetakeByKey(Session& session, const Prepared& prepared);
+  // The answer's entry for allocation `id`.
+  void Describe(uint64_t id, const AllocationRecord& r, v1::Allocation* a) const;
   // Gives taken records' blocks back to their pools and credits their
   // quotas; room may have appeared for waiters.
   void Return(const std::vector<AllocationRecord>& records);
@@ -447,6 +460,11 @@ class MemoryBroker {
   absl::flat_hash_map<uint32_t, std::string> restored_names_ ABSL_GUARDED_BY(restore_mu_);
   std::map<uint64_t, std::string> closed_ ABSL_GUARDED_BY(restore_mu_);
   absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> unconfirmed_
+      ABSL_GUARDED_BY(restore_mu_);
+  // Restored allocations with a request_key, by (session, key), ids in
+  // increasing order (a sharded request's shards in shard order): what a
+  // retried Allocate may claim (RetakeByKey) while they are unconfirmed.
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>> restored_keys_
       ABSL_GUARDED_BY(restore_mu_);
   absl::Time restore_deadline_ ABSL_GUARDED_BY(restore_mu_) = absl::InfiniteFuture();
   absl::Mutex stop_mu_;

@@ -12,7 +12,8 @@
 // restored, its range not free) is closed, saying why; nothing is taken on
 // trust beyond what the records and the handles prove. Restored allocations
 // stay "unconfirmed" until a client of their session re-presents them
-// (Resume); those none claims within the grace time are freed then.
+// (Resume) or retries the Allocate that made them with its request_key
+// (RetakeByKey); those none claims within the grace time are freed then.
 #include <unistd.h>
 
 #include <algorithm>
@@ -230,6 +231,7 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
     a.charged = r.charged;
     a.block = *block;
     a.state_slot = r.slot;
+    a.request_key = r.request_key;
     if (absl::Status t = table_.Restore(r.id, a, *s->second); !t.ok()) {
       pools_.pool(r.device).Release(*block);
       close_record(r, std::string(t.message()));
@@ -250,8 +252,13 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
     ++out.allocations;
     absl::MutexLock lock(&restore_mu_);
     unconfirmed_[r.session].insert(r.id);
+    if (r.request_key != 0) restored_keys_[{r.session, r.request_key}].push_back(r.id);
   }
   table_.AdvanceIdsPast(max_id);
+  {
+    absl::MutexLock lock(&restore_mu_);
+    for (auto& [key, ids] : restored_keys_) std::sort(ids.begin(), ids.end());
+  }
 
   // 4. Who holds which slab's handle.
   for (const state::HolderRecord& r : previous.holders) {
@@ -368,6 +375,52 @@ absl::StatusOr<v1::ResumeResponse> MemoryBroker::Resume(const PeerCred& caller,
   return out;
 }
 
+std::optional<v1::AllocateResponse> MemoryBroker::RetakeByKey(Session& session,
+                                                             const Prepared& prepared) {
+  const std::pair<uint64_t, uint64_t> key{session.id(), prepared.request_key};
+  std::vector<uint64_t> ids;
+  {
+    absl::MutexLock lock(&restore_mu_);
+    auto it = restored_keys_.find(key);
+    if (it == restored_keys_.end()) return std::nullopt;
+    ids = it->second;
+  }
+  // The records, looked up without restore_mu_ (the table's lock is taken
+  // before it: events name tenants through TenantName). A record in the
+  // table does not change; it may only leave it. Each must be just what the
+  // request asks: as many shards, each of the size asked (what it was
+  // charged), of the kind asked, at the alignment asked.
+  const std::vector<uint64_t>& sizes = prepared.placement.plan.sizes;
+  if (ids.size() != sizes.size()) return std::nullopt;
+  std::vector<AllocationRecord> records;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::optional<AllocationRecord> r = table_.Find(ids[i]);
+    if (!r.has_value() || r->session != &session || r->charged != sizes[i] ||
+        r->block.kind != prepared.kind || r->block.kind == HandleKind::kCudaIpc ||
+        (prepared.placement.plan.alignment > 1 &&
+         r->block.offset % prepared.placement.plan.alignment != 0)) {
+      return std::nullopt;
+    }
+    records.push_back(*std::move(r));
+  }
+  {
+    // Claimed all at once, and only if none was claimed (by a Resume or
+    // another retry) or closed (the grace time's end) meanwhile.
+    absl::MutexLock lock(&restore_mu_);
+    auto u = unconfirmed_.find(session.id());
+    if (u == unconfirmed_.end()) return std::nullopt;
+    for (uint64_t id : ids) {
+      if (!u->second.contains(id)) return std::nullopt;
+    }
+    for (uint64_t id : ids) u->second.erase(id);
+    if (u->second.empty()) unconfirmed_.erase(u);
+    restored_keys_.erase(key);
+  }
+  v1::AllocateResponse response;
+  for (size_t i = 0; i < ids.size(); ++i) Describe(ids[i], records[i], response.add_allocations());
+  return response;
+}
+
 absl::Status MemoryBroker::AcceptSlabHandle(const PeerCred& caller, uint64_t slab_id, int fd) {
   auto refuse = [fd](absl::Status s) {
     close(fd);
@@ -453,6 +506,7 @@ void MemoryBroker::FinishRestore() {
       unclaimed.insert(unclaimed.end(), ids.begin(), ids.end());
     }
     unconfirmed_.clear();
+    restored_keys_.clear();
   }
   if (!unclaimed.empty()) {
     Return(table_.TakeAll(unclaimed, ledger::EventKind::kFree,

@@ -30,7 +30,8 @@ namespace state {
 namespace {
 
 constexpr uint64_t kMagic = 0x5441545350554d47ull;  // "GMUPSTAT"
-constexpr uint32_t kFormat = 2;  // 2: SessionRecord::via_socket
+// 2: SessionRecord::via_socket; 3: AllocationRecordData::request_key.
+constexpr uint32_t kFormat = 3;
 constexpr uint64_t kLive = 0x4c495645;  // "LIVE"
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kSlotHead = 24;  // state, version, checksum

@@ -49,8 +49,11 @@ struct AllocationRecordData {
   uint64_t slab_id = 0;
   uint64_t offset = 0;
   uint64_t size = 0;     // the block's bytes
-  uint64_t charged = 0;  // bytes charged to quota and ledger
+  uint64_t charged = 0;  // bytes charged to quota and ledger (the size asked)
   int64_t time_ns = 0;   // when it was made
+  // The Allocate's request_key (proto AllocateRequest), 0 for none: a retry
+  // of that Allocate after a restart gets this allocation back.
+  uint64_t request_key = 0;
   uint32_t uid = 0;
   int32_t pid = 0;
   uint32_t tenant = 0;
