@@ -253,23 +253,7 @@ int RunFiller() {
 
 // ---- driver -------------------------------------------------------------
 
-// CPU seconds a process's threads have run so far, to the nanosecond (the
-// first field of each /proc/PID/task/TID/schedstat; /proc/PID/stat counts
-// clock ticks, 2% of a 5 s row: too coarse for a 1.05x target).
-double ProcessCpuSeconds(pid_t pid) {
-  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
-  DIR* d = opendir(tasks.c_str());
-  if (d == nullptr) return 0;
-  uint64_t ns = 0;
-  while (struct dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream in(absl::StrCat(tasks, "/", e->d_name, "/schedstat"));
-    uint64_t run = 0;
-    if (in >> run) ns += run;
-  }
-  closedir(d);
-  return ns / 1e9;
-}
+using testing::ProcessCpuSeconds;
 
 // Context switches (voluntary + involuntary) of all of a process's threads.
 uint64_t ProcessSwitches(pid_t pid) {

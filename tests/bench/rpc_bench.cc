@@ -59,23 +59,7 @@ struct Row {
   double p50_us, p99_us, p999_us, cpu_us;
 };
 
-// CPU seconds a process's threads have run so far, to the nanosecond (the
-// first field of each /proc/PID/task/TID/schedstat; /proc/PID/stat counts
-// clock ticks, too coarse for a stretch of a few milliseconds).
-double ProcessCpuSeconds(pid_t pid) {
-  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
-  DIR* d = opendir(tasks.c_str());
-  if (d == nullptr) return 0;
-  uint64_t ns = 0;
-  while (struct dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream in(absl::StrCat(tasks, "/", e->d_name, "/schedstat"));
-    uint64_t run = 0;
-    if (in >> run) ns += run;
-  }
-  closedir(d);
-  return ns / 1e9;
-}
+using testing::ProcessCpuSeconds;
 
 // The q-quantile of samples sorted ascending (the nearest rank below).
 double Quantile(const std::vector<double>& sorted, double q) {

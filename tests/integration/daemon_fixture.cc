@@ -80,6 +80,21 @@ int ThreadCountBesidesGrpcTimers(pid_t pid) {
   return n;
 }
 
+double ProcessCpuSeconds(pid_t pid) {
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(tasks.c_str());
+  if (d == nullptr) return 0;
+  uint64_t ns = 0;
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(tasks + "/" + e->d_name + "/schedstat");
+    uint64_t run = 0;
+    if (in >> run) ns += run;
+  }
+  closedir(d);
+  return ns / 1e9;
+}
+
 int FdCount(pid_t pid) {
   DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
   if (d == nullptr) return -1;

@@ -30,6 +30,11 @@ int ThreadCountBesidesGrpcTimers(pid_t pid);
 // Its open fds (-1 if it is gone), and its resident memory in KiB (VmRSS;
 // -1 if it is gone).
 int FdCount(pid_t pid);
+// CPU seconds the threads of process `pid` have run so far, to the
+// nanosecond: the sum of the first field of each /proc/PID/task/TID/schedstat
+// (/proc/PID/stat counts clock ticks, too coarse for a benchmark row of a
+// few seconds). Threads that have ended are not counted. 0 if it is gone.
+double ProcessCpuSeconds(pid_t pid);
 int64_t RssKiB(pid_t pid);
 
 // A fresh directory under /tmp (short enough for a Unix socket path),
