@@ -53,57 +53,51 @@ std::string RunfilePath(const std::string& rel) {
   return std::string(srcdir) + "/" + (ws ? ws : "gpumemd") + "/" + rel;
 }
 
-int ThreadCount(pid_t pid) {
-  DIR* d = opendir(("/proc/" + std::to_string(pid) + "/task").c_str());
-  if (d == nullptr) return -1;
-  int n = 0;
+namespace {
+// Calls fn(path of the entry) for each entry of /proc/PID/<sub> (its tasks
+// or its fds); false if the process is gone.
+template <typename Fn>
+bool ForEachProcEntry(pid_t pid, const char* sub, Fn fn) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/" + sub;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return false;
   while (struct dirent* e = readdir(d)) {
-    if (e->d_name[0] != '.') ++n;
+    if (e->d_name[0] != '.') fn(dir + "/" + e->d_name);
   }
   closedir(d);
-  return n;
+  return true;
+}
+}  // namespace
+
+int ThreadCount(pid_t pid) {
+  int n = 0;
+  return ForEachProcEntry(pid, "task", [&](const std::string&) { ++n; }) ? n : -1;
 }
 
 int ThreadCountBesidesGrpcTimers(pid_t pid) {
-  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return -1;
   int n = 0;
-  while (struct dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream comm(dir + "/" + e->d_name + "/comm");
+  const bool alive = ForEachProcEntry(pid, "task", [&](const std::string& task) {
+    std::ifstream comm(task + "/comm");
     std::string name;
     std::getline(comm, name);
     if (name != "grpc_global_tim") ++n;  // comm is cut at 15 characters
-  }
-  closedir(d);
-  return n;
+  });
+  return alive ? n : -1;
 }
 
 double ProcessCpuSeconds(pid_t pid) {
-  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
-  DIR* d = opendir(tasks.c_str());
-  if (d == nullptr) return 0;
   uint64_t ns = 0;
-  while (struct dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream in(tasks + "/" + e->d_name + "/schedstat");
+  ForEachProcEntry(pid, "task", [&](const std::string& task) {
+    std::ifstream in(task + "/schedstat");
     uint64_t run = 0;
     if (in >> run) ns += run;
-  }
-  closedir(d);
+  });
   return ns / 1e9;
 }
 
 int FdCount(pid_t pid) {
-  DIR* d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
-  if (d == nullptr) return -1;
   int n = 0;
-  while (struct dirent* e = readdir(d)) {
-    if (e->d_name[0] != '.') ++n;
-  }
-  closedir(d);
-  return n;
+  return ForEachProcEntry(pid, "fd", [&](const std::string&) { ++n; }) ? n : -1;
 }
 
 int64_t RssKiB(pid_t pid) {
