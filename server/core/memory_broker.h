@@ -466,6 +466,10 @@ class MemoryBroker {
   // retried Allocate may claim (RetakeByKey) while they are unconfirmed.
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>> restored_keys_
       ABSL_GUARDED_BY(restore_mu_);
+  // Whether restored_keys_ may be non-empty: read without restore_mu_ so
+  // that an Allocate, which always carries a key from the client library,
+  // takes that lock only while a restore's keys are still unclaimed.
+  std::atomic<bool> any_restored_keys_{false};
   absl::Time restore_deadline_ ABSL_GUARDED_BY(restore_mu_) = absl::InfiniteFuture();
   absl::Mutex stop_mu_;
   bool stopping_ ABSL_GUARDED_BY(stop_mu_) = false;

@@ -258,6 +258,7 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
   {
     absl::MutexLock lock(&restore_mu_);
     for (auto& [key, ids] : restored_keys_) std::sort(ids.begin(), ids.end());
+    any_restored_keys_.store(!restored_keys_.empty(), std::memory_order_release);
   }
 
   // 4. Who holds which slab's handle.
@@ -377,6 +378,7 @@ absl::StatusOr<v1::ResumeResponse> MemoryBroker::Resume(const PeerCred& caller,
 
 std::optional<v1::AllocateResponse> MemoryBroker::RetakeByKey(Session& session,
                                                              const Prepared& prepared) {
+  if (!any_restored_keys_.load(std::memory_order_acquire)) return std::nullopt;
   const std::pair<uint64_t, uint64_t> key{session.id(), prepared.request_key};
   std::vector<uint64_t> ids;
   {
@@ -415,6 +417,7 @@ std::optional<v1::AllocateResponse> MemoryBroker::RetakeByKey(Session& session,
     for (uint64_t id : ids) u->second.erase(id);
     if (u->second.empty()) unconfirmed_.erase(u);
     restored_keys_.erase(key);
+    if (restored_keys_.empty()) any_restored_keys_.store(false, std::memory_order_relaxed);
   }
   v1::AllocateResponse response;
   for (size_t i = 0; i < ids.size(); ++i) Describe(ids[i], records[i], response.add_allocations());
@@ -507,6 +510,7 @@ void MemoryBroker::FinishRestore() {
     }
     unconfirmed_.clear();
     restored_keys_.clear();
+    any_restored_keys_.store(false, std::memory_order_relaxed);
   }
   if (!unclaimed.empty()) {
     Return(table_.TakeAll(unclaimed, ledger::EventKind::kFree,
