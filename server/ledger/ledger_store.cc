@@ -14,8 +14,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <queue>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -27,7 +27,7 @@ constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS meta(
   key TEXT PRIMARY KEY,
   value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS events(
+CREATE TABLE IF NOT EXISTS event_rows(
   seq INTEGER PRIMARY KEY,
   time_ns INTEGER NOT NULL,
   kind TEXT NOT NULL,
@@ -39,7 +39,14 @@ CREATE TABLE IF NOT EXISTS events(
   bytes INTEGER NOT NULL,
   allocation_id INTEGER NOT NULL,
   detail TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS events_by_tenant ON events(tenant, seq);
+CREATE INDEX IF NOT EXISTS events_by_tenant ON event_rows(tenant, seq);
+CREATE TABLE IF NOT EXISTS pair_rows(
+  first_seq INTEGER PRIMARY KEY,
+  last_seq INTEGER NOT NULL,
+  tenant TEXT NOT NULL,
+  max_allocation_id INTEGER NOT NULL,
+  pairs TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS pairs_by_tenant ON pair_rows(tenant, first_seq);
 CREATE TABLE IF NOT EXISTS live(
   allocation_id INTEGER PRIMARY KEY,
   tenant TEXT NOT NULL,
@@ -83,6 +90,44 @@ CREATE TABLE IF NOT EXISTS socket_tenant_devices(
   PRIMARY KEY(tenant, device_uuid));
 )sql";
 
+// The events, one per row, as every ledger before folding stored them and as
+// SQL readers read them: a pair gives its ALLOCATE and its end. Recreated at
+// every Open, so it is always this one. A pair is the JSON array
+// [seq, time_ns, end_seq, end_ns, end_kind, uid, pid, session, device, bytes,
+// allocation_id] (kPairFields).
+constexpr const char* kEventsView = R"sql(
+DROP VIEW IF EXISTS events;
+CREATE VIEW events AS
+  SELECT seq, time_ns, kind, tenant, uid, pid, session, device, bytes, allocation_id, detail
+    FROM event_rows
+  UNION ALL
+  SELECT json_extract(j.value, '$[0]'), json_extract(j.value, '$[1]'), 'ALLOCATE', p.tenant,
+         json_extract(j.value, '$[5]'), json_extract(j.value, '$[6]'),
+         json_extract(j.value, '$[7]'), json_extract(j.value, '$[8]'),
+         json_extract(j.value, '$[9]'), json_extract(j.value, '$[10]'), ''
+    FROM pair_rows p, json_each(p.pairs) j
+  UNION ALL
+  SELECT json_extract(j.value, '$[2]'), json_extract(j.value, '$[3]'),
+         json_extract(j.value, '$[4]'), p.tenant,
+         json_extract(j.value, '$[5]'), json_extract(j.value, '$[6]'),
+         json_extract(j.value, '$[7]'), json_extract(j.value, '$[8]'),
+         json_extract(j.value, '$[9]'), json_extract(j.value, '$[10]'), ''
+    FROM pair_rows p, json_each(p.pairs) j;
+)sql";
+
+// A ledger written before pairs (format 1) has `events` as its table of
+// events: Open renames it in the same transaction that recovers it.
+constexpr const char* kMigrateFromEventsTable = "ALTER TABLE events RENAME TO event_rows;";
+
+// Each pair read back: the fields of one array of pair_rows.pairs.
+constexpr const char* kPairFields =
+    "json_extract(j.value, '$[0]'), json_extract(j.value, '$[1]'), "
+    "json_extract(j.value, '$[2]'), json_extract(j.value, '$[3]'), "
+    "json_extract(j.value, '$[4]'), json_extract(j.value, '$[5]'), "
+    "json_extract(j.value, '$[6]'), json_extract(j.value, '$[7]'), "
+    "json_extract(j.value, '$[8]'), json_extract(j.value, '$[9]'), "
+    "json_extract(j.value, '$[10]')";
+
 // Finalizes a statement on every path.
 struct Stmt {
   sqlite3_stmt* s = nullptr;
@@ -114,7 +159,7 @@ LedgerEvent EventFromRow(sqlite3_stmt* s) {
   return e;
 }
 
-// Events a commit writes between two sched_yield()s.
+// Events a commit goes through between two sched_yield()s.
 constexpr size_t kYieldEvery = 32;
 
 // Keeps the WAL's page count where the writer can read it.
@@ -148,6 +193,13 @@ absl::StatusOr<std::unique_ptr<LedgerStore>> LedgerStore::Open(const std::string
                                                                 int64_t now_ns,
                                                                 int64_t max_page_count,
                                                                 bool defer) {
+  // SQLite's memory statistics take a global mutex around every malloc it
+  // makes, and nothing here reads them. Only possible before SQLite is first
+  // used in the process (later it answers SQLITE_MISUSE and keeps them on).
+  static const bool memstatus_off = [] {
+    return sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0) == SQLITE_OK;
+  }();
+  (void)memstatus_off;
   std::unique_ptr<LedgerStore> store(new LedgerStore(path));
   absl::Status s = store->Init(now_ns, max_page_count, defer);
   if (!s.ok()) return s;
@@ -155,7 +207,8 @@ absl::StatusOr<std::unique_ptr<LedgerStore>> LedgerStore::Open(const std::string
 }
 
 LedgerStore::~LedgerStore() {
-  for (sqlite3_stmt* s : {insert_event_, insert_live_, delete_live_, upsert_usage_}) {
+  for (sqlite3_stmt* s :
+       {insert_event_, insert_live_, delete_live_, upsert_usage_, insert_pairs_}) {
     sqlite3_finalize(s);
   }
   if (reader_ != nullptr) sqlite3_close(reader_);
@@ -220,10 +273,17 @@ absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defe
   if (s = SchemaCheck(); !s.ok()) return s;
   if (max_page_count > 0) SetMaxPageCount(max_page_count);
   if (s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  if (migrate_events_table_) {
+    if (s = Exec(kMigrateFromEventsTable); !s.ok()) { Exec("ROLLBACK").IgnoreError(); return s; }
+  }
   if (s = Exec(kSchema); !s.ok()) { Exec("ROLLBACK").IgnoreError(); return s; }
+  if (s = Exec(kEventsView); !s.ok()) { Exec("ROLLBACK").IgnoreError(); return s; }
   const char* kInsertEvent =
-      "INSERT INTO events(seq, time_ns, kind, tenant, uid, pid, session, device, bytes, "
+      "INSERT INTO event_rows(seq, time_ns, kind, tenant, uid, pid, session, device, bytes, "
       "allocation_id, detail) VALUES(?,?,?,?,?,?,?,?,?,?,?)";
+  const char* kInsertPairs =
+      "INSERT INTO pair_rows(first_seq, last_seq, tenant, max_allocation_id, pairs) "
+      "VALUES(?,?,?,?,?)";
   const char* kInsertLive =
       "INSERT OR REPLACE INTO live(allocation_id, tenant, uid, pid, session, device, bytes, "
       "time_ns) VALUES(?,?,?,?,?,?,?,?)";
@@ -234,7 +294,8 @@ absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defe
   if (sqlite3_prepare_v2(db_, kInsertEvent, -1, &insert_event_, nullptr) != SQLITE_OK ||
       sqlite3_prepare_v2(db_, kInsertLive, -1, &insert_live_, nullptr) != SQLITE_OK ||
       sqlite3_prepare_v2(db_, kDeleteLive, -1, &delete_live_, nullptr) != SQLITE_OK ||
-      sqlite3_prepare_v2(db_, kUpsertUsage, -1, &upsert_usage_, nullptr) != SQLITE_OK) {
+      sqlite3_prepare_v2(db_, kUpsertUsage, -1, &upsert_usage_, nullptr) != SQLITE_OK ||
+      sqlite3_prepare_v2(db_, kInsertPairs, -1, &insert_pairs_, nullptr) != SQLITE_OK) {
     s = Error("schema");
     Exec("ROLLBACK").IgnoreError();
     return s;
@@ -263,14 +324,41 @@ absl::Status LedgerStore::SchemaCheck() {
   };
   static const Want kWant[] = {
       {"meta", "key TEXT 1;value INTEGER 0;"},
-      {"events", "seq INTEGER 1;time_ns INTEGER 0;kind TEXT 0;tenant TEXT 0;uid INTEGER 0;"
-                 "pid INTEGER 0;session INTEGER 0;device INTEGER 0;bytes INTEGER 0;"
-                 "allocation_id INTEGER 0;detail TEXT 0;"},
+      {"event_rows", "seq INTEGER 1;time_ns INTEGER 0;kind TEXT 0;tenant TEXT 0;uid INTEGER 0;"
+                     "pid INTEGER 0;session INTEGER 0;device INTEGER 0;bytes INTEGER 0;"
+                     "allocation_id INTEGER 0;detail TEXT 0;"},
+      {"pair_rows", "first_seq INTEGER 1;last_seq INTEGER 0;tenant TEXT 0;"
+                    "max_allocation_id INTEGER 0;pairs TEXT 0;"},
       {"live", "allocation_id INTEGER 1;tenant TEXT 0;uid INTEGER 0;pid INTEGER 0;"
                "session INTEGER 0;device INTEGER 0;bytes INTEGER 0;time_ns INTEGER 0;"},
       {"usage", "tenant TEXT 1;device INTEGER 2;current_bytes INTEGER 0;peak_bytes INTEGER 0;"
                 "byte_seconds REAL 0;updated_ns INTEGER 0;"},
   };
+  // `events`: a view (this format, recreated at Open), or a ledger of
+  // format 1's table, to migrate; not both that table and `event_rows`.
+  {
+    Stmt t;
+    if (sqlite3_prepare_v2(db_, "SELECT (SELECT type FROM sqlite_master WHERE name = 'events'), "
+                           "(SELECT COUNT(*) FROM sqlite_master WHERE name = 'event_rows')",
+                           -1, &t.s, nullptr) != SQLITE_OK ||
+        sqlite3_step(t.s) != SQLITE_ROW) {
+      return Error("checking the schema");
+    }
+    const std::string events_type = ColumnText(t.s, 0);
+    const bool has_rows = sqlite3_column_int64(t.s, 1) > 0;
+    if (events_type == "table") {
+      if (has_rows) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "ledger ", path_, " is damaged (it has both an events table and event_rows): "
+            "move it aside to start a new ledger"));
+      }
+      migrate_events_table_ = true;
+    } else if (!events_type.empty() && events_type != "view") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ledger ", path_, " is damaged (its events is a ", events_type,
+          ", not a table or view): move it aside to start a new ledger"));
+    }
+  }
   for (const Want& w : kWant) {
     Stmt q;
     const std::string sql = absl::StrCat("PRAGMA table_info(", w.table, ")");
@@ -284,9 +372,22 @@ absl::Status LedgerStore::SchemaCheck() {
                       sqlite3_column_int64(q.s, 5), ";");
     }
     if (rc != SQLITE_DONE) return Error("checking the schema");
+    const bool old_events = migrate_events_table_ && std::string(w.table) == "event_rows";
+    if (old_events) {
+      // Format 1's events table: what event_rows is now.
+      Stmt o;
+      if (sqlite3_prepare_v2(db_, "PRAGMA table_info(events)", -1, &o.s, nullptr) != SQLITE_OK) {
+        return Error("checking the schema");
+      }
+      while ((rc = sqlite3_step(o.s)) == SQLITE_ROW) {
+        absl::StrAppend(&got, ColumnText(o.s, 1), " ", ColumnText(o.s, 2), " ",
+                        sqlite3_column_int64(o.s, 5), ";");
+      }
+      if (rc != SQLITE_DONE) return Error("checking the schema");
+    }
     if (!got.empty() && got != w.columns) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "ledger ", path_, " is damaged (its table ", w.table,
+          "ledger ", path_, " is damaged (its table ", old_events ? "events" : w.table,
           " is not this ledger's: its schema was changed): move it aside to start a new "
           "ledger"));
     }
@@ -314,8 +415,10 @@ absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
   Recovery& r = recovery_;
   {
     Stmt q;
-    if (sqlite3_prepare_v2(db_, "SELECT COALESCE(MAX(seq), 0) FROM events", -1, &q.s,
-                           nullptr) != SQLITE_OK ||
+    // A pair's end may be the last event committed.
+    if (sqlite3_prepare_v2(db_, "SELECT MAX((SELECT COALESCE(MAX(seq), 0) FROM event_rows), "
+                           "(SELECT COALESCE(MAX(last_seq), 0) FROM pair_rows))",
+                           -1, &q.s, nullptr) != SQLITE_OK ||
         sqlite3_step(q.s) != SQLITE_ROW) {
       return Error("reading events");
     }
@@ -339,8 +442,10 @@ absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
     // daemon wrote, and the ids that follow could not be kept above it.
     Stmt bad;
     if (sqlite3_prepare_v2(db_,
-                           "SELECT (SELECT COUNT(*) FROM events WHERE allocation_id < 0 OR "
+                           "SELECT (SELECT COUNT(*) FROM event_rows WHERE allocation_id < 0 OR "
                            "typeof(allocation_id) != 'integer') + "
+                           "(SELECT COUNT(*) FROM pair_rows WHERE max_allocation_id < 0 OR "
+                           "typeof(max_allocation_id) != 'integer') + "
                            "(SELECT COUNT(*) FROM meta WHERE key = 'allocation_id_reserved' "
                            "AND (value < 0 OR typeof(value) != 'integer'))",
                            -1, &bad.s, nullptr) != SQLITE_OK ||
@@ -352,10 +457,26 @@ absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
           "ledger ", path_, " is damaged (", n, " allocation id(s) negative or not integers): "
           "move it aside to start a new ledger"));
     }
+    // A pair row's seqs lie in [first_seq, first_seq + kFoldSpan] (Query
+    // relies on that bound). What its JSON says is checked when it is read.
+    Stmt pairs;
+    const std::string pairs_sql = absl::StrCat(
+        "SELECT COUNT(*) FROM pair_rows WHERE typeof(last_seq) != 'integer' OR "
+        "last_seq <= first_seq OR last_seq > first_seq + ", kFoldSpan);
+    if (sqlite3_prepare_v2(db_, pairs_sql.c_str(), -1, &pairs.s, nullptr) != SQLITE_OK ||
+        sqlite3_step(pairs.s) != SQLITE_ROW) {
+      return Error("reading events");
+    }
+    if (const int64_t n = sqlite3_column_int64(pairs.s, 0); n > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ledger ", path_, " is damaged (", n, " pair row(s) whose seqs are out of their "
+          "bounds): move it aside to start a new ledger"));
+    }
     // Ids the last run may have handed out are all <= id_reserved_.
     Stmt m;
-    if (sqlite3_prepare_v2(db_, "SELECT COALESCE(MAX(allocation_id), 0) FROM events", -1,
-                           &m.s, nullptr) != SQLITE_OK ||
+    if (sqlite3_prepare_v2(db_, "SELECT MAX((SELECT COALESCE(MAX(allocation_id), 0) FROM "
+                           "event_rows), (SELECT COALESCE(MAX(max_allocation_id), 0) FROM "
+                           "pair_rows))", -1, &m.s, nullptr) != SQLITE_OK ||
         sqlite3_step(m.s) != SQLITE_ROW) {
       return Error("reading events");
     }
@@ -494,9 +615,50 @@ absl::Status LedgerStore::InsertEvent(const LedgerEvent& e) {
   sqlite3_stmt* s = insert_event_;
   sqlite3_reset(s);
   BindEvent(s, 1, e);
+  if (sqlite3_step(s) != SQLITE_DONE) return Error("writing an event");
+  return absl::OkStatus();
+}
+
+bool LedgerStore::Foldable(const LedgerEvent& start, const LedgerEvent& end) {
+  return start.kind == EventKind::kAllocate && UsageSign(end.kind) < 0 &&
+         end.allocation_id == start.allocation_id && end.seq > start.seq &&
+         end.seq - start.seq <= kFoldSpan && end.time_ns >= start.time_ns &&
+         start.detail.empty() && end.detail.empty() && end.tenant == start.tenant &&
+         end.uid == start.uid && end.pid == start.pid && end.session == start.session &&
+         end.device == start.device && end.bytes == start.bytes;
+}
+
+void LedgerStore::AppendPair(PairChunk* chunk, const LedgerEvent& start, const LedgerEvent& end) {
+  if (chunk->pairs.empty()) {
+    chunk->first_seq = start.seq;
+    chunk->pairs.push_back('[');
+  } else {
+    chunk->pairs.push_back(',');
+  }
+  chunk->last_seq = std::max(chunk->last_seq, end.seq);
+  chunk->max_allocation_id = std::max(chunk->max_allocation_id, start.allocation_id);
+  absl::StrAppend(&chunk->pairs, "[", start.seq, ",", start.time_ns, ",", end.seq, ",",
+                  end.time_ns, ",\"", KindName(end.kind), "\",", start.uid, ",", start.pid,
+                  ",", start.session, ",", start.device, ",", start.bytes, ",",
+                  start.allocation_id, "]");
+}
+
+absl::Status LedgerStore::InsertPairs(PairChunk* chunk) {
+  if (chunk->pairs.empty()) return absl::OkStatus();
+  chunk->pairs.push_back(']');
+  sqlite3_stmt* s = insert_pairs_;
+  sqlite3_reset(s);
+  sqlite3_bind_int64(s, 1, static_cast<int64_t>(chunk->first_seq));
+  sqlite3_bind_int64(s, 2, static_cast<int64_t>(chunk->last_seq));
+  BindText(s, 3, chunk->tenant);
+  sqlite3_bind_int64(s, 4, static_cast<int64_t>(chunk->max_allocation_id));
+  sqlite3_bind_text(s, 5, chunk->pairs.data(), static_cast<int>(chunk->pairs.size()),
+                    SQLITE_STATIC);
   const int rc = sqlite3_step(s);
-  sqlite3_clear_bindings(s);
-  if (rc != SQLITE_DONE) return Error("writing an event");
+  chunk->pairs.clear();
+  chunk->last_seq = 0;
+  chunk->max_allocation_id = 0;
+  if (rc != SQLITE_DONE) return Error("writing events");
   return absl::OkStatus();
 }
 
@@ -542,29 +704,63 @@ absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
   if (!s.ok()) return s;
   auto fail = [this](absl::Status status) {
     Exec("ROLLBACK").IgnoreError();
+    chunks_.clear();
+    chunk_of_.clear();
     return status;
   };
-  // An allocation made and freed within this batch never touches `live`:
+  // An allocation made and ended within this batch never touches `live`:
   // the table holds what is live at the commit, and the pair nets to
-  // nothing (warm Allocate+Free churn then costs two event rows only).
-  absl::flat_hash_set<uint64_t> made_here, net_zero;
-  for (const LedgerEvent& e : events) {
+  // nothing. When the two events differ only in what an end says (its kind,
+  // time and seq: see Foldable), the pair is one element of a pair_rows row
+  // (one row per tenant holds the pairs of up to kFoldSpan seqs).
+  // fold_end_[i]: for an ALLOCATE, the index of the end paired with it; for
+  // that end, kFolded; kNone else. net_zero_[i]: no `live` change for i.
+  constexpr int32_t kNone = -1, kFolded = -2;
+  fold_end_.assign(events.size(), kNone);
+  net_zero_.assign(events.size(), 0);
+  open_.clear();
+  for (size_t i = 0; i < events.size(); ++i) {
+    const LedgerEvent& e = events[i];
     const int sign = UsageSign(e.kind);
     if (sign > 0) {
-      made_here.insert(e.allocation_id);
-    } else if (sign < 0 && made_here.contains(e.allocation_id)) {
-      net_zero.insert(e.allocation_id);
+      open_[e.allocation_id] = i;
+    } else if (sign < 0) {
+      auto it = open_.find(e.allocation_id);
+      if (it == open_.end()) continue;
+      const size_t a = it->second;
+      open_.erase(it);
+      net_zero_[a] = net_zero_[i] = 1;
+      if (Foldable(events[a], e)) {
+        fold_end_[a] = static_cast<int32_t>(i);
+        fold_end_[i] = kFolded;
+      }
     }
   }
-  size_t written = 0;
-  for (const LedgerEvent& e : events) {
-    // A commit of a full batch is about a millisecond of CPU: give the core
-    // to whatever waits for it every kYieldEvery events, so a serving
-    // thread woken onto this core never waits behind the whole commit.
-    if (++written % kYieldEvery == 0) sched_yield();
+  for (size_t i = 0; i < events.size(); ++i) {
+    const LedgerEvent& e = events[i];
+    // A commit of a full batch is a few hundred microseconds of CPU: give
+    // the core to whatever waits for it every kYieldEvery events, so a
+    // serving thread woken onto this core never waits behind the whole
+    // commit (the scheduler lets a running thread finish its slice first).
+    if (i % kYieldEvery == kYieldEvery - 1) sched_yield();
+    if (fold_end_[i] == kFolded) continue;
+    if (fold_end_[i] >= 0) {
+      const LedgerEvent& end = events[fold_end_[i]];
+      auto [at, made] = chunk_of_.try_emplace(e.tenant, chunks_.size());
+      if (made) {
+        chunks_.emplace_back();
+        chunks_.back().tenant = e.tenant;
+      }
+      PairChunk* chunk = &chunks_[at->second];
+      if (!chunk->pairs.empty() && end.seq > chunk->first_seq + kFoldSpan) {
+        if (s = InsertPairs(chunk); !s.ok()) return fail(s);
+      }
+      AppendPair(chunk, e, end);
+      continue;
+    }
     if (s = InsertEvent(e); !s.ok()) return fail(s);
+    if (net_zero_[i]) continue;
     const int sign = UsageSign(e.kind);
-    if (sign != 0 && net_zero.contains(e.allocation_id)) continue;
     if (sign > 0) {
       sqlite3_stmt* l = insert_live_;
       sqlite3_reset(l);
@@ -583,6 +779,11 @@ absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
       if (sqlite3_step(delete_live_) != SQLITE_DONE) return fail(Error("writing live"));
     }
   }
+  for (PairChunk& c : chunks_) {
+    if (s = InsertPairs(&c); !s.ok()) return fail(s);
+  }
+  chunks_.clear();
+  chunk_of_.clear();
   for (const auto& key : changed) {
     const UsageRow& row = usage.rows().at(key);
     sqlite3_stmt* u = upsert_usage_;
@@ -666,28 +867,145 @@ absl::Status LedgerStore::ReplaceQuotas(const std::vector<QuotaRow>& quotas) {
 }
 
 absl::StatusOr<std::vector<LedgerEvent>> LedgerStore::Query(const EventQuery& query) const {
-  std::string sql = absl::StrCat("SELECT ", kEventColumns, " FROM events WHERE seq > ?1");
-  if (!query.tenant.empty()) absl::StrAppend(&sql, " AND tenant = ?2");
-  if (query.since_ns > 0) absl::StrAppend(&sql, " AND time_ns >= ?3");
-  if (query.until_ns > 0) absl::StrAppend(&sql, " AND time_ns < ?4");
-  absl::StrAppend(&sql, query.newest ? " ORDER BY seq DESC" : " ORDER BY seq", " LIMIT ?5");
+  if (query.limit == 0) return std::vector<LedgerEvent>();
+  // Two streams in seq order: event_rows (one event a row), and the pairs of
+  // pair_rows (two events each, all within kFoldSpan above their row's
+  // first_seq). Events go through `pending` and are emitted once neither
+  // stream can still give one that comes before them.
+  const bool desc = query.newest;
+  std::string where;
+  if (!query.tenant.empty()) absl::StrAppend(&where, " AND tenant = ?2");
+  std::string singles_sql = absl::StrCat("SELECT ", kEventColumns,
+                                         " FROM event_rows WHERE seq > ?1", where);
+  if (query.since_ns > 0) absl::StrAppend(&singles_sql, " AND time_ns >= ?3");
+  if (query.until_ns > 0) absl::StrAppend(&singles_sql, " AND time_ns < ?4");
+  absl::StrAppend(&singles_sql, desc ? " ORDER BY seq DESC" : " ORDER BY seq");
+  std::string pairs_sql = absl::StrCat("SELECT p.first_seq, p.tenant, ", kPairFields,
+                                       " FROM pair_rows p, json_each(p.pairs) j WHERE "
+                                       "p.first_seq > ?1",
+                                       query.tenant.empty() ? "" : " AND p.tenant = ?2",
+                                       desc ? " ORDER BY p.first_seq DESC" : " ORDER BY p.first_seq");
   absl::MutexLock lock(&reader_mu_);
-  Stmt q;
-  if (sqlite3_prepare_v2(reader_, sql.c_str(), -1, &q.s, nullptr) != SQLITE_OK) {
-    return absl::InternalError(absl::StrCat("ledger ", path_, ": ", sqlite3_errmsg(reader_)));
+  auto failed = [&](const char* what) {
+    return absl::UnavailableError(
+        absl::StrCat("ledger ", path_, ": ", what, ": ", sqlite3_errmsg(reader_)));
+  };
+  Stmt singles, pairs;
+  if (sqlite3_prepare_v2(reader_, singles_sql.c_str(), -1, &singles.s, nullptr) != SQLITE_OK ||
+      sqlite3_prepare_v2(reader_, pairs_sql.c_str(), -1, &pairs.s, nullptr) != SQLITE_OK) {
+    return failed("reading events");
   }
-  sqlite3_bind_int64(q.s, 1, query.after_seq);
-  if (!query.tenant.empty()) BindText(q.s, 2, query.tenant);
-  if (query.since_ns > 0) sqlite3_bind_int64(q.s, 3, query.since_ns);
-  if (query.until_ns > 0) sqlite3_bind_int64(q.s, 4, query.until_ns);
-  sqlite3_bind_int64(q.s, 5, query.limit);
+  // The reads are one transaction, so both streams see the same commits.
+  if (sqlite3_exec(reader_, "BEGIN", nullptr, nullptr, nullptr) != SQLITE_OK) {
+    return failed("reading events");
+  }
+  struct EndRead {
+    sqlite3* db;
+    ~EndRead() { sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr); }
+  } end_read{reader_};
+  sqlite3_bind_int64(singles.s, 1, static_cast<int64_t>(query.after_seq));
+  const uint64_t from = query.after_seq > kFoldSpan ? query.after_seq - kFoldSpan : 0;
+  sqlite3_bind_int64(pairs.s, 1, static_cast<int64_t>(from));
+  if (!query.tenant.empty()) {
+    BindText(singles.s, 2, query.tenant);
+    BindText(pairs.s, 2, query.tenant);
+  }
+  if (query.since_ns > 0) sqlite3_bind_int64(singles.s, 3, query.since_ns);
+  if (query.until_ns > 0) sqlite3_bind_int64(singles.s, 4, query.until_ns);
+
+  auto wanted = [&](const LedgerEvent& e) {
+    return e.seq > query.after_seq && (query.since_ns <= 0 || e.time_ns >= query.since_ns) &&
+           (query.until_ns <= 0 || e.time_ns < query.until_ns);
+  };
+  auto later = [desc](const LedgerEvent& a, const LedgerEvent& b) {
+    return desc ? a.seq < b.seq : a.seq > b.seq;
+  };
+  std::priority_queue<LedgerEvent, std::vector<LedgerEvent>, decltype(later)> pending(later);
   std::vector<LedgerEvent> out;
-  int rc;
-  while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) out.push_back(EventFromRow(q.s));
-  if (rc != SQLITE_DONE) {
-    return absl::UnavailableError(absl::StrCat("ledger ", path_, ": ", sqlite3_errmsg(reader_)));
+  // Each stream's next row (stepped ahead), and the bound on the seqs it may
+  // still give: at least (oldest first) or at most (newest first).
+  constexpr int64_t kDone = -1;
+  auto step = [&](sqlite3_stmt* q, int64_t* bound, bool is_pairs) -> absl::Status {
+    const int rc = sqlite3_step(q);
+    if (rc == SQLITE_DONE) {
+      *bound = kDone;
+      return absl::OkStatus();
+    }
+    if (rc != SQLITE_ROW) return failed("reading events");
+    const int64_t key = sqlite3_column_int64(q, 0);
+    *bound = is_pairs && desc ? key + static_cast<int64_t>(kFoldSpan) : key;
+    return absl::OkStatus();
+  };
+  int64_t singles_bound = 0, pairs_bound = 0;
+  if (absl::Status st = step(singles.s, &singles_bound, false); !st.ok()) return st;
+  if (absl::Status st = step(pairs.s, &pairs_bound, true); !st.ok()) return st;
+  while (out.size() < query.limit && (singles_bound != kDone || pairs_bound != kDone)) {
+    // The stream whose next row comes first in the order asked.
+    bool take_pairs;
+    if (singles_bound == kDone) {
+      take_pairs = true;
+    } else if (pairs_bound == kDone) {
+      take_pairs = false;
+    } else {
+      take_pairs = desc ? pairs_bound > singles_bound : pairs_bound < singles_bound;
+    }
+    // Events no row still to come can precede are final.
+    const int64_t bound = take_pairs ? pairs_bound : singles_bound;
+    while (!pending.empty() && out.size() < query.limit &&
+           (desc ? static_cast<int64_t>(pending.top().seq) > bound
+                 : static_cast<int64_t>(pending.top().seq) < bound)) {
+      out.push_back(pending.top());
+      pending.pop();
+    }
+    if (out.size() >= query.limit) break;
+    if (!take_pairs) {
+      LedgerEvent e = EventFromRow(singles.s);
+      if (wanted(e)) pending.push(std::move(e));
+      if (absl::Status st = step(singles.s, &singles_bound, false); !st.ok()) return st;
+      continue;
+    }
+    sqlite3_stmt* q = pairs.s;
+    const int64_t first_seq = sqlite3_column_int64(q, 0);
+    LedgerEvent start;
+    start.tenant = ColumnText(q, 1);
+    for (int c = 2; c < 13; ++c) {
+      const int want = c == 6 ? SQLITE_TEXT : SQLITE_INTEGER;
+      if (sqlite3_column_type(q, c) != want) {
+        return absl::DataLossError(absl::StrCat(
+            "ledger ", path_, " is damaged: the pairs of its pair_rows row ", first_seq,
+            " are not this ledger's"));
+      }
+    }
+    start.seq = sqlite3_column_int64(q, 2);
+    start.time_ns = sqlite3_column_int64(q, 3);
+    start.kind = EventKind::kAllocate;
+    start.uid = static_cast<uint32_t>(sqlite3_column_int64(q, 7));
+    start.pid = sqlite3_column_int(q, 8);
+    start.session = sqlite3_column_int64(q, 9);
+    start.device = sqlite3_column_int(q, 10);
+    start.bytes = sqlite3_column_int64(q, 11);
+    start.allocation_id = sqlite3_column_int64(q, 12);
+    LedgerEvent end = start;
+    end.seq = sqlite3_column_int64(q, 4);
+    end.time_ns = sqlite3_column_int64(q, 5);
+    const std::optional<EventKind> kind = KindFromName(ColumnText(q, 6));
+    const int64_t s0 = static_cast<int64_t>(start.seq), s1 = static_cast<int64_t>(end.seq);
+    if (!kind || UsageSign(*kind) >= 0 || s0 < first_seq || s1 <= s0 ||
+        s1 > first_seq + static_cast<int64_t>(kFoldSpan)) {
+      return absl::DataLossError(absl::StrCat(
+          "ledger ", path_, " is damaged: a pair of its pair_rows row ", first_seq,
+          " is not this ledger's"));
+    }
+    end.kind = *kind;
+    if (wanted(start)) pending.push(std::move(start));
+    if (wanted(end)) pending.push(std::move(end));
+    if (absl::Status st = step(pairs.s, &pairs_bound, true); !st.ok()) return st;
   }
-  if (query.newest) std::reverse(out.begin(), out.end());
+  while (!pending.empty() && out.size() < query.limit) {
+    out.push_back(pending.top());
+    pending.pop();
+  }
+  if (desc) std::reverse(out.begin(), out.end());
   return out;
 }
 

@@ -21,6 +21,16 @@
 //    window above every id a previous run could have used, and Commit keeps
 //    the stored high-water mark at least kIdWindow/2 above the highest id
 //    committed so far.
+//  - Events are stored compactly and read back exactly: an allocation made
+//    and ended in one commit, whose events say nothing but its tenant, uid,
+//    pid, session, device, bytes, id and the end's kind (no detail), and
+//    whose end is at most kFoldSpan seqs after its start, is a pair: one
+//    element of a JSON array in a `pair_rows` row, which holds one tenant's
+//    pairs of up to kFoldSpan consecutive seqs. Every other event is a row
+//    of `event_rows`. Query, and the `events` view SQL readers use, give
+//    back every event with its own seq, as one row each. A ledger of the
+//    earlier format (an `events` table of every event) is migrated at Open,
+//    in the recovery transaction.
 //  - Commit writes a group of events, their effect on `live` and `usage`,
 //    and pending quota rows in one transaction: all or nothing. It yields
 //    the core (sched_yield) every few dozen events, so a full batch never
@@ -60,6 +70,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/ledger/ledger_event.h"
@@ -106,6 +117,8 @@ struct EventQuery {
 class LedgerStore {
  public:
   static constexpr uint64_t kIdWindow = uint64_t{1} << 20;
+  // The most seqs between a folded row's start and its end.
+  static constexpr uint64_t kFoldSpan = 1024;
 
   struct Recovery {
     uint64_t next_seq = 1;
@@ -169,6 +182,17 @@ class LedgerStore {
   absl::Status Recover(int64_t now_ns, bool defer);
   absl::Status WriteQuotas(const std::vector<QuotaRow>& quotas);
   absl::Status InsertEvent(const LedgerEvent& e);
+  // `start` and `end` may be stored as a pair (see the class comment).
+  static bool Foldable(const LedgerEvent& start, const LedgerEvent& end);
+  // One tenant's pairs being gathered into a pair_rows row.
+  struct PairChunk {
+    std::string tenant;
+    uint64_t first_seq = 0, last_seq = 0, max_allocation_id = 0;
+    std::string pairs;  // the JSON array, without its closing bracket
+  };
+  static void AppendPair(PairChunk* chunk, const LedgerEvent& start, const LedgerEvent& end);
+  // Writes the chunk's row (nothing if it is empty) and empties it.
+  absl::Status InsertPairs(PairChunk* chunk);
   // Binds `e` to columns first..first+10 of `s`.
   static void BindEvent(sqlite3_stmt* s, int first, const LedgerEvent& e);
   // PATH is still the file Open opened.
@@ -185,7 +209,15 @@ class LedgerStore {
   sqlite3_stmt* insert_live_ = nullptr;
   sqlite3_stmt* delete_live_ = nullptr;
   sqlite3_stmt* upsert_usage_ = nullptr;
+  sqlite3_stmt* insert_pairs_ = nullptr;
   uint64_t id_reserved_ = 0;
+  bool migrate_events_table_ = false;  // Open found format 1's events table
+  // Commit's scratch, kept to reuse its memory (under write_mu_).
+  std::vector<int32_t> fold_end_;
+  std::vector<uint8_t> net_zero_;
+  absl::flat_hash_map<uint64_t, size_t> open_;
+  std::vector<PairChunk> chunks_;
+  absl::flat_hash_map<absl::string_view, size_t> chunk_of_;  // tenant -> chunks_ index
   dev_t file_dev_ = 0;
   ino_t file_ino_ = 0;
   std::atomic<int> wal_pages_{0};  // set by the WAL hook after each commit
