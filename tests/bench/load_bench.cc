@@ -40,7 +40,9 @@
 // "no_ledger"; the order alternates by round), section "ledger". Each row
 // carries the 1-minute load average when it started (the machine may be
 // shared). The summary gives, per count and round, on/off ratios of pairs/s,
-// p999 and daemon CPU per pair, and their spread over the rounds. Then
+// p999 and daemon CPU per pair, their spread over the rounds, and the same
+// three pooled over all rounds (every pair's time in one p999, all CPU over
+// all pairs): the figure to read on a shared machine. Then
 // (--replay_seconds > 0) --soak_clients clients run on the ledger daemon for
 // that long at full rate; the daemon is stopped and its ledger replayed:
 // folding every event in order must give exactly the usage table (current,
@@ -312,6 +314,9 @@ struct Row {
   // Daemon rows: ratio to the floor row of the same transport and count.
   double x_floor_pairs = 0, x_floor_p50 = 0;
   double load1 = 0;  // the 1-minute load average when the row started
+  double cpu_seconds = 0;      // of the server process, over the row
+  double writer_cpu_seconds = 0;  // of its ledger writer thread (gpumemd-ledger)
+  std::vector<float> samples;  // µs per pair, sorted (ledger rows only)
 };
 
 double LoadAverage() {
@@ -359,10 +364,12 @@ class Driver {
     rename((go + ".tmp").c_str(), go.c_str());
     while (NowNs() < start) std::this_thread::sleep_for(std::chrono::microseconds(200));
     const double cpu0 = ProcessCpuSeconds(server);
+    const double writer0 = ProcessCpuSeconds(server, "gpumemd-ledger");
     const uint64_t switches0 = ProcessSwitches(server);
     row.rss_start = RssBytes(server);
     std::this_thread::sleep_for(std::chrono::nanoseconds(static_cast<int64_t>(seconds * 1e9)));
     const double cpu1 = ProcessCpuSeconds(server);
+    const double writer1 = ProcessCpuSeconds(server, "gpumemd-ledger");
     const uint64_t switches1 = ProcessSwitches(server);
     row.rss_end = RssBytes(server);
     std::vector<float> all;
@@ -389,11 +396,14 @@ class Driver {
     }
     unlink(go.c_str());
     std::sort(all.begin(), all.end());
+    if (keep_samples_) row.samples = all;
     row.pairs = all.size();
     row.pairs_per_s = all.size() / seconds;
     row.p50 = Quantile(all, 0.5);
     row.p99 = Quantile(all, 0.99);
     row.p999 = Quantile(all, 0.999);
+    row.cpu_seconds = cpu1 - cpu0;
+    row.writer_cpu_seconds = writer1 - writer0;
     if (!all.empty()) {
       row.cpu_us_per_pair = (cpu1 - cpu0) * 1e6 / all.size();
       row.switches_per_pair = static_cast<double>(switches1 - switches0) / all.size();
@@ -403,11 +413,14 @@ class Driver {
 
   const std::string& dir() const { return dir_; }
   const std::string& self() const { return self_; }
+  // Rows keep their samples (for figures pooled over rounds).
+  void KeepSamples(bool keep) { keep_samples_ = keep; }
 
  private:
   std::string self_;
   std::string dir_;
   int phase_ = 0;
+  bool keep_samples_ = false;
 };
 
 struct ScaleFigures {
@@ -637,11 +650,15 @@ int RunLedgerCompare(Driver& driver, const std::vector<std::string>& args, bool 
            "N", "pairs/s", "p50 us", "p99 us", "p999 us", "errors", "cpu us", "cs");
   }
   std::vector<Row> rows;
-  std::vector<std::string> ratios_json;
+  std::vector<std::string> ratios_json, pooled_json;
   std::vector<std::string> summary;
   const int rounds = std::max(1, absl::GetFlag(FLAGS_ledger_rounds));
+  driver.KeepSamples(true);
   for (int c : counts) {
     Spread pairs, p999, cpu;
+    // Pooled over the rounds: every pair's time, all CPU over all pairs.
+    std::vector<float> on_all, off_all;
+    double on_cpu = 0, off_cpu = 0, on_writer = 0, off_writer = 0;
     for (int r = 0; r < rounds; ++r) {
       Row d, n;
       auto run_on = [&] {
@@ -657,8 +674,15 @@ int RunLedgerCompare(Driver& driver, const std::vector<std::string>& args, bool 
         run_off();
         run_on();
       }
+      on_all.insert(on_all.end(), d.samples.begin(), d.samples.end());
+      off_all.insert(off_all.end(), n.samples.begin(), n.samples.end());
+      on_cpu += d.cpu_seconds;
+      off_cpu += n.cpu_seconds;
+      on_writer += d.writer_cpu_seconds;
+      off_writer += n.writer_cpu_seconds;
       for (Row* x : {&d, &n}) {
         x->section = "ledger";
+        x->samples.clear();
         if (!json) PrintRow(*x);
         rows.push_back(*x);
       }
@@ -682,6 +706,36 @@ int RunLedgerCompare(Driver& driver, const std::vector<std::string>& args, bool 
         "ledger on/off, %d stream client(s), spread over %d rounds: pairs/s %.3f-%.3fx, "
         "p999 %.3f-%.3fx, daemon cpu/pair %.3f-%.3fx",
         c, rounds, pairs.lo, pairs.hi, p999.lo, p999.hi, cpu.lo, cpu.hi));
+    std::sort(on_all.begin(), on_all.end());
+    std::sort(off_all.begin(), off_all.end());
+    const double pooled_pairs =
+        off_all.empty() ? 0 : static_cast<double>(on_all.size()) / off_all.size();
+    const double pooled_999 = Quantile(off_all, 0.999) > 0
+                                  ? Quantile(on_all, 0.999) / Quantile(off_all, 0.999)
+                                  : 0;
+    const double pooled_cpu = on_all.empty() || off_cpu <= 0
+                                  ? 0
+                                  : (on_cpu / on_all.size()) / (off_cpu / off_all.size());
+    summary.push_back(absl::StrFormat(
+        "ledger on/off, %d stream client(s), all %d rounds pooled: pairs/s %.3fx, "
+        "p999 %.3fx (%.1f / %.1f us), daemon cpu/pair %.3fx (%.2f / %.2f us)",
+        c, rounds, pooled_pairs, pooled_999, Quantile(on_all, 0.999), Quantile(off_all, 0.999),
+        pooled_cpu, on_all.empty() ? 0 : on_cpu * 1e6 / on_all.size(),
+        off_all.empty() ? 0 : off_cpu * 1e6 / off_all.size()));
+    summary.push_back(absl::StrFormat(
+        "  of which the ledger writer thread: %.2f / %.2f us per pair; the rest %.2f / %.2f us",
+        on_all.empty() ? 0 : on_writer * 1e6 / on_all.size(),
+        off_all.empty() ? 0 : off_writer * 1e6 / off_all.size(),
+        on_all.empty() ? 0 : (on_cpu - on_writer) * 1e6 / on_all.size(),
+        off_all.empty() ? 0 : (off_cpu - off_writer) * 1e6 / off_all.size()));
+    pooled_json.push_back(absl::StrFormat(
+        "{\"clients\":%d,\"rounds\":%d,\"pairs_per_s\":%.3f,\"p999\":%.3f,"
+        "\"cpu_per_pair\":%.3f,\"on_cpu_us_per_pair\":%.3f,\"off_cpu_us_per_pair\":%.3f,"
+        "\"on_writer_us_per_pair\":%.3f}",
+        c, rounds, pooled_pairs, pooled_999, pooled_cpu,
+        on_all.empty() ? 0 : on_cpu * 1e6 / on_all.size(),
+        off_all.empty() ? 0 : off_cpu * 1e6 / off_all.size(),
+        on_all.empty() ? 0 : on_writer * 1e6 / on_all.size()));
   }
   off.Stop();
   std::string replay_json;
@@ -713,7 +767,8 @@ int RunLedgerCompare(Driver& driver, const std::vector<std::string>& args, bool 
   if (json) {
     std::string j = Json(rows, nullptr);
     j.pop_back();  // the closing brace
-    printf("%s,\"ledger_ratios\":[%s]%s}\n", j.c_str(), absl::StrJoin(ratios_json, ",").c_str(),
+    printf("%s,\"ledger_ratios\":[%s],\"ledger_pooled\":[%s]%s}\n", j.c_str(),
+           absl::StrJoin(ratios_json, ",").c_str(), absl::StrJoin(pooled_json, ",").c_str(),
            replay_json.c_str());
   } else {
     for (const std::string& line : summary) printf("%s\n", line.c_str());

@@ -46,5 +46,10 @@ for r in j["rows"]:
 assert len(j["ledger_ratios"]) == 2, j["ledger_ratios"]
 for x in j["ledger_ratios"]:
     assert x["pairs_per_s"] > 0 and x["p999"] > 0 and x["cpu_per_pair"] > 0, x
+# Pooled over both rounds; the ledger daemon's writer did work.
+assert len(j["ledger_pooled"]) == 1, j["ledger_pooled"]
+p = j["ledger_pooled"][0]
+assert p["rounds"] == 2 and p["pairs_per_s"] > 0 and p["p999"] > 0 and p["cpu_per_pair"] > 0, p
+assert p["on_writer_us_per_pair"] > 0, p
 assert j["replay"]["equal"] and j["replay"]["events"] > 0, j["replay"]
 PY

@@ -85,9 +85,14 @@ int ThreadCountBesidesGrpcTimers(pid_t pid) {
   return alive ? n : -1;
 }
 
-double ProcessCpuSeconds(pid_t pid) {
+double ProcessCpuSeconds(pid_t pid, const std::string& thread_name) {
   uint64_t ns = 0;
   ForEachProcEntry(pid, "task", [&](const std::string& task) {
+    if (!thread_name.empty()) {
+      std::ifstream comm(task + "/comm");
+      std::string name;
+      if (!std::getline(comm, name) || name != thread_name) return;
+    }
     std::ifstream in(task + "/schedstat");
     uint64_t run = 0;
     if (in >> run) ns += run;

@@ -34,7 +34,8 @@ int FdCount(pid_t pid);
 // nanosecond: the sum of the first field of each /proc/PID/task/TID/schedstat
 // (/proc/PID/stat counts clock ticks, too coarse for a benchmark row of a
 // few seconds). Threads that have ended are not counted. 0 if it is gone.
-double ProcessCpuSeconds(pid_t pid);
+// With `thread_name`, only its threads of that name (/proc/PID/task/TID/comm).
+double ProcessCpuSeconds(pid_t pid, const std::string& thread_name = "");
 int64_t RssKiB(pid_t pid);
 
 // A fresh directory under /tmp (short enough for a Unix socket path),
