@@ -880,7 +880,8 @@ absl::StatusOr<std::vector<LedgerEvent>> LedgerStore::Query(const EventQuery& qu
   if (query.since_ns > 0) absl::StrAppend(&singles_sql, " AND time_ns >= ?3");
   if (query.until_ns > 0) absl::StrAppend(&singles_sql, " AND time_ns < ?4");
   absl::StrAppend(&singles_sql, desc ? " ORDER BY seq DESC" : " ORDER BY seq");
-  std::string pairs_sql = absl::StrCat("SELECT p.first_seq, p.tenant, ", kPairFields,
+  std::string pairs_sql = absl::StrCat("SELECT p.first_seq, p.tenant, p.last_seq, "
+                                       "p.max_allocation_id, ", kPairFields,
                                        " FROM pair_rows p, json_each(p.pairs) j WHERE "
                                        "p.first_seq > ?1",
                                        query.tenant.empty() ? "" : " AND p.tenant = ?2",
@@ -968,30 +969,35 @@ absl::StatusOr<std::vector<LedgerEvent>> LedgerStore::Query(const EventQuery& qu
     const int64_t first_seq = sqlite3_column_int64(q, 0);
     LedgerEvent start;
     start.tenant = ColumnText(q, 1);
-    for (int c = 2; c < 13; ++c) {
-      const int want = c == 6 ? SQLITE_TEXT : SQLITE_INTEGER;
+    const int64_t last_seq = sqlite3_column_int64(q, 2);
+    const uint64_t max_id = static_cast<uint64_t>(sqlite3_column_int64(q, 3));
+    // Columns 4..14: the pair's fields (kPairFields).
+    for (int c = 4; c < 15; ++c) {
+      const int want = c == 8 ? SQLITE_TEXT : SQLITE_INTEGER;
       if (sqlite3_column_type(q, c) != want) {
         return absl::DataLossError(absl::StrCat(
             "ledger ", path_, " is damaged: the pairs of its pair_rows row ", first_seq,
             " are not this ledger's"));
       }
     }
-    start.seq = sqlite3_column_int64(q, 2);
-    start.time_ns = sqlite3_column_int64(q, 3);
+    start.seq = sqlite3_column_int64(q, 4);
+    start.time_ns = sqlite3_column_int64(q, 5);
     start.kind = EventKind::kAllocate;
-    start.uid = static_cast<uint32_t>(sqlite3_column_int64(q, 7));
-    start.pid = sqlite3_column_int(q, 8);
-    start.session = sqlite3_column_int64(q, 9);
-    start.device = sqlite3_column_int(q, 10);
-    start.bytes = sqlite3_column_int64(q, 11);
-    start.allocation_id = sqlite3_column_int64(q, 12);
+    start.uid = static_cast<uint32_t>(sqlite3_column_int64(q, 9));
+    start.pid = sqlite3_column_int(q, 10);
+    start.session = sqlite3_column_int64(q, 11);
+    start.device = sqlite3_column_int(q, 12);
+    start.bytes = sqlite3_column_int64(q, 13);
+    start.allocation_id = sqlite3_column_int64(q, 14);
     LedgerEvent end = start;
-    end.seq = sqlite3_column_int64(q, 4);
-    end.time_ns = sqlite3_column_int64(q, 5);
-    const std::optional<EventKind> kind = KindFromName(ColumnText(q, 6));
+    end.seq = sqlite3_column_int64(q, 6);
+    end.time_ns = sqlite3_column_int64(q, 7);
+    const std::optional<EventKind> kind = KindFromName(ColumnText(q, 8));
     const int64_t s0 = static_cast<int64_t>(start.seq), s1 = static_cast<int64_t>(end.seq);
-    if (!kind || UsageSign(*kind) >= 0 || s0 < first_seq || s1 <= s0 ||
-        s1 > first_seq + static_cast<int64_t>(kFoldSpan)) {
+    // Within its row's bounds (which Open checked), an ending kind, an id
+    // its row accounts for.
+    if (!kind || UsageSign(*kind) >= 0 || s0 < first_seq || s1 <= s0 || s1 > last_seq ||
+        s1 > first_seq + static_cast<int64_t>(kFoldSpan) || start.allocation_id > max_id) {
       return absl::DataLossError(absl::StrCat(
           "ledger ", path_, " is damaged: a pair of its pair_rows row ", first_seq,
           " is not this ledger's"));

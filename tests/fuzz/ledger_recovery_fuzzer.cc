@@ -11,7 +11,12 @@
 // nothing live any more (the first one closed it all with DAEMON_RESTART).
 //
 // With GPUMEMD_LEDGER_SEEDS=DIR set, LLVMFuzzerInitialize writes the seed
-// files into DIR and exits (how the committed seeds were made).
+// files into DIR and exits (how the committed seeds were made: ledger_* by
+// the format with one row per event, which Open converts; pairs_* by the
+// format with pair_rows, where every third allocation, freed at once, is a
+// pair). Query's answer over a damaged pair row is checked like any other:
+// an error naming the file, or events whose seqs and ids are below what
+// recovery hands out.
 #include <unistd.h>
 
 #include <cstdint>
@@ -142,7 +147,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ledger::EventQuery q;
     q.limit = 100000;
     absl::StatusOr<std::vector<ledger::LedgerEvent>> events = (*store)->Query(q);
-    if (events.ok()) {
+    if (!events.ok()) {
+      Check(absl::StrContains(events.status().message(), path),
+            "query error does not name the file: " + events.status().ToString());
+    } else {
       for (const ledger::LedgerEvent& e : *events) {
         Check(e.allocation_id < r.first_allocation_id,
               absl::StrCat("first id ", r.first_allocation_id, " not above id ",
