@@ -160,7 +160,7 @@ LedgerEvent EventFromRow(sqlite3_stmt* s) {
 }
 
 // Events a commit goes through between two sched_yield()s.
-constexpr size_t kYieldEvery = 32;
+constexpr size_t kYieldEvery = 128;
 
 // Keeps the WAL's page count where the writer can read it.
 int WalHook(void* arg, sqlite3*, const char*, int pages) {

@@ -205,7 +205,7 @@ void TenantLedger::WriterLoop() {
       for (const LedgerEvent& e : fresh) {
         // As in a commit (LedgerStore::Commit): the core goes to a serving
         // thread that wants it every few dozen microseconds.
-        if (++folded % 256 == 0) sched_yield();
+        if (++folded % 512 == 0) sched_yield();
         if (usage_.Apply(e)) {
           // Runs of one tenant on one device are the common case.
           if (last == nullptr || last->device != e.device || last->tenant != e.tenant) {
