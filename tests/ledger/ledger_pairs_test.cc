@@ -234,7 +234,7 @@ TEST(LedgerPairsTest, QueryAndViewGiveBackEveryEventExactly) {
   // Random filters against the model.
   std::mt19937_64 rng(7);
   const int64_t t_end = all.back().time_ns;
-  for (int i = 0; i < 300; ++i) {
+  for (int i = 0; i < 120; ++i) {
     EventQuery r;
     r.limit = 1 + rng() % (i % 2 ? 50 : 3000);
     r.newest = rng() % 2;
