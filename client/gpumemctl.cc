@@ -104,6 +104,40 @@ std::string Json(const google::protobuf::Message& m) {
   return out;
 }
 
+// "1 event", "2 events".
+std::string Count(uint64_t n, const char* noun) {
+  return absl::StrCat(n, " ", noun, n == 1 ? "" : "s");
+}
+
+// "ledger PATH: ok, N events committed, ...", or FAILING with the error and
+// what is held; nothing from a daemon too old to say.
+void PrintLedger(const v1::GetStatsResponse& stats) {
+  if (!stats.has_ledger()) return;
+  const v1::LedgerStatus& l = stats.ledger();
+  if (!l.enabled()) {
+    std::cout << "ledger: off (--ledger=none): no events are recorded\n";
+    return;
+  }
+  std::string line;
+  if (l.failing()) {
+    line = absl::StrCat("ledger ", l.path(), ": FAILING: ", l.last_error(), "; ",
+                        Count(l.held_events(), "event"), " held in memory and retried, ",
+                        l.dropped_events(), " dropped");
+  } else {
+    line = absl::StrCat("ledger ", l.path(), ": ok, ", Count(l.committed_events(), "event"),
+                        " committed, ", l.held_events(), " held, ", l.dropped_events(),
+                        " dropped, WAL ", Count(l.wal_pages(), "page"));
+  }
+  if (l.failed_commits() > 0) {
+    absl::StrAppend(&line, ", ", Count(l.failed_commits(), "failed commit"));
+  }
+  if (l.blocked_checkpoints() > 0) {
+    absl::StrAppend(&line, "; ", Count(l.blocked_checkpoints(), "checkpoint"),
+                    " blocked by a reader's open transaction");
+  }
+  std::cout << line << "\n";
+}
+
 int Stats(Client& client) {
   absl::StatusOr<v1::GetStatsResponse> stats = client.GetStats(absl::GetFlag(FLAGS_slabs));
   if (!stats.ok()) return Fail(stats.status());
@@ -112,6 +146,7 @@ int Stats(Client& client) {
     return 0;
   }
   std::cout << "backend: " << stats->backend() << "\n";
+  PrintLedger(*stats);
   std::cout << absl::StrFormat("%-4s %-40s %11s %11s %11s %11s %11s %6s %6s %7s\n",
                                "DEV", "UUID", "TOTAL", "USED", "FREE", "POOLED",
                                "LARGEST", "FRAG", "SLABS", "ALLOCS");

@@ -1,7 +1,8 @@
 // See top_view.h. The screen is four header lines (title, rates, refusals,
-// a notice line) and three sections (devices, tenants, sessions), each a
-// title row and at least one row; rows beyond the screen are cut per
-// section, devices first to give way after each other section kept a few.
+// a notice line: unreachable, else a failing ledger, else a restart) and
+// three sections (devices, tenants, sessions), each a title row and at
+// least one row; rows beyond the screen are cut per section, devices first
+// to give way after each other section kept a few.
 #include "client/top_view.h"
 
 #include <algorithm>
@@ -183,6 +184,13 @@ std::vector<std::string> TopView::Lay(int width, int height, bool plain) const {
                     absl::StatusCodeToString(unreachable_->code()), ": ",
                     unreachable_->message());
     out.push_back(line);
+  } else if (s != nullptr && s->ledger().failing()) {
+    // The facts first here too; the error (which names the file) last.
+    const v1::LedgerStatus& l = s->ledger();
+    out.push_back(absl::StrCat("LEDGER FAILING: ", l.held_events(),
+                               l.held_events() == 1 ? " event" : " events",
+                               " held in memory, ", l.dropped_events(),
+                               " dropped; allocations are served: ", l.last_error()));
   } else if (restarted_at_.has_value() && now_ - *restarted_at_ < kRestartNoticeFor) {
     out.push_back(absl::StrCat(
         "daemon restarted (seen at ",

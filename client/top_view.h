@@ -18,6 +18,8 @@
 //    rates for that refresh, and a notice, instead of negative figures.
 //  - While the daemon cannot be reached it says so on the first lines and
 //    keeps showing the last answer, marked with when it was taken.
+//  - While the daemon's ledger fails to commit (GetStats' ledger.failing),
+//    the notice line says so: events held, dropped, and the error.
 //  - It makes no calls of its own: what it shows is what the caller gave it
 //    (the daemon's visibility rules apply to that answer).
 // Not thread-safe (one per loop).

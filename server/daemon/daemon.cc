@@ -279,6 +279,7 @@ absl::Status Daemon::StartParts() {
   unary.broker = broker;
   unary.peers = &p.peers;
   unary.tenants = p.tenant_admin.get();
+  unary.ledger = p.ledger.get();
   unary.service = &p.service;
   unary.backend_workers = p.backend_workers.get();
   unary.query_workers = p.query_workers.get();

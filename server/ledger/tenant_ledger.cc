@@ -126,7 +126,7 @@ absl::Status TenantLedger::Flush() {
   mu_.Await(absl::Condition(&done));
   if (committed_seq_ >= target) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
-      "the ledger cannot write ", options_.path, " now: ", failing_,
+      "the ledger cannot write ", options_.path, " now: ", stats_.last_error,
       " (events are held in memory and retried)"));
 }
 
@@ -304,7 +304,7 @@ void TenantLedger::WriterLoop() {
         failing_since_ns = 0;
         failed_commits = 0;
         dropped = 0;
-        failing_.clear();
+        stats_.last_error.clear();
       }
       stats_.held_events = 0;
     } else {
@@ -313,7 +313,7 @@ void TenantLedger::WriterLoop() {
       ++failed_commits;
       ++stats_.failed_commits;
       last_error = std::string(s.message());
-      failing_ = last_error;
+      stats_.last_error = last_error;
       if (held.size() > options_.max_held) {
         const size_t excess = held.size() - options_.max_held;
         held.erase(held.begin(), held.begin() + excess);

@@ -25,7 +25,8 @@
 //    event is lost until max_held are waiting; beyond that the oldest go, and
 //    their count is recorded. When a commit works again, a LEDGER_GAP event
 //    records when writes failed, why, and how many events were dropped.
-//    stats() says so meanwhile (failing, held_events, dropped_events).
+//    stats() says so meanwhile (failing, last_error, held_events,
+//    dropped_events), in one snapshot taken under the ledger's lock.
 //  - A reader that keeps a read transaction open (sqlite3 left open on the
 //    file) does not stop commits (WAL), but no checkpoint can then reset the
 //    WAL, which grows: counted in stats() (blocked_checkpoints, wal_pages)
@@ -89,6 +90,7 @@ struct WriterStats {
   uint64_t dropped_events = 0;
   uint64_t held_events = 0;         // taken by the writer, not yet committed
   bool failing = false;             // the last commit failed
+  std::string last_error;           // while failing: that commit's error (names the file)
   int64_t writer_cpu_ns = 0;        // the writer thread's CPU time so far
   int64_t commit_ns = 0;            // wall time in Commit, all commits
   int64_t max_commit_ns = 0;        // the longest Commit
@@ -169,7 +171,6 @@ class TenantLedger {
   uint64_t committed_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t flush_wanted_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::string failing_ ABSL_GUARDED_BY(mu_);  // the last commit error, while failing
   WriterStats stats_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex usage_mu_;

@@ -250,8 +250,13 @@ void GpuMemoryService::Handle(GetStatsCall* call) {
   absl::StatusOr<PeerCred> caller = CallerOf(call->ctx(), *p_.peers, *p_.broker);
   if (!caller.ok()) return call->Reply(caller.status());
   MemoryBroker* broker = p_.broker;
-  Query(call, [broker, call, caller = *caller]() -> absl::StatusOr<v1::GetStatsResponse> {
-    return RenderStats(broker->Stats(caller, call->request().include_slabs()));
+  const ledger::TenantLedger* ledger = p_.ledger;
+  Query(call, [broker, ledger, call,
+               caller = *caller]() -> absl::StatusOr<v1::GetStatsResponse> {
+    v1::GetStatsResponse out =
+        RenderStats(broker->Stats(caller, call->request().include_slabs()));
+    *out.mutable_ledger() = RenderLedgerStatus(ledger);
+    return out;
   });
 }
 

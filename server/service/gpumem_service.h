@@ -14,6 +14,8 @@
 //    Resume run on `query_workers` (they read the disk or walk every
 //    session or allocation).
 //  - GetSession runs on the queue's thread.
+//  - GetStats answers with what the broker shows the caller (its visibility
+//    rules) and the ledger writer's state (every caller sees it).
 // Each handler finds its caller's kernel credentials (caller.h) and maps
 // absl statuses to gRPC statuses one to one (common/grpc_status.h): a
 // placement refusal travels as binary error details.
@@ -24,6 +26,7 @@
 
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "server/core/memory_broker.h"
+#include "server/ledger/tenant_ledger.h"
 #include "server/service/async_service.h"
 #include "server/service/call_observer.h"
 #include "server/service/cq_event.h"
@@ -44,6 +47,9 @@ class GpuMemoryService {
     // GetUsage, GetLedger, SetQuota, PutTenant, DeleteTenant; null: those
     // RPCs are UNIMPLEMENTED.
     TenantAdmin* tenants = nullptr;
+    // GetStats' ledger status (read, never written); null: shown as
+    // --ledger=none.
+    const ledger::TenantLedger* ledger = nullptr;
     AsyncGpuMemory* service = nullptr;  // registered with the server
     WorkerPool* backend_workers = nullptr;
     WorkerPool* query_workers = nullptr;

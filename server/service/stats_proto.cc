@@ -119,4 +119,22 @@ v1::GetStatsResponse RenderStats(const StatsView& view) {
   return out;
 }
 
+v1::LedgerStatus RenderLedgerStatus(const ledger::TenantLedger* ledger) {
+  v1::LedgerStatus out;
+  const bool enabled = ledger != nullptr && ledger->enabled();
+  out.set_enabled(enabled);
+  const ledger::WriterStats s = enabled ? ledger->stats() : ledger::WriterStats();
+  if (enabled) out.set_path(ledger->path());
+  out.set_failing(s.failing);
+  if (s.failing) out.set_last_error(s.last_error);
+  out.set_held_events(s.held_events);
+  out.set_dropped_events(s.dropped_events);
+  out.set_committed_events(s.committed_events);
+  out.set_commits(s.commits);
+  out.set_failed_commits(s.failed_commits);
+  out.set_wal_pages(static_cast<uint64_t>(std::max<int64_t>(s.wal_pages, 0)));
+  out.set_blocked_checkpoints(s.blocked_checkpoints);
+  return out;
+}
+
 }  // namespace gpumem

@@ -1,8 +1,8 @@
 // TopView (client/top_view.h) and the plain refresh loop of gpumemctl top
 // (client/gpumemctl_top.h) on made-up GetStats answers: sizes are kept,
-// rates come from counter differences over the daemon's uptime, a restart
-// and an unreachable daemon are said, not shown as figures, sections are cut
-// with a count, and each refresh costs exactly one GetStats.
+// rates come from counter differences over the daemon's uptime, a restart,
+// an unreachable daemon and a failing ledger are said, not shown as figures,
+// sections are cut with a count, and each refresh costs exactly one GetStats.
 #include "client/top_view.h"
 
 #include <sstream>
@@ -144,6 +144,43 @@ TEST(TopView, UnreachableKeepsTheLastFiguresMarkedStale) {
   EXPECT_THAT(s, HasSubstr("retrying every 1s: UNAVAILABLE: connection refused"));
   EXPECT_THAT(s, HasSubstr("  1 ["));  // the last answer is still shown
   EXPECT_FALSE(v.rates().has_value());
+}
+
+TEST(TopView, AFailingLedgerIsSaidOnTheNoticeLineUntilItWritesAgain) {
+  TopView v("s", absl::Seconds(1));
+  v1::GetStatsResponse a = Answer(2, 10, 100);
+  a.mutable_ledger()->set_enabled(true);
+  a.mutable_ledger()->set_path("/var/lib/gpumemd/ledger.db");
+  a.mutable_ledger()->set_committed_events(100);
+  v.Update(a, absl::Now());
+  EXPECT_THAT(Screen(v.Render(120, 30)), Not(HasSubstr("LEDGER")));
+  a.mutable_counters()->set_uptime_seconds(11);
+  v1::LedgerStatus* l = a.mutable_ledger();
+  l->set_failing(true);
+  l->set_held_events(523);
+  l->set_dropped_events(7);
+  l->set_last_error("ledger /var/lib/gpumemd/ledger.db: writing events: database or disk is full");
+  v.Update(a, absl::Now());
+  std::vector<std::string> lines = v.Render(200, 30);
+  ExpectFits(lines, 200, 30);
+  ASSERT_GE(lines.size(), 4u);
+  EXPECT_EQ(lines[3],
+            "LEDGER FAILING: 523 events held in memory, 7 dropped; allocations are served: "
+            "ledger /var/lib/gpumemd/ledger.db: writing events: database or disk is full");
+  // A narrow screen cuts the error, not the counts; the sections stay.
+  lines = v.Render(76, 12);
+  ExpectFits(lines, 76, 12);
+  EXPECT_THAT(lines[3], HasSubstr("523 events held in memory, 7 dropped"));
+  EXPECT_THAT(Screen(lines), HasSubstr("SESSION"));
+  // Unreachable wins: the ledger's state is not known then.
+  v.Unreachable(absl::UnavailableError("connection refused"), absl::Now());
+  EXPECT_THAT(Screen(v.Render(200, 30)), Not(HasSubstr("LEDGER FAILING")));
+  l->set_failing(false);
+  l->set_held_events(0);
+  l->clear_last_error();
+  a.mutable_counters()->set_uptime_seconds(12);
+  v.Update(a, absl::Now());
+  EXPECT_THAT(Screen(v.Render(200, 30)), Not(HasSubstr("LEDGER")));
 }
 
 TEST(TopView, ATooSmallTerminalGetsAMessageThatFits) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpumemctl as a user runs it: stats (table and JSON), alloc with sizes and
-# placement flags, --hold and free from another process, exit statuses.
+# placement flags, --hold and free from another process, exit statuses, and
+# the ledger line of stats (and top's warning) while the ledger file is away.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 GPUMEMD=$1
@@ -13,6 +14,7 @@ ctl stats >"$WORKDIR/stats.txt"
 grep -q "^backend: sim" "$WORKDIR/stats.txt" || fail "stats table has no backend line"
 [ "$(grep -c '^[0-3] *GPU-' "$WORKDIR/stats.txt")" = 4 ] || { cat "$WORKDIR/stats.txt"; fail "stats table lacks 4 device rows"; }
 grep -Eq '^ *0 +X +NV +SYS +SYS$' "$WORKDIR/stats.txt" || { cat "$WORKDIR/stats.txt"; fail "peer matrix row 0"; }
+grep -Eq "^ledger $WORKDIR/ledger.db: ok, [0-9]+ events? committed, 0 held, 0 dropped, WAL [0-9]+ pages?\$" "$WORKDIR/stats.txt" || { cat "$WORKDIR/stats.txt"; fail "stats has no ledger ok line"; }
 
 ctl stats --json >"$WORKDIR/stats.json"
 json_check "$WORKDIR/stats.json" 'len(j["devices"]) == 4 and j["devices"][1]["total_bytes"] == str(4 << 30)'
@@ -78,5 +80,32 @@ grep -q "NOT_FOUND" "$WORKDIR/out" || fail "free of unknown id"
 expect_rc 1 "$CTL" --socket="$WORKDIR/nothing.sock" stats
 grep -q "is the daemon running" "$WORKDIR/out" || fail "no hint when the daemon is down"
 
+# The ledger file away: stats says FAILING with the error and what is held,
+# top warns; once it is back, ok again with the outage's failed commits.
+ledger_line() { ctl stats | grep '^ledger ' >"$WORKDIR/ledger.txt"; }
+failing() { ledger_line && grep -Eq ': FAILING: .*; [1-9][0-9]* events? held in memory and retried, 0 dropped, [1-9][0-9]* failed commits?$' "$WORKDIR/ledger.txt"; }
+mv "$WORKDIR/ledger.db" "$WORKDIR/aside.db"
+ctl alloc 1MiB >/dev/null 2>&1
+eventually 60 failing || { cat "$WORKDIR/ledger.txt"; fail "stats never said the ledger is failing"; }
+grep -qF "ledger $WORKDIR/ledger.db: FAILING: ledger $WORKDIR/ledger.db was removed while gpumemd ran" "$WORKDIR/ledger.txt" || { cat "$WORKDIR/ledger.txt"; fail "the failing line does not name the file and why"; }
+cat "$WORKDIR/ledger.txt"  # the test log shows a real line
+ctl stats --json >"$WORKDIR/stats.json"
+json_check "$WORKDIR/stats.json" 'j["ledger"]["failing"] is True and int(j["ledger"]["held_events"]) > 0 and "was removed" in j["ledger"]["last_error"]'
+ctl top --plain --iterations=1 >"$WORKDIR/top.txt"
+grep -Eq '^LEDGER FAILING: [1-9][0-9]* events? held in memory, 0 dropped; allocations are served: ledger ' "$WORKDIR/top.txt" || { cat "$WORKDIR/top.txt"; fail "top does not warn of the failing ledger"; }
+mv "$WORKDIR/aside.db" "$WORKDIR/ledger.db"
+written() { ledger_line && grep -Eq ': ok, [0-9]+ events? committed, 0 held, 0 dropped, WAL [0-9]+ pages?, [1-9][0-9]* failed commits?$' "$WORKDIR/ledger.txt"; }
+eventually 60 written || { cat "$WORKDIR/ledger.txt"; fail "stats never said the ledger writes again"; }
+cat "$WORKDIR/ledger.txt"
+ctl top --plain --iterations=1 >"$WORKDIR/top.txt"
+if grep -q LEDGER "$WORKDIR/top.txt"; then cat "$WORKDIR/top.txt"; fail "top still warns"; fi
+
+stop_daemon
+
+start_daemon "$GPUMEMD" --sim_devices=1x1GiB --ledger=none
+ctl stats >"$WORKDIR/stats.txt"
+grep -qx 'ledger: off (--ledger=none): no events are recorded' "$WORKDIR/stats.txt" || { cat "$WORKDIR/stats.txt"; fail "stats with --ledger=none"; }
+ctl stats --json >"$WORKDIR/stats.json"
+json_check "$WORKDIR/stats.json" 'j["ledger"]["enabled"] is False and j["ledger"]["path"] == ""'
 stop_daemon
 echo PASS

@@ -1,7 +1,8 @@
 // Tenants, quotas, waiting admission and the ledger against real daemons and
 // real client processes (quota_client): the quota holds against 8 racing
 // processes, a kill -9 of the daemon loses nothing committed and closes what
-// was live, and waiting requests are served in time and in priority order.
+// was live, waiting requests are served in time and in priority order, and
+// GetStats says when the ledger cannot write.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sqlite3.h>
@@ -270,6 +271,97 @@ TEST_F(LedgerIntegrationTest, KillNineThenRestartOnTheSameLedger) {
   EXPECT_EQ(Sql(ledger, "SELECT COUNT(*) FROM usage WHERE current_bytes != 0"),
             (Rows{{"0"}}));
   EXPECT_EQ(Sql(ledger, "SELECT COUNT(*) FROM live"), (Rows{{"0"}}));
+}
+
+// GetStats says what the ledger writer knows: ok and counting; FAILING,
+// naming the file and holding the events, while the file is away (any
+// caller sees it, a non-administrator too); ok again once it is back, with
+// the held events committed; with --ledger=none, off.
+TEST_F(LedgerIntegrationTest, GetStatsShowsTheLedgerFailingAndWritingAgain) {
+  const std::string ledger = dir_ + "/ledger.db";
+  const std::string aside = dir_ + "/aside.db";
+  auto daemon = StartDaemon({"--sim_devices=1x1GiB", "--slab_size=64MiB", "--ledger=" + ledger});
+  auto c = Client::Connect(daemon->socket());
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto ledger_status = [&] {
+    absl::StatusOr<v1::GetStatsResponse> stats = (*c)->GetStats();
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    return stats.ok() ? stats->ledger() : v1::LedgerStatus();
+  };
+  auto churn = [&](int n) {
+    v1::AllocateRequest req;
+    req.set_size_bytes(kMiB);
+    for (int i = 0; i < n; ++i) {
+      auto a = (*c)->AllocateRaw(req);
+      ASSERT_TRUE(a.ok()) << a.status();  // served whatever the ledger does
+      ASSERT_TRUE((*c)->Free(a->allocations(0).id()).ok());
+    }
+  };
+
+  churn(5);
+  v1::LedgerStatus l;
+  ASSERT_TRUE(PollUntil([&] { return (l = ledger_status()).committed_events() >= 10; }))
+      << l.DebugString();
+  EXPECT_TRUE(l.enabled());
+  EXPECT_EQ(l.path(), ledger);
+  EXPECT_FALSE(l.failing());
+  EXPECT_EQ(l.last_error(), "");
+  EXPECT_EQ(l.held_events(), 0u);
+  EXPECT_EQ(l.failed_commits(), 0u);
+  EXPECT_GT(l.commits(), 0u);
+  const uint64_t committed_before = l.committed_events();
+
+  // The file away: commits fail, the events are held, allocations go on.
+  ASSERT_EQ(rename(ledger.c_str(), aside.c_str()), 0);
+  churn(10);
+  ASSERT_TRUE(PollUntil([&] {
+    l = ledger_status();
+    return l.failing() && l.held_events() >= 20;
+  })) << l.DebugString();
+  EXPECT_NE(l.last_error().find(ledger), std::string::npos) << l.last_error();
+  EXPECT_NE(l.last_error().find("was removed while gpumemd ran"), std::string::npos)
+      << l.last_error();
+  EXPECT_GT(l.failed_commits(), 0u);
+  EXPECT_EQ(l.dropped_events(), 0u);
+  EXPECT_EQ(l.committed_events(), committed_before);
+  if (geteuid() == 0) {
+    // Not an administrator, not the allocations' tenant: sees it all the same.
+    auto other = StartClient(*daemon, {"--ledger_status"}, kNobody);
+    const std::string line = other->ReadLine();
+    EXPECT_EQ(line.rfind("ledger 1 1 ", 0), 0u) << line;
+    EXPECT_NE(line.find(ledger + "|ledger " + ledger + " was removed"), std::string::npos)
+        << line;
+    EXPECT_EQ(other->Wait(), 0);
+  }
+
+  // Back at its path: the held events and the gap are committed.
+  ASSERT_EQ(rename(aside.c_str(), ledger.c_str()), 0);
+  ASSERT_TRUE(PollUntil([&] {
+    l = ledger_status();
+    return !l.failing() && l.held_events() == 0;
+  })) << l.DebugString();
+  EXPECT_EQ(l.last_error(), "");
+  EXPECT_GE(l.committed_events(), committed_before + 20);
+  EXPECT_GT(l.failed_commits(), 0u);  // since start: the outage stays counted
+  c->reset();
+  ASSERT_EQ(daemon->Stop(), 0) << daemon->Log();
+  EXPECT_EQ(Sql(ledger, "SELECT COUNT(*) FROM events WHERE kind = 'LEDGER_GAP'"),
+            (Rows{{"1"}}));
+  EXPECT_EQ(Sql(ledger, "SELECT COUNT(*) FROM events WHERE kind = 'ALLOCATE'"),
+            (Rows{{"15"}}));
+
+  auto off = StartDaemon({"--sim_devices=1x1GiB", "--ledger=none"});
+  c = Client::Connect(off->socket());
+  ASSERT_TRUE(c.ok()) << c.status();
+  churn(2);
+  l = ledger_status();
+  EXPECT_TRUE(l.has_enabled());
+  EXPECT_FALSE(l.enabled());
+  EXPECT_EQ(l.path(), "");
+  EXPECT_FALSE(l.failing());
+  EXPECT_EQ(l.committed_events(), 0u);
+  c->reset();
+  EXPECT_EQ(off->Stop(), 0) << off->Log();
 }
 
 // The daemon's own times (its ledger events' time_unix_ns, bounded by this

@@ -171,6 +171,9 @@ TEST(LedgerStressTest, FullDiskBeyondTheBoundDropsTheOldestButKeepsUsageExact) {
   for (int i = 0; i < 200 && l->stats().dropped_events < 1500; ++i) l->Flush().IgnoreError();
   WriterStats st = l->stats();
   EXPECT_TRUE(st.failing);
+  // The failing commit's error, as Flush gave it: the file and SQLite's word.
+  EXPECT_NE(st.last_error.find(path), std::string::npos) << st.last_error;
+  EXPECT_NE(st.last_error.find("database or disk is full"), std::string::npos) << st.last_error;
   EXPECT_EQ(st.held_events, 500u);
   EXPECT_EQ(st.dropped_events, 1500u);
   // Usage is folded from every event, the dropped ones too.
@@ -187,6 +190,8 @@ TEST(LedgerStressTest, FullDiskBeyondTheBoundDropsTheOldestButKeepsUsageExact) {
   EXPECT_NE(events.back().detail.find("1500 events dropped"), std::string::npos)
       << events.back().detail;
   EXPECT_FALSE(l->stats().failing);
+  EXPECT_EQ(l->stats().last_error, "");
+  EXPECT_EQ(l->stats().held_events, 0u);
   l.reset();
   EXPECT_EQ(StoredUsage(path).at({"ml", 0}).current_bytes, 20000u);
 }
@@ -210,6 +215,8 @@ TEST(LedgerStressTest, FileRemovedUnderTheLedgerIsNamedAndNothingIsLost) {
       << flushed;
   EXPECT_NE(flushed.message().find(path), std::string::npos) << flushed;
   EXPECT_TRUE(l->stats().failing);
+  EXPECT_NE(l->stats().last_error.find("was removed while gpumemd ran"), std::string::npos)
+      << l->stats().last_error;
   EXPECT_EQ(l->Usage().at({"ml", 0}).current_bytes, 30u);
   // Another file at the path is not the ledger's: still refused.
   { std::ofstream(path) << "not a ledger"; }
@@ -236,6 +243,8 @@ TEST(LedgerStressTest, FileRemovedUnderTheLedgerIsNamedAndNothingIsLost) {
   EXPECT_NE(events[3].detail.find("ledger writes failed from"), std::string::npos)
       << events[3].detail;
   EXPECT_NE(events[3].detail.find("0 events dropped"), std::string::npos) << events[3].detail;
+  EXPECT_FALSE(l->stats().failing);
+  EXPECT_EQ(l->stats().last_error, "");
   // Failing commits are retried once per max_delay, not in a loop.
   EXPECT_LT(l->stats().failed_commits, 200u);
 }

@@ -10,6 +10,8 @@
 //       prints "alloc ID" per block, then "ready", and holds them until
 //       killed; or "error CODE MESSAGE".
 //   --set_quota=TENANT --total=B   prints "status CODE" of SetQuota.
+//   --ledger_status   prints GetStats' ledger as "ledger ENABLED FAILING
+//       HELD PATH|ERROR" (0 or 1, a count, then the path and the error).
 // Every line is flushed at once so the parent can follow along.
 #include <unistd.h>
 
@@ -29,6 +31,7 @@ ABSL_FLAG(uint32_t, wait_ms, 0, "AllocateRequest.wait_ms");
 ABSL_FLAG(std::string, devices, "", "one selector");
 ABSL_FLAG(std::string, set_quota, "", "tenant whose quota to set");
 ABSL_FLAG(uint64_t, total, 0, "set_quota: total bytes");
+ABSL_FLAG(bool, ledger_status, false, "print GetStats' ledger status");
 
 namespace gpumem {
 using client::Client;
@@ -55,6 +58,17 @@ int Main() {
     req.set_tenant(absl::GetFlag(FLAGS_set_quota));
     req.mutable_quota()->set_total_bytes(absl::GetFlag(FLAGS_total));
     Line("status " + std::to_string(static_cast<int>(c.SetQuota(req).status().code())));
+    return 0;
+  }
+  if (absl::GetFlag(FLAGS_ledger_status)) {
+    absl::StatusOr<v1::GetStatsResponse> stats = c.GetStats();
+    if (!stats.ok()) {
+      Line(Error(stats.status()));
+      return 1;
+    }
+    const v1::LedgerStatus& l = stats->ledger();
+    Line("ledger " + std::to_string(l.enabled()) + " " + std::to_string(l.failing()) + " " +
+         std::to_string(l.held_events()) + " " + l.path() + "|" + l.last_error());
     return 0;
   }
   v1::AllocateRequest req;
