@@ -7,8 +7,13 @@
 //    under its lock. Events are committed in order.
 //  - A writer thread commits queued events in one transaction each time 1,000
 //    are queued or 100 ms have passed since the last commit, whichever is
-//    first (LedgerOptions). It runs below the serving threads (niced by
-//    writer_nice), so a commit never holds a core a request wants, and it
+//    first (LedgerOptions). It runs below the serving threads: at idle
+//    priority (SCHED_IDLE: only on a core no other thread wants, and any
+//    thread that wakes takes the core from it at once) while it keeps up;
+//    as a normal thread niced by writer_nice while the queue holds two
+//    batches or two delays' worth, or a Flush or Close waits, until it has
+//    caught up (writer_idle); niced only, where idle priority could not be
+//    left again. So a commit never holds a core a request wants, and it
 //    checkpoints the WAL itself (PASSIVE, after a commit, once the WAL holds
 //    checkpoint_pages pages): SQLite's automatic checkpoint is off, so no
 //    checkpoint runs anywhere else.
@@ -36,7 +41,10 @@
 //  - With no path (--ledger=none) nothing is written or read back; usage is
 //    still folded, for this run only, and Query is FAILED_PRECONDITION.
 //  - kill -9 of the daemon loses at most the events not yet committed (the
-//    batch in flight: under max_batch events, or max_delay's worth); every
+//    batch in flight: under 2 * max_batch events, or about 2 * max_delay's
+//    worth; on a machine whose every core is busy with other work, where
+//    an idle-priority writer waits for the scheduler's sliver, up to about
+//    a second's worth if no further event comes to raise it); every
 //    commit before it is in the file (ledger_store.h, durability), and the
 //    next start closes or defers what was live (LedgerStore::Open, Resume).
 //  - Close (and the destructor) commits what is queued and stops the writer.
@@ -74,6 +82,12 @@ struct LedgerOptions {
   // it as the daemon's other threads). 10 gives it about a tenth of a core
   // under full load, several times what it needs at line rate.
   int writer_nice = 10;
+  // The writer runs at idle priority (SCHED_IDLE) while it keeps up, and as
+  // a normal thread at writer_nice while the queue is two batches or two
+  // delays long (or someone waits in Flush or Close). Only where it may
+  // leave idle priority again (RLIMIT_NICE or CAP_SYS_NICE); else it stays
+  // at writer_nice.
+  bool writer_idle = true;
   // The writer runs a PASSIVE checkpoint after a commit once the WAL holds
   // this many pages (SQLite's own automatic checkpoint is off).
   int checkpoint_pages = 1000;
@@ -92,6 +106,8 @@ struct WriterStats {
   bool failing = false;             // the last commit failed
   std::string last_error;           // while failing: that commit's error (names the file)
   int64_t writer_cpu_ns = 0;        // the writer thread's CPU time so far
+  bool writer_idle = false;         // at idle priority now
+  uint64_t writer_promotions = 0;   // times a backlog or a wait raised it
   int64_t commit_ns = 0;            // wall time in Commit, all commits
   int64_t max_commit_ns = 0;        // the longest Commit
   uint64_t checkpoints = 0;         // PASSIVE checkpoints run by the writer
@@ -157,6 +173,8 @@ class TenantLedger {
   explicit TenantLedger(LedgerOptions options) : options_(std::move(options)) {}
   void WriterLoop();
   bool WorkReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An idle-priority writer becomes a normal (niced) thread.
+  void PromoteWriter() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const LedgerOptions options_;
   std::unique_ptr<LedgerStore> store_;
@@ -172,6 +190,9 @@ class TenantLedger {
   uint64_t flush_wanted_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   WriterStats stats_ ABSL_GUARDED_BY(mu_);
+  pid_t writer_tid_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writer_idle_ ABSL_GUARDED_BY(mu_) = false;   // SCHED_IDLE now
+  bool idle_capable_ ABSL_GUARDED_BY(mu_) = false;  // may go idle and come back
 
   mutable absl::Mutex usage_mu_;
   UsageAccount usage_ ABSL_GUARDED_BY(usage_mu_);
