@@ -395,6 +395,20 @@ absl::Status LedgerStore::SchemaCheck() {
   return absl::OkStatus();
 }
 
+absl::Status LedgerStore::DamagedIfAny(const std::string& count_sql, absl::string_view what) {
+  Stmt q;
+  if (sqlite3_prepare_v2(db_, count_sql.c_str(), -1, &q.s, nullptr) != SQLITE_OK ||
+      sqlite3_step(q.s) != SQLITE_ROW) {
+    return Error("reading events");
+  }
+  if (const int64_t n = sqlite3_column_int64(q.s, 0); n > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ledger ", path_, " is damaged (", n, " ", what, "): move it aside to start a new "
+        "ledger"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LedgerStore::QuickCheck() {
   Stmt q;
   if (sqlite3_prepare_v2(db_, "PRAGMA quick_check(3)", -1, &q.s, nullptr) != SQLITE_OK) {
@@ -440,38 +454,22 @@ absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
     // one, one that is not an integer (text sorts above every integer, so
     // MAX would not see the largest), or such a reservation, is damage no
     // daemon wrote, and the ids that follow could not be kept above it.
-    Stmt bad;
-    if (sqlite3_prepare_v2(db_,
-                           "SELECT (SELECT COUNT(*) FROM event_rows WHERE allocation_id < 0 OR "
-                           "typeof(allocation_id) != 'integer') + "
-                           "(SELECT COUNT(*) FROM pair_rows WHERE max_allocation_id < 0 OR "
-                           "typeof(max_allocation_id) != 'integer') + "
-                           "(SELECT COUNT(*) FROM meta WHERE key = 'allocation_id_reserved' "
-                           "AND (value < 0 OR typeof(value) != 'integer'))",
-                           -1, &bad.s, nullptr) != SQLITE_OK ||
-        sqlite3_step(bad.s) != SQLITE_ROW) {
-      return Error("reading events");
-    }
-    if (const int64_t n = sqlite3_column_int64(bad.s, 0); n > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ledger ", path_, " is damaged (", n, " allocation id(s) negative or not integers): "
-          "move it aside to start a new ledger"));
-    }
+    absl::Status damaged = DamagedIfAny(
+        "SELECT (SELECT COUNT(*) FROM event_rows WHERE allocation_id < 0 OR "
+        "typeof(allocation_id) != 'integer') + "
+        "(SELECT COUNT(*) FROM pair_rows WHERE max_allocation_id < 0 OR "
+        "typeof(max_allocation_id) != 'integer') + "
+        "(SELECT COUNT(*) FROM meta WHERE key = 'allocation_id_reserved' "
+        "AND (value < 0 OR typeof(value) != 'integer'))",
+        "allocation id(s) negative or not integers");
+    if (!damaged.ok()) return damaged;
     // A pair row's seqs lie in [first_seq, first_seq + kFoldSpan] (Query
     // relies on that bound). What its JSON says is checked when it is read.
-    Stmt pairs;
-    const std::string pairs_sql = absl::StrCat(
-        "SELECT COUNT(*) FROM pair_rows WHERE typeof(last_seq) != 'integer' OR "
-        "last_seq <= first_seq OR last_seq > first_seq + ", kFoldSpan);
-    if (sqlite3_prepare_v2(db_, pairs_sql.c_str(), -1, &pairs.s, nullptr) != SQLITE_OK ||
-        sqlite3_step(pairs.s) != SQLITE_ROW) {
-      return Error("reading events");
-    }
-    if (const int64_t n = sqlite3_column_int64(pairs.s, 0); n > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ledger ", path_, " is damaged (", n, " pair row(s) whose seqs are out of their "
-          "bounds): move it aside to start a new ledger"));
-    }
+    damaged = DamagedIfAny(
+        absl::StrCat("SELECT COUNT(*) FROM pair_rows WHERE typeof(last_seq) != 'integer' OR "
+                     "last_seq <= first_seq OR last_seq > first_seq + ", kFoldSpan),
+        "pair row(s) whose seqs are out of their bounds");
+    if (!damaged.ok()) return damaged;
     // Ids the last run may have handed out are all <= id_reserved_.
     Stmt m;
     if (sqlite3_prepare_v2(db_, "SELECT MAX((SELECT COALESCE(MAX(allocation_id), 0) FROM "
