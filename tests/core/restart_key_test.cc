@@ -78,6 +78,9 @@ class RestartKeyTest : public ::testing::Test {
     ASSERT_TRUE(broker_->Start().ok());
   }
   void TearDown() override {
+    // Shut down while broker_ still points at it: the keeper names tenants
+    // through broker_, and reset() nulls it before the destructor runs.
+    broker_->Shutdown();
     broker_.reset();
     keeper_.reset();
     quotas_.reset();

@@ -171,7 +171,12 @@ class Run {
   Run() { StartBroker(); }
   ~Run() {
     broker_->SetReclaimSender(nullptr);
-    broker_.reset();  // DAEMON_STOP for what is live; before its quota book
+    // Shut down while broker_ still points at it: the keeper names tenants
+    // through broker_ (MakeBroker), and the maintenance thread and the
+    // release of every slab call the keeper; reset() nulls broker_ before
+    // the destructor runs.
+    broker_->Shutdown();  // DAEMON_STOP for what is live; before its quota book
+    broker_.reset();
     keeper_.reset();
     for (const auto& [held, fd] : fds_) close(fd);
   }
