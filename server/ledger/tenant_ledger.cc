@@ -94,14 +94,15 @@ void TenantLedger::Append(LedgerEvent e) {
 }
 
 void TenantLedger::PromoteWriter() {
-  if (!writer_idle_) return;
+  if (!writer_idle_ || !idle_capable_) return;
   sched_param param{};
   if (sched_setscheduler(writer_tid_, SCHED_OTHER, &param) != 0) {
     // Checked at start (see WriterLoop); should this fail anyway, say so
-    // once and stop trying.
+    // once and stop trying (the writer stays idle, and stats() says so).
     std::cerr << "gpumemd: ledger writer: cannot leave idle priority: " << strerror(errno)
               << std::endl;
     idle_capable_ = false;
+    return;
   }
   writer_idle_ = false;
   ++stats_.writer_promotions;
