@@ -395,13 +395,19 @@ absl::Status LedgerStore::SchemaCheck() {
   return absl::OkStatus();
 }
 
-absl::Status LedgerStore::DamagedIfAny(const std::string& count_sql, absl::string_view what) {
+absl::StatusOr<int64_t> LedgerStore::SingleInt(const std::string& sql) const {
   Stmt q;
-  if (sqlite3_prepare_v2(db_, count_sql.c_str(), -1, &q.s, nullptr) != SQLITE_OK ||
+  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &q.s, nullptr) != SQLITE_OK ||
       sqlite3_step(q.s) != SQLITE_ROW) {
     return Error("reading events");
   }
-  if (const int64_t n = sqlite3_column_int64(q.s, 0); n > 0) {
+  return sqlite3_column_int64(q.s, 0);
+}
+
+absl::Status LedgerStore::DamagedIfAny(const std::string& count_sql, absl::string_view what) {
+  absl::StatusOr<int64_t> count = SingleInt(count_sql);
+  if (!count.ok()) return count.status();
+  if (const int64_t n = *count; n > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ledger ", path_, " is damaged (", n, " ", what, "): move it aside to start a new "
         "ledger"));
@@ -428,15 +434,12 @@ absl::Status LedgerStore::QuickCheck() {
 absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
   Recovery& r = recovery_;
   {
-    Stmt q;
     // A pair's end may be the last event committed.
-    if (sqlite3_prepare_v2(db_, "SELECT MAX((SELECT COALESCE(MAX(seq), 0) FROM event_rows), "
-                           "(SELECT COALESCE(MAX(last_seq), 0) FROM pair_rows))",
-                           -1, &q.s, nullptr) != SQLITE_OK ||
-        sqlite3_step(q.s) != SQLITE_ROW) {
-      return Error("reading events");
-    }
-    r.next_seq = static_cast<uint64_t>(sqlite3_column_int64(q.s, 0)) + 1;
+    absl::StatusOr<int64_t> last = SingleInt(
+        "SELECT MAX((SELECT COALESCE(MAX(seq), 0) FROM event_rows), "
+        "(SELECT COALESCE(MAX(last_seq), 0) FROM pair_rows))");
+    if (!last.ok()) return last.status();
+    r.next_seq = static_cast<uint64_t>(*last) + 1;
   }
   {
     Stmt q;
@@ -471,14 +474,11 @@ absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
         "pair row(s) whose seqs are out of their bounds");
     if (!damaged.ok()) return damaged;
     // Ids the last run may have handed out are all <= id_reserved_.
-    Stmt m;
-    if (sqlite3_prepare_v2(db_, "SELECT MAX((SELECT COALESCE(MAX(allocation_id), 0) FROM "
-                           "event_rows), (SELECT COALESCE(MAX(max_allocation_id), 0) FROM "
-                           "pair_rows))", -1, &m.s, nullptr) != SQLITE_OK ||
-        sqlite3_step(m.s) != SQLITE_ROW) {
-      return Error("reading events");
-    }
-    id_reserved_ = std::max<uint64_t>(id_reserved_, sqlite3_column_int64(m.s, 0));
+    absl::StatusOr<int64_t> highest = SingleInt(
+        "SELECT MAX((SELECT COALESCE(MAX(allocation_id), 0) FROM event_rows), "
+        "(SELECT COALESCE(MAX(max_allocation_id), 0) FROM pair_rows))");
+    if (!highest.ok()) return highest.status();
+    id_reserved_ = std::max<uint64_t>(id_reserved_, static_cast<uint64_t>(*highest));
     r.first_allocation_id = id_reserved_ + 1;
     id_reserved_ += kIdWindow;
   }

@@ -180,6 +180,8 @@ class LedgerStore {
   // The tables are this ledger's (columns, types, primary keys).
   absl::Status SchemaCheck();
   absl::Status Recover(int64_t now_ns, bool defer);
+  // The first column of the one row `sql` answers, on the write connection.
+  absl::StatusOr<int64_t> SingleInt(const std::string& sql) const;
   // FAILED_PRECONDITION "damaged (N `what`)" when `count_sql` counts any.
   absl::Status DamagedIfAny(const std::string& count_sql, absl::string_view what);
   absl::Status WriteQuotas(const std::vector<QuotaRow>& quotas);

@@ -3,6 +3,7 @@
 // files are start-up errors naming the path, and a full disk leaves a gap
 // event once writing works again.
 #include "server/ledger/tenant_ledger.h"
+#include "tests/ledger/ledger_test_events.h"
 
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -17,33 +18,6 @@
 namespace gpumem {
 namespace ledger {
 namespace {
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/ledger-test-XXXXXX";
-  return mkdtemp(tmpl);
-}
-
-LedgerEvent Alloc(uint64_t id, int32_t device, uint64_t bytes, int64_t t_ns,
-                  const std::string& tenant = "ml") {
-  LedgerEvent e;
-  e.kind = EventKind::kAllocate;
-  e.tenant = tenant;
-  e.uid = 1000;
-  e.pid = 42;
-  e.session = 7;
-  e.device = device;
-  e.bytes = bytes;
-  e.allocation_id = id;
-  e.time_ns = t_ns;
-  return e;
-}
-
-LedgerEvent Free(const LedgerEvent& a, int64_t t_ns) {
-  LedgerEvent e = a;
-  e.kind = EventKind::kFree;
-  e.time_ns = t_ns;
-  return e;
-}
 
 std::unique_ptr<TenantLedger> OpenOrDie(const std::string& path, int64_t pages = 0) {
   LedgerOptions o;

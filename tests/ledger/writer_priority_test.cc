@@ -25,28 +25,13 @@
 #include "absl/time/clock.h"
 #include "server/ledger/tenant_ledger.h"
 #include "server/ledger/usage_account.h"
+#include "tests/ledger/ledger_test_events.h"
 
 namespace gpumem {
 namespace ledger {
 namespace {
 
 constexpr int64_t kSec = 1'000'000'000;
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/ledger-priority-XXXXXX";
-  return mkdtemp(tmpl);
-}
-
-LedgerEvent Alloc(uint64_t id, int32_t device, uint64_t bytes, int64_t t_ns) {
-  LedgerEvent e;
-  e.kind = EventKind::kAllocate;
-  e.tenant = "ml";
-  e.device = device;
-  e.bytes = bytes;
-  e.allocation_id = id;
-  e.time_ns = t_ns;
-  return e;
-}
 
 // The writer thread's id (its name is gpumemd-ledger); 0 if there is none.
 pid_t WriterTid() {
