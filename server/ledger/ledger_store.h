@@ -33,7 +33,7 @@
 //    in the recovery transaction.
 //  - Commit writes a group of events, their effect on `live` and `usage`,
 //    and pending quota rows in one transaction: all or nothing. It yields
-//    the core (sched_yield) every few dozen events, so a full batch never
+//    the core (sched_yield) every kYieldEvery events, so a full batch never
 //    holds a core a serving thread waits for. Before it
 //    writes, it checks that PATH is still the file Open opened: a ledger
 //    removed or replaced under the running daemon is an error naming it
