@@ -82,6 +82,7 @@ void Reuse() {
   // Enough that answers pile up in the daemon while none is read: the
   // daemon's writes stall on flow control, so id 7 is in flight when it
   // comes again.
+  std::atomic<bool> written{false};
   std::thread writer([&] {
     v1::StreamRequest r;
     r.set_request_id(7);
@@ -90,8 +91,15 @@ void Reuse() {
       if (!s->Write(r)) break;
     }
     s->WritesDone();
+    written = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // No read until every request is written (or the daemon ended the
+  // stream): reading earlier lets answers drain, and a slow client (TSan)
+  // then never has id 7 twice in flight. A writer blocked by flow control
+  // waits at most 10 s.
+  for (int i = 0; i < 1000 && !written; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   v1::StreamReply reply;
   while (s->Read(&reply)) {
   }
