@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <queue>
 
@@ -627,18 +628,43 @@ bool LedgerStore::Foldable(const LedgerEvent& start, const LedgerEvent& end) {
 }
 
 void LedgerStore::AppendPair(PairChunk* chunk, const LedgerEvent& start, const LedgerEvent& end) {
+  // Formatted into a buffer on the stack, one number at a time
+  // (std::to_chars: no locale, no allocation), then appended once: the
+  // writer formats every pair it commits, so this is on its hottest path.
+  // 11 numbers of at most 20 characters, a kind name and punctuation.
+  char buf[11 * 21 + 64];
+  char* p = buf;
+  const absl::string_view kind = KindName(end.kind);
+  auto number = [&p](auto v) {
+    p = std::to_chars(p, p + 21, v).ptr;
+    *p++ = ',';
+  };
   if (chunk->pairs.empty()) {
     chunk->first_seq = start.seq;
-    chunk->pairs.push_back('[');
+    *p++ = '[';
   } else {
-    chunk->pairs.push_back(',');
+    *p++ = ',';
   }
+  *p++ = '[';
+  number(start.seq);
+  number(start.time_ns);
+  number(end.seq);
+  number(end.time_ns);
+  *p++ = '"';
+  std::memcpy(p, kind.data(), std::min<size_t>(kind.size(), 32));
+  p += std::min<size_t>(kind.size(), 32);
+  *p++ = '"';
+  *p++ = ',';
+  number(start.uid);
+  number(start.pid);
+  number(start.session);
+  number(start.device);
+  number(start.bytes);
+  number(start.allocation_id);
+  p[-1] = ']';  // the last number's comma
+  chunk->pairs.append(buf, static_cast<size_t>(p - buf));
   chunk->last_seq = std::max(chunk->last_seq, end.seq);
   chunk->max_allocation_id = std::max(chunk->max_allocation_id, start.allocation_id);
-  absl::StrAppend(&chunk->pairs, "[", start.seq, ",", start.time_ns, ",", end.seq, ",",
-                  end.time_ns, ",\"", KindName(end.kind), "\",", start.uid, ",", start.pid,
-                  ",", start.session, ",", start.device, ",", start.bytes, ",",
-                  start.allocation_id, "]");
 }
 
 absl::Status LedgerStore::InsertPairs(PairChunk* chunk) {
