@@ -35,7 +35,8 @@
 //  - A reader that keeps a read transaction open (sqlite3 left open on the
 //    file) does not stop commits (WAL), but no checkpoint can then reset the
 //    WAL, which grows: counted in stats() (blocked_checkpoints, wal_pages)
-//    and logged once a minute while the WAL is over 64 * checkpoint_pages.
+//    and logged once a minute while the WAL is over 64,000 pages (or four
+//    times checkpoint_pages, if that is more).
 //  - Usage (current, peak, byte-seconds per tenant and device) is folded
 //    from the events by the writer; Usage() answers from memory.
 //  - With no path (--ledger=none) nothing is written or read back; usage is
@@ -76,7 +77,7 @@ namespace ledger {
 struct LedgerOptions {
   std::string path;  // empty: no ledger file
   absl::Duration max_delay = absl::Milliseconds(100);
-  size_t max_batch = 1000;
+  size_t max_batch = 4096;
   size_t max_held = 1000000;
   // The writer thread's nice value (setpriority on its thread id; 0 leaves
   // it as the daemon's other threads). 10 gives it about a tenth of a core
@@ -90,7 +91,7 @@ struct LedgerOptions {
   bool writer_idle = true;
   // The writer runs a PASSIVE checkpoint after a commit once the WAL holds
   // this many pages (SQLite's own automatic checkpoint is off).
-  int checkpoint_pages = 1000;
+  int checkpoint_pages = 4000;
   int64_t max_page_count = 0;  // tests: see LedgerStore::Open
   // The daemon may carry on with what the last one left (server/restart/):
   // live allocations are not closed at Open but reconciled by Resume.

@@ -5,8 +5,8 @@
 //
 // A producer thread appends --events events (ALLOCATE/FREE pairs over
 // --tenants tenants and 4 devices, as the broker would) to a fresh ledger in
-// a temporary directory, with the daemon's LedgerOptions (a commit per 1,000
-// events or 100 ms), then Flush()es. Two rows:
+// a temporary directory, with the daemon's LedgerOptions (a commit per 4,096
+// events or 100 ms; --max_batch changes the first), then Flush()es. Two rows:
 //   paced     the producer appends --rate events/s in 1 ms ticks, so the
 //             writer commits as it does under a steady load
 //   flat_out  the producer appends as fast as one thread can while the
@@ -43,6 +43,7 @@ ABSL_FLAG(int, events, 200000, "events to append per row");
 ABSL_FLAG(int, tenants, 8, "tenants the events are spread over");
 ABSL_FLAG(double, rate, 50000, "events/s of the paced row (load_bench's 4-client rate is near 40k)");
 ABSL_FLAG(bool, json, false, "print JSON");
+ABSL_FLAG(int, max_batch, 0, "events per commit (0: the daemon's default)");
 
 namespace gpumem {
 namespace {
@@ -75,6 +76,7 @@ bool RunRow(const std::string& mode, double rate, Figures* out) {
   const std::string path = dir + "/ledger.db";
   ledger::LedgerOptions options;
   options.path = path;
+  if (absl::GetFlag(FLAGS_max_batch) > 0) options.max_batch = absl::GetFlag(FLAGS_max_batch);
   auto opened = ledger::TenantLedger::Open(options);
   if (!opened.ok()) {
     fprintf(stderr, "ledger_bench: %s\n", std::string(opened.status().message()).c_str());
