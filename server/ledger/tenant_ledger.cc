@@ -26,10 +26,6 @@ namespace gpumem {
 namespace ledger {
 namespace {
 
-// A WAL this long means checkpoints cannot reset it (a reader holds it):
-// said once a minute (about 250 MiB of 4 KiB pages).
-constexpr int kWalShoutPages = 64000;
-
 std::string TimeText(int64_t ns) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixNanos(ns), absl::UTCTimeZone());
 }
@@ -315,7 +311,7 @@ void TenantLedger::WriterLoop() {
         blocked = !c.ok() || c->copied < c->wal_pages;
         wal_pages = store_->wal_pages();
         const int64_t now = absl::GetCurrentTimeNanos();
-        if (wal_pages > std::max(kWalShoutPages, 4 * options_.checkpoint_pages) &&
+        if (wal_pages > options_.wal_warn_pages &&
             now - last_wal_shout_ns > 60'000'000'000LL) {
           last_wal_shout_ns = now;
           std::cerr << "gpumemd: ledger " << options_.path << ": its WAL holds " << wal_pages

@@ -35,8 +35,7 @@
 //  - A reader that keeps a read transaction open (sqlite3 left open on the
 //    file) does not stop commits (WAL), but no checkpoint can then reset the
 //    WAL, which grows: counted in stats() (blocked_checkpoints, wal_pages)
-//    and logged once a minute while the WAL is over 64,000 pages (or four
-//    times checkpoint_pages, if that is more).
+//    and logged once a minute while the WAL is over wal_warn_pages.
 //  - Usage (current, peak, byte-seconds per tenant and device) is folded
 //    from the events by the writer; Usage() answers from memory.
 //  - With no path (--ledger=none) nothing is written or read back; usage is
@@ -92,6 +91,10 @@ struct LedgerOptions {
   // The writer runs a PASSIVE checkpoint after a commit once the WAL holds
   // this many pages (SQLite's own automatic checkpoint is off).
   int checkpoint_pages = 4000;
+  // Past this many WAL pages (about 250 MiB of 4 KiB pages) checkpoints
+  // are being kept from resetting the WAL (a reader holds it): said on
+  // stderr once a minute, naming the file.
+  int wal_warn_pages = 64000;
   int64_t max_page_count = 0;  // tests: see LedgerStore::Open
   // The daemon may carry on with what the last one left (server/restart/):
   // live allocations are not closed at Open but reconciled by Resume.

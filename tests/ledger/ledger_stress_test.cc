@@ -254,6 +254,7 @@ TEST(LedgerStressTest, LongReadTransactionStarvesCheckpointsNotCommits) {
   LedgerOptions o;
   o.path = path;
   o.checkpoint_pages = 20;
+  o.wal_warn_pages = 100;
   auto l = OpenOrDie(o);
   uint64_t id = l->first_allocation_id();
   auto burst = [&](int n) {
@@ -271,8 +272,14 @@ TEST(LedgerStressTest, LongReadTransactionStarvesCheckpointsNotCommits) {
                          nullptr),
             SQLITE_OK);
   const WriterStats before = l->stats();
+  testing::internal::CaptureStderr();
   for (int round = 0; round < 20; ++round) ASSERT_TRUE(burst(500).ok());
+  const std::string said = testing::internal::GetCapturedStderr();
   const WriterStats during = l->stats();
+  // Said once (once a minute at most), naming the file and the cause.
+  EXPECT_NE(said.find("gpumemd: ledger " + path + ": its WAL holds"), std::string::npos) << said;
+  EXPECT_NE(said.find("a reader keeps a read transaction open"), std::string::npos) << said;
+  EXPECT_EQ(said.find("its WAL holds"), said.rfind("its WAL holds")) << said;
   EXPECT_EQ(during.committed_events - before.committed_events, 20u * 1000);
   EXPECT_GT(during.blocked_checkpoints, before.blocked_checkpoints);
   EXPECT_GT(during.wal_pages, o.checkpoint_pages);
