@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/client_impl.h"
+#include "client/process_open_slabs.h"
 #include "client/slab_mapper.h"
 #include "client/stream_transport.h"
 #include "common/fd_channel.h"
@@ -72,7 +73,12 @@ Client::~Client() {
   if (impl_->wake_fd >= 0) close(impl_->wake_fd);
   {
     absl::MutexLock lock(&impl_->mu);
-    impl_->slabs.clear();  // closes every opened slab
+    // Closes every opened slab; the daemon learns it with the connection's
+    // end (a holder until the process's session ends), as before.
+    for (const auto& [slab_id, mapped] : impl_->slabs) {
+      ProcessOpenSlabs::Dropping(impl_->socket_path, slab_id);
+    }
+    impl_->slabs.clear();
     impl_->retired.clear();
   }
   absl::MutexLock lock(&impl_->link_mu);
@@ -394,8 +400,13 @@ absl::StatusOr<void*> Client::MapBlock(const v1::Allocation& a) {
     auto fetch_fd = [&link, &a]() -> absl::StatusOr<SlabFd> {
       return link->OpenSlab(a.slab_id());
     };
+    // Counted before the daemon is asked (process_open_slabs.h).
+    ProcessOpenSlabs::Opening(impl_->socket_path, a.slab_id());
     absl::StatusOr<std::unique_ptr<OpenedSlab>> opened = m->second->Open(a, fetch_fd);
-    if (!opened.ok()) return opened.status();
+    if (!opened.ok()) {
+      ProcessOpenSlabs::Dropping(impl_->socket_path, a.slab_id());
+      return opened.status();
+    }
     it = impl_->slabs.emplace(a.slab_id(), MappedSlab{*std::move(opened), 0}).first;
   }
   const uint64_t size = it->second.slab->size();
@@ -416,13 +427,16 @@ void Client::UnmapBlock(const v1::Allocation& a, bool retire) {
     it->second.slab->Retire();
     impl_->retired.push_back(std::move(it->second.slab));
     impl_->slabs.erase(it);
+    ProcessOpenSlabs::Dropping(impl_->socket_path, a.slab_id());
     return;
   }
   if (it->second.refs == 0) {
     impl_->slabs.erase(it);  // closes the slab
     // Tell the daemon, so a released slab is not kept retained for us (a
-    // daemon gone has nothing to keep).
-    link->CloseSlab(a.slab_id()).IgnoreError();
+    // daemon gone has nothing to keep), unless another Client of this
+    // process still has it open (process_open_slabs.h).
+    ProcessOpenSlabs::Closing(impl_->socket_path, a.slab_id(),
+                              [&] { link->CloseSlab(a.slab_id()).IgnoreError(); });
   }
 }
 

@@ -9,7 +9,8 @@
 //    is exactly what to re-present.
 //  - `link` changes only on the restart thread, under `calls` held
 //    exclusively; calls in flight keep the link they started on.
-//  - Lock order: calls, then mu, then link_mu / restart_mu.
+//  - Lock order: calls, then mu, then link_mu / restart_mu; mu before
+//    ProcessOpenSlabs' lock (process_open_slabs.h).
 #ifndef GPUMEMD_CLIENT_CLIENT_IMPL_H_
 #define GPUMEMD_CLIENT_CLIENT_IMPL_H_
 
