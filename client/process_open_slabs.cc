@@ -49,12 +49,5 @@ void ProcessOpenSlabs::Dropping(const std::string& socket_path, uint64_t slab_id
   if (it != r.open.end() && --it->second <= 0) r.open.erase(it);
 }
 
-int ProcessOpenSlabs::Count(const std::string& socket_path, uint64_t slab_id) {
-  Registry& r = TheRegistry();
-  absl::MutexLock lock(&r.mu);
-  auto it = r.open.find({getpid(), socket_path, slab_id});
-  return it == r.open.end() ? 0 : it->second;
-}
-
 }  // namespace client
 }  // namespace gpumem

@@ -39,8 +39,6 @@ class ProcessOpenSlabs {
                       const std::function<void()>& tell);
   // One Client let go of it without telling the daemon.
   static void Dropping(const std::string& socket_path, uint64_t slab_id);
-  // How many Clients of this process have it open (tests).
-  static int Count(const std::string& socket_path, uint64_t slab_id);
 };
 
 }  // namespace client

@@ -651,8 +651,7 @@ void LedgerStore::AppendPair(PairChunk* chunk, const LedgerEvent& start, const L
   number(end.seq);
   number(end.time_ns);
   *p++ = '"';
-  std::memcpy(p, kind.data(), std::min<size_t>(kind.size(), 32));
-  p += std::min<size_t>(kind.size(), 32);
+  p = std::copy(kind.begin(), kind.end(), p);  // at most "DAEMON_RESTART"
   *p++ = '"';
   *p++ = ',';
   number(start.uid);

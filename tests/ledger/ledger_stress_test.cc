@@ -21,27 +21,18 @@
 #include "absl/time/clock.h"
 #include "server/ledger/tenant_ledger.h"
 #include "server/ledger/usage_account.h"
+#include "tests/ledger/ledger_test_events.h"
 
 namespace gpumem {
 namespace ledger {
 namespace {
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/ledger-stress-XXXXXX";
-  return mkdtemp(tmpl);
-}
-
+// An event of `kind` as ledger_test_events.h's Alloc makes it (uid 1000,
+// pid 42, session 7, time 0: the ledger stamps it).
 LedgerEvent Event(EventKind kind, uint64_t id, const std::string& tenant, int32_t device,
                   uint64_t bytes) {
-  LedgerEvent e;
+  LedgerEvent e = Alloc(id, device, bytes, 0, tenant);
   e.kind = kind;
-  e.tenant = tenant;
-  e.uid = 1000;
-  e.pid = 42;
-  e.session = 7;
-  e.device = device;
-  e.bytes = bytes;
-  e.allocation_id = id;
   return e;
 }
 
