@@ -7,8 +7,9 @@
 //   --mode=fill  allocates 1 MiB blocks until its tenant's quota refuses,
 //                prints "FULL <blocks> <bytes>", then keeps freeing one and
 //                taking it back, checking that one more is still refused.
-// Both time every call. After each daemon restart the library came through
-// (Client::restarts), every live block is checked in full and it prints
+// Both print "CONNECTED" once connected, and time every call. After each
+// daemon restart the library came through (Client::restarts), every live
+// block is checked in full and it prints
 //   RESUMED <restarts> blocks=<n> bytes=<b> lost=<l> pause_ms=<longest call
 //   since the last RESUMED line>
 // and carries on. It stops when --stop_file exists: checks every block,
@@ -86,6 +87,8 @@ int Run() {
   const bool fill = absl::GetFlag(FLAGS_mode) == "fill";
   absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(absl::GetFlag(FLAGS_socket));
   if (!c.ok()) Die(absl::StrCat("connect: ", c.status().ToString()));
+  printf("CONNECTED\n");
+  fflush(stdout);
   Client& client = **c;
   std::atomic<uint64_t> lost{0};
   client.OnRestart([&lost](const Client::RestartReport& r) { lost += r.lost.size(); });

@@ -108,6 +108,12 @@ class RestartTest : public ::testing::Test {
         std::vector<std::string>{client_binary_, "--socket=" + socket_, "--mode=fill",
                                  "--stop_file=" + stop_file_, "--seed=99"},
         kCapped));
+    // Every client connected before the first kill: the test is about
+    // sessions that live through restarts, not connects that race one.
+    for (size_t i = 0; i < clients_.size(); ++i) {
+      ASSERT_EQ(clients_[i]->ReadLine(20000), "CONNECTED") << "client " << i << "\n"
+                                                           << systemd_->Log();
+    }
     const std::string full = clients_.back()->ReadLine(20000);
     ASSERT_EQ(full, "FULL 24 25165824") << systemd_->Log();
   }
