@@ -6,6 +6,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -133,9 +134,28 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path)
   auto impl = std::make_unique<Impl>();
   impl->socket_path = socket_path;
   impl->reconnect_wait = ReconnectWait();
-  bool rebound = false;
-  absl::StatusOr<std::shared_ptr<DaemonLink>> link =
-      DaemonLink::Open(socket_path, /*rebind_token=*/"", &rebound);
+  // A daemon that took the connection and hung up (or stayed silent)
+  // before answering is one that died or is starting (a restart): tried
+  // again within the reconnect wait, as calls are. Nothing listening, or an
+  // answer (a refusal, a goodbye), fails at once.
+  const absl::Time give_up = absl::Now() + impl->reconnect_wait;
+  absl::Duration backoff = absl::Milliseconds(2);
+  absl::StatusOr<std::shared_ptr<DaemonLink>> link;
+  for (;;) {
+    bool rebound = false;
+    bool unanswered = false;
+    link = DaemonLink::Open(socket_path, /*rebind_token=*/"", &rebound, &unanswered);
+    if (link.ok() || !unanswered) break;
+    if (absl::Now() + backoff > give_up) {
+      return absl::UnavailableError(absl::StrCat(
+          "gpumemd at ", socket_path, " took the connection but gave no answer within ",
+          absl::FormatDuration(impl->reconnect_wait),
+          " (restarting, or stuck; GPUMEM_RECONNECT_MS sets the wait): ",
+          link.status().message()));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(100));
+  }
   if (!link.ok()) return link.status();
   impl->link = *std::move(link);
   impl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

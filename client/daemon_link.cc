@@ -11,8 +11,10 @@ namespace client {
 
 absl::StatusOr<std::shared_ptr<DaemonLink>> DaemonLink::Open(const std::string& socket_path,
                                                              const std::string& rebind_token,
-                                                             bool* rebound) {
+                                                             bool* rebound,
+                                                             bool* unanswered) {
   *rebound = false;
+  if (unanswered != nullptr) *unanswered = false;
   absl::StatusOr<int> fd = ConnectFdChannel(socket_path);
   if (!fd.ok()) return fd.status();
   std::shared_ptr<DaemonLink> link(new DaemonLink());
@@ -33,8 +35,12 @@ absl::StatusOr<std::shared_ptr<DaemonLink>> DaemonLink::Open(const std::string& 
     // Refused (not kept, expired): a new session below, on this channel.
   }
   if (!*rebound) {
-    absl::StatusOr<std::string> token = HelloFdChannel(*fd);
-    if (!token.ok()) return token.status();
+    bool answered = false;
+    absl::StatusOr<std::string> token = HelloFdChannel(*fd, &answered);
+    if (!token.ok()) {
+      if (unanswered != nullptr) *unanswered = !answered;
+      return token.status();
+    }
     link->session_token_ = *token;
   }
   struct timeval forever = {0, 0};

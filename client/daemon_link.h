@@ -35,10 +35,15 @@ class DaemonLink {
   // Connects to `socket_path`. With a non-empty `rebind_token` (the
   // connection-bound session a restarted daemon may have kept) it asks for
   // that session first; *rebound says whether it was given back (else the
-  // link has a new session, as with an empty token).
+  // link has a new session, as with an empty token). On failure
+  // *unanswered (when given) says the socket took the connection but no
+  // answer came (the daemon hung up, or was silent for 5 s): a daemon that
+  // died or is starting, worth trying again, unlike one that is not there
+  // or that refused.
   static absl::StatusOr<std::shared_ptr<DaemonLink>> Open(const std::string& socket_path,
                                                           const std::string& rebind_token,
-                                                          bool* rebound);
+                                                          bool* rebound,
+                                                          bool* unanswered = nullptr);
   ~DaemonLink();
   DaemonLink(const DaemonLink&) = delete;
   DaemonLink& operator=(const DaemonLink&) = delete;

@@ -38,9 +38,12 @@ absl::StatusOr<int> ConnectFdChannel(const std::string& socket_path) {
 namespace {
 
 // One request and its response; *fd gets an attached fd (else -1).
-// `give_fd` is attached to the request; `payload` follows it.
+// `give_fd` is attached to the request; `payload` follows it. *answered
+// (when given) says whether the daemon's response header arrived.
 absl::Status Call(int channel, SlabOp op, uint64_t slab_id, SlabResponse* resp,
-                  int* fd, int give_fd = -1, const std::string& payload = "") {
+                  int* fd, int give_fd = -1, const std::string& payload = "",
+                  bool* answered = nullptr) {
+  if (answered != nullptr) *answered = false;
   SlabRequest req;
   memcpy(req.magic, kFdChannelMagic, 4);
   req.version = kFdChannelVersion;
@@ -53,6 +56,7 @@ absl::Status Call(int channel, SlabOp op, uint64_t slab_id, SlabResponse* resp,
   if (!s.ok()) return s;
   s = RecvWithFd(channel, resp, sizeof(*resp), fd);
   if (!s.ok()) return s;
+  if (answered != nullptr) *answered = true;
   if (resp->code == 0) return absl::OkStatus();
   if (*fd >= 0) {
     close(*fd);
@@ -69,10 +73,10 @@ absl::Status Call(int channel, SlabOp op, uint64_t slab_id, SlabResponse* resp,
 
 }  // namespace
 
-absl::StatusOr<std::string> HelloFdChannel(int channel) {
+absl::StatusOr<std::string> HelloFdChannel(int channel, bool* answered) {
   SlabResponse resp;
   int fd = -1;
-  absl::Status s = Call(channel, SlabOp::kHello, 0, &resp, &fd);
+  absl::Status s = Call(channel, SlabOp::kHello, 0, &resp, &fd, -1, "", answered);
   if (fd >= 0) close(fd);
   if (!s.ok()) return s;
   if (resp.message_len > kFdChannelMaxMessage) {

@@ -106,7 +106,10 @@ absl::StatusOr<SlabFd> RequestSlabFd(int channel, uint64_t slab_id);
 absl::Status CloseSlabFd(int channel, uint64_t slab_id);
 
 // Client side: the hello; the session token, empty when none is needed.
-absl::StatusOr<std::string> HelloFdChannel(int channel);
+// *answered (when given) is false when the daemon hung up or the receive
+// timed out before any answer came: a daemon that died or is restarting,
+// as opposed to one that refused.
+absl::StatusOr<std::string> HelloFdChannel(int channel, bool* answered = nullptr);
 
 // Client side, after a restart: hands `fd` (a slab's handle, still the
 // caller's) back for `slab_id`.
