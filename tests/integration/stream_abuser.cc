@@ -3,8 +3,11 @@
 // (so its session holds memory), then, by --mode:
 //   garbage            sends bytes that are no StreamRequest; prints the
 //                      stream's final "status CODE MESSAGE"
-//   reuse              sends many requests all with request id 7 without
-//                      reading, then reads; prints "status CODE MESSAGE"
+//   reuse              sends an Allocate of 64 MiB on device 0 (a new slab:
+//                      slow under --sim_slab_create_delay, so it is in
+//                      flight on a backend worker) and then many requests,
+//                      all with its request id 7, without reading; then
+//                      reads; prints "status CODE MESSAGE"
 //   stop_reading       sends Allocate requests (4 KiB) and never reads;
 //                      prints "stalled" once its writes stop getting through
 //   close_mid_request  as stop_reading, then, once --go_file exists,
@@ -79,16 +82,24 @@ void Reuse() {
   auto stub = v1::GpuMemory::NewStub(Dial());
   grpc::ClientContext ctx;
   auto s = stub->Stream(&ctx);
-  // Enough that answers pile up in the daemon while none is read: the
-  // daemon's writes stall on flow control, so id 7 is in flight when it
-  // comes again.
+  // The first id 7 is an Allocate that takes a slow slab creation (the
+  // test's daemon delays device 0's): on a backend worker for 300 ms, in
+  // flight however fast the other answers are written, so the next id 7 is
+  // a reuse whatever the scheduling. The many after it pile answers up too
+  // (the daemon's writes stall on flow control while none is read).
   std::atomic<bool> written{false};
   std::thread writer([&] {
+    v1::StreamRequest slow;
+    slow.set_request_id(7);
+    slow.mutable_allocate()->set_size_bytes(64 << 20);
+    slow.mutable_allocate()->mutable_placement()->add_devices("0");
     v1::StreamRequest r;
     r.set_request_id(7);
     r.mutable_get_session();
-    for (int i = 0; i < 3000; ++i) {
-      if (!s->Write(r)) break;
+    if (s->Write(slow)) {
+      for (int i = 0; i < 3000; ++i) {
+        if (!s->Write(r)) break;
+      }
     }
     s->WritesDone();
     written = true;
