@@ -6,7 +6,6 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -139,22 +138,22 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path)
   // again within the reconnect wait, as calls are. Nothing listening, or an
   // answer (a refusal, a goodbye), fails at once.
   const absl::Time give_up = absl::Now() + impl->reconnect_wait;
-  absl::Duration backoff = absl::Milliseconds(2);
+  DaemonRetryBackoff backoff;
   absl::StatusOr<std::shared_ptr<DaemonLink>> link;
   for (;;) {
     bool rebound = false;
     bool unanswered = false;
     link = DaemonLink::Open(socket_path, /*rebind_token=*/"", &rebound, &unanswered);
     if (link.ok() || !unanswered) break;
-    if (absl::Now() + backoff > give_up) {
+    const absl::Duration pause = backoff.Next();
+    if (absl::Now() + pause > give_up) {
       return absl::UnavailableError(absl::StrCat(
           "gpumemd at ", socket_path, " took the connection but gave no answer within ",
           absl::FormatDuration(impl->reconnect_wait),
           " (restarting, or stuck; GPUMEM_RECONNECT_MS sets the wait): ",
           link.status().message()));
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(100));
+    absl::SleepFor(pause);
   }
   if (!link.ok()) return link.status();
   impl->link = *std::move(link);

@@ -14,6 +14,7 @@
 #ifndef GPUMEMD_CLIENT_CLIENT_IMPL_H_
 #define GPUMEMD_CLIENT_CLIENT_IMPL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -38,6 +39,20 @@ struct MappedSlab {
   // Shared so copies run outside the client's lock.
   std::shared_ptr<OpenedSlab> slab;
   uint64_t refs = 0;
+};
+
+// The pauses between tries to reach a daemon (Connect, Reconnect): 2 ms,
+// doubling up to 100 ms.
+class DaemonRetryBackoff {
+ public:
+  absl::Duration Next() {
+    const absl::Duration d = next_;
+    next_ = std::min(next_ * 2, absl::Milliseconds(100));
+    return d;
+  }
+
+ private:
+  absl::Duration next_ = absl::Milliseconds(2);
 };
 
 struct Client::Impl {

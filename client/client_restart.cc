@@ -99,12 +99,8 @@ void Client::Reconnect() {
     impl.restarting = true;
   }
   const std::string old_token = impl.Link()->session_token();
-  absl::Duration backoff = absl::Milliseconds(2);
-  auto wait_more = [&] {
-    const bool go_on = Nap(impl, backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(100));
-    return go_on;
-  };
+  DaemonRetryBackoff backoff;
+  auto wait_more = [&] { return Nap(impl, backoff.Next()); };
   for (;;) {
     {
       absl::MutexLock lock(&impl.restart_mu);
