@@ -101,8 +101,9 @@ class Client {
   // The socket: `socket_path`, else $GPUMEMD_SOCKET, else
   // /run/gpumemd/gpumemd.sock. Fails with UNAVAILABLE at once when nothing
   // listens there; a daemon that takes the connection and hangs up before
-  // answering (it died or is restarting) is tried again for at most
-  // GPUMEM_RECONNECT_MS, as calls are. A refusal is returned as it came.
+  // answering (it died or is restarting) is tried again until
+  // GPUMEM_RECONNECT_MS has passed, as calls are (a try the daemon stays
+  // silent on lasts 5 s). A refusal is returned as it came.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(std::string socket_path = "");
   ~Client();
 
