@@ -4,7 +4,7 @@
 //
 // What it guarantees:
 //  - Syntax only. A list parses into selector strings, one per item, in the
-//    order given (duplicates kept; the daemon dedupes). Whether a selector
+//    order given (duplicates kept; the daemon refuses them). Whether a selector
 //    names a device that exists is the daemon's call, because only the daemon
 //    knows its devices (server/placement/resolve.h).
 //  - Every syntax error is INVALID_ARGUMENT naming the offending item and its

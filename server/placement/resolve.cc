@@ -1,5 +1,6 @@
 #include "server/placement/resolve.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -55,25 +56,95 @@ absl::StatusOr<uint32_t> ResolveOne(absl::string_view field,
 }
 
 // The mask of the devices a repeated selector field names; empty means all
-// when `empty_is_all`. "all" names every device.
+// when `empty_is_all`. "all" names every device. A device named twice is
+// refused, naming both selectors.
 absl::StatusOr<std::vector<bool>> ResolveSet(
     absl::string_view field,
     const google::protobuf::RepeatedPtrField<std::string>& selectors,
     absl::Span<const DeviceView> devices, bool empty_is_all) {
   std::vector<bool> mask(devices.size(), empty_is_all && selectors.empty());
-  for (const std::string& selector : selectors) {
+  // by[d]: the position of the selector that named device d, or -1.
+  std::vector<int> by(devices.size(), -1);
+  auto twice = [&](int first, int again, uint32_t device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": \"", selectors[again], "\" names device ", device,
+        " again (\"", selectors[first], "\" named it); name each device once"));
+  };
+  for (int i = 0; i < selectors.size(); ++i) {
+    const std::string& selector = selectors[i];
     if (IsAllSelector(selector)) {
+      for (uint32_t d = 0; d < devices.size(); ++d) {
+        if (by[d] >= 0) return twice(by[d], i, d);
+        by[d] = i;
+      }
       mask.assign(devices.size(), true);
       continue;
     }
     absl::StatusOr<uint32_t> device = ResolveOne(field, selector, devices);
     if (!device.ok()) return device.status();
+    if (by[*device] >= 0) return twice(by[*device], i, *device);
+    by[*device] = i;
     mask[*device] = true;
   }
   return mask;
 }
 
+// The size limits of resolve.h, for one list.
+absl::Status CheckList(absl::string_view field,
+                       const google::protobuf::RepeatedPtrField<std::string>& selectors,
+                       size_t device_count) {
+  const size_t limit = MaxSelectorsPerList(device_count);
+  if (static_cast<size_t>(selectors.size()) > limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", selectors.size(), " selectors, more than the limit of ", limit,
+        " (max(", kSelectorsPerDevice, " x ", device_count, " devices, ",
+        kMinSelectorsPerList, "))"));
+  }
+  for (int i = 0; i < selectors.size(); ++i) {
+    if (selectors[i].size() > kMaxSelectorBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "[", i, "]: a selector of ", selectors[i].size(),
+          " bytes, more than the limit of ", kMaxSelectorBytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every size limit of the request, before anything is matched.
+absl::Status CheckBounds(const PlacementRequest& request, size_t device_count) {
+  if (static_cast<size_t>(request.fallback_size()) > kMaxFallbackSets) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement.fallback: ", request.fallback_size(),
+        " fallback sets, more than the limit of ", kMaxFallbackSets));
+  }
+  if (request.near().size() > kMaxSelectorBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement.near: a selector of ", request.near().size(),
+        " bytes, more than the limit of ", kMaxSelectorBytes, " bytes"));
+  }
+  if (absl::Status s = CheckList("placement.devices", request.devices(), device_count);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckList("placement.exclude", request.exclude(), device_count);
+      !s.ok()) {
+    return s;
+  }
+  for (int i = 0; i < request.fallback_size(); ++i) {
+    if (absl::Status s = CheckList(absl::StrCat("placement.fallback[", i, "]"),
+                                   request.fallback(i).devices(), device_count);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+size_t MaxSelectorsPerList(size_t device_count) {
+  return std::max(kSelectorsPerDevice * device_count, kMinSelectorsPerList);
+}
 
 size_t ResolvedPlacement::allowed_device_count() const {
   size_t n = 0;
@@ -89,6 +160,10 @@ absl::StatusOr<ResolvedPlacement> ResolvePlacement(
           absl::StrCat("placement: device snapshot entry ", i, " has index ",
                        devices[i].index));
     }
+  }
+  // Sizes first: nothing below does work in proportion to an unchecked list.
+  if (absl::Status bounded = CheckBounds(request, devices.size()); !bounded.ok()) {
+    return bounded;
   }
   ResolvedPlacement resolved;
 

@@ -21,6 +21,16 @@
 // Selectors: a decimal index ("0"), a device UUID matched without regard to
 // case ("GPU-5f1c..."), or "all" (any case) for every device. `near` must
 // name exactly one device, so "all" is refused there.
+//
+// Bounded work for any request (checked before a selector is matched, so a
+// hostile list costs one pass over its sizes): every list (devices,
+// exclude, each fallback set) has at most MaxSelectorsPerList(devices)
+// entries, at most kMaxFallbackSets fallback sets, every selector (and
+// `near`) at most kMaxSelectorBytes bytes; one list naming a device twice
+// ("0" and its UUID, or "all" and anything) is refused. Each refusal is
+// INVALID_ARGUMENT naming the field, the limit and the count:
+// `placement.devices: 400000 selectors, more than the limit of 16
+// (max(4 x 2 devices, 16))`.
 #ifndef GPUMEMD_SERVER_PLACEMENT_RESOLVE_H_
 #define GPUMEMD_SERVER_PLACEMENT_RESOLVE_H_
 
@@ -35,6 +45,16 @@
 
 namespace gpumem {
 namespace placement {
+
+// The limits above. A list of distinct devices never needs more than the
+// device count; the slack is for clients that name a device both ways.
+inline constexpr size_t kSelectorsPerDevice = 4;
+inline constexpr size_t kMinSelectorsPerList = 16;
+inline constexpr size_t kMaxFallbackSets = 8;
+inline constexpr size_t kMaxSelectorBytes = 64;
+
+// max(kSelectorsPerDevice x device_count, kMinSelectorsPerList).
+size_t MaxSelectorsPerList(size_t device_count);
 
 struct ResolvedPlacement {
   // Stage 0 from `devices`, then one per fallback set; disjoint, each minus

@@ -82,15 +82,46 @@ TEST_P(ResolveTest, Resolves) {
 
 const std::string kUuid2 = FakeUuid(2);
 
+// `n` selectors of device 0 ("0", "00", "000", ...): distinct strings, so
+// only the size check can refuse them before the duplicate check would.
+std::string Repeated(const std::string& field, int n) {
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    text += field + ": \"" + std::string(static_cast<size_t>(i) + 1, '0') + "\" ";
+  }
+  return text;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Table, ResolveTest,
     ::testing::Values(
         ResolveCase{"EmptyMeansAll", "", {{0, 1, 2, 3}}, {}},
         ResolveCase{"AllLiteral", R"(devices: "ALL")", {{0, 1, 2, 3}}, {}},
         ResolveCase{"Indices", R"(devices: "2" devices: "0")", {{0, 2}}, {}},
-        ResolveCase{"DuplicatesDeduped",
-                    R"(devices: "1" devices: "01" devices: "1")",
-                    {{1}},
+        ResolveCase{"DuplicateRefused",
+                    R"(devices: "1" devices: "01")",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "placement.devices: \"01\" names device 1 again (\"1\" named it)"},
+        ResolveCase{"DuplicateByUuidRefused",
+                    "exclude: \"2\" exclude: \"" + kUuid2 + "\"",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "placement.exclude: \"" + kUuid2 + "\" names device 2 again"},
+        ResolveCase{"AllAndAnotherRefused",
+                    R"(fallback { devices: "all" devices: "3" })",
+                    {},
+                    {},
+                    {},
+                    -1,
+                    "placement.fallback[0]: \"3\" names device 3 again (\"all\" named it)"},
+        ResolveCase{"SameDeviceInTwoListsIsFine",
+                    R"(devices: "1" fallback { devices: "1" devices: "2" })",
+                    {{1}, {2}},
                     {}},
         ResolveCase{"Uuid", "devices: \"" + kUuid2 + "\"", {{2}}, {}},
         ResolveCase{"UuidAnyCase",
@@ -223,6 +254,51 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<ResolveCase>& info) {
       return info.param.name;
     });
+
+// The size limits (resolve.h): with 4 devices a list may hold 16 selectors.
+TEST(ResolveLimitsTest, ListsAreCappedByName) {
+  EXPECT_EQ(MaxSelectorsPerList(0), 16u);
+  EXPECT_EQ(MaxSelectorsPerList(4), 16u);
+  EXPECT_EQ(MaxSelectorsPerList(5), 20u);
+  struct Case {
+    std::string request;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {Repeated("devices", 17),
+       "placement.devices: 17 selectors, more than the limit of 16 (max(4 x 4 devices, 16))"},
+      {Repeated("exclude", 400),
+       "placement.exclude: 400 selectors, more than the limit of 16"},
+      {"fallback { devices: \"0\" } fallback { " + Repeated("devices", 17) + "}",
+       "placement.fallback[1]: 17 selectors, more than the limit of 16"},
+      {"devices: \"GPU-" + std::string(61, 'a') + "\"",
+       "placement.devices[0]: a selector of 65 bytes, more than the limit of 64 bytes"},
+      {"policy: POLICY_NEAR near: \"" + std::string(65, '0') + "\"",
+       "placement.near: a selector of 65 bytes, more than the limit of 64 bytes"},
+      {std::string("fallback {} fallback {} fallback {} fallback {} fallback {} "
+                   "fallback {} fallback {} fallback {} fallback {}"),
+       "placement.fallback: 9 fallback sets, more than the limit of 8"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ResolvedPlacement> got = ResolvePlacement(Parse(c.request), FourDevices());
+    ASSERT_FALSE(got.ok()) << c.error;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(got.status().message()), HasSubstr(c.error));
+  }
+  // At the limits, the request is resolved (the 16th selector is a
+  // duplicate here, so the size check passed and the duplicate check spoke).
+  absl::StatusOr<ResolvedPlacement> at =
+      ResolvePlacement(Parse(Repeated("devices", 16)), FourDevices());
+  EXPECT_THAT(std::string(at.status().message()), HasSubstr("names device 0 again"));
+  const std::string longest = "GPU-" + std::string(60, 'a');  // 64 bytes, no such device
+  at = ResolvePlacement(Parse("devices: \"" + longest + "\""), FourDevices());
+  EXPECT_THAT(std::string(at.status().message()), HasSubstr("no device \"" + longest));
+  at = ResolvePlacement(Parse("fallback {} fallback {} fallback {} fallback {} fallback {} "
+                              "fallback {} fallback {} fallback { devices: \"1\" }"),
+                        FourDevices());
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->stages.size(), 9u);
+}
 
 TEST(ResolveNoDevicesTest, SaysSo) {
   absl::StatusOr<ResolvedPlacement> got =
