@@ -11,8 +11,9 @@
   paths);
 - --gpumemd_socket is gpumemd's --socket and --claims_dir is gpumemd's
   tenant_socket_dir (its default, /run/gpumemd/tenants, unless the daemon's
-  args set one), both in the hostPath the two containers share at the same
-  mount path;
+  args set one), each in a hostPath the two containers share at the same
+  mount path, the claims directory in a hostPath apart from the main
+  socket's (client pods mount that one: they must not reach claims);
 - the RBAC lets that service account apply ResourceSlices and get
   ResourceClaims;
 - the DeviceClass selects the plugin's --driver_name; the example
@@ -120,6 +121,23 @@ for path in (flags["gpumemd_socket"], flags["claims_dir"]):
     if in_dra != in_daemon or in_dra != path:
         fail("%s is %s on the host for the plugin, %s for gpumemd: CDI specs name host paths, "
              "so both must see it at the same path" % (path, in_dra, in_daemon))
+
+# Claims apart from the main socket: no hostPath holds both, so the directory
+# client pods mount (the main socket's) reaches no claim.
+_, sock_mount = host_dir_of(daemon, flags["gpumemd_socket"])
+_, claims_mount = host_dir_of(daemon, flags["claims_dir"])
+if sock_mount["name"] == claims_mount["name"]:
+    fail("--claims_dir=%s is on the volume of the main socket (%s), which client pods mount" %
+         (flags["claims_dir"], sock_mount["name"]))
+sock_host = volumes[sock_mount["name"]]["hostPath"]["path"].rstrip("/")
+claims_host = volumes[claims_mount["name"]]["hostPath"]["path"].rstrip("/")
+if claims_host.startswith(sock_host + "/") or sock_host.startswith(claims_host + "/"):
+    fail("the claims' hostPath %s and the main socket's %s nest" % (claims_host, sock_host))
+client_pod = load("client-pod.yaml")[0]
+for v in client_pod["spec"].get("volumes", []):
+    hp = v.get("hostPath", {}).get("path", "").rstrip("/")
+    if hp and (claims_host == hp or claims_host.startswith(hp + "/")):
+        fail("client-pod.yaml mounts %s, which holds the claims directory %s" % (hp, claims_host))
 
 # RBAC: the pod's service account may apply slices and read claims.
 sa = spec.get("serviceAccountName")

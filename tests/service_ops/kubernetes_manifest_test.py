@@ -7,7 +7,15 @@ namespace, the grace period exceeds --drain_seconds, the daemon offers only
 slab handles that cross PID namespaces (--handle_kinds=cuda_vmm_fd: fds over
 the socket do, legacy CUDA IPC handles do not, and the pods share no PID
 namespace with the daemon), and every gpumemd flag in the manifest is one
-the built daemon accepts (--help lists it)."""
+the built daemon accepts (--help lists it).
+
+Who reaches what (README "Who can reach what"): the client pod mounts only
+the main socket's directory, read-only, and that directory holds nothing
+else the daemon is told to put anywhere (tenant_socket_dir, state, ledger
+lie outside it; its default tenant_socket_dir, /run/gpumemd/tenants, would
+lie inside it, so the DaemonSet must set one); the metrics endpoint binds
+the pod's IP from the downward API (status.podIP or status.hostIP), never
+0.0.0.0 or [::]."""
 import os
 import subprocess
 import sys
@@ -88,5 +96,51 @@ if pvol["hostPath"]["path"] != host_dir:
 if os.path.relpath(env["GPUMEMD_SOCKET"], pmount["mountPath"]) != \
         os.path.relpath(sock, mount["mountPath"]):
     fail("the client's GPUMEMD_SOCKET is not the daemon's socket")
+if not pmount.get("readOnly"):
+    fail("the client pod must mount the socket directory readOnly")
+if len(pspec["containers"][0]["volumeMounts"]) != 1 or len(pspec.get("volumes", [])) != 1:
+    fail("the client pod must mount the main socket's directory and nothing else")
+
+
+def inside(path, directory):
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+# Nothing but the main socket in the directory client pods mount (paths in
+# the daemon's container, on the mount of the socket's directory).
+tenant_dir = args.get("tenant_socket_dir", "/run/gpumemd/tenants")
+for name, path in (("tenant_socket_dir", tenant_dir), ("state", args.get("state", "")),
+                   ("ledger", args.get("ledger", ""))):
+    if path and inside(path, mount["mountPath"]):
+        fail("--%s=%s is inside %s, the directory client pods mount" % (name, path,
+                                                                         mount["mountPath"]))
+tmount = next((m for m in c["volumeMounts"] if inside(tenant_dir, m["mountPath"])), None)
+if tmount is None:
+    fail("--tenant_socket_dir=%s is on no volume of the gpumemd container" % tenant_dir)
+tvol = next(v for v in spec["volumes"] if v["name"] == tmount["name"])
+if "hostPath" not in tvol or inside(tvol["hostPath"]["path"], host_dir) or \
+        inside(host_dir, tvol["hostPath"]["path"]):
+    fail("the tenant sockets' hostPath %s must be apart from the socket directory %s" %
+         (tvol["hostPath"]["path"], host_dir))
+if inside(tvol["hostPath"]["path"], pvol["hostPath"]["path"]):
+    fail("the client pod's mount %s contains the tenant sockets" % pvol["hostPath"]["path"])
+
+# Metrics on the pod's (or host's) IP, from the downward API.
+listen = args.get("metrics_listen", "")
+if listen:
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host in ("0.0.0.0", "::", ""):
+        fail("--metrics_listen=%s binds every address; bind the pod's IP" % listen)
+    if not host.startswith("$(") or not host.endswith(")"):
+        fail("--metrics_listen=%s must name the pod's IP through an env var ($(POD_IP))" % listen)
+    var = host[2:-1]
+    envs = {e["name"]: e for e in c.get("env", [])}
+    field = envs.get(var, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    if field not in ("status.podIP", "status.hostIP"):
+        fail("$(%s) in --metrics_listen must come from status.podIP or status.hostIP, not %r" %
+             (var, field))
+    port = int(listen.rsplit(":", 1)[1])
+    if not any(p.get("containerPort") == port for p in c.get("ports", [])):
+        fail("the gpumemd container does not declare the metrics port %d" % port)
 print("socket %s on host dir %s; probes, grace period and flags consistent" % (sock, host_dir))
 print("PASS")
