@@ -86,6 +86,12 @@ ABSL_FLAG(std::optional<int>, wait_bypass_limit, std::nullopt,
           "the room that frees up on its devices");
 ABSL_FLAG(std::optional<int>, wait_reserve_ms, std::nullopt,
           "fair waiting: how long one such reservation lasts at most");
+ABSL_FLAG(std::optional<int64_t>, max_wait_ms, std::nullopt,
+          "the longest wait_ms an Allocate may ask for; more is refused "
+          "INVALID_ARGUMENT");
+ABSL_FLAG(std::optional<std::string>, max_waiting_bytes_per_tenant, std::nullopt,
+          "the bytes one tenant's waiting requests may hold in the daemon at once, "
+          "e.g. 16MiB (0: no limit); one more waiter is refused RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::optional<int64_t>, ledger_max_pages, std::nullopt,
           "tests: the ledger file may grow to this many pages (SQLite then answers "
           "\"database or disk is full\"); 0: no limit");
@@ -122,6 +128,8 @@ CommandLine FromFlags() {
   c.reclaim_wait_ms = absl::GetFlag(FLAGS_reclaim_wait_ms);
   c.wait_bypass_limit = absl::GetFlag(FLAGS_wait_bypass_limit);
   c.wait_reserve_ms = absl::GetFlag(FLAGS_wait_reserve_ms);
+  c.max_wait_ms = absl::GetFlag(FLAGS_max_wait_ms);
+  c.max_waiting_bytes_per_tenant = absl::GetFlag(FLAGS_max_waiting_bytes_per_tenant);
   c.ledger_max_pages = absl::GetFlag(FLAGS_ledger_max_pages);
   return c;
 }

@@ -15,11 +15,13 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
 
 namespace gpumem {
 namespace admission {
 
-Admission::Admission(AdmissionOptions options) : options_(options) {
+Admission::Admission(AdmissionOptions options)
+    : options_(options), max_wait_(options.max_wait) {
   if (options_.bypass_limit == 0) options_.bypass_limit = 1;
   thread_ = std::thread([this] { Run(); });
 }
@@ -29,6 +31,16 @@ Admission::~Admission() { Stop(); }
 uint64_t Admission::kicks() const {
   std::lock_guard<std::mutex> lock(mu_);
   return kicks_;
+}
+
+absl::Status Admission::CheckWait(uint64_t wait_ms) const {
+  if (max_wait_ <= absl::ZeroDuration() || absl::Milliseconds(wait_ms) <= max_wait_) {
+    return absl::OkStatus();
+  }
+  const int64_t max_ms = absl::ToInt64Milliseconds(max_wait_);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "wait_ms ", wait_ms, " exceeds --max_wait_ms=", max_ms,
+      " (DaemonConfig.max_wait_ms): a request may wait at most ", max_ms, " ms"));
 }
 
 absl::StatusOr<uint64_t> Admission::Enqueue(std::unique_ptr<Waiter>& waiter, uint64_t seen) {
@@ -45,7 +57,22 @@ absl::StatusOr<uint64_t> Admission::Enqueue(std::unique_ptr<Waiter>& waiter, uin
         " requests waiting for memory already, its limit (max_waiting_requests ", limit,
         "); retry later or without wait_ms"));
   }
+  const uint64_t bytes_limit = options_.max_waiting_bytes_per_tenant;
+  if (bytes_limit > 0) {
+    auto held = bytes_per_tenant_.find(waiter->tenant());
+    const uint64_t now = held == bytes_per_tenant_.end() ? 0 : held->second;
+    if (waiter->held_bytes() > bytes_limit || now > bytes_limit - waiter->held_bytes()) {
+      if (count == 0) per_tenant_.erase(waiter->tenant());
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant \"", waiter->tenant_name(), "\" has ", count,
+          " requests waiting for memory holding ", FormatBytes(now), " of the daemon's memory; ",
+          "this one (", FormatBytes(waiter->held_bytes()), ") would pass the limit of ",
+          FormatBytes(bytes_limit), " (--max_waiting_bytes_per_tenant=", bytes_limit,
+          ", DaemonConfig.max_waiting_bytes_per_tenant); retry later or without wait_ms"));
+    }
+  }
   ++count;
+  if (waiter->held_bytes() > 0) bytes_per_tenant_[waiter->tenant()] += waiter->held_bytes();
   const uint64_t ticket = next_ticket_++;
   Entry& e = entries_[ticket];
   e.order = order_.Add(waiter->priority(), ticket);
@@ -114,9 +141,18 @@ void Admission::BypassLocked(uint64_t ticket, Entry& e) {
     auto cur = entries_.find(reserving_);
     if (cur == entries_.end() || !(e.order < cur->second.order)) return;
   }
+  // Only where it could fit beside other tenants' blocks: holding room for
+  // a request that cannot be served there only refuses the others.
+  std::vector<uint32_t> fitting = e.waiter->FittingDevices();
+  if (fitting.empty()) {
+    e.bypasses = 0;  // passed over again, looked at again after as many
+    ++reservations_declined_;
+    return;
+  }
   reserving_ = ticket;
   reserved_since_ = absl::Now();
   reservation_.claim = e.waiter->claim();
+  reservation_.claim.devices = std::move(fitting);
   reservation_.priority = e.waiter->priority();
   ++reservations_made_;
   has_reservation_.store(true);
@@ -192,6 +228,16 @@ uint64_t Admission::reservations_made() const {
   return reservations_made_;
 }
 
+uint64_t Admission::reservations_declined() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reservations_declined_;
+}
+
+absl::flat_hash_map<uint32_t, uint64_t> Admission::waiting_bytes_by_tenant() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_per_tenant_;
+}
+
 std::unique_ptr<Waiter> Admission::TakeLocked(uint64_t ticket) {
   auto it = entries_.find(ticket);
   if (it == entries_.end()) return nullptr;
@@ -218,11 +264,17 @@ void Admission::ReclaimDoneLocked(uint64_t session) {
 
 void Admission::Answer(std::unique_ptr<Waiter> waiter, admission::Answer answer) {
   const uint32_t tenant = waiter->tenant();
+  const uint64_t held = waiter->held_bytes();
   waiter->Done(std::move(answer));
   waiter.reset();
   std::lock_guard<std::mutex> lock(mu_);
   auto it = per_tenant_.find(tenant);
   if (it != per_tenant_.end() && --it->second == 0) per_tenant_.erase(it);
+  auto b = bytes_per_tenant_.find(tenant);
+  if (held > 0 && b != bytes_per_tenant_.end()) {
+    b->second -= std::min(b->second, held);
+    if (b->second == 0) bytes_per_tenant_.erase(b);
+  }
 }
 
 void Admission::Run() {

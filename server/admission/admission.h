@@ -47,9 +47,24 @@
 //    most `reserve_for` at a time, with at least `bypass_limit` others
 //    served between two reservations of the same waiter.
 //
-// Limits: at most the tenant's limit (Waiter::max_waiting, else
-// `max_waiting_per_tenant`) of one tenant's requests wait at once; Enqueue
-// refuses one more with RESOURCE_EXHAUSTED naming the tenant and the limit.
+//  - A waiter reserves only if it could fit beside other tenants' blocks
+//    (Waiter::FittingDevices: on some device of its claim, the device's
+//    bytes minus what other tenants hold there cover its block), and then
+//    only on those devices. One that could not fit anywhere is not helped
+//    by holding the others back: it keeps waiting without reserving, its
+//    bypass count starts again from zero (so the check costs one look every
+//    `bypass_limit` bypasses), and reservations_declined() counts it.
+//
+// Limits:
+//  - at most the tenant's limit (Waiter::max_waiting, else
+//    `max_waiting_per_tenant`) of one tenant's requests wait at once;
+//  - the bytes one tenant's waiters hold (Waiter::held_bytes: what the core
+//    keeps for each, its compact form and what its transport keeps) are at
+//    most `max_waiting_bytes_per_tenant`;
+//  - a request may ask to wait at most `max_wait` (CheckWait, before it is
+//    placed: INVALID_ARGUMENT naming --max_wait_ms).
+// Enqueue refuses one more waiter past a limit with RESOURCE_EXHAUSTED
+// naming the tenant, the limit and its setting.
 //
 // No wake-up is lost: a caller reads kicks() before it tries to place its
 // request, and passes that number to Enqueue; if a release happened in
@@ -129,6 +144,16 @@ class Waiter {
   // Whether its last try was refused for room (only such waiters are
   // bypassed and reserve; one refused by its own quota is not helped by it).
   virtual bool WantsRoom() const { return true; }
+  // The devices of its claim on which its block could fit beside what
+  // other tenants hold there (empty: none, so it does not reserve). Called
+  // with Admission's lock held, from any thread (a fresh request's
+  // NoteServed too): it must be thread-safe and must not call Admission.
+  virtual std::vector<uint32_t> FittingDevices() const { return claim_.devices; }
+
+  // What the daemon keeps for it while it waits, in bytes (counted against
+  // max_waiting_bytes_per_tenant); set before Enqueue.
+  void set_held_bytes(uint64_t bytes) { held_bytes_ = bytes; }
+  uint64_t held_bytes() const { return held_bytes_; }
 
   // What it would reserve (see Claim); set before Enqueue.
   void set_claim(Claim claim) { claim_ = std::move(claim); }
@@ -158,12 +183,19 @@ class Waiter {
   const uint32_t max_waiting_;
   const absl::Time deadline_;
   Claim claim_;
+  uint64_t held_bytes_ = 0;
   std::vector<uint64_t> reclaim_from_;
   absl::Time answered_deadline_ = absl::InfinitePast();
 };
 
 struct AdmissionOptions {
   uint32_t max_waiting_per_tenant = 1024;
+  // The bytes one tenant's waiters may hold at once (Waiter::held_bytes);
+  // 0: no limit. The daemon's is --max_waiting_bytes_per_tenant.
+  uint64_t max_waiting_bytes_per_tenant = 0;
+  // The longest wait_ms a request may ask for (CheckWait); zero: no limit.
+  // The daemon's is --max_wait_ms.
+  absl::Duration max_wait = absl::ZeroDuration();
   // Fair waiting (see the top of this file).
   uint32_t bypass_limit = 8;
   absl::Duration reserve_for = absl::Seconds(2);
@@ -179,11 +211,16 @@ class Admission {
   // Releases so far; read before trying to place a request that may wait.
   uint64_t kicks() const;
 
+  // OK if a request may ask to wait `wait_ms`; INVALID_ARGUMENT naming the
+  // limit and its setting otherwise. Fixed for Admission's life: no lock.
+  absl::Status CheckWait(uint64_t wait_ms) const;
+
   // Queues `waiter`, which could not be served when kicks() was `seen`. On
   // success the waiter is Admission's (the pointer is taken) and the answer
   // is a ticket for Cancel. Otherwise `waiter` is left with the caller:
   // RESOURCE_EXHAUSTED when its tenant has max_waiting_per_tenant requests
-  // waiting, FAILED_PRECONDITION once stopped.
+  // waiting or its waiters' bytes would pass max_waiting_bytes_per_tenant,
+  // FAILED_PRECONDITION once stopped.
   absl::StatusOr<uint64_t> Enqueue(std::unique_ptr<Waiter>& waiter, uint64_t seen);
 
   // Room may have appeared: the waiters are tried again soon.
@@ -219,6 +256,11 @@ class Admission {
   // made so far.
   bool reserving() const;
   uint64_t reservations_made() const;
+  // Times a waiter at its bypass limit did not reserve because it could not
+  // fit beside other tenants' blocks (FittingDevices was empty).
+  uint64_t reservations_declined() const;
+  // The bytes each tenant's waiters hold now (tenants with none absent).
+  absl::flat_hash_map<uint32_t, uint64_t> waiting_bytes_by_tenant() const;
 
  private:
   struct Entry {
@@ -244,6 +286,7 @@ class Admission {
   void EndReservationLocked();
 
   AdmissionOptions options_;  // fairness fields change on reload (mu_)
+  const absl::Duration max_wait_;  // options_.max_wait, read without the lock
   // Everything below is guarded by mu_; entries are removed only by the
   // admission thread, so a Waiter it is trying stays alive without the lock.
   mutable std::mutex mu_;
@@ -260,11 +303,13 @@ class Admission {
   std::vector<uint64_t> cancelled_;
   std::vector<uint64_t> reclaim_answered_;
   absl::flat_hash_map<uint32_t, uint32_t> per_tenant_;
+  absl::flat_hash_map<uint32_t, uint64_t> bytes_per_tenant_;  // held_bytes sums
   // The reservation (0: none), since when, and what it claims.
   uint64_t reserving_ = 0;
   absl::Time reserved_since_;
   Reservation reservation_;
   uint64_t reservations_made_ = 0;
+  uint64_t reservations_declined_ = 0;
   bool asleep_ = false;
   // Read without the lock on hot paths (NoteServed, ReservationAhead).
   std::atomic<size_t> entry_count_{0};

@@ -233,6 +233,33 @@ absl::StatusOr<Settings> ResolveSettings(const CommandLine& flags, const std::st
     }
     s.wait_bypass_limit = {file.wait_bypass_limit(), Source::kConfig};
   }
+  // Bounded waiters: at most a day of waiting (the default a minute), and a
+  // byte size for the bytes a tenant's waiters hold ("0": no limit).
+  if (flags.max_wait_ms.has_value()) {
+    if (*flags.max_wait_ms < 1 || *flags.max_wait_ms > 86400000) {
+      return Bad(Source::kFlag, "max_wait_ms", "max_wait_ms", "must be in [1, 86400000]");
+    }
+    s.max_wait = {absl::Milliseconds(*flags.max_wait_ms), Source::kFlag};
+  } else if (file.max_wait_ms() != 0) {
+    if (file.max_wait_ms() > 86400000) {
+      return Bad(Source::kConfig, "max_wait_ms", "max_wait_ms", "must be at most 86400000");
+    }
+    s.max_wait = {absl::Milliseconds(file.max_wait_ms()), Source::kConfig};
+  }
+  {
+    std::optional<std::string> text = flags.max_waiting_bytes_per_tenant;
+    if (!text.has_value()) text = NonEmpty(file.max_waiting_bytes_per_tenant());
+    if (text.has_value()) {
+      const Source from =
+          flags.max_waiting_bytes_per_tenant.has_value() ? Source::kFlag : Source::kConfig;
+      absl::StatusOr<uint64_t> v = ParseByteSize(*text);
+      if (!v.ok()) {
+        return Bad(from, "max_waiting_bytes_per_tenant", "max_waiting_bytes_per_tenant",
+                   v.status().message());
+      }
+      s.max_waiting_bytes_per_tenant = {*v, from};
+    }
+  }
   return s;
 }
 
@@ -255,6 +282,8 @@ std::string DefaultsText() {
       " --reclaim_wait_ms=", absl::ToInt64Milliseconds(d.reclaim_wait.value),
       " --wait_bypass_limit=", d.wait_bypass_limit.value,
       " --wait_reserve_ms=", absl::ToInt64Milliseconds(d.wait_reserve.value),
+      " --max_wait_ms=", absl::ToInt64Milliseconds(d.max_wait.value),
+      " --max_waiting_bytes_per_tenant=", d.max_waiting_bytes_per_tenant.value >> 20, "MiB",
       " (--admin_group: root only; --handle_kinds: every kind the backend makes; "
       "--metrics_listen: off)");
 }

@@ -54,6 +54,8 @@ struct CommandLine {
   std::optional<int> reclaim_wait_ms;
   std::optional<int> wait_bypass_limit;
   std::optional<int> wait_reserve_ms;
+  std::optional<int64_t> max_wait_ms;
+  std::optional<std::string> max_waiting_bytes_per_tenant;
   std::optional<int64_t> ledger_max_pages;
 };
 
@@ -103,6 +105,11 @@ struct Settings {
   Setting<int> queue_threads{1};    // completion queues, one thread each
   Setting<int> backend_threads{2};  // requests that need backend work
   Setting<int> query_threads{1};    // GetStats, the ledger and tenant RPCs
+  // Bounded waiters (server/admission/admission.h): the longest wait_ms a
+  // request may ask for, and the bytes one tenant's waiters may hold (0: no
+  // limit).
+  Setting<absl::Duration> max_wait{absl::Seconds(60)};
+  Setting<uint64_t> max_waiting_bytes_per_tenant{uint64_t{16} << 20};
 
   // Reloadable (SIGHUP).
   Setting<absl::Duration> empty_slab_release{absl::Seconds(30)};

@@ -45,6 +45,20 @@ std::string KindList(const std::vector<HandleKind>& kinds) {
   return out;
 }
 
+// What Free answers for an id the table does not have
+// (AllocationTable::Take's words), and so for another's allocation to a
+// non-admin: the two must not be told apart.
+absl::Status NoLiveAllocation(uint64_t id) {
+  return absl::NotFoundError(absl::StrCat(
+      "no live allocation ", id, " (never allocated, already freed, or its process exited)"));
+}
+
+// What the slab channel answers for a slab id the caller may not have,
+// whether no slab has it or another tenant's does (non-admins).
+absl::Status NoSlab(uint64_t slab_id) {
+  return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
+}
+
 bool IsRefusal(const absl::StatusOr<v1::AllocateResponse>& answer) {
   return !answer.ok() && answer.status().code() == absl::StatusCode::kResourceExhausted;
 }
@@ -109,6 +123,29 @@ class MemoryBroker::RequestWaiter final : public admission::Waiter {
   bool WantsRoom() const override { return wants_room_; }
   // The refusal it was queued after.
   void set_wants_room(bool wants) { wants_room_ = wants; }
+  // Reads only the pools (each locks itself) and the claim, fixed before
+  // Enqueue: safe from any thread.
+  std::vector<uint32_t> FittingDevices() const override {
+    return DevicesThatCouldHold(broker_->pools_, claim().tenant, claim().devices,
+                                claim().bytes);
+  }
+  // What the daemon keeps for it while it waits: this object with its
+  // prepared form (device indices and sizes; none of the request's
+  // strings), its claim, and `request` as its transport keeps it until it
+  // is answered. Call once the claim and any reclaim hold are set.
+  uint64_t HeldBytes(const v1::AllocateRequest& request) const {
+    const placement::PreparedRequest& p = prepared_.placement;
+    uint64_t n = sizeof(*this) + request.SpaceUsedLong();
+    for (const std::vector<uint32_t>& stage : p.placement.stages) {
+      n += sizeof(stage) + stage.capacity() * sizeof(uint32_t);
+    }
+    n += p.placement.excluded.capacity() * sizeof(uint32_t);
+    n += p.plan.sizes.capacity() * sizeof(uint64_t);
+    n += claim().devices.capacity() * sizeof(uint32_t) + claim().what.capacity();
+    n += tenant_name().capacity() + tenant_ref_.name.capacity();
+    n += reclaim_from().capacity() * sizeof(uint64_t);
+    return n;
+  }
 
  private:
   AllocateAnswer Attempt(const admission::Reservation* ahead) {
@@ -385,6 +422,7 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
     absl::StatusOr<HandleKind> kind = RequestedKind(request);
     if (!kind.ok()) checked = kind.status();
     if (checked.ok() && request.has_usage()) checked = CheckUsage(request.usage());
+    if (checked.ok()) checked = admission_.CheckWait(request.wait_ms());
     if (checked.ok()) {
       session = sessions_->Attach(caller);
       if (!session.ok()) checked = session.status();
@@ -442,6 +480,7 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
   waiter->set_wants_room(RefusedForRoom(placed.answer.status()));
   waiter->set_claim(ClaimOf(prepared, *tenant));
   if (hold) waiter->HoldForReclaim(std::move(asked.sessions), own_deadline);
+  waiter->set_held_bytes(waiter->HeldBytes(request));
   std::unique_ptr<admission::Waiter> queued = std::move(waiter);
   absl::StatusOr<uint64_t> ticket = admission_.Enqueue(queued, seen);
   if (!ticket.ok()) {
@@ -667,6 +706,11 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::FreeIn(const PeerCred& caller,
   if (request.has_usage()) {
     if (absl::Status usage_ok = CheckUsage(request.usage()); !usage_ok.ok()) return usage_ok;
   }
+  // Another's allocation: for a non-admin, answered exactly as an id that
+  // does not exist (no oracle of live ids or owners); admins, decided
+  // outside the table's lock (the group lookup may read files), get the
+  // precise refusal.
+  std::optional<absl::Status> not_callers;
   absl::StatusOr<AllocationRecord> taken = table_.Take(
       request.id(),
       [&](const AllocationRecord& r) -> absl::Status {
@@ -674,16 +718,18 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::FreeIn(const PeerCred& caller,
           // Through a tenant's socket: that tenant's allocations only, and
           // nothing said of anyone else's.
           if (r.tenant != caller.socket_tenant) {
-            return absl::NotFoundError(absl::StrCat(
+            not_callers = absl::NotFoundError(absl::StrCat(
                 "no allocation ", request.id(), " of this socket's tenant"));
+            return *not_callers;
           }
         } else if (caller.uid != 0 &&
                    (caller.uid != r.uid || r.session->cred().socket_tenant != 0)) {
-          return absl::PermissionDeniedError(absl::StrCat(
+          not_callers = absl::PermissionDeniedError(absl::StrCat(
               "allocation ", request.id(), " belongs to ",
               r.session->cred().socket_tenant != 0 ? "a socket tenant"
                                                     : absl::StrCat("uid ", r.uid),
               "; uid ", caller.uid, " may not free it"));
+          return *not_callers;
         }
         // A dedicated slab goes back to the backend with its block.
         if (needs_backend_work != nullptr && r.block.dedicated) {
@@ -693,6 +739,9 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::FreeIn(const PeerCred& caller,
         return absl::OkStatus();
       },
       ledger::EventKind::kFree);
+  if (not_callers.has_value()) {
+    return IsAdmin(caller) ? *not_callers : NoLiveAllocation(request.id());
+  }
   if (needs_backend_work != nullptr && *needs_backend_work) return taken.status();
   if (!taken.ok()) return taken.status();
   Return({*taken});
@@ -819,6 +868,10 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller, uint64_t
     SlabPool& pool = pools_.pool(d);
     absl::StatusOr<SlabPool::Export> e = pool.ExportSlab(slab_id, tenant->id, (*session)->id());
     if (e.status().code() == absl::StatusCode::kNotFound) continue;
+    // Another tenant's slab: to a non-admin, as if there were none.
+    if (e.status().code() == absl::StatusCode::kPermissionDenied && !IsAdmin(caller)) {
+      return NoSlab(slab_id);
+    }
     if (!e.ok()) return e.status();
     // The holder is recorded. If the session ended before that, its end may
     // already have forgotten it: forget it here instead, or the slab would
@@ -830,7 +883,7 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller, uint64_t
     }
     return SlabFd{e->fd, e->size};
   }
-  return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
+  return NoSlab(slab_id);
 }
 
 absl::Status MemoryBroker::CloseSlab(const PeerCred& caller, uint64_t slab_id) {

@@ -327,6 +327,7 @@ absl::StatusOr<v1::ResumeResponse> MemoryBroker::Resume(const PeerCred& caller,
     l->mutable_status()->set_code(static_cast<int32_t>(why.code()));
     l->mutable_status()->set_message(std::string(why.message()));
   };
+  const bool admin = IsAdmin(caller);
   for (const auto& [id, a] : claims) {
     auto f = found.find(id);
     if (f == found.end() || !f->second.live) {
@@ -339,6 +340,14 @@ absl::StatusOr<v1::ResumeResponse> MemoryBroker::Resume(const PeerCred& caller,
       continue;
     }
     if (!f->second.ours) {
+      // Another session's: to a non-admin, as an id the daemon does not have.
+      if (!admin) {
+        lost(id, absl::NotFoundError(absl::StrCat(
+                     "allocation ", id, " did not survive the restart: ",
+                     same_session ? "the daemon has no such allocation"
+                                  : "the daemon did not keep this session")));
+        continue;
+      }
       lost(id, absl::PermissionDeniedError(absl::StrCat(
                    "allocation ", id, " is not this session's: it is not given to it")));
       continue;
@@ -440,6 +449,8 @@ absl::Status MemoryBroker::AcceptSlabHandle(const PeerCred& caller, uint64_t sla
     for (const SlabFacts& f : pool.SlabsAwaitingHandles()) {
       if (f.slab_id != slab_id) continue;
       if (f.tenant != tenant->id && f.tenant != kNoTenant) {
+        // To a non-admin, another tenant's slab is one that does not exist.
+        if (!IsAdmin(caller)) return refuse(absl::NotFoundError(absl::StrCat("no slab ", slab_id)));
         return refuse(absl::PermissionDeniedError(absl::StrCat(
             "slab ", slab_id, " is not tenant \"", tenant->name, "\"'s")));
       }
@@ -459,7 +470,15 @@ absl::Status MemoryBroker::AcceptSlabHandle(const PeerCred& caller, uint64_t sla
       }
       return pool.CompleteSlab(slab_id, *std::move(slab));
     }
-    if (pool.HasSlab(slab_id)) return refuse(absl::OkStatus());  // its handle is back already
+    if (pool.HasSlab(slab_id)) {
+      // Its handle is back already; said only of the caller's own slabs.
+      bool own = IsAdmin(caller);
+      for (const SlabStats& s : pool.Slabs()) {
+        if (s.slab_id == slab_id) own = own || s.tenant == tenant->id || s.tenant == kNoTenant;
+      }
+      if (own) return refuse(absl::OkStatus());
+      break;
+    }
   }
   return refuse(absl::NotFoundError(absl::StrCat("no slab ", slab_id)));
 }

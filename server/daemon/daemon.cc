@@ -218,6 +218,8 @@ absl::Status Daemon::StartParts() {
   options.quotas = p.quotas.get();
   options.ledger = p.ledger.get();
   options.restore_grace = s.restore_grace.value;
+  options.admission.max_wait = s.max_wait.value;
+  options.admission.max_waiting_bytes_per_tenant = s.max_waiting_bytes_per_tenant.value;
   if (p.state != nullptr) {
     options.state = p.state.get();
     // The keeper names tenants through the broker, made just below; it is

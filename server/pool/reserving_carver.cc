@@ -8,6 +8,27 @@
 
 namespace gpumem {
 
+uint64_t RoomBesideOthers(const SlabPool& pool, uint32_t tenant) {
+  const uint64_t total = pool.Stats().total_bytes;
+  uint64_t others = 0;
+  for (const SlabStats& s : pool.Slabs()) {
+    if (s.tenant == tenant || s.tenant == kNoTenant) continue;
+    const bool held = s.retained || s.live_blocks > 0 || s.holders > 0;
+    if (held) others += s.size;
+  }
+  return total > others ? total - others : 0;
+}
+
+std::vector<uint32_t> DevicesThatCouldHold(const DevicePools& pools, uint32_t tenant,
+                                           const std::vector<uint32_t>& devices,
+                                           uint64_t bytes) {
+  std::vector<uint32_t> out;
+  for (uint32_t d : devices) {
+    if (d < pools.size() && RoomBesideOthers(pools.pool(d), tenant) >= bytes) out.push_back(d);
+  }
+  return out;
+}
+
 absl::StatusOr<placement::CarvedBlock> ReservingCarver::TryCarve(
     uint32_t device, uint64_t size, uint64_t alignment, placement::CarveRefusal* refusal) {
   const bool reserved =

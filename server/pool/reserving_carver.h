@@ -16,6 +16,10 @@
 // The check is made after carving, against the pool as it is then, so two
 // requests carving at once can only both be refused, never both let past
 // the reservation.
+//
+// A reservation is made only where it can be met (DevicesThatCouldHold):
+// holding room on a device where other tenants' blocks leave too little for
+// the reserving request would refuse them for nothing.
 #ifndef GPUMEMD_SERVER_POOL_RESERVING_CARVER_H_
 #define GPUMEMD_SERVER_POOL_RESERVING_CARVER_H_
 
@@ -37,6 +41,19 @@ struct ReservedRoom {
   uint64_t bytes = 0;
   std::string what;
 };
+
+// The bytes on `pool`'s device that `tenant` could ever get while other
+// tenants keep what they hold: the device's total minus the slabs of other
+// tenants that hold a live block, are retained, or were given to a live
+// session (their empty, unheld slabs could be given back, and unowned
+// reserved slabs serve anyone). Computed from SlabPool::Stats and Slabs.
+uint64_t RoomBesideOthers(const SlabPool& pool, uint32_t tenant);
+
+// The devices of `devices` where a block of `bytes` could fit beside other
+// tenants' holdings (RoomBesideOthers >= bytes), in the order given.
+std::vector<uint32_t> DevicesThatCouldHold(const DevicePools& pools, uint32_t tenant,
+                                           const std::vector<uint32_t>& devices,
+                                           uint64_t bytes);
 
 class ReservingCarver : public placement::DeviceCarver {
  public:

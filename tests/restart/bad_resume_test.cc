@@ -158,7 +158,9 @@ class BadResumeTest : public ::testing::Test {
 };
 
 // Another process (of this tenant or another) re-presents this one's
-// blocks: each is refused PERMISSION_DENIED by id, none becomes its, and
+// blocks: each is refused by id (PERMISSION_DENIED to root, which may know;
+// to another uid NOT_FOUND, exactly as an id that does not exist), none
+// becomes its, and
 // none is freed as its orphan; claims that misstate a block's place are
 // refused FAILED_PRECONDITION and change nothing.
 TEST_F(BadResumeTest, ClaimsOfOthersBlocksOrMisplacedBlocksGainNothing) {
@@ -180,9 +182,30 @@ TEST_F(BadResumeTest, ClaimsOfOthersBlocksOrMisplacedBlocksGainNothing) {
       v1::ResumeResponse resp;
       if (!stub->Resume(&ctx, req, &resp).ok()) return 10;
       if (resp.kept_size() != 0 || resp.lost_size() != 2) return 11;
+      const absl::StatusCode want =
+          uid == 0 ? absl::StatusCode::kPermissionDenied : absl::StatusCode::kNotFound;
       for (const auto& l : resp.lost()) {
-        if (l.status().code() != static_cast<int>(absl::StatusCode::kPermissionDenied)) return 12;
+        if (l.status().code() != static_cast<int>(want)) return 12;
         if (!absl::StrContains(l.status().message(), absl::StrCat(l.id()))) return 13;
+      }
+      if (uid != 0) {
+        // The same words as for an id nobody has.
+        grpc::ClientContext nctx;
+        v1::ResumeRequest none;
+        v1::Allocation made_up = a;
+        made_up.set_id(a.id() + 1000000);
+        *none.add_allocations() = made_up;
+        v1::ResumeResponse nresp;
+        if (!stub->Resume(&nctx, none, &nresp).ok() || nresp.lost_size() != 1) return 15;
+        std::string theirs = resp.lost(0).status().message();
+        std::string nobodys = nresp.lost(0).status().message();
+        const std::string id = absl::StrCat(resp.lost(0).id());
+        const std::string other = absl::StrCat(made_up.id());
+        theirs.replace(theirs.find(id), id.size(), "N");
+        nobodys.replace(nobodys.find(other), other.size(), "N");
+        if (theirs != nobodys || nresp.lost(0).status().code() != resp.lost(0).status().code()) {
+          return 16;
+        }
       }
       if (uid == 0) return 0;
       // And it cannot free them either.
@@ -280,8 +303,8 @@ TEST_F(BadResumeTest, HandlesGivenBackAreCheckedAgainstTheSlab) {
       return static_cast<int>(s.code());
     });
   };
-  EXPECT_EQ(give_as(kOther, real_fd), static_cast<int>(absl::StatusCode::kPermissionDenied))
-      << "another tenant's slab";
+  EXPECT_EQ(give_as(kOther, real_fd), static_cast<int>(absl::StatusCode::kNotFound))
+      << "another tenant's slab: to it, no slab at all";
   EXPECT_EQ(give_as(0, real_fd), static_cast<int>(absl::StatusCode::kPermissionDenied))
       << "a process of this tenant the slab's handle was never given to";
   const int impostor = memfd_create("impostor", MFD_CLOEXEC);
