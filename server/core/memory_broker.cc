@@ -892,15 +892,21 @@ absl::Status MemoryBroker::CloseSlab(const PeerCred& caller, uint64_t slab_id) {
   if (caller.pid <= 0 && caller.bound_session == 0) {
     return sessions_->Attach(caller).status();  // PERMISSION_DENIED, saying why
   }
+  // A slab not given to this process, whether it exists or not (another
+  // tenant's, say), is one answer to a non-admin; admins get the reason.
+  auto not_given = [&](absl::Status precise) {
+    return IsAdmin(caller) ? precise : NoSlab(slab_id);
+  };
   std::shared_ptr<Session> session = sessions_->Find(caller);
   if (session == nullptr) {
-    return absl::NotFoundError(absl::StrCat(
-        "slab ", slab_id, " was not given to this process (it has no session)"));
+    return not_given(absl::NotFoundError(absl::StrCat(
+        "slab ", slab_id, " was not given to this process (it has no session)")));
   }
   SlabPool* pool = pools_.PoolOfSlab(slab_id);
-  if (pool == nullptr) return absl::NotFoundError(absl::StrCat("no slab ", slab_id));
+  if (pool == nullptr) return NoSlab(slab_id);
   absl::Status closed = pool->CloseExport(slab_id, session->id());
   if (closed.ok()) admission_.Kick();  // a retained slab may have gone back
+  if (closed.code() == absl::StatusCode::kNotFound) return not_given(closed);
   return closed;
 }
 
