@@ -95,6 +95,22 @@ ABSL_FLAG(std::optional<std::string>, max_waiting_bytes_per_tenant, std::nullopt
 ABSL_FLAG(std::optional<int64_t>, ledger_max_pages, std::nullopt,
           "tests: the ledger file may grow to this many pages (SQLite then answers "
           "\"database or disk is full\"); 0: no limit");
+ABSL_FLAG(std::optional<int>, max_connections_per_uid, std::nullopt,
+          "connections one uid may hold at once over every socket; one more is "
+          "closed at accept (root and the admin group are not counted)");
+ABSL_FLAG(std::optional<int>, max_connections_per_tenant_socket, std::nullopt,
+          "connections one tenant socket may hold at once");
+ABSL_FLAG(std::optional<int>, fd_reserve, std::nullopt,
+          "file descriptors kept for the daemon's own work: client connections "
+          "are refused at accept when fewer are free (root and the admin group "
+          "may use the upper half)");
+ABSL_FLAG(std::optional<int>, max_concurrent_streams, std::nullopt,
+          "gRPC calls in flight at once per connection (SETTINGS_MAX_CONCURRENT_STREAMS)");
+ABSL_FLAG(std::optional<std::string>, max_receive_message_size, std::nullopt,
+          "the largest request message gRPC takes, e.g. 1MiB; a larger one is "
+          "refused RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::optional<std::string>, grpc_memory_limit, std::nullopt,
+          "the memory gRPC's buffers may take in all (its ResourceQuota), e.g. 256MiB");
 ABSL_FLAG(bool, mutex_deadlock_detection, false,
           "Abseil's lock-order checking on every absl::Mutex (gRPC's own locks "
           "included): a debugging aid that costs a global lock per acquisition in "
@@ -131,6 +147,12 @@ CommandLine FromFlags() {
   c.max_wait_ms = absl::GetFlag(FLAGS_max_wait_ms);
   c.max_waiting_bytes_per_tenant = absl::GetFlag(FLAGS_max_waiting_bytes_per_tenant);
   c.ledger_max_pages = absl::GetFlag(FLAGS_ledger_max_pages);
+  c.max_connections_per_uid = absl::GetFlag(FLAGS_max_connections_per_uid);
+  c.max_connections_per_tenant_socket = absl::GetFlag(FLAGS_max_connections_per_tenant_socket);
+  c.fd_reserve = absl::GetFlag(FLAGS_fd_reserve);
+  c.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  c.max_receive_message_size = absl::GetFlag(FLAGS_max_receive_message_size);
+  c.grpc_memory_limit = absl::GetFlag(FLAGS_grpc_memory_limit);
   return c;
 }
 
@@ -160,13 +182,8 @@ int Run() {
   sigaddset(&signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  // Every client holds a connection or two: allow as many fds as the hard
-  // limit does, not the soft default of 1024.
-  struct rlimit files;
-  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &files);
-  }
+  // The soft RLIMIT_NOFILE is raised to the hard one by Daemon::Start,
+  // which says so.
 
   Daemon daemon(flags, *std::move(settings), std::move(locations));
   if (absl::Status started = daemon.Start(); !started.ok()) return Fail(started);

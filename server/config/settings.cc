@@ -260,6 +260,74 @@ absl::StatusOr<Settings> ResolveSettings(const CommandLine& flags, const std::st
       s.max_waiting_bytes_per_tenant = {*v, from};
     }
   }
+
+  // Connection limits: the flag (range-checked), else the file's field when
+  // not 0, else the default.
+  auto count = [](Setting<uint32_t>* s, const std::optional<int>& flag, uint32_t file,
+                  const char* name, uint32_t min, uint32_t max) -> absl::Status {
+    if (flag.has_value()) {
+      if (*flag < static_cast<int64_t>(min) || *flag > static_cast<int64_t>(max)) {
+        return Bad(Source::kFlag, name, name, absl::StrCat("must be in [", min, ", ", max, "]"));
+      }
+      *s = {static_cast<uint32_t>(*flag), Source::kFlag};
+    } else if (file != 0) {
+      if (file < min || file > max) {
+        return Bad(Source::kConfig, name, name, absl::StrCat("must be in [", min, ", ", max, "]"));
+      }
+      *s = {file, Source::kConfig};
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status r = count(&s.max_connections_per_uid, flags.max_connections_per_uid,
+                             file.max_connections_per_uid(), "max_connections_per_uid", 1,
+                             1000000);
+      !r.ok()) {
+    return r;
+  }
+  if (absl::Status r = count(&s.max_connections_per_tenant_socket,
+                             flags.max_connections_per_tenant_socket,
+                             file.max_connections_per_tenant_socket(),
+                             "max_connections_per_tenant_socket", 1, 1000000);
+      !r.ok()) {
+    return r;
+  }
+  if (absl::Status r = count(&s.fd_reserve, flags.fd_reserve, file.fd_reserve(), "fd_reserve",
+                             16, 1000000);
+      !r.ok()) {
+    return r;
+  }
+  if (absl::Status r = count(&s.max_concurrent_streams, flags.max_concurrent_streams,
+                             file.max_concurrent_streams(), "max_concurrent_streams", 1, 100000);
+      !r.ok()) {
+    return r;
+  }
+  auto bytes = [](Setting<uint64_t>* s, const std::optional<std::string>& flag,
+                  const std::string& file, const char* name, uint64_t min,
+                  uint64_t max) -> absl::Status {
+    std::optional<std::string> text = flag.has_value() ? flag : NonEmpty(file);
+    if (!text.has_value()) return absl::OkStatus();
+    const Source from = flag.has_value() ? Source::kFlag : Source::kConfig;
+    absl::StatusOr<uint64_t> v = ParseByteSize(*text);
+    if (!v.ok()) return Bad(from, name, name, v.status().message());
+    if (*v < min || *v > max) {
+      return Bad(from, name, name,
+                 absl::StrCat("must be in [", FormatBytes(min), ", ", FormatBytes(max), "]"));
+    }
+    *s = {*v, from};
+    return absl::OkStatus();
+  };
+  if (absl::Status r = bytes(&s.max_receive_message_size, flags.max_receive_message_size,
+                             file.max_receive_message_size(), "max_receive_message_size",
+                             uint64_t{4} << 10, uint64_t{1} << 30);
+      !r.ok()) {
+    return r;
+  }
+  if (absl::Status r = bytes(&s.grpc_memory_limit, flags.grpc_memory_limit,
+                             file.grpc_memory_limit(), "grpc_memory_limit", uint64_t{16} << 20,
+                             uint64_t{1} << 40);
+      !r.ok()) {
+    return r;
+  }
   return s;
 }
 
@@ -284,6 +352,12 @@ std::string DefaultsText() {
       " --wait_reserve_ms=", absl::ToInt64Milliseconds(d.wait_reserve.value),
       " --max_wait_ms=", absl::ToInt64Milliseconds(d.max_wait.value),
       " --max_waiting_bytes_per_tenant=", d.max_waiting_bytes_per_tenant.value >> 20, "MiB",
+      " --max_connections_per_uid=", d.max_connections_per_uid.value,
+      " --max_connections_per_tenant_socket=", d.max_connections_per_tenant_socket.value,
+      " --fd_reserve=", d.fd_reserve.value,
+      " --max_concurrent_streams=", d.max_concurrent_streams.value,
+      " --max_receive_message_size=", d.max_receive_message_size.value >> 20, "MiB",
+      " --grpc_memory_limit=", d.grpc_memory_limit.value >> 20, "MiB",
       " (--admin_group: root only; --handle_kinds: every kind the backend makes; "
       "--metrics_listen: off)");
 }

@@ -57,6 +57,13 @@ struct CommandLine {
   std::optional<int64_t> max_wait_ms;
   std::optional<std::string> max_waiting_bytes_per_tenant;
   std::optional<int64_t> ledger_max_pages;
+  // Connection limits (server/service/connection_limits.h).
+  std::optional<int> max_connections_per_uid;
+  std::optional<int> max_connections_per_tenant_socket;
+  std::optional<int> fd_reserve;
+  std::optional<int> max_concurrent_streams;
+  std::optional<std::string> max_receive_message_size;
+  std::optional<std::string> grpc_memory_limit;
 };
 
 enum class Source { kDefault, kConfig, kFlag };
@@ -120,6 +127,18 @@ struct Settings {
   // Fair waiting (server/admission/admission.h).
   Setting<uint32_t> wait_bypass_limit{8};
   Setting<absl::Duration> wait_reserve{absl::Seconds(2)};
+  // Connection limits (server/service/connection_limits.h): per uid over
+  // every socket (root and the admin group not counted), per tenant socket,
+  // and the fds kept for the daemon's own work.
+  Setting<uint32_t> max_connections_per_uid{256};
+  Setting<uint32_t> max_connections_per_tenant_socket{1024};
+  Setting<uint32_t> fd_reserve{256};
+  // Per gRPC connection, fixed for the daemon's life: streams in flight
+  // (SETTINGS_MAX_CONCURRENT_STREAMS), the largest request message, and
+  // the memory gRPC's buffers may take in all (its ResourceQuota).
+  Setting<uint32_t> max_concurrent_streams{100};
+  Setting<uint64_t> max_receive_message_size{uint64_t{1} << 20};
+  Setting<uint64_t> grpc_memory_limit{uint64_t{256} << 20};
 };
 
 // `file` as LoadDaemonConfig accepted it, from `path`.

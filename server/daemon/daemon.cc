@@ -5,7 +5,10 @@
 // event left on a queue, then the core, then the ledger.
 #include "server/daemon/daemon.h"
 
+#include <errno.h>
 #include <signal.h>
+#include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,6 +64,42 @@ namespace {
 // may start for it, so opening many reflection streams cannot grow the
 // daemon's threads without bound (calls past it are refused).
 constexpr int kMaxSyncThreads = 4;
+
+// The soft RLIMIT_NOFILE raised to the hard one (every client connection
+// costs an fd; the fd reserve is counted under it), said in one line.
+void RaiseFdLimit() {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  const rlim_t before = rl.rlim_cur;
+  if (rl.rlim_cur != rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+      std::cerr << "gpumemd: open files: cannot raise the soft limit " << before
+                << " to the hard limit " << rl.rlim_max << ": " << strerror(errno) << "\n";
+      return;
+    }
+  }
+  std::cerr << "gpumemd: open files: limit " << rl.rlim_cur;
+  if (before != rl.rlim_cur) std::cerr << " (soft limit raised from " << before << ")";
+  std::cerr << "\n";
+}
+
+ConnectionLimitSettings ConnectionLimitsOf(const Settings& s) {
+  ConnectionLimitSettings l;
+  l.per_uid = s.max_connections_per_uid.value;
+  l.per_tenant_socket = s.max_connections_per_tenant_socket.value;
+  l.fd_reserve = s.fd_reserve.value;
+  return l;
+}
+
+std::string ConnectionLimitsLine(const Settings& s) {
+  return absl::StrCat(
+      "connections: at most ", s.max_connections_per_uid.value, " per uid (",
+      SourceName(s.max_connections_per_uid.source), "), ",
+      s.max_connections_per_tenant_socket.value, " per tenant socket (",
+      SourceName(s.max_connections_per_tenant_socket.source), "); ", s.fd_reserve.value,
+      " fds reserved (", SourceName(s.fd_reserve.source), ")");
+}
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const Settings& s) {
   if (s.backend.value == "cuda") return CudaBackend::Create();
@@ -172,6 +211,7 @@ absl::Status Daemon::StartParts() {
 
   // What systemd passed (an activation socket, what the last daemon kept in
   // the fd store), taken before anything else can inherit or close it.
+  RaiseFdLimit();
   absl::StatusOr<ListenedFds> passed = TakeListenFds();
   if (!passed.ok()) return passed.status();
   p.passed = *std::move(passed);
@@ -250,6 +290,8 @@ absl::Status Daemon::StartParts() {
   // The listener serves socket tenants' sockets too; made here, before any
   // thread could serve a tenant RPC, bound and started below.
   p.listener = std::make_unique<SocketListener>(s.socket.value, broker, &p.peers);
+  p.listener->SetConnectionLimits(ConnectionLimitsOf(s));
+  std::cerr << "gpumemd: " << ConnectionLimitsLine(s) << "\n";
   p.tenant_admin->ServeSocketTenants(
       {&p.directory, broker, p.listener.get(), s.tenant_socket_dir.value});
   // The ledger's socket tenants are listed again before the restore, whose
@@ -298,7 +340,20 @@ absl::Status Daemon::StartParts() {
   builder.RegisterService(&p.health);
   grpc::ResourceQuota quota("gpumemd");
   quota.SetMaxThreads(kMaxSyncThreads);
+  quota.Resize(static_cast<size_t>(s.grpc_memory_limit.value));
   builder.SetResourceQuota(quota);
+  builder.SetResourceQuota(quota);
+  // Per connection: streams in flight (a client past it waits for one to
+  // end; HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS), and the largest request.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(s.max_concurrent_streams.value));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(s.max_receive_message_size.value));
+  std::cerr << "gpumemd: grpc: " << s.max_concurrent_streams.value
+            << " streams per connection (" << SourceName(s.max_concurrent_streams.source)
+            << "), requests up to " << FormatBytes(s.max_receive_message_size.value) << " ("
+            << SourceName(s.max_receive_message_size.source) << "), buffers up to "
+            << FormatBytes(s.grpc_memory_limit.value) << " ("
+            << SourceName(s.grpc_memory_limit.source) << ")\n";
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 1);
@@ -501,6 +556,15 @@ absl::Status Daemon::Reload() {
               << result.message() << "\n";
   } else {
     std::vector<std::string> restart_only = RestartOnlyChanges(settings_, *next);
+    if (next->max_concurrent_streams.value != settings_.max_concurrent_streams.value) {
+      restart_only.push_back("max_concurrent_streams");
+    }
+    if (next->max_receive_message_size.value != settings_.max_receive_message_size.value) {
+      restart_only.push_back("max_receive_message_size");
+    }
+    if (next->grpc_memory_limit.value != settings_.grpc_memory_limit.value) {
+      restart_only.push_back("grpc_memory_limit");
+    }
     restart_only.insert(restart_only.end(), outcome->restart_only.begin(),
                         outcome->restart_only.end());
     if (!restart_only.empty()) {
@@ -522,6 +586,11 @@ absl::Status Daemon::Reload() {
     running.ledger = settings_.ledger;
     running.state = settings_.state;
     running.restore_grace = settings_.restore_grace;
+    running.max_concurrent_streams = settings_.max_concurrent_streams;
+    running.max_receive_message_size = settings_.max_receive_message_size;
+    running.grpc_memory_limit = settings_.grpc_memory_limit;
+    p.listener->SetConnectionLimits(ConnectionLimitsOf(running));
+    outcome->applied.push_back(ConnectionLimitsLine(running));
     settings_ = std::move(running);
     locations_ = std::move(locations);
     std::cerr << "gpumemd: reloaded " << settings_.config_path << ": "

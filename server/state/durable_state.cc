@@ -4,6 +4,10 @@
 // state: 0 free, kLive published. A table's high-water mark (in the header)
 // bounds the slots ever used, so Load scans no further. Free slots are
 // found again at Open by that scan, and kept in memory.
+// Disk space: a table's slots below `allocated` (in memory, a whole number
+// of chunks, at least the high-water mark) have their pages allocated; the
+// mark never passes `allocated`, so every slot ever written, read by Load or
+// cleared is on allocated pages.
 #include "server/state/durable_state.h"
 
 #include <errno.h>
@@ -22,6 +26,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/strings/strip.h"
 
@@ -48,7 +53,7 @@ struct TableShape {
   size_t slot_bytes;
   uint64_t capacity;
 };
-// Sparse: a slot costs memory only once written.
+// A slot costs memory only once its chunk is allocated (kChunkBytes).
 const TableShape kShapes[kTables] = {
     {"slabs", SlotBytes<SlabRecord>(), uint64_t{1} << 16},
     {"allocations", SlotBytes<AllocationRecordData>(), uint64_t{1} << 23},
@@ -95,6 +100,12 @@ std::string BootId() {
   return std::string(absl::StripAsciiWhitespace(id));
 }
 
+bool NoSpace(int error) { return error == ENOSPC || error == EDQUOT || error == EFBIG; }
+
+int Fallocate(int fd, uint64_t offset, uint64_t bytes) {
+  return posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(bytes));
+}
+
 size_t FileBytes() {
   size_t bytes = kHeaderBytes;
   for (const TableShape& t : kShapes) bytes += t.slot_bytes * t.capacity;
@@ -105,6 +116,7 @@ size_t FileBytes() {
 
 struct DurableState::Table {
   char* base = nullptr;  // slot 0
+  uint64_t offset = 0;   // of slot 0 in the file
   size_t slot_bytes = 0;
   uint64_t capacity = 0;
   std::atomic<uint64_t>* high_water = nullptr;
@@ -112,6 +124,10 @@ struct DurableState::Table {
   absl::Mutex mu;
   std::vector<uint32_t> free ABSL_GUARDED_BY(mu);
   bool warned_full ABSL_GUARDED_BY(mu) = false;
+  // Slots whose pages have disk space (see the file comment).
+  std::atomic<uint64_t> allocated{0};
+
+  uint64_t chunk_slots() const { return std::max<uint64_t>(1, kChunkBytes / slot_bytes); }
 
   SlotHead* head(uint32_t slot) const {
     return reinterpret_cast<SlotHead*>(base + slot * slot_bytes);
@@ -164,7 +180,8 @@ std::vector<T> LoadTable(DurableState::Table& t, uint64_t* damaged, uint64_t* su
 
 absl::StatusOr<std::unique_ptr<DurableState>> DurableState::Open(const std::string& path,
                                                                   Snapshot* previous,
-                                                                  std::string* note) {
+                                                                  std::string* note,
+                                                                  Allocator allocate) {
   *previous = Snapshot();
   std::error_code ec;
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
@@ -177,6 +194,7 @@ absl::StatusOr<std::unique_ptr<DurableState>> DurableState::Open(const std::stri
   }
   std::unique_ptr<DurableState> s(new DurableState());
   s->path_ = path;
+  s->allocate_ = allocate != nullptr ? std::move(allocate) : Allocator(&Fallocate);
   // Never through a link, and only a file of our own that nobody else may
   // write: the directory may be one others can write to.
   s->fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -197,6 +215,17 @@ absl::StatusOr<std::unique_ptr<DurableState>> DurableState::Open(const std::stri
     return absl::FailedPreconditionError(absl::StrCat(
         "state ", path, " is not a regular file of uid ", geteuid(),
         " writable by it alone: refusing to trust it (remove it, or choose --state)"));
+  }
+  if ((st.st_mode & 077) != 0) {
+    // Readable by others (an earlier version, a copy): what it holds names
+    // every tenant's sessions and tokens.
+    if (fchmod(s->fd_, 0600) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "state ", path, ": cannot tighten its mode ", absl::StrFormat("%04o", st.st_mode & 07777),
+          " to 0600: ", strerror(errno)));
+    }
+    std::cerr << "gpumemd: state " << path << ": mode was "
+              << absl::StrFormat("%04o", st.st_mode & 07777) << ", now 0600\n";
   }
   const size_t bytes = FileBytes();
   const std::string boot = BootId();
@@ -227,6 +256,10 @@ absl::StatusOr<std::unique_ptr<DurableState>> DurableState::Open(const std::stri
           "state ", path, ": cannot size it to ", bytes, " bytes (sparse): ", strerror(errno)));
     }
   }
+  // The header's page gets its disk space before anything touches it.
+  if (int error = s->allocate_(s->fd_, 0, kHeaderBytes); error != 0) {
+    return s->StartSpaceError(kHeaderBytes, error);
+  }
   void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd_, 0);
   if (map == MAP_FAILED) {
     return absl::InternalError(absl::StrCat("state ", path, ": mmap: ", strerror(errno)));
@@ -250,14 +283,28 @@ absl::StatusOr<std::unique_ptr<DurableState>> DurableState::Open(const std::stri
     std::atomic_thread_fence(std::memory_order_release);
     header->magic = kMagic;
   }
+  // Each table's first chunk, or every chunk the slots used so far need.
+  uint64_t start_bytes = kHeaderBytes;
   for (int t = 0; t < kTables; ++t) {
     auto table = std::make_unique<Table>();
     table->base = s->base_ + header->table_offset[t];
+    table->offset = header->table_offset[t];
     table->slot_bytes = header->slot_bytes[t];
     table->capacity = header->capacity[t];
     table->high_water = &header->high_water[t];
     table->name = kShapes[t].name;
+    const uint64_t per = table->chunk_slots();
+    const uint64_t used = std::min(table->high_water->load(), table->capacity);
+    const uint64_t want = std::min(table->capacity, std::max<uint64_t>(1, (used + per - 1) / per) * per);
+    start_bytes += want * table->slot_bytes;
+    table->allocated.store(want);
     s->tables_.push_back(std::move(table));
+  }
+  for (const auto& table : s->tables_) {
+    const uint64_t want = table->allocated.load() * table->slot_bytes;
+    if (int error = s->allocate_(s->fd_, table->offset, want); error != 0) {
+      return s->StartSpaceError(start_bytes, error);
+    }
   }
   s->last_change_ns_ = &header->last_change_ns;
   if (adopt) {
@@ -293,9 +340,19 @@ DurableState::~DurableState() {
   if (fd_ >= 0) close(fd_);
 }
 
-uint32_t DurableState::Put(int table, const void* payload, size_t size, uint64_t key) {
-  (void)key;
-  if (frozen_.load(std::memory_order_relaxed)) return kNoSlot;
+absl::Status DurableState::StartSpaceError(uint64_t bytes, int error) const {
+  const std::string why = absl::StrCat(
+      "state ", path_, ": cannot allocate ", bytes, " bytes for it on its filesystem (",
+      strerror(error), "): a restart needs them; free space there, or choose --state "
+      "(--state=none keeps nothing over a restart)");
+  return NoSpace(error) ? absl::ResourceExhaustedError(why) : absl::InternalError(why);
+}
+
+absl::StatusOr<uint32_t> DurableState::Add(int table, const void* payload, size_t size) {
+  if (frozen_.load(std::memory_order_relaxed)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state ", path_, " is frozen: the daemon is stopping for a restart"));
+  }
   Table& t = *tables_[table];
   uint32_t slot = kNoSlot;
   {
@@ -306,13 +363,24 @@ uint32_t DurableState::Put(int table, const void* payload, size_t size, uint64_t
     } else {
       const uint64_t next = t.high_water->load(std::memory_order_relaxed);
       if (next >= t.capacity) {
-        if (!t.warned_full) {
-          t.warned_full = true;
-          std::cerr << "gpumemd: state " << path_ << ": table " << t.name << " is full ("
-                    << t.capacity << " records); records past it are not kept, so a "
-                    << "restart would lose them\n";
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "state table full: table ", t.name, " of ", path_, " holds its ", t.capacity,
+            " records"));
+      }
+      const uint64_t allocated = t.allocated.load(std::memory_order_relaxed);
+      if (next >= allocated) {
+        // The next chunk gets its disk space before the mark may cover it.
+        const uint64_t grown = std::min(t.capacity, allocated + t.chunk_slots());
+        const int error = allocate_(fd_, t.offset + allocated * t.slot_bytes,
+                                    (grown - allocated) * t.slot_bytes);
+        if (error != 0) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "state table full: table ", t.name, " of ", path_, " cannot grow past ",
+              allocated, " records (", allocated_bytes(), " bytes of the file allocated; the next ",
+              (grown - allocated) * t.slot_bytes, " bytes: ", strerror(error),
+              "): free space on its filesystem"));
         }
-        return kNoSlot;
+        t.allocated.store(grown, std::memory_order_relaxed);
       }
       // The mark covers the slot before anything is written to it.
       t.high_water->store(next + 1, std::memory_order_release);
@@ -327,6 +395,21 @@ uint32_t DurableState::Put(int table, const void* payload, size_t size, uint64_t
   h->state.store(kLive, std::memory_order_release);  // published
   last_change_ns_->store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
   return slot;
+}
+
+uint32_t DurableState::Put(int table, const void* payload, size_t size) {
+  absl::StatusOr<uint32_t> slot = Add(table, payload, size);
+  if (slot.ok()) return *slot;
+  if (absl::IsResourceExhausted(slot.status())) {
+    Table& t = *tables_[table];
+    absl::MutexLock lock(&t.mu);
+    if (!t.warned_full) {
+      t.warned_full = true;
+      std::cerr << "gpumemd: " << slot.status().message()
+                << "; records past it are not kept, so a restart would lose them\n";
+    }
+  }
+  return kNoSlot;
 }
 
 void DurableState::Remove(int table, uint32_t slot) {
@@ -348,15 +431,25 @@ void DurableState::Clear() {
   }
 }
 
-uint32_t DurableState::PutSlab(const SlabRecord& r) { return Put(kSlabs, &r, sizeof(r), r.key()); }
+uint32_t DurableState::PutSlab(const SlabRecord& r) { return Put(kSlabs, &r, sizeof(r)); }
 uint32_t DurableState::PutAllocation(const AllocationRecordData& r) {
-  return Put(kAllocations, &r, sizeof(r), r.key());
+  return Put(kAllocations, &r, sizeof(r));
 }
 uint32_t DurableState::PutSession(const SessionRecord& r) {
-  return Put(kSessions, &r, sizeof(r), r.key());
+  return Put(kSessions, &r, sizeof(r));
 }
-uint32_t DurableState::PutHolder(const HolderRecord& r) {
-  return Put(kHolders, &r, sizeof(r), r.key());
+uint32_t DurableState::PutHolder(const HolderRecord& r) { return Put(kHolders, &r, sizeof(r)); }
+absl::StatusOr<uint32_t> DurableState::AddSlab(const SlabRecord& r) {
+  return Add(kSlabs, &r, sizeof(r));
+}
+absl::StatusOr<uint32_t> DurableState::AddAllocation(const AllocationRecordData& r) {
+  return Add(kAllocations, &r, sizeof(r));
+}
+absl::StatusOr<uint32_t> DurableState::AddSession(const SessionRecord& r) {
+  return Add(kSessions, &r, sizeof(r));
+}
+absl::StatusOr<uint32_t> DurableState::AddHolder(const HolderRecord& r) {
+  return Add(kHolders, &r, sizeof(r));
 }
 void DurableState::RemoveSlab(uint32_t slot) { Remove(kSlabs, slot); }
 void DurableState::RemoveAllocation(uint32_t slot) { Remove(kAllocations, slot); }
@@ -371,6 +464,12 @@ Snapshot DurableState::Load() const {
   p.sessions = LoadTable<SessionRecord>(*tables_[kSessions], &p.damaged, &p.superseded, false);
   p.holders = LoadTable<HolderRecord>(*tables_[kHolders], &p.damaged, &p.superseded, false);
   return p;
+}
+
+uint64_t DurableState::allocated_bytes() const {
+  uint64_t bytes = kHeaderBytes;
+  for (const auto& t : tables_) bytes += t->allocated.load(std::memory_order_relaxed) * t->slot_bytes;
+  return bytes;
 }
 
 uint64_t DurableState::used_bytes() const {

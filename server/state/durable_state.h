@@ -17,20 +17,32 @@
 // freed) leaves at most two copies of a key, of which the newer wins.
 //
 // Guarantees:
-//  - Open makes the file (mode 0600) or adopts one a previous daemon left on
-//    this boot, and holds an exclusive flock on it; a second daemon is
-//    refused naming the file. A file from another boot (kernel boot id), of
-//    another format or another version is started over, saying why.
-//  - Put* returns the slot that holds the record (for Remove), or an
-//    invalid slot when the table is full (then the record is not kept: the
+//  - Open makes the file (mode 0600 whatever the umask) or adopts one a
+//    previous daemon left on this boot, and holds an exclusive flock on it;
+//    a second daemon is refused naming the file. A file from another boot
+//    (kernel boot id), of another format or another version is started
+//    over, saying why. An existing file others may read is tightened to
+//    0600 (fchmod, said on stderr); one others may write is refused.
+//  - Disk space is allocated before it is used (posix_fallocate), in chunks
+//    of kChunkBytes per table as the table grows: no store into the mapping
+//    ever touches a page the filesystem has not given, so a full tmpfs
+//    never raises SIGBUS. Open allocates the header and each table's first
+//    chunk (or, adopting, every chunk the last daemon used) and fails naming
+//    the file and the bytes when it cannot. Later, a chunk that cannot be
+//    allocated makes Add* answer RESOURCE_EXHAUSTED "state table full"
+//    naming the file, the table and the figures; nothing else changes, and
+//    records already kept, freed slots and Remove keep working.
+//  - Add* returns the slot that holds the record (for Remove), or
+//    RESOURCE_EXHAUSTED when the table is full (its capacity or the disk):
+//    the record is not kept. Put* are Add* answering kNoSlot instead (the
 //    daemon says so once per table; a restart would lose that record).
 //  - Load returns every record that is wholly there, deduplicated by key,
 //    newest version first, and what it dropped.
 //  - Thread-safe: any thread may Put and Remove; a slot is only ever
 //    written by the thread that took it.
 //
-// Tables and capacities are fixed at creation (sparse: a slot costs memory
-// only once used): see kCapacities in durable_state.cc.
+// Tables and capacities are fixed at creation (a slot costs memory only
+// once its chunk is allocated): see kShapes in durable_state.cc.
 #ifndef GPUMEMD_SERVER_STATE_DURABLE_STATE_H_
 #define GPUMEMD_SERVER_STATE_DURABLE_STATE_H_
 
@@ -41,6 +53,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/state/records.h"
@@ -69,14 +82,25 @@ struct Snapshot {
   }
 };
 
+// Bytes allocated at a time for a table that grows (1 MiB: about 8,700
+// allocation records).
+inline constexpr uint64_t kChunkBytes = uint64_t{1} << 20;
+
+// Gives the file the disk space of [offset, offset + bytes): 0 or an errno
+// (posix_fallocate's contract). Tests replace it to run out of space where
+// they cannot mount a small tmpfs.
+using Allocator = absl::AnyInvocable<int(int fd, uint64_t offset, uint64_t bytes)>;
+
 class DurableState {
  public:
   // Opens `path` (its directory is created if missing). `previous` receives
   // what the file held when it was written by an earlier daemon of this boot
   // (empty for a new file), and `note` one line saying what was found.
+  // `allocate`: posix_fallocate when empty.
   static absl::StatusOr<std::unique_ptr<DurableState>> Open(const std::string& path,
                                                             Snapshot* previous,
-                                                            std::string* note);
+                                                            std::string* note,
+                                                            Allocator allocate = nullptr);
   ~DurableState();
   DurableState(const DurableState&) = delete;
   DurableState& operator=(const DurableState&) = delete;
@@ -87,6 +111,10 @@ class DurableState {
   // daemon stopping for a restart leaves the file as it is to the next.
   void Freeze() { frozen_.store(true); }
 
+  absl::StatusOr<uint32_t> AddSlab(const SlabRecord& r);
+  absl::StatusOr<uint32_t> AddAllocation(const AllocationRecordData& r);
+  absl::StatusOr<uint32_t> AddSession(const SessionRecord& r);
+  absl::StatusOr<uint32_t> AddHolder(const HolderRecord& r);
   uint32_t PutSlab(const SlabRecord& r);
   uint32_t PutAllocation(const AllocationRecordData& r);
   uint32_t PutSession(const SessionRecord& r);
@@ -102,12 +130,17 @@ class DurableState {
   const std::string& path() const { return path_; }
   // Bytes of the file in use (slots ever written).
   uint64_t used_bytes() const;
+  // Bytes of the file given disk space so far (header and chunks).
+  uint64_t allocated_bytes() const;
 
   struct Table;  // durable_state.cc
 
  private:
   DurableState() = default;
-  uint32_t Put(int table, const void* payload, size_t size, uint64_t key);
+  absl::StatusOr<uint32_t> Add(int table, const void* payload, size_t size);
+  uint32_t Put(int table, const void* payload, size_t size);
+  // Open's error when the disk space it needs cannot be had.
+  absl::Status StartSpaceError(uint64_t bytes, int error) const;
   void Remove(int table, uint32_t slot);
 
   std::string path_;
@@ -117,6 +150,7 @@ class DurableState {
   std::atomic<uint64_t> next_version_{1};
   std::atomic<bool> frozen_{false};
   std::atomic<int64_t>* last_change_ns_ = nullptr;  // in the file's header
+  Allocator allocate_;
   std::vector<std::unique_ptr<Table>> tables_;
 };
 

@@ -1,17 +1,25 @@
 // DurableState (server/state/durable_state.h): records survive the process
 // that wrote them, a SIGKILL at any instant leaves every record wholly there
 // or absent, updates leave the newest copy, and a file that is not ours, is
-// from another boot or is locked by another daemon is handled as documented.
+// from another boot or is locked by another daemon is handled as documented;
+// disk space is allocated before it is used (a full disk answers "state
+// table full", never SIGBUS), and the file is 0600 whatever the umask.
 #include "server/state/durable_state.h"
 
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <random>
 #include <set>
 #include <string>
@@ -19,6 +27,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace gpumem {
@@ -235,6 +244,163 @@ TEST(DurableStateTest, KillAtAnyInstantLeavesWholeRecords) {
     for (uint64_t id : removed) gone += found.count(id) == 0;
     EXPECT_GE(gone + 2, static_cast<int>(removed.size())) << "removed records came back";
   }
+  std::filesystem::remove_all(std::filesystem::path(path).parent_path());
+}
+
+// The disk fills (the allocator seam answers ENOSPC past the first chunk):
+// the record that needs the next chunk is refused "state table full" by
+// name, every record kept before stays, a freed slot is reused, and once
+// space comes back the table grows again.
+TEST(DurableStateTest, AFullDiskAnswersTableFullAndKeepsWhatItHas) {
+  const std::string path = TempPath();
+  Snapshot previous;
+  std::string note;
+  auto full = std::make_shared<std::atomic<bool>>(false);
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  Allocator seam = [full, calls](int fd, uint64_t offset, uint64_t bytes) {
+    ++*calls;
+    if (full->load()) return ENOSPC;
+    return posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(bytes));
+  };
+  auto s = DurableState::Open(path, &previous, &note, std::move(seam));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(calls->load(), 5);  // the header and each table's first chunk
+  const uint64_t start_bytes = (*s)->allocated_bytes();
+  full->store(true);
+  std::vector<uint32_t> slots;
+  absl::Status refused;
+  for (uint64_t id = 1; id < 100000; ++id) {
+    absl::StatusOr<uint32_t> slot = (*s)->AddAllocation(Alloc(id));
+    if (!slot.ok()) {
+      refused = slot.status();
+      break;
+    }
+    slots.push_back(*slot);
+  }
+  ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "state table full")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), path)) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "allocations")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), absl::StrCat(slots.size(), " records")))
+      << refused;
+  EXPECT_EQ(slots.size(), kChunkBytes / ((24 + sizeof(AllocationRecordData) + 7) / 8 * 8));
+  EXPECT_EQ((*s)->PutAllocation(Alloc(999999)), kNoSlot);  // the Put form: not kept
+  EXPECT_EQ((*s)->allocated_bytes(), start_bytes);
+  // A freed slot needs no new space.
+  (*s)->RemoveAllocation(slots.back());
+  absl::StatusOr<uint32_t> reused = (*s)->AddAllocation(Alloc(slots.size()));
+  ASSERT_TRUE(reused.ok()) << reused.status();
+  EXPECT_EQ(*reused, slots.back());
+  full->store(false);
+  absl::StatusOr<uint32_t> grown = (*s)->AddAllocation(Alloc(200000));
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_EQ(*grown, slots.size());
+  EXPECT_GT((*s)->allocated_bytes(), start_bytes);
+  Snapshot now = (*s)->Load();
+  EXPECT_EQ(now.allocations.size(), slots.size() + 1);
+  for (const AllocationRecordData& r : now.allocations) EXPECT_TRUE(Consistent(r)) << r.id;
+  std::filesystem::remove_all(std::filesystem::path(path).parent_path());
+}
+
+TEST(DurableStateTest, AStartThatCannotAllocateFailsNamingTheFileAndTheBytes) {
+  const std::string path = TempPath();
+  Snapshot previous;
+  std::string note;
+  auto s = DurableState::Open(path, &previous, &note,
+                              [](int, uint64_t offset, uint64_t) { return offset == 0 ? 0 : ENOSPC; });
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted) << s.status();
+  EXPECT_TRUE(absl::StrContains(s.status().message(), path)) << s.status();
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "cannot allocate")) << s.status();
+  EXPECT_TRUE(absl::StrContains(s.status().message(), " bytes")) << s.status();
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "No space left")) << s.status();
+  std::filesystem::remove_all(std::filesystem::path(path).parent_path());
+}
+
+// A real small tmpfs, in a child with its own mount namespace: 1 MiB is too
+// small to start (an error naming the file, no SIGBUS); on 6 MiB the table
+// fills to "state table full" and the child lives on. Skipped where the
+// sandbox refuses to mount (the seam test above covers the same path).
+TEST(DurableStateTest, ARealFullTmpfsNeverKillsTheProcess) {
+  char dir[] = "/tmp/gpumemd-tmpfs-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(pipe_fds[0]);
+    auto say = [&](const std::string& line) {
+      const std::string l = line + "\n";
+      (void)!write(pipe_fds[1], l.data(), l.size());
+    };
+    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        mount("tmpfs", dir, "tmpfs", 0, "size=1m") != 0) {
+      say(absl::StrCat("skip: cannot mount a tmpfs here: ", strerror(errno)));
+      _exit(77);
+    }
+    Snapshot previous;
+    std::string note;
+    const std::string path = std::string(dir) + "/state";
+    auto small = DurableState::Open(path, &previous, &note);
+    say(absl::StrCat("small: ", small.ok() ? "opened" : std::string(small.status().message())));
+    small = absl::UnknownError("closed");
+    if (umount(dir) != 0 || mount("tmpfs", dir, "tmpfs", 0, "size=6m") != 0) _exit(3);
+    auto s = DurableState::Open(path, &previous, &note);
+    if (!s.ok()) {
+      say(absl::StrCat("6m: ", s.status().message()));
+      _exit(4);
+    }
+    uint64_t kept = 0;
+    for (uint64_t id = 1; id < 1000000; ++id) {
+      absl::StatusOr<uint32_t> slot = (*s)->AddAllocation(Alloc(id));
+      if (!slot.ok()) {
+        say(absl::StrCat("full after ", kept, ": ", slot.status().message()));
+        break;
+      }
+      ++kept;
+    }
+    say(absl::StrCat("loaded ", (*s)->Load().allocations.size()));
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(pipe_fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  rmdir(dir);
+  ASSERT_TRUE(WIFEXITED(status)) << "child killed by signal " << WTERMSIG(status) << "\n" << out;
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << out;
+  ASSERT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "small: state " + std::string(dir) + "/state: cannot allocate"))
+      << out;
+  EXPECT_TRUE(absl::StrContains(out, "state table full: table allocations")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "loaded ")) << out;
+  std::cout << out;
+}
+
+TEST(DurableStateTest, TheFileIs0600WhateverTheUmaskAndAWiderOneIsTightened) {
+  const std::string path = TempPath();
+  const mode_t old = umask(0);
+  Snapshot previous;
+  std::string note;
+  {
+    auto s = DurableState::Open(path, &previous, &note);
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  ASSERT_EQ(chmod(path.c_str(), 0644), 0);
+  {
+    auto s = DurableState::Open(path, &previous, &note);
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  umask(old);
   std::filesystem::remove_all(std::filesystem::path(path).parent_path());
 }
 
