@@ -3,6 +3,7 @@
 #include "server/metrics/metrics_endpoint.h"
 
 #include <exception>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -11,6 +12,17 @@ namespace gpumem {
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& address,
     std::vector<std::shared_ptr<prometheus::Collectable>> collectables) {
+  return Start(address, std::move(collectables), Options());
+}
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
+    const std::string& address,
+    std::vector<std::shared_ptr<prometheus::Collectable>> collectables, Options options) {
+  if (options.threads < 2 || options.request_timeout_ms < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics endpoint: ", options.threads, " thread(s) and a request timeout of ",
+        options.request_timeout_ms, " ms; at least 2 threads and 1 ms are needed"));
+  }
   if (address.empty() || address.find(':') == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--metrics_listen=\"", address, "\" is not HOST:PORT (e.g. 127.0.0.1:9464)"));
@@ -18,7 +30,13 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   std::unique_ptr<MetricsEndpoint> endpoint(new MetricsEndpoint());
   endpoint->collectables_ = std::move(collectables);
   try {
-    endpoint->exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
+    // civetweb's own options (the Exposer passes them through): each worker
+    // thread serves one connection; request_timeout_ms bounds how long one
+    // may take to send its request and read the answer.
+    endpoint->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address,
+        "num_threads", absl::StrCat(options.threads),
+        "request_timeout_ms", absl::StrCat(options.request_timeout_ms)});
   } catch (const std::exception& e) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot serve metrics on ", address, ": ", e.what(),

@@ -6,6 +6,11 @@
 //    port 0 picks a free port) or returns FAILED_PRECONDITION saying why
 //    (address in use, not an address); it never throws.
 //  - Each scrape collects the registered collectables at that moment.
+//  - Slow clients cannot hold it: civetweb serves `threads` connections at
+//    once (4 by default), and a connection that has not sent a whole request
+//    (or does not read the answer) within `request_timeout_ms` (5000) is
+//    closed, so three clients that send half a request leave a worker free
+//    for the scrape, and each of them is dropped after the timeout.
 //  - Destroying the endpoint stops serving before the collectables go.
 // The endpoint is plain HTTP without authentication: bind it to loopback or
 // a monitoring network only (the figures include per-uid usage).
@@ -25,9 +30,16 @@ namespace gpumem {
 
 class MetricsEndpoint {
  public:
+  struct Options {
+    int threads = 4;                 // civetweb worker threads (connections served at once)
+    int request_timeout_ms = 5000;   // a request not read (or answer not taken) by then: closed
+  };
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
       const std::string& address,
       std::vector<std::shared_ptr<prometheus::Collectable>> collectables);
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
+      const std::string& address,
+      std::vector<std::shared_ptr<prometheus::Collectable>> collectables, Options options);
   ~MetricsEndpoint();
 
   // The TCP port actually listened on.
