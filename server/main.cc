@@ -48,6 +48,10 @@ ABSL_FLAG(std::optional<std::string>, socket, std::nullopt, "Unix socket path");
 ABSL_FLAG(std::optional<std::string>, tenant_socket_dir, std::nullopt,
           "where socket tenants' sockets are made");
 ABSL_FLAG(std::optional<std::string>, slab_size, std::nullopt, "size of pool slabs");
+ABSL_FLAG(std::optional<std::string>, min_slab_size, std::nullopt,
+          "a tenant's first slab on a device; slabs grow with its use up to --slab_size");
+ABSL_FLAG(std::optional<std::string>, max_alignment, std::nullopt,
+          "the largest alignment an Allocate may ask for");
 ABSL_FLAG(std::optional<double>, empty_slab_release_seconds, std::nullopt,
           "seconds an empty slab is kept before it goes back");
 ABSL_FLAG(std::optional<double>, reserve_fraction, std::nullopt,
@@ -129,6 +133,8 @@ CommandLine FromFlags() {
   c.socket = absl::GetFlag(FLAGS_socket);
   c.tenant_socket_dir = absl::GetFlag(FLAGS_tenant_socket_dir);
   c.slab_size = absl::GetFlag(FLAGS_slab_size);
+  c.min_slab_size = absl::GetFlag(FLAGS_min_slab_size);
+  c.max_alignment = absl::GetFlag(FLAGS_max_alignment);
   c.empty_slab_release_seconds = absl::GetFlag(FLAGS_empty_slab_release_seconds);
   c.reserve_fraction = absl::GetFlag(FLAGS_reserve_fraction);
   c.admin_group = absl::GetFlag(FLAGS_admin_group);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "absl/numeric/bits.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -111,6 +112,36 @@ absl::StatusOr<Settings> ResolveSettings(const CommandLine& flags, const std::st
     if (!slab.ok()) return Bad(from, "slab_size", "pool.slab_size", slab.status().message());
     if (*slab == 0) return Bad(from, "slab_size", "pool.slab_size", "must be > 0");
     s.slab_size = {*slab, from};
+  }
+  // A byte size of the pool section: the flag, else the file's field.
+  auto pool_bytes = [&](Setting<uint64_t>* out, const std::optional<std::string>& flag,
+                        const std::string& field_text, const char* flag_name,
+                        const char* field) -> absl::Status {
+    std::optional<std::string> text = flag;
+    if (!text.has_value()) text = NonEmpty(field_text);
+    if (!text.has_value()) return absl::OkStatus();
+    const Source from = flag.has_value() ? Source::kFlag : Source::kConfig;
+    absl::StatusOr<uint64_t> bytes = ParseByteSize(*text);
+    if (!bytes.ok()) return Bad(from, flag_name, field, bytes.status().message());
+    if (*bytes == 0) return Bad(from, flag_name, field, "must be > 0");
+    *out = {*bytes, from};
+    return absl::OkStatus();
+  };
+  if (absl::Status st = pool_bytes(&s.min_slab_size, flags.min_slab_size,
+                                   file.pool().min_slab_size(), "min_slab_size",
+                                   "pool.min_slab_size");
+      !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = pool_bytes(&s.max_alignment, flags.max_alignment,
+                                   file.pool().max_alignment(), "max_alignment",
+                                   "pool.max_alignment");
+      !st.ok()) {
+    return st;
+  }
+  if (!absl::has_single_bit(s.max_alignment.value)) {
+    return Bad(s.max_alignment.source, "max_alignment", "pool.max_alignment",
+               "must be a power of two");
   }
 
   Pick(&s.reserve_fraction, flags.reserve_fraction, std::optional<double>());
@@ -339,6 +370,8 @@ std::string DefaultsText() {
       " --slab_size=", d.slab_size.value % (uint64_t{1} << 30) == 0
                            ? absl::StrCat(d.slab_size.value >> 30, "GiB")
                            : absl::StrCat(d.slab_size.value),
+      " --min_slab_size=", d.min_slab_size.value >> 20, "MiB",
+      " --max_alignment=", d.max_alignment.value >> 20, "MiB",
       " --empty_slab_release_seconds=", absl::ToDoubleSeconds(d.empty_slab_release.value),
       " --reserve_fraction=", d.reserve_fraction.value, " --drain_seconds=",
       d.drain_seconds.value, " --ledger=", d.ledger.value,

@@ -39,6 +39,8 @@ struct CommandLine {
   std::optional<std::string> socket;
   std::optional<std::string> tenant_socket_dir;
   std::optional<std::string> slab_size;
+  std::optional<std::string> min_slab_size;
+  std::optional<std::string> max_alignment;
   std::optional<double> empty_slab_release_seconds;
   std::optional<double> reserve_fraction;
   std::optional<std::string> admin_group;
@@ -93,6 +95,11 @@ struct Settings {
   Setting<std::string> socket{"/run/gpumemd/gpumemd.sock"};
   Setting<std::string> tenant_socket_dir{"/run/gpumemd/tenants"};
   Setting<uint64_t> slab_size{uint64_t{1} << 30};
+  // A tenant's first slab on a device (slabs grow with its use up to
+  // slab_size: server/pool/slab_pool.h).
+  Setting<uint64_t> min_slab_size{uint64_t{2} << 20};
+  // The largest alignment an Allocate may ask for.
+  Setting<uint64_t> max_alignment{uint64_t{2} << 20};
   Setting<double> reserve_fraction{0.0};
   // Empty: every kind the backend makes, its preferred first.
   Setting<std::vector<HandleKind>> handle_kinds{{}};

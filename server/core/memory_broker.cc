@@ -209,7 +209,8 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
         OnSessionEnd(session, std::move(ids));
       },
       options_.state);
-  if (options_.quotas != nullptr) {  // quotas count retained bytes
+  if (options_.quotas != nullptr) {  // quotas count retained bytes, and bound slabs
+    pools_.SetBudget(&options_.quotas->footprint());
     options_.quotas->SetRetainedSource([this](uint32_t tenant, uint32_t device) {
       return pools_.pool(device).TenantRetained(tenant);
     });
@@ -220,6 +221,7 @@ MemoryBroker::~MemoryBroker() {
   Shutdown();
   if (options_.quotas != nullptr) options_.quotas->SetRetainedSource(nullptr);
   sessions_.reset();  // joins the watcher before the table and pools go
+  pools_.SetBudget(nullptr);  // every slab went back in Shutdown; none is made now
 }
 
 absl::Status MemoryBroker::SetAdminGroup(const std::string& group) {
@@ -413,6 +415,11 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
         "size_bytes ", request.size_bytes(), " (", FormatBytes(request.size_bytes()),
         ") is larger than any device (largest: ", FormatBytes(pools_.largest_device_bytes()),
         ")")));
+  }
+  if (request.alignment() > options_.max_alignment) {
+    return refused(absl::InvalidArgumentError(absl::StrCat(
+        "alignment ", request.alignment(), " exceeds the daemon's maximum, ",
+        options_.max_alignment, " (--max_alignment, DaemonConfig.pool.max_alignment)")));
   }
   Prepared prepared;
   absl::StatusOr<std::shared_ptr<Session>> session;

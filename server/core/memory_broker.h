@@ -148,6 +148,9 @@ struct BrokerOptions {
   // cannot make.
   std::vector<HandleKind> handle_kinds;
   uint64_t default_alignment = 256;
+  // A larger AllocateRequest.alignment is refused INVALID_ARGUMENT (a block
+  // aligned past its slab's size would take a slab of its own).
+  uint64_t max_alignment = uint64_t{2} << 20;
   // How often idle slabs are looked for.
   absl::Duration maintenance_interval = absl::Seconds(1);
   admission::AdmissionOptions admission;

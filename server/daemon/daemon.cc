@@ -250,6 +250,8 @@ absl::Status Daemon::StartParts() {
 
   BrokerOptions options;
   options.pool.slab_size = s.slab_size.value;
+  options.pool.min_slab_size = s.min_slab_size.value;
+  options.max_alignment = s.max_alignment.value;
   options.pool.empty_release_after = s.empty_slab_release.value;
   options.pool.reserve_fraction = s.reserve_fraction.value;
   if (s.backend.value == "sim") options.pool.granularity = 4096;
@@ -583,6 +585,8 @@ absl::Status Daemon::Reload() {
     running.tenant_socket_dir = settings_.tenant_socket_dir;
     running.handle_kinds = settings_.handle_kinds;
     running.slab_size = settings_.slab_size;
+    running.min_slab_size = settings_.min_slab_size;
+    running.max_alignment = settings_.max_alignment;
     running.ledger = settings_.ledger;
     running.state = settings_.state;
     running.restore_grace = settings_.restore_grace;

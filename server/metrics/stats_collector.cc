@@ -74,6 +74,8 @@ std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& 
                             "Bytes in the tenant's live allocations");
   MetricFamily retained = Gauge("gpumemd_tenant_retained_bytes",
                                 "Bytes of the tenant's retained slabs");
+  MetricFamily footprint = Gauge("gpumemd_tenant_footprint_bytes",
+                                 "Bytes of the tenant's slabs (what it pins), retained included");
   MetricFamily count = Gauge("gpumemd_tenant_allocations", "The tenant's live allocations");
   MetricFamily peak = Gauge("gpumemd_tenant_peak_bytes",
                             "The most bytes the tenant held at once since the daemon started");
@@ -83,6 +85,8 @@ std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& 
                                 "Bytes in the tenant's live allocations on a device");
   MetricFamily dev_retained = Gauge("gpumemd_tenant_device_retained_bytes",
                                     "Bytes of the tenant's retained slabs on a device");
+  MetricFamily dev_footprint = Gauge("gpumemd_tenant_device_footprint_bytes",
+                                     "Bytes of the tenant's slabs on a device, retained included");
   MetricFamily dev_slabs = Gauge("gpumemd_tenant_device_slabs",
                                  "Slabs the tenant owns on a device (not retained)");
   // Quotas: a sample only for a limit that is set (no sample: no limit).
@@ -104,6 +108,7 @@ std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& 
     };
     AddSample(&used, who, double(t.used_bytes()));
     AddSample(&retained, who, double(t.retained_bytes()));
+    AddSample(&footprint, who, double(t.footprint_bytes()));
     AddSample(&count, who, double(t.allocation_count()));
     AddSample(&peak, who, double(t.peak_bytes()));
     AddSample(&waiting, who, double(t.waiting_requests()));
@@ -120,10 +125,12 @@ std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& 
       AddSample(&dev_used, labels, double(d.used_bytes()));
       AddSample(&dev_retained, labels, double(d.retained_bytes()));
       AddSample(&dev_slabs, labels, double(d.slab_count()));
+      AddSample(&dev_footprint, labels, double(d.footprint_bytes()));
     }
   }
-  for (MetricFamily* f : {&used, &retained, &count, &peak, &waiting, &dev_used, &dev_retained,
-                          &dev_slabs, &quota, &dev_quota, &quota_count}) {
+  for (MetricFamily* f : {&used, &retained, &footprint, &count, &peak, &waiting, &dev_used,
+                          &dev_retained, &dev_footprint, &dev_slabs, &quota, &dev_quota,
+                          &quota_count}) {
     out.push_back(std::move(*f));
   }
   MetricFamily sessions = Gauge("gpumemd_sessions", "Live client sessions");

@@ -51,6 +51,10 @@ absl::Status DevicePools::Reserve() {
   return absl::OkStatus();
 }
 
+void DevicePools::SetBudget(SlabBudget* budget) {
+  for (auto& pool : pools_) pool->SetBudget(budget);
+}
+
 void DevicePools::ReleaseIdleSlabs(absl::Time now) {
   for (auto& pool : pools_) pool->ReleaseIdleSlabs(now);
 }
@@ -91,9 +95,18 @@ absl::StatusOr<placement::CarvedBlock> PoolCarver::TryCarve(
       refusal->refused = true;
       refusal->free_bytes = r.refusal.free_bytes;
       refusal->largest_free_bytes = r.refusal.largest_free_bytes;
-      refusal->reason = r.refusal.reason == PoolRefusal::Reason::kCapacity
-                            ? placement::CarveRefusal::Reason::kCapacity
-                            : placement::CarveRefusal::Reason::kFragmentation;
+      switch (r.refusal.reason) {
+        case PoolRefusal::Reason::kCapacity:
+          refusal->reason = placement::CarveRefusal::Reason::kCapacity;
+          break;
+        case PoolRefusal::Reason::kFragmentation:
+          refusal->reason = placement::CarveRefusal::Reason::kFragmentation;
+          break;
+        case PoolRefusal::Reason::kFootprint:  // the tenant's quota, in slabs
+          refusal->reason = placement::CarveRefusal::Reason::kQuota;
+          refusal->detail = r.refusal.message;
+          break;
+      }
       return absl::ResourceExhaustedError(r.refusal.message);
     case CarveResult::Kind::kBlock:
       break;

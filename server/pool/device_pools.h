@@ -58,6 +58,8 @@ class DevicePools {
   SlabPool* PoolOfSlab(uint64_t slab_id);
 
   // Across every device:
+  // SlabPool::SetBudget (before the pools are used).
+  void SetBudget(SlabBudget* budget);
   absl::Status Reserve();
   void ReleaseIdleSlabs(absl::Time now);
   void SetEmptyReleaseAfter(absl::Duration after);

@@ -9,11 +9,17 @@
 #include <algorithm>
 #include <atomic>
 
+#include "absl/numeric/bits.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 
 namespace gpumem {
+namespace {
+
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+}  // namespace
 namespace {
 
 // Slab ids are unique for the daemon's lifetime, across devices, so a client
@@ -67,6 +73,8 @@ SlabPool::SlabPool(Backend* backend, uint32_t device, PoolOptions options)
   options_.granularity = std::max<uint64_t>(
       {options_.granularity, backend->Granularity(device), 1});
   options_.slab_size = std::max(RoundUp(options_.slab_size), options_.granularity);
+  options_.min_slab_size =
+      std::min(options_.slab_size, std::max(RoundUp(options_.min_slab_size), options_.granularity));
 }
 
 SlabPool::~SlabPool() { ReleaseAll(); }
@@ -133,8 +141,46 @@ std::pair<uint64_t, SlabPool::SlabEntry*> SlabPool::AddSlabLocked(
   e.kind = kind;
   e.tenant = tenant;
   e.empty_since = absl::Now();
-  if (tenant != kNoTenant) ++tenants_[tenant].slab_count;
+  if (tenant != kNoTenant) OwnLocked(tenant, e.size);
   return {id, &e};
+}
+
+void SlabPool::OwnLocked(uint32_t tenant, uint64_t bytes) {
+  TenantPoolStats& t = tenants_[tenant];
+  ++t.slab_count;
+  t.slab_bytes += bytes;
+}
+
+void SlabPool::DisownLocked(uint32_t tenant, uint64_t bytes) {
+  auto t = tenants_.find(tenant);
+  if (t == tenants_.end()) return;
+  --t->second.slab_count;
+  t->second.slab_bytes -= bytes;
+}
+
+void SlabPool::GiveBudgetLocked(uint32_t tenant, uint64_t bytes) {
+  if (budget_ != nullptr && tenant != kNoTenant) budget_->Give(tenant, device_, bytes);
+}
+
+uint64_t SlabPool::BudgetRoomLocked(uint32_t tenant) const {
+  return budget_ == nullptr ? UINT64_MAX
+                            : budget_->Room(tenant, device_, options_.granularity);
+}
+
+uint64_t SlabPool::OwnReleasableLocked(uint32_t tenant) const {
+  uint64_t bytes = 0;
+  for (const auto& [id, e] : slabs_) {
+    if (e.tenant == tenant && Releasable(e)) bytes += e.size;
+  }
+  return bytes;
+}
+
+uint64_t SlabPool::GrownSlabSizeLocked(uint32_t tenant, uint64_t need) const {
+  auto t = tenants_.find(tenant);
+  const uint64_t have = t == tenants_.end() ? 0 : t->second.slab_bytes;
+  const uint64_t want = std::max({need, have, options_.min_slab_size});
+  if (want >= options_.slab_size) return options_.slab_size;
+  return std::min(options_.slab_size, RoundUp(absl::bit_ceil(want)));
 }
 
 bool SlabPool::TakeLocked(uint64_t id, SlabEntry& e, uint64_t size,
@@ -202,8 +248,14 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
             e.slab == nullptr) {
           continue;
         }
+        // It becomes part of the tenant's footprint, within its budget.
+        std::string why;
+        if (budget_ != nullptr &&
+            !budget_->TryTake(tenant, device_, e.size, options_.granularity, &why)) {
+          continue;
+        }
         e.tenant = tenant;
-        ++tenants_[tenant].slab_count;
+        OwnLocked(tenant, e.size);
         if (keeper_ != nullptr) keeper_->SlabChanged(FactsLocked(id, e));
         if (TakeLocked(id, e, size, alignment, false, &r.block)) {
           r.block.claimed_slab = true;
@@ -212,10 +264,41 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
         }
       }
     }
-    // A new slab: dedicated (exactly big enough) or a standard one, cut
-    // down to what is left of the device. Its offset 0 meets any alignment.
+    // A new slab: dedicated (exactly big enough) or one sized for the
+    // tenant (GrownSlabSizeLocked), cut down to the tenant's budget and to
+    // what is left of the device. Its offset 0 meets any alignment.
+    // The budget first: the tenant's own empty slabs count in its footprint,
+    // so giving them back may make the room.
+    if (BudgetRoomLocked(tenant) < need &&
+        SaturatingAdd(BudgetRoomLocked(tenant), OwnReleasableLocked(tenant)) >= need) {
+      if (!may_call_backend) {
+        r.kind = CarveResult::Kind::kNeedsBackendWork;
+        return r;
+      }
+      for (auto it = slabs_.begin(); it != slabs_.end();) {
+        auto next = std::next(it);
+        if (it->second.tenant == tenant && Releasable(it->second)) {
+          ReleaseSlabLocked(it, &dead);
+        }
+        it = next;
+      }
+      if (!dead.empty()) {
+        mu_.Unlock();
+        dead.clear();  // the backend takes the memory back
+        mu_.Lock();
+      }
+    }
+    if (BudgetRoomLocked(tenant) < need) {
+      r.kind = CarveResult::Kind::kRefused;
+      r.refusal = RefuseLocked(size, alignment, tenant);
+      return r;
+    }
     auto fits = [&] {
-      bytes = dedicated ? need : RoundDown(std::min(options_.slab_size, UnpooledLocked()));
+      const uint64_t sized =
+          dedicated ? need
+                    : std::min(GrownSlabSizeLocked(tenant, need),
+                               std::max(need, RoundDown(BudgetRoomLocked(tenant))));
+      bytes = dedicated ? need : RoundDown(std::min(sized, UnpooledLocked()));
       return bytes >= need && bytes <= UnpooledLocked();
     };
     if (!fits() && RoundDown(UnpooledByTotalLocked() + ReleasableLocked()) >= need) {
@@ -256,6 +339,15 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
       r.kind = CarveResult::Kind::kNeedsBackendWork;
       return r;
     }
+    // Taken from the budget with the check (another device's carve for the
+    // same tenant may have taken room since it was read).
+    std::string why;
+    if (budget_ != nullptr &&
+        !budget_->TryTake(tenant, device_, bytes, options_.granularity, &why)) {
+      r.kind = CarveResult::Kind::kRefused;
+      r.refusal = RefuseLocked(size, alignment, tenant);
+      return r;
+    }
     creating_bytes_ += bytes;
   }
   // Backend work outside the lock: the capacity is promised meanwhile.
@@ -264,6 +356,7 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
   absl::MutexLock lock(&mu_);
   creating_bytes_ -= bytes;
   if (!slab.ok()) {
+    GiveBudgetLocked(tenant, bytes);
     r.error = BackendError(slab.status(), "creating", bytes);
     return r;
   }
@@ -302,18 +395,31 @@ uint64_t SlabPool::ReleasableLocked() const {
 PoolRefusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
                                    uint32_t tenant) const {
   // What this tenant could reach: free space in its own slabs, plus a new
-  // slab of unpooled capacity and empty slabs nobody holds.
+  // slab of unpooled capacity and empty slabs nobody holds, as far as its
+  // budget allows.
   uint64_t own_free = 0, own_largest = 0;
   for (const auto& [id, e] : slabs_) {
     if (e.retained || e.tenant != tenant || Releasable(e) || e.slab == nullptr) continue;
     own_free += e.allocator->free_bytes();
     own_largest = std::max(own_largest, e.allocator->largest_free());
   }
-  const uint64_t fresh = RoundDown(UnpooledLocked() + ReleasableLocked());
+  const uint64_t device_fresh = RoundDown(UnpooledLocked() + ReleasableLocked());
+  const uint64_t budget_fresh =
+      RoundDown(SaturatingAdd(BudgetRoomLocked(tenant), OwnReleasableLocked(tenant)));
+  const uint64_t fresh = std::min(device_fresh, budget_fresh);
   PoolRefusal p;
   p.free_bytes = own_free + fresh;
   p.largest_free_bytes = std::max(own_largest, fresh);
-  if (p.free_bytes < size) {
+  if (budget_fresh < RoundUp(size) && device_fresh >= RoundUp(size) && own_largest < size) {
+    std::string why = "its quota";
+    if (budget_->TryTake(tenant, device_, RoundUp(size), options_.granularity, &why)) {
+      budget_->Give(tenant, device_, RoundUp(size));  // room came meanwhile
+    }
+    p.reason = PoolRefusal::Reason::kFootprint;
+    p.message = absl::StrCat("device ", device_, ": footprint: ", FormatBytes(size),
+                             " asked needs a new ", FormatBytes(RoundUp(size)),
+                             " slab beyond ", why);
+  } else if (p.free_bytes < size) {
     p.reason = PoolRefusal::Reason::kCapacity;
     p.message = absl::StrCat("device ", device_, ": capacity: ",
                              FormatBytes(p.free_bytes), " free, ", FormatBytes(size),
@@ -339,10 +445,7 @@ void SlabPool::ReleaseSlabLocked(std::map<uint64_t, SlabEntry>::iterator it,
   const uint64_t size = e.size;
   if (!e.retained) {
     pooled_bytes_ -= size;
-    if (e.tenant != kNoTenant) {
-      auto t = tenants_.find(e.tenant);
-      if (t != tenants_.end()) --t->second.slab_count;
-    }
+    if (e.tenant != kNoTenant) DisownLocked(e.tenant, size);
   }
   if (!e.holders.empty()) {
     if (!e.retained) {
@@ -363,6 +466,7 @@ void SlabPool::ReleaseSlabLocked(std::map<uint64_t, SlabEntry>::iterator it,
     tenants_.erase(t);
   }
   if (e.slab == nullptr) awaiting_bytes_ -= size;
+  GiveBudgetLocked(e.tenant, size);
   if (keeper_ != nullptr) keeper_->SlabGone(it->first);  // before the backend takes it
   dead->push_back(std::move(e.slab));
   slabs_.erase(it);
@@ -403,8 +507,8 @@ void SlabPool::Uncarve(const PoolBlock& block) {
     absl::MutexLock lock(&mu_);
     auto it = slabs_.find(block.slab_id);
     if (it != slabs_.end() && Releasable(it->second) && it->second.reserved) {
-      auto t = tenants_.find(it->second.tenant);
-      if (t != tenants_.end()) --t->second.slab_count;
+      DisownLocked(it->second.tenant, it->second.size);
+      GiveBudgetLocked(it->second.tenant, it->second.size);
       it->second.tenant = kNoTenant;
       if (keeper_ != nullptr) keeper_->SlabChanged(FactsLocked(it->first, it->second));
     }
@@ -594,6 +698,7 @@ void SlabPool::ReleaseAll() {
   {
     absl::MutexLock lock(&mu_);
     all.swap(slabs_);
+    for (const auto& [id, e] : all) GiveBudgetLocked(e.tenant, e.size);
     exports_.clear();
     tenants_.clear();
     used_bytes_ = live_blocks_ = pooled_bytes_ = retained_bytes_ = awaiting_bytes_ = 0;
@@ -631,8 +736,11 @@ absl::Status SlabPool::AdoptSlab(const SlabFacts& f, std::unique_ptr<Slab> slab)
     tenants_[f.tenant].retained_bytes += f.size;
   } else {
     pooled_bytes_ += f.size;
-    if (f.tenant != kNoTenant) ++tenants_[f.tenant].slab_count;
+    if (f.tenant != kNoTenant) OwnLocked(f.tenant, f.size);
   }
+  // It was within the tenant's budget when it was made; a budget lowered
+  // since takes nothing back.
+  if (budget_ != nullptr && f.tenant != kNoTenant) budget_->Take(f.tenant, device_, f.size);
   if (e.slab == nullptr) awaiting_bytes_ += f.size;
   return absl::OkStatus();
 }
@@ -743,7 +851,9 @@ uint64_t SlabPool::LargestReachable(uint32_t tenant, HandleKind kind) const {
     if (e.tenant != tenant && e.tenant != kNoTenant) continue;
     largest = std::max(largest, e.allocator->largest_free());
   }
-  return std::max(largest, RoundDown(UnpooledLocked() + ReleasableLocked()));
+  const uint64_t budget =
+      RoundDown(SaturatingAdd(BudgetRoomLocked(tenant), OwnReleasableLocked(tenant)));
+  return std::max(largest, std::min(budget, RoundDown(UnpooledLocked() + ReleasableLocked())));
 }
 
 double Fragmentation(uint64_t largest_free, uint64_t free_bytes) {
@@ -770,15 +880,11 @@ PoolStats SlabPool::Stats() const {
   }
   s.largest_carvable = LargestCarvableLocked();
   s.fragmentation = Fragmentation(s.largest_pooled_free, s.pooled_free_bytes);
-  // total - used - retained, unless the device itself has less room left
-  // for new slabs than that (on cuda: memory the pool does not see).
-  const uint64_t held = s.used_bytes + s.retained_bytes;
-  s.free_bytes = held >= total_bytes_ ? 0 : total_bytes_ - held;
-  const uint64_t room = backend_->NewSlabRoom(device_);
-  if (room != UINT64_MAX) {
-    const uint64_t fresh = room > creating_bytes_ ? room - creating_bytes_ : 0;
-    s.free_bytes = std::min(s.free_bytes, s.pooled_free_bytes + fresh);
-  }
+  // What a tenant with nothing here could get: new slabs, out of capacity
+  // no slab holds (within what the device itself has room for: on cuda,
+  // memory the pool does not see) and of empty slabs nobody holds. Free
+  // ranges of another tenant's slabs are that tenant's only.
+  s.free_bytes = RoundDown(UnpooledLocked() + ReleasableLocked());
   return s;
 }
 
@@ -874,6 +980,7 @@ absl::Status SlabPool::Validate() const {
         t.retained_bytes += e.size;
       } else {
         ++t.slab_count;
+        t.slab_bytes += e.size;
       }
     }
   }
@@ -895,7 +1002,7 @@ absl::Status SlabPool::Validate() const {
     if (it == tenants_.end() || it->second.used_bytes != t.used_bytes ||
         it->second.live_blocks != t.live_blocks ||
         it->second.retained_bytes != t.retained_bytes ||
-        it->second.slab_count != t.slab_count) {
+        it->second.slab_count != t.slab_count || it->second.slab_bytes != t.slab_bytes) {
       return absl::InternalError(absl::StrCat("tenant ", tenant, ": figures disagree"));
     }
   }

@@ -25,6 +25,16 @@
 //    the backend's granularity for the device.
 //  - A block larger than the slab size gets a dedicated slab of its own
 //    (rounded up to the backend's granularity), released with the block.
+//  - Slabs are sized per tenant: a new slab is as large as the tenant's
+//    slabs on the device together, rounded up to a power of two (at least
+//    the block, at least one granule, at most the slab size), so a tenant
+//    that asks for little pins little, and one that grows gets fewer,
+//    larger slabs. With a budget set (SetBudget, slab_budget.h) a tenant's
+//    slab bytes on a device (carvable, retained and being made: its
+//    footprint) stay within the budget plus one granule: a new slab is cut
+//    down to the budget's room, and a block that would need more is refused
+//    (PoolRefusal::Reason::kFootprint) after the tenant's own empty slabs
+//    have been given back.
 //  - A slab empty for `empty_release_after` is released by ReleaseIdleSlabs,
 //    unless it is part of the start-time reservation. When a new slab cannot
 //    be made because capacity sits in empty slabs (of any tenant), those are
@@ -63,6 +73,7 @@
 #include "absl/time/time.h"
 #include "common/alloc/offset_allocator.h"
 #include "server/backend/backend.h"
+#include "server/pool/slab_budget.h"
 #include "server/pool/slab_keeper.h"
 
 namespace gpumem {
@@ -72,6 +83,9 @@ inline constexpr uint32_t kNoTenant = UINT32_MAX;
 
 struct PoolOptions {
   uint64_t slab_size = uint64_t{1} << 30;
+  // The smallest new slab (rounded up to the granularity, at most
+  // slab_size): a tenant's first slab on a device, for a small block.
+  uint64_t min_slab_size = uint64_t{2} << 20;
   // Slab sizes are rounded up to this (CUDA VMM granularity is 2 MiB).
   uint64_t granularity = uint64_t{2} << 20;
   absl::Duration empty_release_after = absl::Seconds(30);
@@ -100,7 +114,9 @@ struct PoolBlock {
 // Why the pool could not carve a block for a tenant, with the figures the
 // tenant could reach at that moment.
 struct PoolRefusal {
-  enum class Reason { kCapacity, kFragmentation };
+  // kFootprint: the tenant's budget (its quota) allows no slab that could
+  // hold the block (its own slabs have no room for it).
+  enum class Reason { kCapacity, kFragmentation, kFootprint };
   Reason reason = Reason::kCapacity;
   uint64_t free_bytes = 0;          // the tenant's reachable free bytes
   uint64_t largest_free_bytes = 0;  // the largest block it could get
@@ -141,11 +157,10 @@ struct PoolStats {
   uint64_t used_bytes = 0;       // bytes in live blocks, as asked
   uint64_t retained_bytes = 0;   // released slabs a live session may hold
   uint64_t pooled_free_bytes = 0;
-  // What is left to allocate on the device, pooled or not: neither in live
-  // blocks nor retained by a session that may still hold a slab (total -
-  // used - retained), or less where the device has less room for new slabs
-  // than that (Backend::NewSlabRoom): free bytes of carvable slabs plus that
-  // room.
+  // What a tenant that holds nothing on the device could get: capacity in
+  // no slab (within Backend::NewSlabRoom) plus empty slabs nobody holds.
+  // Free ranges in a tenant's slabs are not in it: only that tenant can
+  // carve them (TenantPoolStats, LargestReachable).
   uint64_t free_bytes = 0;
   uint64_t largest_pooled_free = 0;
   uint64_t largest_carvable = 0;  // see SlabPool::largest_carvable()
@@ -160,6 +175,9 @@ struct PoolStats {
 struct TenantPoolStats {
   uint64_t used_bytes = 0;
   uint64_t retained_bytes = 0;
+  uint64_t slab_bytes = 0;  // bytes of its carvable slabs
+  // What the tenant pins on the device: slab_bytes + retained_bytes.
+  uint64_t footprint_bytes() const { return slab_bytes + retained_bytes; }
   uint64_t live_blocks = 0;
   uint32_t slab_count = 0;
 };
@@ -176,6 +194,9 @@ class SlabPool {
   // Where the pool keeps what a restart needs (may be null: nothing kept).
   // Before the pool is used; it must outlive the pool.
   void SetKeeper(SlabKeeper* keeper) { keeper_ = keeper; }
+  // What bounds each tenant's slab bytes here (may be null: no bound but the
+  // device). Before the pool is used; it must outlive the pool.
+  void SetBudget(SlabBudget* budget) { budget_ = budget; }
 
   // A restart takes back what a previous daemon kept:
   //  - AdoptSlab: a slab as it was (`slab` its handle, or null while the
@@ -338,6 +359,20 @@ class SlabPool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t LargestCarvableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t RoundUp(uint64_t v) const;
+  // The size of a new (not dedicated) slab for `tenant` holding a block of
+  // `need` bytes (rounded), before the budget and the device cut it down.
+  uint64_t GrownSlabSizeLocked(uint32_t tenant, uint64_t need) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The budget's room for `tenant` (UINT64_MAX without a budget).
+  uint64_t BudgetRoomLocked(uint32_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bytes of `tenant`'s own releasable slabs.
+  uint64_t OwnReleasableLocked(uint32_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A slab of `bytes` becomes (or stops being) one of `tenant`'s carvable
+  // slabs; Disown does not give the budget back (a retained slab still
+  // counts): GiveBudgetLocked does, when the slab leaves.
+  void OwnLocked(uint32_t tenant, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DisownLocked(uint32_t tenant, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void GiveBudgetLocked(uint32_t tenant, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t RoundDown(uint64_t v) const { return v - v % options_.granularity; }
   // Capacity for new slabs: by total_bytes alone, and within the backend's
   // NewSlabRoom too.
@@ -351,6 +386,7 @@ class SlabPool {
   mutable absl::Mutex mu_;
   std::map<uint64_t, SlabEntry> slabs_ ABSL_GUARDED_BY(mu_);  // oldest first
   SlabKeeper* keeper_ = nullptr;  // set before use, then read only
+  SlabBudget* budget_ = nullptr;  // set before use, then read only
   // Capacity promised to slabs being created outside the lock.
   uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Adopted slabs whose handle has not come back: held, not in the backend.

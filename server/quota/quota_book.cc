@@ -9,6 +9,7 @@ namespace gpumem {
 namespace quota {
 
 void QuotaBook::SetQuota(uint32_t tenant, tenants::Quota quota) {
+  footprint_.SetLimits(tenant, quota);
   absl::MutexLock lock(&mu_);
   quotas_[tenant] = std::move(quota);
 }

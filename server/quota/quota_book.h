@@ -16,6 +16,8 @@
 //    blocks) never counts, so a refused request does not raise the peak.
 //  - SetQuota takes effect for the next charge. Lowering a quota below what
 //    a tenant holds takes nothing back; it only refuses further charges.
+//  - What a tenant's slabs pin is bounded by the same quota in footprint()
+//    (a quota bounds the tenant's blocks here and its slabs there).
 //  - Retained bytes count (slabs released while a process may still hold
 //    their handle, server/pool/slab_pool.h): with a retained source set,
 //    each byte check adds what the source says the tenant has retained on
@@ -32,6 +34,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "server/quota/footprint_book.h"
 #include "server/tenants/tenant.h"
 
 namespace gpumem {
@@ -60,7 +63,13 @@ struct QuotaRefusal {
 
 class QuotaBook {
  public:
-  explicit QuotaBook(uint32_t device_count) : device_count_(device_count) {}
+  explicit QuotaBook(uint32_t device_count)
+      : device_count_(device_count), footprint_(device_count) {}
+
+  // The tenants' slab bytes against the same quotas (footprint_book.h):
+  // the pools' budget. SetQuota sets its limits too.
+  FootprintBook& footprint() { return footprint_; }
+  const FootprintBook& footprint() const { return footprint_; }
 
   // Bytes `tenant` has retained on `device` now. Called under the book's
   // lock, so it must not call back into the book.
@@ -92,6 +101,7 @@ class QuotaBook {
   TenantHoldings& HoldingsLocked(uint32_t tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint32_t device_count_;
+  FootprintBook footprint_;  // its own lock, taken after mu_ or alone
   mutable absl::Mutex mu_;
   RetainedSource retained_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint32_t, tenants::Quota> quotas_ ABSL_GUARDED_BY(mu_);

@@ -64,7 +64,7 @@ void RenderTenant(const TenantStatsView& tv, v1::TenantStats* ts) {
   ts->set_tenant(tv.id);
   ts->set_name(tv.name);
   if (tv.quota.has_value()) QuotaToProto(*tv.quota, ts->mutable_quota());
-  uint64_t used = 0, retained = 0, blocks = 0;
+  uint64_t used = 0, retained = 0, blocks = 0, footprint = 0;
   for (size_t i = 0; i < tv.devices.size(); ++i) {
     const TenantPoolStats& t = tv.devices[i];
     if (t.used_bytes == 0 && t.retained_bytes == 0 && t.slab_count == 0) continue;
@@ -73,12 +73,15 @@ void RenderTenant(const TenantStatsView& tv, v1::TenantStats* ts) {
     td->set_used_bytes(t.used_bytes);
     td->set_retained_bytes(t.retained_bytes);
     td->set_slab_count(t.slab_count);
+    td->set_footprint_bytes(t.footprint_bytes());
+    footprint += t.footprint_bytes();
     used += t.used_bytes;
     retained += t.retained_bytes;
     blocks += t.live_blocks;
   }
   ts->set_used_bytes(used);
   ts->set_retained_bytes(retained);
+  ts->set_footprint_bytes(footprint);
   ts->set_allocation_count(blocks);
   ts->set_peak_bytes(std::max(tv.peak_bytes, used));
   ts->set_waiting_requests(tv.waiting_requests);

@@ -47,6 +47,8 @@ PoolOptions Options(absl::Duration release_after = absl::Seconds(10),
                     double reserve = 0.0) {
   PoolOptions o;
   o.slab_size = kSlab;
+  // Every slab of these cases is kSlab (slab_footprint_test covers growth).
+  o.min_slab_size = kSlab;
   o.granularity = kGran;
   o.empty_release_after = release_after;
   o.reserve_fraction = reserve;
