@@ -344,7 +344,6 @@ absl::Status Daemon::StartParts() {
   quota.SetMaxThreads(kMaxSyncThreads);
   quota.Resize(static_cast<size_t>(s.grpc_memory_limit.value));
   builder.SetResourceQuota(quota);
-  builder.SetResourceQuota(quota);
   // Per connection: streams in flight (a client past it waits for one to
   // end; HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS), and the largest request.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,

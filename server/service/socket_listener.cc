@@ -51,7 +51,24 @@ absl::Status MakeParentDirs(const std::string& path) {
 
 SocketListener::SocketListener(std::string path, MemoryBroker* broker,
                                PeerTable* peers)
-    : path_(std::move(path)), broker_(broker), peers_(peers) {}
+    : path_(std::move(path)),
+      broker_(broker),
+      peers_(peers),
+      limits_([broker](const PeerCred& c) { return broker != nullptr && broker->IsAdmin(c); },
+              [](const std::string& line) { std::cerr << "gpumemd: " << line << "\n"; }) {}
+
+void SocketListener::SetConnectionLimits(const ConnectionLimitSettings& limits) {
+  bool before_start;
+  {
+    absl::MutexLock lock(&tasks_mu_);
+    before_start = !loop_started_;
+  }
+  if (before_start) {
+    limits_.Set(limits);
+    return;
+  }
+  RunInLoop([&] { limits_.Set(limits); });
+}
 
 SocketListener::~SocketListener() { Stop(); }
 
@@ -271,13 +288,13 @@ std::map<uint32_t, std::string> SocketListener::TenantSockets() const {
 
 void SocketListener::Loop() {
   struct epoll_event events[256];
+  next_sweep_ = absl::Now() + kSweepEvery;
   for (;;) {
-    int timeout_ms = -1;
-    if (!pending_.empty()) {
-      const absl::Duration left = pending_.front().deadline - absl::Now();
-      timeout_ms = static_cast<int>(
-          std::max<int64_t>(0, absl::ToInt64Milliseconds(left) + 1));
-    }
+    absl::Time wake = next_sweep_;
+    if (!pending_.empty()) wake = std::min(wake, pending_.front().deadline);
+    if (accept_paused_) wake = std::min(wake, accept_paused_until_);
+    const int timeout_ms = static_cast<int>(
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(wake - absl::Now()) + 1));
     int n = epoll_wait(epoll_fd_, events, 256, timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -300,6 +317,37 @@ void SocketListener::Loop() {
     }
     if (tasks) RunTasks();
     ExpirePending();
+    const absl::Time now = absl::Now();
+    if (accept_paused_ && now >= accept_paused_until_) ResumeAccepting();
+    if (now >= next_sweep_) {
+      limits_.Sweep(now);
+      next_sweep_ = now + kSweepEvery;
+    }
+  }
+}
+
+void SocketListener::PauseAccepting(absl::Time until) {
+  accept_paused_until_ = until;
+  if (accept_paused_) return;
+  accept_paused_ = true;
+  struct epoll_event ev = {};  // no events: left alone until resumed
+  ev.data.fd = listen_fd_;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
+  for (const auto& [fd, tenant] : tenant_listen_fds_) {
+    ev.data.fd = fd;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
+  }
+}
+
+void SocketListener::ResumeAccepting() {
+  accept_paused_ = false;
+  struct epoll_event ev = {};
+  ev.events = EPOLLIN;
+  ev.data.fd = listen_fd_;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
+  for (const auto& [fd, tenant] : tenant_listen_fds_) {
+    ev.data.fd = fd;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
   }
 }
 
@@ -309,9 +357,15 @@ void SocketListener::AcceptAll(int listen_fd, uint32_t tenant) {
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE) {
-        // Out of fds: the oldest silent connection makes room.
-        std::cerr << "gpumemd: accept: " << strerror(errno) << "\n";
-        if (!pending_.empty()) {
+        // Out of fds: the oldest silent connection makes room; without one,
+        // accepting stops for a moment (level-triggered, the backlog would
+        // wake the loop at once again).
+        limits_.AcceptFailed(errno, absl::Now());
+        if (pending_.empty()) {
+          PauseAccepting(absl::Now() + kAcceptPause);
+          return;
+        }
+        {
           const Pending p = pending_.front();
           pending_.pop_front();
           auto it = conns_.find(p.fd);
@@ -329,12 +383,18 @@ void SocketListener::AcceptAll(int listen_fd, uint32_t tenant) {
       close(fd);
       continue;
     }
+    cred->socket_tenant = tenant;  // the socket it came through, not a claim
+    if (!limits_.Admit(fd, *cred, absl::Now())) {
+      close(fd);  // refused at once; logged (rate-limited) by limits_
+      continue;
+    }
     // Edge-triggered: a pending connection is peeked at, not read, so
     // level-triggered readiness would report the same bytes forever.
     struct epoll_event ev = {};
     ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
     ev.data.fd = fd;
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      limits_.Closed(fd);
       close(fd);
       continue;
     }
@@ -368,6 +428,7 @@ void SocketListener::CloseConn(int fd) {
     for (int received : it->second.fds) close(received);
   }
   if (it != conns_.end()) conns_.erase(it);
+  limits_.Closed(fd);
   close(fd);
   // A connection-bound session lives exactly as long as its connection.
   if (bound != 0) broker_->EndConnection(bound);
@@ -396,6 +457,7 @@ void SocketListener::OnReadable(int fd) {
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
     conns_.erase(it);
     peers_->Set(fd, cred);
+    limits_.HandedOff(fd);  // counted until gRPC closes it
     grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns fd now
     return;
   }

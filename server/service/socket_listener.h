@@ -39,6 +39,14 @@
 // (PeerCred::socket_tenant) at accept. Adding and removing run on the
 // loop's thread (the caller waits for it), so a removal and the loop's own
 // work on that socket's connections never overlap. Stop() removes them.
+//
+// Limits (connection_limits.h): every accepted connection, on any of these
+// sockets, is admitted or closed at once by ConnectionLimits (per uid, per
+// tenant socket, the fd reserve), which counts it until it closes, gRPC's
+// connections included. accept() failing with EMFILE/ENFILE closes the
+// oldest silent connection if there is one, else stops accepting for
+// kAcceptPause (the listening sockets are left out of epoll meanwhile), so
+// the loop never spins on it; such failures are logged once a second.
 #ifndef GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 #define GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 
@@ -55,6 +63,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/core/memory_broker.h"
+#include "server/service/connection_limits.h"
 #include "server/service/slab_channel.h"
 #include "server/service/tenant_socket_file.h"
 #include "server/service/tenant_socket_host.h"
@@ -70,6 +79,11 @@ class SocketListener final : public TenantSocketHost {
  public:
   // How long a new connection may stay silent before it is closed.
   static constexpr absl::Duration kFirstBytesTimeout = absl::Seconds(5);
+  // How long accepting stops after accept() found no fd left.
+  static constexpr absl::Duration kAcceptPause = absl::Milliseconds(100);
+  // How often gRPC connections that closed are looked for, and refusals
+  // not yet logged are written.
+  static constexpr absl::Duration kSweepEvery = absl::Seconds(1);
 
   SocketListener(std::string path, MemoryBroker* broker, PeerTable* peers);
   ~SocketListener();
@@ -98,6 +112,9 @@ class SocketListener final : public TenantSocketHost {
   int listen_fd() const { return listen_fd_; }
 
   const std::string& path() const { return path_; }
+  // The connection limits in force (before or after Start; thread-safe,
+  // a reload calls it).
+  void SetConnectionLimits(const ConnectionLimitSettings& limits);
 
   // TenantSocketHost (after Start; FAILED_PRECONDITION before it or once
   // stopping).
@@ -129,6 +146,9 @@ class SocketListener final : public TenantSocketHost {
   void ServeRequests(int fd, Conn& conn);
   void CloseConn(int fd);
   void ExpirePending();
+  // Stops accepting on every listening socket until `until` (EMFILE).
+  void PauseAccepting(absl::Time until);
+  void ResumeAccepting();
 
   std::string path_;
   MemoryBroker* broker_;
@@ -163,6 +183,10 @@ class SocketListener final : public TenantSocketHost {
   };
   std::deque<Pending> pending_;
   uint64_t next_generation_ = 1;
+  ConnectionLimits limits_;
+  absl::Time accept_paused_until_ = absl::InfinitePast();
+  bool accept_paused_ = false;
+  absl::Time next_sweep_ = absl::InfinitePast();
 };
 
 }  // namespace gpumem

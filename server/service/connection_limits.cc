@@ -1,0 +1,228 @@
+// See connection_limits.h.
+#include "server/service/connection_limits.h"
+
+#include <dirent.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace gpumem {
+namespace {
+
+// Fds open in this process now (-1 when they cannot be counted: then no fd
+// is left even for the directory).
+int64_t CountOpenFds() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int64_t n = 0;
+  while (struct dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n - 1;  // the directory's own fd
+}
+
+int64_t FdLimit() {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 1 << 20;
+  return static_cast<int64_t>(rl.rlim_cur);
+}
+
+}  // namespace
+
+ConnectionLimits::ConnectionLimits(std::function<bool(const PeerCred&)> is_admin,
+                                   std::function<void(const std::string&)> log)
+    : is_admin_(std::move(is_admin)), log_(std::move(log)) {}
+
+bool ConnectionLimits::Gone(int fd, const Entry& e) const {
+  if (!e.grpc) return false;  // the listener says when it closes its own
+  struct stat st;
+  return fstat(fd, &st) != 0 || st.st_dev != e.dev || st.st_ino != e.ino;
+}
+
+void ConnectionLimits::Forget(int fd) {
+  auto it = entries_.find(fd);
+  if (it == entries_.end()) return;
+  const Entry e = it->second;
+  entries_.erase(it);
+  if (e.counted_for_uid) {
+    auto u = by_uid_.find(e.uid);
+    if (u != by_uid_.end()) {
+      u->second.erase(fd);
+      if (u->second.empty()) by_uid_.erase(u);
+    }
+  }
+  if (e.tenant != 0) {
+    auto t = by_tenant_.find(e.tenant);
+    if (t != by_tenant_.end()) {
+      t->second.erase(fd);
+      if (t->second.empty()) by_tenant_.erase(t);
+    }
+  }
+}
+
+void ConnectionLimits::Reap(const absl::flat_hash_set<int>& fds) {
+  std::vector<int> gone;
+  for (int fd : fds) {
+    auto it = entries_.find(fd);
+    if (it != entries_.end() && Gone(fd, it->second)) gone.push_back(fd);
+  }
+  for (int fd : gone) Forget(fd);  // `fds` may be one of the sets changed here
+}
+
+int64_t ConnectionLimits::FreeFds(absl::Time now, bool rescan) {
+  if (rescan && now - scanned_at_ >= kRescanEvery) {
+    const int64_t open = CountOpenFds();
+    scanned_at_ = now;
+    admitted_since_scan_ = 0;
+    open_at_scan_ = open < 0 ? FdLimit() : open;
+  }
+  return FdLimit() - open_at_scan_ - admitted_since_scan_;
+}
+
+bool ConnectionLimits::Admit(int fd, const PeerCred& cred, absl::Time now) {
+  // The kernel handed this number out again: what it named before is gone.
+  Forget(fd);
+  std::optional<bool> admin;
+  auto is_admin = [&] {
+    if (!admin.has_value()) admin = is_admin_(cred);
+    return *admin;
+  };
+
+  // The fd reserve.
+  const int64_t reserve = limits_.fd_reserve;
+  int64_t free = FreeFds(now, /*rescan=*/scanned_at_ == absl::InfinitePast());
+  if (free < reserve) free = FreeFds(now, /*rescan=*/true);
+  if (free < reserve && !(free >= reserve / 2 && is_admin())) {
+    Refuse("fds", "connection(s) refused",
+           absl::StrCat(free < 0 ? 0 : free, " file descriptor(s) free under RLIMIT_NOFILE ",
+                        FdLimit(), ", fewer than --fd_reserve=", reserve,
+                        " (DaemonConfig.fd_reserve) keeps for the daemon's own work"),
+           now);
+    return false;
+  }
+
+  // The tenant socket's cap.
+  if (cred.socket_tenant != 0) {
+    auto t = by_tenant_.find(cred.socket_tenant);
+    if (t != by_tenant_.end() && t->second.size() >= limits_.per_tenant_socket) {
+      Reap(t->second);
+      t = by_tenant_.find(cred.socket_tenant);
+    }
+    if (t != by_tenant_.end() && t->second.size() >= limits_.per_tenant_socket) {
+      Refuse(absl::StrCat("tenant ", cred.socket_tenant), "connection(s) refused",
+             absl::StrCat("tenant ", cred.socket_tenant, "'s socket holds ", t->second.size(),
+                          " connection(s), the most --max_connections_per_tenant_socket=",
+                          limits_.per_tenant_socket,
+                          " (DaemonConfig.max_connections_per_tenant_socket) allows"),
+             now);
+      return false;
+    }
+  }
+
+  // The uid's cap: root on the main socket is never counted; an admin-group
+  // member only once past it.
+  bool counted = !(cred.uid == 0 && cred.socket_tenant == 0);
+  if (counted) {
+    auto u = by_uid_.find(cred.uid);
+    if (u != by_uid_.end() && u->second.size() >= limits_.per_uid) {
+      Reap(u->second);
+      u = by_uid_.find(cred.uid);
+    }
+    if (u != by_uid_.end() && u->second.size() >= limits_.per_uid) {
+      if (is_admin()) {
+        counted = false;
+      } else {
+        Refuse(absl::StrCat("uid ", cred.uid), "connection(s) refused",
+               absl::StrCat("uid ", cred.uid, " holds ", u->second.size(),
+                            " connection(s), the most --max_connections_per_uid=",
+                            limits_.per_uid, " (DaemonConfig.max_connections_per_uid) allows"),
+               now);
+        return false;
+      }
+    }
+  }
+
+  Entry e;
+  e.uid = cred.uid;
+  e.tenant = cred.socket_tenant;
+  e.counted_for_uid = counted;
+  entries_[fd] = e;
+  if (counted) by_uid_[cred.uid].insert(fd);
+  if (e.tenant != 0) by_tenant_[e.tenant].insert(fd);
+  ++admitted_since_scan_;
+  return true;
+}
+
+void ConnectionLimits::Closed(int fd) { Forget(fd); }
+
+void ConnectionLimits::HandedOff(int fd) {
+  auto it = entries_.find(fd);
+  if (it == entries_.end()) return;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    Forget(fd);
+    return;
+  }
+  it->second.grpc = true;
+  it->second.dev = st.st_dev;
+  it->second.ino = st.st_ino;
+}
+
+void ConnectionLimits::Sweep(absl::Time now) {
+  std::vector<int> gone;
+  for (const auto& [fd, e] : entries_) {
+    if (Gone(fd, e)) gone.push_back(fd);
+  }
+  for (int fd : gone) Forget(fd);
+  std::vector<std::string> idle;
+  for (auto& [key, r] : refusals_) {
+    if (now - r.last_line < kLogEvery) continue;
+    if (r.count > 0) {
+      Flush(r, now);
+    } else {
+      idle.push_back(key);
+    }
+  }
+  for (const std::string& key : idle) refusals_.erase(key);
+}
+
+void ConnectionLimits::AcceptFailed(int err, absl::Time now) {
+  Refuse("accept", "accept failure(s)",
+         absl::StrCat(strerror(err), " (RLIMIT_NOFILE ", FdLimit(),
+                      "): accepting paused briefly; the daemon's own work has --fd_reserve=",
+                      limits_.fd_reserve, " (DaemonConfig.fd_reserve)"),
+         now);
+}
+
+void ConnectionLimits::Refuse(const std::string& key, const char* what, const std::string& why,
+                              absl::Time now) {
+  Refusals& r = refusals_[key];
+  ++r.count;
+  r.what = what;
+  r.why = why;
+  if (now - r.last_line >= kLogEvery) Flush(r, now);
+}
+
+void ConnectionLimits::Flush(Refusals& r, absl::Time now) {
+  log_(absl::StrCat(r.count, " ", r.what, " since the last such line: ", r.why));
+  r.count = 0;
+  r.last_line = now;
+}
+
+size_t ConnectionLimits::UidCount(uid_t uid) const {
+  auto it = by_uid_.find(uid);
+  return it == by_uid_.end() ? 0 : it->second.size();
+}
+
+size_t ConnectionLimits::TenantCount(uint32_t tenant) const {
+  auto it = by_tenant_.find(tenant);
+  return it == by_tenant_.end() ? 0 : it->second.size();
+}
+
+}  // namespace gpumem

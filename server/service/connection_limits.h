@@ -1,0 +1,132 @@
+// ConnectionLimits: who may open one more connection to the daemon, decided
+// at accept, so that no uid and no tenant socket can take every file
+// descriptor and the daemon always keeps some for its own work.
+//
+// Three limits, each refused by closing the new connection at once:
+//  - per uid, over the main socket and every tenant socket together
+//    (max_connections_per_uid); root and the admin group are not counted
+//    against it (they keep a way in). A caller through a tenant socket is
+//    never an administrator (admin_group.h), so it is always counted;
+//  - per tenant socket, whoever its callers are
+//    (max_connections_per_tenant_socket);
+//  - the fd reserve: a connection is refused when fewer than fd_reserve
+//    descriptors would be left free under RLIMIT_NOFILE; root and the admin
+//    group only when fewer than half of it would be.
+// Every connection the listener accepted is tracked from accept to close,
+// gRPC's too. gRPC owns a handed-off connection's fd and says nothing when
+// it closes it, so each such entry keeps the socket's identity (device and
+// inode, as the kernel numbers sockets uniquely while they live): an entry
+// whose fd number no longer names that socket (closed, or reused for
+// another file) is gone. That is checked for a uid's or a socket's entries
+// only when they are at their cap (so a count is exact when it refuses),
+// for a number the kernel hands out again at accept, and for all entries
+// in Sweep (the listener's periodic tick).
+// Open fds are counted from /proc/self/fd at most once per kRescanEvery,
+// plus one per connection admitted since: an over-count between scans, so
+// a refusal is never late; a refusal near the reserve rescans first.
+// Refusals are logged at most once a second per uid (and per tenant socket,
+// and for the reserve), each line saying how many were refused and which
+// setting refused them.
+//
+// Not thread-safe: the listener's loop thread owns it.
+#ifndef GPUMEMD_SERVER_SERVICE_CONNECTION_LIMITS_H_
+#define GPUMEMD_SERVER_SERVICE_CONNECTION_LIMITS_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/time/time.h"
+#include "server/session/peer_credentials.h"
+
+namespace gpumem {
+
+struct ConnectionLimitSettings {
+  uint32_t per_uid = 256;
+  uint32_t per_tenant_socket = 1024;
+  uint32_t fd_reserve = 256;
+};
+
+class ConnectionLimits {
+ public:
+  // How often open fds are counted afresh at most, and how long a refusal
+  // waits at least before its next log line (per key).
+  static constexpr absl::Duration kRescanEvery = absl::Milliseconds(100);
+  static constexpr absl::Duration kLogEvery = absl::Seconds(1);
+
+  // `is_admin`: root or the admin group (called only when a limit is hit).
+  // `log`: one line, without the "gpumemd: " prefix.
+  ConnectionLimits(std::function<bool(const PeerCred&)> is_admin,
+                   std::function<void(const std::string&)> log);
+
+  void Set(const ConnectionLimitSettings& limits) { limits_ = limits; }
+  const ConnectionLimitSettings& limits() const { return limits_; }
+
+  // A connection just accepted as `fd`: true when it may stay (it is counted
+  // from now on), false when the caller must close it (counted as refused,
+  // and logged when its key's last line is old enough). `now` for the log.
+  bool Admit(int fd, const PeerCred& cred, absl::Time now);
+  // The listener closed `fd` itself (a slab channel, a silent connection).
+  void Closed(int fd);
+  // `fd` went to gRPC: from now on it is known closed when the number stops
+  // naming this socket.
+  void HandedOff(int fd);
+  // Drops every gRPC entry whose socket is gone, and writes the refusals
+  // not yet logged whose key's last line is old enough.
+  void Sweep(absl::Time now);
+  // accept() failed with EMFILE/ENFILE (errno `err`): logs it at most once a
+  // second with how many there were.
+  void AcceptFailed(int err, absl::Time now);
+
+  // For tests and the log: connections counted for `uid` / `tenant` socket.
+  size_t UidCount(uid_t uid) const;
+  size_t TenantCount(uint32_t tenant) const;
+  size_t tracked() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    uid_t uid = 0;
+    uint32_t tenant = 0;
+    bool counted_for_uid = true;  // false for root and the admin group
+    bool grpc = false;
+    dev_t dev = 0;
+    ino_t ino = 0;
+  };
+  // Refusals of one key not logged yet.
+  struct Refusals {
+    uint64_t count = 0;
+    absl::Time last_line = absl::InfinitePast();
+    const char* what = "";  // "connection(s) refused"
+    std::string why;        // the latest refusal's reason, naming the setting
+  };
+
+  void Forget(int fd);
+  // Drops the gRPC entries among `fds` whose socket is gone.
+  void Reap(const absl::flat_hash_set<int>& fds);
+  bool Gone(int fd, const Entry& e) const;
+  // Free fds after this connection, counted afresh when `rescan` and the
+  // last count is older than kRescanEvery.
+  int64_t FreeFds(absl::Time now, bool rescan);
+  void Refuse(const std::string& key, const char* what, const std::string& why,
+              absl::Time now);
+  void Flush(Refusals& r, absl::Time now);
+
+  std::function<bool(const PeerCred&)> is_admin_;
+  std::function<void(const std::string&)> log_;
+  ConnectionLimitSettings limits_;
+  absl::flat_hash_map<int, Entry> entries_;
+  absl::flat_hash_map<uid_t, absl::flat_hash_set<int>> by_uid_;      // counted ones
+  absl::flat_hash_map<uint32_t, absl::flat_hash_set<int>> by_tenant_;  // tenant sockets
+  int64_t open_at_scan_ = 0;
+  int64_t admitted_since_scan_ = 0;
+  absl::Time scanned_at_ = absl::InfinitePast();
+  absl::flat_hash_map<std::string, Refusals> refusals_;
+};
+
+}  // namespace gpumem
+
+#endif  // GPUMEMD_SERVER_SERVICE_CONNECTION_LIMITS_H_
