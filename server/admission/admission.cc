@@ -62,9 +62,10 @@ absl::StatusOr<uint64_t> Admission::Enqueue(std::unique_ptr<Waiter>& waiter, uin
     auto held = bytes_per_tenant_.find(waiter->tenant());
     const uint64_t now = held == bytes_per_tenant_.end() ? 0 : held->second;
     if (waiter->held_bytes() > bytes_limit || now > bytes_limit - waiter->held_bytes()) {
-      if (count == 0) per_tenant_.erase(waiter->tenant());
+      const uint32_t waiting = count;  // `count` goes with the entry below
+      if (waiting == 0) per_tenant_.erase(waiter->tenant());
       return absl::ResourceExhaustedError(absl::StrCat(
-          "tenant \"", waiter->tenant_name(), "\" has ", count,
+          "tenant \"", waiter->tenant_name(), "\" has ", waiting,
           " requests waiting for memory holding ", FormatBytes(now), " of the daemon's memory; ",
           "this one (", FormatBytes(waiter->held_bytes()), ") would pass the limit of ",
           FormatBytes(bytes_limit), " (--max_waiting_bytes_per_tenant=", bytes_limit,
