@@ -203,9 +203,19 @@ absl::StatusOr<v1::PutTenantResponse> ClaimPreparer::PutTenant(const PreparedCla
 }
 
 absl::Status ClaimPreparer::Make(PreparedClaim* c) {
+  // The claims directory is root's alone (0700): no one on the node reaches
+  // a claim's socket through it; a claim's containers get their own claim's
+  // directory through the CDI bind mount, which does not pass through it.
+  struct stat st;
+  if (lstat(config_.claims_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+      st.st_uid == geteuid() && (st.st_mode & 07777) != 0700 &&
+      chmod(config_.claims_dir.c_str(), 0700) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot make the claims directory ", config_.claims_dir, " mode 0700: ",
+        std::strerror(errno)));
+  }
   // The claim's socket directory: only its tenant's socket goes there, and
   // it is what the containers get mounted.
-  struct stat st;
   if (mkdir(c->socket_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot create ", c->socket_dir, ": ", std::strerror(errno),

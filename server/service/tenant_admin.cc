@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/byte_size.h"
 #include "server/service/quota_proto.h"
+#include "server/service/tenant_socket_file.h"
 #include "server/tenants/socket_path.h"
 
 namespace gpumem {
@@ -264,10 +265,14 @@ absl::StatusOr<uint32_t> TenantAdmin::Put(const tenants::TenantDirectory::Socket
     // Its socket is where it was; made again if it is not served (it could
     // not be made when the tenant was restored at start).
     if (sockets_.sockets->TenantSockets().count(id) == 0) {
-      absl::Status added = sockets_.sockets->AddTenantSocket(id, sockets_.socket_dir, spec.socket);
+      absl::Status added = MakeSocket(id, spec.socket, spec.access);
       if (!added.ok()) return added;
+    } else if (existing->socket_access != spec.access) {
+      absl::Status set = SetTenantSocketAccess(sockets_.socket_dir, spec.socket, spec.access.uid,
+                                               spec.access.gid, spec.access.mode);
+      if (!set.ok()) return set;
     }
-    if (!changed) return id;
+    if (!changed && existing->socket_access == spec.access) return id;
     if (record) {
       if (absl::Status kept = ledger_->PutSocketTenant(row); !kept.ok()) {
         return absl::UnavailableError(absl::StrCat(
@@ -290,8 +295,7 @@ absl::StatusOr<uint32_t> TenantAdmin::Put(const tenants::TenantDirectory::Socket
     // Restoring at start (record false), the socket comes later
     // (ServeRestoredSockets).
     if (record) {
-      absl::Status added =
-          sockets_.sockets->AddTenantSocket(id, sockets_.socket_dir, spec.socket);
+      absl::Status added = MakeSocket(id, spec.socket, spec.access);
       if (!added.ok()) {
         unlist();
         return added;
@@ -322,6 +326,19 @@ absl::StatusOr<uint32_t> TenantAdmin::Put(const tenants::TenantDirectory::Socket
   return id;
 }
 
+absl::Status TenantAdmin::MakeSocket(uint32_t id, const std::string& path,
+                                     const tenants::SocketAccess& access) {
+  absl::Status added = sockets_.sockets->AddTenantSocket(id, sockets_.socket_dir, path);
+  if (!added.ok()) return added;
+  absl::Status set =
+      SetTenantSocketAccess(sockets_.socket_dir, path, access.uid, access.gid, access.mode);
+  if (!set.ok()) {
+    sockets_.sockets->RemoveTenantSocket(id, /*close_connections=*/true);
+    return set;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::PutTenantResponse> TenantAdmin::PutTenant(const PeerCred& caller,
                                                              const v1::PutTenantRequest& request) {
   if (!is_admin_(caller)) return absl::PermissionDeniedError(NotAdmin("PutTenant", caller));
@@ -337,8 +354,26 @@ absl::StatusOr<v1::PutTenantResponse> TenantAdmin::PutTenant(const PeerCred& cal
   spec.name = request.name();
   spec.priority = request.priority();
   spec.quota = *std::move(quota);
+  const bool access_given =
+      request.has_socket_uid() || request.has_socket_gid() || request.socket_mode() != 0;
+  if (access_given) {
+    spec.access.uid = request.has_socket_uid() ? request.socket_uid() : 0;
+    spec.access.gid = request.has_socket_gid() ? request.socket_gid() : 0;
+    spec.access.mode = request.socket_mode() != 0 ? request.socket_mode()
+                       : request.has_socket_gid() ? 0660
+                                                  : 0600;
+    if (absl::Status mode = tenants::CheckSocketMode(spec.access.mode, "socket_mode");
+        !mode.ok()) {
+      return mode;
+    }
+  } else {
+    spec.access.mode = 0666;  // reached through a mount of its directory (a claim)
+  }
   absl::MutexLock changes(&sockets_.directory->changes());
   const tenants::Tenant* existing = sockets_.directory->Get()->Find(spec.name);
+  if (!access_given && existing != nullptr && existing->runtime) {
+    spec.access = existing->socket_access;  // an update without access keeps it
+  }
   if (request.socket_path().empty() && existing != nullptr && existing->runtime) {
     spec.socket = existing->socket;  // an update without a path keeps the socket
   } else {
@@ -356,6 +391,9 @@ absl::StatusOr<v1::PutTenantResponse> TenantAdmin::PutTenant(const PeerCred& cal
   out.set_socket_path(spec.socket);
   out.set_created(created);
   QuotaToProto(spec.quota, out.mutable_quota());
+  out.set_socket_uid(spec.access.uid);
+  out.set_socket_gid(spec.access.gid);
+  out.set_socket_mode(spec.access.mode);
   return out;
 }
 
@@ -423,6 +461,7 @@ std::vector<std::string> TenantAdmin::RestoreSocketTenants() {
     return lines;
   }
   absl::MutexLock changes(&sockets_.directory->changes());
+  size_t restored = 0;
   PeerCred daemon;  // the daemon itself, for the ledger's events
   daemon.uid = geteuid();
   daemon.pid = getpid();
@@ -462,12 +501,19 @@ std::vector<std::string> TenantAdmin::RestoreSocketTenants() {
       continue;
     }
     spec.socket = *path;
+    spec.access = tenants::SocketAccess();  // root-only: PutTenant's access is not kept
+    ++restored;
     bool created = false;
     absl::StatusOr<uint32_t> id = Put(spec, /*record=*/false, daemon, &created);
     if (!id.ok()) {
       lines.push_back(absl::StrCat("socket tenant \"", row.name, "\" is not restored: ",
                                    id.status().message()));
     }
+  }
+  if (restored > 0) {
+    lines.push_back(absl::StrCat(restored, " socket tenant(s) restored with root-only sockets "
+                                 "(root, 0600) until PutTenant gives their socket_uid, "
+                                 "socket_gid or socket_mode again"));
   }
   return lines;
 }
@@ -480,7 +526,7 @@ std::vector<std::string> TenantAdmin::ServeRestoredSockets() {
   const std::map<uint32_t, std::string> served = sockets_.sockets->TenantSockets();
   for (const tenants::Tenant& t : dir->tenants()) {
     if (!t.runtime || t.socket.empty() || served.count(t.id) > 0) continue;
-    absl::Status added = sockets_.sockets->AddTenantSocket(t.id, sockets_.socket_dir, t.socket);
+    absl::Status added = MakeSocket(t.id, t.socket, t.socket_access);
     if (!added.ok()) {
       lines.push_back(absl::StrCat("socket tenant \"", t.name, "\" is restored without its "
                                    "socket ", t.socket, " (", added.message(),
@@ -506,8 +552,18 @@ std::vector<std::string> TenantAdmin::SyncConfigSockets() {
   }
   served = sockets_.sockets->TenantSockets();
   for (const tenants::Tenant& t : dir->tenants()) {
-    if (t.runtime || t.socket.empty() || served.count(t.id) > 0) continue;
-    absl::Status added = sockets_.sockets->AddTenantSocket(t.id, sockets_.socket_dir, t.socket);
+    if (t.runtime || t.socket.empty()) continue;
+    if (served.count(t.id) > 0) {
+      // Kept over a reload: its access as the config says now.
+      absl::Status set = SetTenantSocketAccess(sockets_.socket_dir, t.socket, t.socket_access.uid,
+                                               t.socket_access.gid, t.socket_access.mode);
+      if (!set.ok()) {
+        lines.push_back(absl::StrCat("tenant \"", t.name, "\": socket ", t.socket,
+                                     " keeps its access: ", set.message()));
+      }
+      continue;
+    }
+    absl::Status added = MakeSocket(t.id, t.socket, t.socket_access);
     if (!added.ok()) {
       lines.push_back(absl::StrCat("tenant \"", t.name, "\": socket ", t.socket,
                                    " not made: ", added.message()));

@@ -18,6 +18,15 @@
 //    configured tenants and the tenants a reload removed that still hold
 //    allocations (their names, no priority, the quota still enforced on
 //    them) until those are freed.
+//  - Who may connect to a tenant's socket is its file's owner, group and
+//    mode (tenants::SocketAccess): from the config (TenantConfig.socket_uid,
+//    socket_gid, socket_mode, or tenants::DefaultSocketAccess) or PutTenant
+//    (socket_uid, socket_gid, socket_mode; none: root, 0666, for a socket
+//    reached through a mount of its directory, as a DRA claim's). A socket
+//    is root-only from the moment it appears until its access is set; a
+//    reload or an update that changes the access changes the live socket's.
+//    PutTenant's access is not in the ledger: a restored socket tenant's
+//    socket is root-only (0600) until PutTenant gives it again.
 //  - Socket tenants (PutTenant, DeleteTenant; root and the admin group
 //    only, never a caller through a tenant's socket): a tenant bound to a
 //    socket of its own inside tenant_socket_dir, so that every connection
@@ -115,6 +124,10 @@ class TenantAdmin {
   // `*created` says it was new; `record` writes its ledger row.
   absl::StatusOr<uint32_t> Put(const tenants::TenantDirectory::SocketTenantSpec& spec,
                                bool record, const PeerCred& caller, bool* created);
+  // Tenant `id`'s socket made at `path` and given `access`; nothing left
+  // on failure.
+  absl::Status MakeSocket(uint32_t id, const std::string& path,
+                          const tenants::SocketAccess& access);
 
   const tenants::TenantDirectoryHolder* directory_;
   quota::QuotaBook* quotas_;

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
 namespace gpumem {
@@ -55,14 +56,93 @@ absl::Status MakeDirs(const std::string& dir) {
     absl::Status parent = MakeDirs(dir.substr(0, slash));
     if (!parent.ok()) return parent;
   }
-  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+  if (mkdir(dir.c_str(), 0711) != 0 && errno != EEXIST) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot create tenant_socket_dir ", dir, ": ", strerror(errno)));
   }
   return absl::OkStatus();
 }
 
+// FAILED_PRECONDITION if directory fd `d` (named `name`) may be written by
+// group or others: they could swap what is in it.
+absl::Status CheckNotShared(int d, const std::string& name) {
+  struct stat st;
+  if (fstat(d, &st) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot look at ", name, ": ", strerror(errno)));
+  }
+  if ((st.st_mode & 022) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "directory ", name, " is writable by group or others (mode ",
+        absl::StrFormat("%04o", st.st_mode & 07777),
+        "), so the socket could be swapped; make it 0711 or 0755"));
+  }
+  if ((st.st_mode & 022) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "directory ", name, " is a shared sticky directory (mode ",
+        absl::StrFormat("%04o", st.st_mode & 07777), "); tenant sockets need one of their own"));
+  }
+  return absl::OkStatus();
+}
+
+// Opens the directories from `socket_dir` to the one holding `path` with
+// O_NOFOLLOW (none made); `dirs` gets the fds, the caller closes them.
+absl::Status OpenExisting(const std::string& socket_dir, const std::string& path,
+                          std::vector<int>* dirs, std::string* name) {
+  if (path.size() <= socket_dir.size() + 1 ||
+      path.compare(0, socket_dir.size() + 1, socket_dir + "/") != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "socket path ", path, " is not inside tenant_socket_dir ", socket_dir));
+  }
+  const int root = open(socket_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot open tenant_socket_dir ", socket_dir, ": ", strerror(errno)));
+  }
+  dirs->push_back(root);
+  std::vector<std::string> parts = absl::StrSplit(path.substr(socket_dir.size() + 1), '/');
+  *name = parts.back();
+  parts.pop_back();
+  for (const std::string& part : parts) {
+    const int d = openat(dirs->back(), part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "socket path ", path, ": cannot open ", part, " without following symlinks: ",
+          strerror(errno)));
+    }
+    dirs->push_back(d);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status SetTenantSocketAccess(const std::string& socket_dir, const std::string& path,
+                                   uid_t uid, gid_t gid, mode_t mode) {
+  std::vector<int> dirs;
+  std::string name;
+  absl::Status opened = OpenExisting(socket_dir, path, &dirs, &name);
+  absl::Status result = opened;
+  if (opened.ok()) {
+    const int dir = dirs.back();
+    struct stat st;
+    if (fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      result = absl::FailedPreconditionError(
+          absl::StrCat("cannot look at ", path, ": ", strerror(errno)));
+    } else if (S_ISLNK(st.st_mode)) {
+      result = absl::InvalidArgumentError(absl::StrCat(path, " is a symlink, not the socket"));
+    } else if (!S_ISSOCK(st.st_mode)) {
+      result = absl::FailedPreconditionError(absl::StrCat(path, " is not a socket"));
+    } else if (fchownat(dir, name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) != 0) {
+      result = absl::FailedPreconditionError(absl::StrCat(
+          "cannot give ", path, " owner ", uid, " group ", gid, ": ", strerror(errno)));
+    } else if (fchmodat(dir, name.c_str(), mode, 0) != 0) {
+      result = absl::FailedPreconditionError(absl::StrCat(
+          "cannot make ", path, " mode ", absl::StrFormat("%04o", mode), ": ", strerror(errno)));
+    }
+  }
+  for (int d : dirs) close(d);
+  return result;
+}
 
 absl::StatusOr<std::unique_ptr<TenantSocketFile>> TenantSocketFile::Make(
     const std::string& socket_dir, const std::string& path) {
@@ -82,6 +162,10 @@ absl::StatusOr<std::unique_ptr<TenantSocketFile>> TenantSocketFile::Make(
   f->dirs_.push_back(root);
   f->dir_names_.push_back(socket_dir);
   f->made_.push_back(false);
+  if (absl::Status shared = CheckNotShared(root, socket_dir); !shared.ok()) {
+    f->Remove();
+    return shared;
+  }
   // From here on a failure returns through `fail`, which undoes what was
   // made (the destructor: the directories made, the fds).
   auto fail = [&f](absl::Status s) -> absl::StatusOr<std::unique_ptr<TenantSocketFile>> {
@@ -98,7 +182,7 @@ absl::StatusOr<std::unique_ptr<TenantSocketFile>> TenantSocketFile::Make(
     bool made = false;
     int d = openat(parent, part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (d < 0 && errno == ENOENT) {
-      if (mkdirat(parent, part.c_str(), 0755) == 0) {
+      if (mkdirat(parent, part.c_str(), 0711) == 0) {
         made = true;
       } else if (errno != EEXIST) {
         return fail(absl::FailedPreconditionError(
@@ -125,6 +209,7 @@ absl::StatusOr<std::unique_ptr<TenantSocketFile>> TenantSocketFile::Make(
     f->dirs_.push_back(d);
     f->dir_names_.push_back(part);
     f->made_.push_back(made);
+    if (absl::Status shared = CheckNotShared(d, sofar); !shared.ok()) return fail(shared);
   }
   const int dir = f->dirs_.back();
 
@@ -177,9 +262,11 @@ absl::StatusOr<std::unique_ptr<TenantSocketFile>> TenantSocketFile::Make(
     unlinkat(dir, tmp.c_str(), 0);
     return fail(std::move(s));
   };
-  if (fchmodat(dir, tmp.c_str(), 0666, 0) != 0) {
+  // Root-only until SetTenantSocketAccess gives it its tenant's access
+  // (the umask may have left it wider).
+  if (fchmodat(dir, tmp.c_str(), 0600, 0) != 0) {
     return fail_bound(absl::FailedPreconditionError(
-        absl::StrCat("cannot make ", path, " mode 0666: ", strerror(errno))));
+        absl::StrCat("cannot make ", path, " mode 0600: ", strerror(errno))));
   }
   if (listen(f->fd_, 128) != 0) {
     return fail_bound(absl::InternalError(absl::StrCat("listen: ", strerror(errno))));

@@ -5,7 +5,9 @@
 // the directory, no "." or ".." components). What is checked here is the
 // filesystem, without ever following a symlink below the directory: each
 // directory on the way is opened with O_NOFOLLOW from the one before (a
-// missing one is made, mode 0755), and the socket is bound through the last
+// missing one is made, mode 0711: others may pass through, never list or
+// change it; one writable by group or others is refused FAILED_PRECONDITION,
+// since whoever may write there could swap the socket), and the socket is bound through the last
 // one's fd (/proc/self/fd/N/NAME), so a component swapped for a symlink
 // meanwhile cannot send the socket elsewhere. What may already be at the
 // path:
@@ -15,12 +17,16 @@
 //  - a symlink, or a directory on the way that is a symlink or no
 //    directory: INVALID_ARGUMENT;
 //  - any other file: ALREADY_EXISTS (never replaced).
-// The socket is mode 0666 (pods run as any uid; what a caller may do is
-// decided by the tenant it comes through) and appears only once it listens
-// (bound under a temporary name and renamed into place). On any failure
+// The socket is made root-only (the daemon's uid and gid, mode 0600) and
+// appears only once it listens (bound under a temporary name and renamed
+// into place); who else may connect is set after, by SetAccess (the
+// tenant's SocketAccess), so it is never open wider than asked. On any failure
 // nothing is left: no socket, no temporary name, no directory made for it.
 // The destructor closes the socket and removes its file (if the file is
 // still this socket) and the directories it made, if empty.
+// SetTenantSocketAccess gives the socket at `path` (made by Make) its owner,
+// group and mode, through the same O_NOFOLLOW walk, and only if what is there
+// is still a socket.
 #ifndef GPUMEMD_SERVER_SERVICE_TENANT_SOCKET_FILE_H_
 #define GPUMEMD_SERVER_SERVICE_TENANT_SOCKET_FILE_H_
 
@@ -36,7 +42,7 @@ namespace gpumem {
 
 class TenantSocketFile {
  public:
-  // `socket_dir` is made (0755) if missing; `path` is inside it.
+  // `socket_dir` is made (0711) if missing; `path` is inside it.
   static absl::StatusOr<std::unique_ptr<TenantSocketFile>> Make(const std::string& socket_dir,
                                                                 const std::string& path);
   ~TenantSocketFile();
@@ -64,6 +70,13 @@ class TenantSocketFile {
   dev_t dev_ = 0;
   ino_t ino_ = 0;
 };
+
+// Owner `uid`, group `gid`, mode `mode` (checked by the caller:
+// tenants::CheckSocketMode) for the socket at `path` inside `socket_dir`.
+// INVALID_ARGUMENT for a symlink on the way or at the path,
+// FAILED_PRECONDITION when it is no socket or cannot be changed.
+absl::Status SetTenantSocketAccess(const std::string& socket_dir, const std::string& path,
+                                   uid_t uid, gid_t gid, mode_t mode);
 
 }  // namespace gpumem
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "server/tenants/tenant.h"
 
@@ -76,6 +77,51 @@ absl::StatusOr<std::string> ResolveSocketPath(absl::string_view requested,
         kMaxSocketPath));
   }
   return path;
+}
+
+absl::Status CheckSocketMode(uint32_t mode, absl::string_view what) {
+  const uint32_t group = (mode >> 3) & 07, other = mode & 07;
+  if ((mode & ~0666u) != 0 || ((mode >> 6) & 07) != 06 || (group != 0 && group != 06) ||
+      (other != 0 && other != 06)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " ", absl::StrFormat("%04o", mode), " is not a socket mode: give 0600, 0660, 0606 or 0666 (the owner reads and writes; "
+        "group and others each all or nothing; no execute or special bits)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> ParseSocketMode(absl::string_view text, absl::string_view what) {
+  uint32_t mode = 0;
+  if (text.empty() || text.size() > 5) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " \"", text, "\" is not an octal mode"));
+  }
+  for (char c : text) {
+    if (c < '0' || c > '7') {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " \"", text, "\" is not an octal mode (\"0660\")"));
+    }
+    mode = mode * 8 + static_cast<uint32_t>(c - '0');
+  }
+  if (absl::Status ok = CheckSocketMode(mode, what); !ok.ok()) return ok;
+  return mode;
+}
+
+SocketAccess DefaultSocketAccess(const std::vector<uid_t>& uids, const std::vector<gid_t>& gids,
+                                 std::optional<uint32_t> socket_uid,
+                                 std::optional<uint32_t> socket_gid) {
+  SocketAccess a;
+  if (!gids.empty()) {
+    a.gid = gids.front();
+    a.mode = 0660;
+  } else if (!uids.empty()) {
+    a.uid = uids.front();
+  }
+  if (socket_uid) a.uid = *socket_uid;
+  if (socket_gid) {
+    a.gid = *socket_gid;
+    a.mode = 0660;
+  }
+  return a;
 }
 
 absl::Status CheckSocketTenantName(absl::string_view name) {

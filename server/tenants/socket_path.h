@@ -10,6 +10,9 @@
 // a path outside DIR or DIR itself, an empty, "." or ".." component (so
 // "DIR/../x" and "DIR//x" are refused, not cleaned up), a NUL or control
 // byte, or a path longer than a Unix socket address holds (107 bytes).
+// Who may connect is the socket file's owner, group and mode
+// (SocketAccess; the tenant's socket_uid/socket_gid/socket_mode, or
+// DefaultSocketAccess); the directories above it are not listable by others.
 // The answer is the one absolute path the socket will have, so comparing
 // two answers compares two sockets. The filesystem (symlinks, what already
 // exists there) is checked when the socket is made
@@ -17,11 +20,16 @@
 #ifndef GPUMEMD_SERVER_TENANTS_SOCKET_PATH_H_
 #define GPUMEMD_SERVER_TENANTS_SOCKET_PATH_H_
 
+#include <sys/types.h>
+
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/tenants/tenant.h"
 
 namespace gpumem {
 namespace tenants {
@@ -37,6 +45,23 @@ absl::StatusOr<std::string> ResolveSocketPath(absl::string_view requested,
 // OK if `dir` is an absolute path without empty, "." or ".." components
 // and without a trailing '/' ("/" itself is refused too).
 absl::Status CheckSocketDir(absl::string_view dir);
+
+// A socket's mode: only read/write bits (no x, setuid, sticky), the
+// owner's rw, and each of group and others either rw or nothing (0600,
+// 0660, 0606, 0666). INVALID_ARGUMENT naming `what` (the setting) otherwise.
+absl::Status CheckSocketMode(uint32_t mode, absl::string_view what);
+// Octal text ("0660", "660") to a mode checked by CheckSocketMode.
+absl::StatusOr<uint32_t> ParseSocketMode(absl::string_view text, absl::string_view what);
+
+// The access a configured tenant's socket gets when its config sets none
+// of socket_uid/socket_gid/socket_mode (each given one wins):
+//  - with gids: owner root, group its first gid, mode 0660;
+//  - else with uids: owner its first uid, group root, mode 0600;
+//  - else: root only (0600).
+// A socket_gid given makes the default mode 0660.
+SocketAccess DefaultSocketAccess(const std::vector<uid_t>& uids, const std::vector<gid_t>& gids,
+                                 std::optional<uint32_t> socket_uid,
+                                 std::optional<uint32_t> socket_gid);
 
 // A name PutTenant may give: 1..63 letters, digits, '-', '_' and '.', not
 // starting with '.', and not of the form "uid-N" (the name of uid N's own

@@ -65,6 +65,18 @@ inline constexpr uint32_t kDefaultMaxWaitingRequests = 1024;
 std::string UidTenantName(uint32_t uid);
 std::optional<uint32_t> UidOfTenantName(absl::string_view name);
 
+// Who may connect to a tenant's socket: the socket file's owner, group and
+// mode (socket_path.h: CheckSocketMode, DefaultSocketAccess).
+struct SocketAccess {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  uint32_t mode = 0600;
+  bool operator==(const SocketAccess& o) const {
+    return uid == o.uid && gid == o.gid && mode == o.mode;
+  }
+  bool operator!=(const SocketAccess& o) const { return !(*this == o); }
+};
+
 struct Tenant {
   uint32_t id = 0;
   std::string name;
@@ -77,6 +89,8 @@ struct Tenant {
   // Its own socket's absolute path (inside tenant_socket_dir), or empty:
   // every connection through it is charged to this tenant.
   std::string socket;
+  // Who may connect to `socket`.
+  SocketAccess socket_access;
   // Made at run time by PutTenant (kept in the ledger), not by the config.
   bool runtime = false;
 };

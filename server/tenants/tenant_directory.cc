@@ -163,6 +163,25 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
             "\"'s already"));
       }
       t.socket = *std::move(socket);
+      t.socket_access = DefaultSocketAccess(
+          t.uids, t.gids,
+          tc.has_socket_uid() ? std::optional<uint32_t>(tc.socket_uid()) : std::nullopt,
+          tc.has_socket_gid() ? std::optional<uint32_t>(tc.socket_gid()) : std::nullopt);
+      if (!tc.socket_mode().empty()) {
+        absl::StatusOr<uint32_t> mode = ParseSocketMode(tc.socket_mode(), "socket_mode");
+        if (!mode.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              Where(path, tree, tc, "socket_mode", -1), "tenant \"", t.name, "\": ",
+              mode.status().message()));
+        }
+        t.socket_access.mode = *mode;
+      }
+    } else if (tc.has_socket_uid() || tc.has_socket_gid() || !tc.socket_mode().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(path, tree, tc, tc.has_socket_uid()   ? "socket_uid"
+                                : tc.has_socket_gid() ? "socket_gid"
+                                                      : "socket_mode", -1),
+          "tenant \"", t.name, "\" has socket_uid/socket_gid/socket_mode but no socket"));
     }
     t.quota.device_bytes.resize(devices.size());
     for (int d = 0; d < qc.device_size(); ++d) {
@@ -304,6 +323,7 @@ absl::StatusOr<TenantDirectory> TenantDirectory::WithSocketTenant(
     }
     same->priority = spec.priority;
     same->quota = spec.quota;
+    same->socket_access = spec.access;
     return next;
   }
   if (next.next_runtime_id_ >= UINT32_MAX - 1) {
@@ -317,6 +337,7 @@ absl::StatusOr<TenantDirectory> TenantDirectory::WithSocketTenant(
   t.max_waiting_requests = max_waiting_requests_;
   t.quota = spec.quota;
   t.socket = spec.socket;
+  t.socket_access = spec.access;
   t.runtime = true;
   next.retired_.erase(t.id);
   next.tenants_.push_back(std::move(t));

@@ -106,10 +106,12 @@ class TenantDirectory {
     int32_t priority = 0;
     Quota quota;
     std::string socket;
+    SocketAccess access;  // who may connect (replaces the old one on an update)
   };
   // This directory with a socket tenant made at run time: `spec.name` is
   // added with a new id, or, if this directory made it at run time already,
-  // updated (quota, priority; same id; its socket must be the same).
+  // updated (quota, priority, socket access; same id; its socket must be
+  // the same).
   // FAILED_PRECONDITION when the config defines a tenant of that name or
   // the existing one has another socket; ALREADY_EXISTS when another
   // tenant has that socket; RESOURCE_EXHAUSTED when no id is left.

@@ -80,6 +80,32 @@ TEST(SocketPathTest, TenantNames) {
   EXPECT_NE(CheckSocketTenantName("uid-7").message().find("uid tenant"), std::string::npos);
 }
 
+TEST(SocketPathTest, SocketModes) {
+  for (uint32_t ok : {0600u, 0660u, 0606u, 0666u}) {
+    EXPECT_TRUE(CheckSocketMode(ok, "socket_mode").ok()) << ok;
+  }
+  for (uint32_t bad : {0u, 0400u, 0640u, 0700u, 0644u, 0777u, 04600u, 01666u, 0620u}) {
+    absl::Status s = CheckSocketMode(bad, "socket_mode");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("socket_mode"), std::string::npos) << s;
+  }
+  EXPECT_EQ(*ParseSocketMode("0660", "m"), 0660u);
+  EXPECT_EQ(*ParseSocketMode("666", "m"), 0666u);
+  EXPECT_FALSE(ParseSocketMode("0668", "m").ok());
+  EXPECT_FALSE(ParseSocketMode("", "m").ok());
+  EXPECT_FALSE(ParseSocketMode("0x1b6", "m").ok());
+}
+
+TEST(SocketPathTest, DefaultSocketAccess) {
+  EXPECT_EQ(DefaultSocketAccess({}, {}, std::nullopt, std::nullopt), (SocketAccess{0, 0, 0600}));
+  EXPECT_EQ(DefaultSocketAccess({1000, 1001}, {}, std::nullopt, std::nullopt),
+            (SocketAccess{1000, 0, 0600}));
+  EXPECT_EQ(DefaultSocketAccess({1000}, {50, 51}, std::nullopt, std::nullopt),
+            (SocketAccess{0, 50, 0660}));
+  EXPECT_EQ(DefaultSocketAccess({1000}, {}, 7u, 9u), (SocketAccess{7, 9, 0660}));
+  EXPECT_EQ(DefaultSocketAccess({}, {50}, 7u, std::nullopt), (SocketAccess{7, 50, 0660}));
+}
+
 }  // namespace
 }  // namespace tenants
 }  // namespace gpumem

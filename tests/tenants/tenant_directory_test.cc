@@ -262,6 +262,34 @@ TEST(TenantDirectoryTest, ConfigSocketErrorsNameTheLine) {
               "tenant_socket_dir is not set");
 }
 
+// Who may connect to a config tenant's socket: the defaults by uids/gids,
+// each socket_* field winning, and a bad mode or a field without a socket
+// refused with the line.
+TEST(TenantDirectoryTest, ConfigSocketAccess) {
+  absl::StatusOr<TenantDirectory> dir = FromText(std::string(kSockets) + R"(
+    tenant { name: "u" uids: [1000, 1001] socket: "u.sock" }
+    tenant { name: "g" uids: 1002 gids: [2000, 2001] socket: "g.sock" }
+    tenant { name: "n" socket: "n.sock" }
+    tenant { name: "o" uids: 1003 socket: "o.sock" socket_uid: 7 socket_gid: 8 }
+    tenant { name: "m" gids: 2002 socket: "m.sock" socket_mode: "0666" }
+  )");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto access = [&](const char* name) { return dir->Find(name)->socket_access; };
+  EXPECT_EQ(access("u"), (SocketAccess{1000, 0, 0600}));
+  EXPECT_EQ(access("g"), (SocketAccess{0, 2000, 0660}));
+  EXPECT_EQ(access("n"), (SocketAccess{0, 0, 0600}));
+  EXPECT_EQ(access("o"), (SocketAccess{7, 8, 0660}));
+  EXPECT_EQ(access("m"), (SocketAccess{0, 2002, 0666}));
+  ExpectError(std::string(kSockets) +
+                  "tenant {\n name: \"a\"\n socket: \"a.sock\"\n socket_mode: \"0777\"\n}\n",
+              "t.textproto:5:", "socket_mode 0777 is not a socket mode");
+  ExpectError(std::string(kSockets) +
+                  "tenant {\n name: \"a\"\n socket: \"a.sock\"\n socket_mode: \"0640\"\n}\n",
+              "t.textproto:5:", "socket_mode 0640 is not a socket mode");
+  ExpectError(std::string(kSockets) + "tenant {\n name: \"a\"\n socket_uid: 5\n}\n",
+              "t.textproto:4:", "but no socket");
+}
+
 TEST(TenantDirectoryTest, SocketTenantsMadeAtRunTime) {
   absl::StatusOr<TenantDirectory> dir = FromText(std::string(kSockets) + R"(
     tenant { name: "a" uids: 1000 socket: "a.sock" }
