@@ -14,7 +14,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
+#include <iostream>
 #include <queue>
 
 #include "absl/strings/str_cat.h"
@@ -84,6 +86,14 @@ CREATE TABLE IF NOT EXISTS socket_tenants(
   max_allocations INTEGER,
   source TEXT NOT NULL,
   set_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS retained(
+  tenant TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  events INTEGER NOT NULL,
+  bytes INTEGER NOT NULL,
+  first_ns INTEGER NOT NULL,
+  last_ns INTEGER NOT NULL,
+  PRIMARY KEY(tenant, kind));
 CREATE TABLE IF NOT EXISTS socket_tenant_devices(
   tenant TEXT NOT NULL,
   device_uuid TEXT NOT NULL,
@@ -172,20 +182,80 @@ int WalHook(void* arg, sqlite3*, const char*, int pages) {
 constexpr const char* kEventColumns =
     "seq, time_ns, kind, tenant, uid, pid, session, device, bytes, allocation_id, detail";
 
+// Retention (LedgerStore::Retain): the events at or below ?1 folded into
+// `retained`, one row per tenant and kind (counts, bytes, first and last
+// time), then deleted.
+constexpr const char* kFoldUpsert =
+    " ON CONFLICT(tenant, kind) DO UPDATE SET events = events + excluded.events, "
+    "bytes = bytes + excluded.bytes, first_ns = MIN(first_ns, excluded.first_ns), "
+    "last_ns = MAX(last_ns, excluded.last_ns)";
+constexpr const char* kFoldSingles =
+    "INSERT INTO retained(tenant, kind, events, bytes, first_ns, last_ns) "
+    "SELECT tenant, kind, COUNT(*), SUM(bytes), MIN(time_ns), MAX(time_ns) FROM event_rows "
+    "WHERE seq <= ?1 GROUP BY tenant, kind";
+constexpr const char* kFoldStarts =
+    "INSERT INTO retained(tenant, kind, events, bytes, first_ns, last_ns) "
+    "SELECT p.tenant, 'ALLOCATE', COUNT(*), SUM(json_extract(j.value, '$[9]')), "
+    "MIN(json_extract(j.value, '$[1]')), MAX(json_extract(j.value, '$[1]')) "
+    "FROM pair_rows p, json_each(p.pairs) j WHERE p.last_seq <= ?1 GROUP BY p.tenant";
+constexpr const char* kFoldEnds =
+    "INSERT INTO retained(tenant, kind, events, bytes, first_ns, last_ns) "
+    "SELECT p.tenant, json_extract(j.value, '$[4]'), COUNT(*), "
+    "SUM(json_extract(j.value, '$[9]')), MIN(json_extract(j.value, '$[3]')), "
+    "MAX(json_extract(j.value, '$[3]')) FROM pair_rows p, json_each(p.pairs) j "
+    "WHERE p.last_seq <= ?1 GROUP BY p.tenant, 2";
+
+// SQLite's answer means the disk (or the file's limit) is full.
+bool FullError(sqlite3* db) {
+  if (db == nullptr) return false;
+  const int code = sqlite3_errcode(db) & 0xff;
+  const int sys = sqlite3_system_errno(db);
+  return code == SQLITE_FULL ||
+         (code == SQLITE_IOERR && (sys == ENOSPC || sys == EDQUOT || sys == EFBIG));
+}
+
+// `path` (created 0600 when `create`, else only if it exists) is readable
+// and writable by its owner alone: a wider mode is tightened (fchmod, said
+// on stderr). The ledger names every tenant, uid and pid.
+absl::Status OwnerOnly(const std::string& path, bool create) {
+  const int fd = open(path.c_str(),
+                      O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600);
+  if (fd < 0) {
+    if (!create && errno == ENOENT) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("ledger file ", path, ": unable to open: ", strerror(errno)));
+  }
+  struct stat st;
+  absl::Status out = absl::OkStatus();
+  if (fstat(fd, &st) == 0 && (st.st_mode & 077) != 0) {
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    if (fchmod(fd, st.st_mode & 0700) != 0) {
+      out = absl::FailedPreconditionError(absl::StrCat(
+          "ledger file ", path, ": cannot tighten its mode ", mode, ": ", strerror(errno)));
+    } else {
+      std::cerr << "gpumemd: ledger file " << path << ": mode was " << mode << ", now "
+                << ((st.st_mode & 0700) == 0600 ? "0600" : "owner-only") << std::endl;
+    }
+  }
+  close(fd);
+  return out;
+}
+
 }  // namespace
 
 absl::Status LedgerStore::Error(const char* what) const {
-  return absl::FailedPreconditionError(
-      absl::StrCat("ledger ", path_, ": ", what, ": ", sqlite3_errmsg(db_)));
+  const std::string m = absl::StrCat("ledger ", path_, ": ", what, ": ", sqlite3_errmsg(db_));
+  return FullError(db_) ? absl::ResourceExhaustedError(m) : absl::FailedPreconditionError(m);
 }
 
 absl::Status LedgerStore::Exec(const char* sql) {
   char* message = nullptr;
   if (sqlite3_exec(db_, sql, nullptr, nullptr, &message) != SQLITE_OK) {
-    absl::Status s = absl::FailedPreconditionError(
-        absl::StrCat("ledger ", path_, ": ", message ? message : sqlite3_errmsg(db_)));
+    const std::string m =
+        absl::StrCat("ledger ", path_, ": ", message ? message : sqlite3_errmsg(db_));
     sqlite3_free(message);
-    return s;
+    return FullError(db_) ? absl::ResourceExhaustedError(m) : absl::FailedPreconditionError(m);
   }
   return absl::OkStatus();
 }
@@ -208,35 +278,24 @@ absl::StatusOr<std::unique_ptr<LedgerStore>> LedgerStore::Open(const std::string
 }
 
 LedgerStore::~LedgerStore() {
-  for (sqlite3_stmt* s :
-       {insert_event_, insert_live_, delete_live_, upsert_usage_, insert_pairs_}) {
-    sqlite3_finalize(s);
-  }
+  FinalizeStatements();
   if (reader_ != nullptr) sqlite3_close(reader_);
   if (db_ != nullptr) sqlite3_close(db_);
   if (lock_fd_ >= 0) close(lock_fd_);  // releases the flock
 }
 
-absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defer) {
-  const std::string lock_path = path_ + "-lock";
-  lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd_ < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ledger ", path_, ": unable to open its lock file ", lock_path, ": ", strerror(errno)));
+void LedgerStore::FinalizeStatements() {
+  for (sqlite3_stmt** s :
+       {&insert_event_, &insert_live_, &delete_live_, &upsert_usage_, &insert_pairs_}) {
+    sqlite3_finalize(*s);
+    *s = nullptr;
   }
-  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    char owner[32] = {};
-    const ssize_t n = pread(lock_fd_, owner, sizeof(owner) - 1, 0);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ledger ", path_, " is in use by another gpumemd (pid ",
-        n > 0 ? std::string(owner, strcspn(owner, "\n")) : "unknown",
-        "); one daemon per ledger file"));
-  }
-  const std::string pid = absl::StrCat(getpid(), "\n");
-  if (ftruncate(lock_fd_, 0) != 0 ||
-      pwrite(lock_fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ledger ", path_, ": cannot write its lock file ", lock_path, ": ", strerror(errno)));
+}
+
+absl::Status LedgerStore::Connect() {
+  if (db_ != nullptr) {
+    sqlite3_close(db_);
+    db_ = nullptr;
   }
   if (sqlite3_open_v2(path_.c_str(), &db_,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
@@ -257,7 +316,51 @@ absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defe
   // commit.
   if (s = Exec("PRAGMA wal_autocheckpoint=0"); !s.ok()) return s;
   sqlite3_wal_hook(db_, &WalHook, &wal_pages_);
-  {
+  // SQLite makes -wal and -shm with the file's own mode; ones left by an
+  // earlier daemon are tightened here.
+  for (const char* suffix : {"-wal", "-shm"}) {
+    if (s = OwnerOnly(path_ + suffix, false); !s.ok()) return s;
+  }
+  if (max_page_count_ > 0) {
+    Exec(absl::StrCat("PRAGMA max_page_count=", max_page_count_).c_str()).IgnoreError();
+  }
+  connected_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defer) {
+  const std::string lock_path = path_ + "-lock";
+  lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (lock_fd_ < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ledger ", path_, ": unable to open its lock file ", lock_path, ": ", strerror(errno)));
+  }
+  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    char owner[32] = {};
+    const ssize_t n = pread(lock_fd_, owner, sizeof(owner) - 1, 0);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ledger ", path_, " is in use by another gpumemd (pid ",
+        n > 0 ? std::string(owner, strcspn(owner, "\n")) : "unknown",
+        "); one daemon per ledger file"));
+  }
+  absl::Status s = OwnerOnly(lock_path, false);
+  if (!s.ok()) return s;
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  if (ftruncate(lock_fd_, 0) != 0 ||
+      pwrite(lock_fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    // A full disk may refuse even these few bytes: the flock is what counts.
+    if (errno != ENOSPC && errno != EDQUOT && errno != EFBIG) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ledger ", path_, ": cannot write its lock file ", lock_path, ": ", strerror(errno)));
+    }
+  }
+  // The file is made here, 0600, so that SQLite (which would make it 0644
+  // less the umask) opens ours, and makes -wal and -shm with its mode.
+  if (s = OwnerOnly(path_, true); !s.ok()) return s;
+  max_page_count_ = max_page_count;
+  defer_ = defer;
+  s = Connect();
+  if (s.ok()) {
     struct stat st;
     if (stat(path_.c_str(), &st) != 0) {
       return absl::FailedPreconditionError(
@@ -265,20 +368,39 @@ absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defe
     }
     file_dev_ = st.st_dev;
     file_ino_ = st.st_ino;
+    // A damaged file is refused before anything reads or writes its tables:
+    // recovery on a b-tree with lost or misordered pages would see some rows
+    // and not others (a MAX(seq) below rows a scan finds, live allocations
+    // missed) and carry on writing into it.
+    if (s = QuickCheck(); s.ok()) s = SchemaCheck();
+    if (s.ok()) s = InitTransaction(/*compute=*/true, now_ns, defer);
   }
-  // A damaged file is refused before anything reads or writes its tables:
-  // recovery on a b-tree with lost or misordered pages would see some rows
-  // and not others (a MAX(seq) below rows a scan finds, live allocations
-  // missed) and carry on writing into it.
-  if (s = QuickCheck(); !s.ok()) return s;
-  if (s = SchemaCheck(); !s.ok()) return s;
-  if (max_page_count > 0) SetMaxPageCount(max_page_count);
-  if (s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  if (!s.ok()) {
+    if (!absl::IsResourceExhausted(s)) return s;
+    if (s = EnterPending(now_ns, defer, s); !s.ok()) return s;
+  }
+  if (sqlite3_open_v2(path_.c_str(), &reader_, SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ledger ", path_, ": cannot open for reading: ", sqlite3_errmsg(reader_)));
+  }
+  sqlite3_busy_timeout(reader_, 5000);
+  return absl::OkStatus();
+}
+
+absl::Status LedgerStore::InitTransaction(bool compute, int64_t now_ns, bool defer) {
+  absl::Status s = Exec("BEGIN IMMEDIATE");
+  if (!s.ok()) return s;
+  auto fail = [this](absl::Status status) {
+    Exec("ROLLBACK").IgnoreError();
+    FinalizeStatements();
+    return status;
+  };
   if (migrate_events_table_) {
-    if (s = Exec(kMigrateFromEventsTable); !s.ok()) { Exec("ROLLBACK").IgnoreError(); return s; }
+    if (s = Exec(kMigrateFromEventsTable); !s.ok()) return fail(s);
   }
-  if (s = Exec(kSchema); !s.ok()) { Exec("ROLLBACK").IgnoreError(); return s; }
-  if (s = Exec(kEventsView); !s.ok()) { Exec("ROLLBACK").IgnoreError(); return s; }
+  if (s = Exec(kSchema); !s.ok()) return fail(s);
+  if (s = Exec(kEventsView); !s.ok()) return fail(s);
   const char* kInsertEvent =
       "INSERT INTO event_rows(seq, time_ns, kind, tenant, uid, pid, session, device, bytes, "
       "allocation_id, detail) VALUES(?,?,?,?,?,?,?,?,?,?,?)";
@@ -292,26 +414,107 @@ absl::Status LedgerStore::Init(int64_t now_ns, int64_t max_page_count, bool defe
   const char* kUpsertUsage =
       "INSERT OR REPLACE INTO usage(tenant, device, current_bytes, peak_bytes, byte_seconds, "
       "updated_ns) VALUES(?,?,?,?,?,?)";
+  FinalizeStatements();
   if (sqlite3_prepare_v2(db_, kInsertEvent, -1, &insert_event_, nullptr) != SQLITE_OK ||
       sqlite3_prepare_v2(db_, kInsertLive, -1, &insert_live_, nullptr) != SQLITE_OK ||
       sqlite3_prepare_v2(db_, kDeleteLive, -1, &delete_live_, nullptr) != SQLITE_OK ||
       sqlite3_prepare_v2(db_, kUpsertUsage, -1, &upsert_usage_, nullptr) != SQLITE_OK ||
       sqlite3_prepare_v2(db_, kInsertPairs, -1, &insert_pairs_, nullptr) != SQLITE_OK) {
-    s = Error("schema");
-    Exec("ROLLBACK").IgnoreError();
+    return fail(Error("schema"));
+  }
+  if (compute) {
+    if (s = Recover(now_ns, defer); !s.ok()) return fail(s);
+  }
+  if (s = WriteRecovery(defer); !s.ok()) return fail(s);
+  if (s = Exec("COMMIT"); !s.ok()) return fail(s);
+  migrate_events_table_ = false;
+  last_seq_ = std::max(last_seq_, recovery_.next_seq - 1);
+  return absl::OkStatus();
+}
+
+absl::Status LedgerStore::EnterPending(int64_t now_ns, bool defer, const absl::Status& why) {
+  // What the file holds, read without writing anything: the recovery is
+  // written by the first transaction the disk takes (FinishOpenLocked).
+  if (migrate_events_table_) return why;  // format 1's file: its migration writes
+  recovery_ = Recovery();
+  recovery_changed_.clear();
+  id_reserved_ = 0;
+  retained_through_ = 0;
+  if (!connected_) {
+    // SQLite could not even make its -shm: in EXCLUSIVE locking mode it
+    // keeps the WAL's index in memory instead, so the file can still be
+    // read (by this connection alone; it is closed once read).
+    if (db_ != nullptr) sqlite3_close(db_);
+    db_ = nullptr;
+    if (sqlite3_open_v2(path_.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX,
+                        nullptr) != SQLITE_OK) {
+      return why;
+    }
+    absl::Status s = Exec("PRAGMA locking_mode=EXCLUSIVE");
+    if (s.ok()) s = QuickCheck();
+    if (s.ok()) s = SchemaCheck();
+    if (!s.ok()) {
+      sqlite3_close(db_);
+      db_ = nullptr;
+      return absl::IsResourceExhausted(s) ? why : s;
+    }
+    struct stat st;
+    if (stat(path_.c_str(), &st) == 0) {
+      file_dev_ = st.st_dev;
+      file_ino_ = st.st_ino;
+    }
+  }
+  absl::StatusOr<int64_t> tables = SingleInt(
+      "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN "
+      "('meta', 'event_rows', 'pair_rows', 'live', 'usage', 'socket_tenants', "
+      "'socket_tenant_devices')");
+  absl::Status s = tables.status();
+  if (s.ok() && *tables == 7) {
+    if (s = Exec("BEGIN"); s.ok()) {
+      s = Recover(now_ns, defer);
+      absl::StatusOr<std::vector<SocketTenantRow>> rows = ReadSocketTenants();
+      if (s.ok()) s = rows.status();
+      if (s.ok()) pending_socket_tenants_ = *std::move(rows);
+      Exec("ROLLBACK").IgnoreError();
+    }
+  } else if (s.ok() && *tables != 0) {
+    s = absl::FailedPreconditionError(absl::StrCat(
+        "ledger ", path_, " lacks some of its tables and its disk is full (", why.message(),
+        "): free space there, or move it aside to start a new ledger"));
+  }
+  if (!connected_) {
+    sqlite3_close(db_);
+    db_ = nullptr;
+  }
+  if (!s.ok()) return absl::IsResourceExhausted(s) ? why : s;
+  pending_ = true;
+  pending_error_ = why;
+  return absl::OkStatus();
+}
+
+absl::Status LedgerStore::FinishOpenLocked() {
+  if (!pending_) return absl::OkStatus();
+  absl::Status s = connected_ ? absl::OkStatus() : Connect();
+  if (!s.ok()) {
+    if (db_ != nullptr) sqlite3_close(db_);
+    db_ = nullptr;
+    connected_ = false;
     return s;
   }
-  s = Recover(now_ns, defer);
-  if (!s.ok()) { Exec("ROLLBACK").IgnoreError(); return s; }
-  if (s = Exec("COMMIT"); !s.ok()) { Exec("ROLLBACK").IgnoreError(); return s; }
-
-  if (sqlite3_open_v2(path_.c_str(), &reader_, SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX,
-                      nullptr) != SQLITE_OK) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("ledger ", path_, ": cannot open for reading: ", sqlite3_errmsg(reader_)));
-  }
-  sqlite3_busy_timeout(reader_, 5000);
+  if (s = InitTransaction(/*compute=*/false, 0, defer_); !s.ok()) return s;
+  pending_ = false;
+  pending_socket_tenants_.clear();
   return absl::OkStatus();
+}
+
+bool LedgerStore::pending() const {
+  absl::MutexLock write(&write_mu_);
+  return pending_;
+}
+
+absl::Status LedgerStore::pending_error() const {
+  absl::MutexLock write(&write_mu_);
+  return pending_ ? pending_error_ : absl::OkStatus();
 }
 
 absl::Status LedgerStore::SchemaCheck() {
@@ -440,7 +643,13 @@ absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
         "SELECT MAX((SELECT COALESCE(MAX(seq), 0) FROM event_rows), "
         "(SELECT COALESCE(MAX(last_seq), 0) FROM pair_rows))");
     if (!last.ok()) return last.status();
-    r.next_seq = static_cast<uint64_t>(*last) + 1;
+    // Retention may have folded every row away below its mark.
+    absl::StatusOr<int64_t> through = SingleInt(
+        "SELECT COALESCE((SELECT value FROM meta WHERE key = 'retained_through'), 0)");
+    if (!through.ok()) return through.status();
+    retained_through_ = static_cast<uint64_t>(std::max<int64_t>(0, *through));
+    r.next_seq = std::max(static_cast<uint64_t>(*last), retained_through_) + 1;
+    last_seq_ = r.next_seq - 1;
   }
   {
     Stmt q;
@@ -533,18 +742,8 @@ absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
     }
     if (rc != SQLITE_DONE) return Error("reading live allocations");
   }
-  if (defer) {
-    // Nothing closed, nothing moved: the daemon reconciles (Resume).
-    Stmt m;
-    if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO meta(key, value) "
-                           "VALUES('allocation_id_reserved', ?)", -1, &m.s,
-                           nullptr) != SQLITE_OK) {
-      return Error("writing meta");
-    }
-    sqlite3_bind_int64(m.s, 1, id_reserved_);
-    if (sqlite3_step(m.s) != SQLITE_DONE) return Error("writing meta");
-    return absl::OkStatus();
-  }
+  // Nothing closed, nothing moved: the daemon reconciles (Resume).
+  if (defer) return absl::OkStatus();
   // The daemon was down: no byte-seconds accrue for that time. Each row's
   // clock moves to now before the restart events take the bytes away.
   std::vector<UsageAccount::Key> changed;
@@ -566,11 +765,28 @@ absl::Status LedgerStore::Recover(int64_t now_ns, bool defer) {
   for (const auto& [key, row] : r.usage.rows()) changed.push_back(key);
   std::sort(changed.begin(), changed.end());
   changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+  recovery_changed_ = std::move(changed);
+  return absl::OkStatus();
+}
+
+absl::Status LedgerStore::WriteRecovery(bool defer) {
+  Recovery& r = recovery_;
+  if (defer) {
+    Stmt m;
+    if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO meta(key, value) "
+                           "VALUES('allocation_id_reserved', ?)", -1, &m.s,
+                           nullptr) != SQLITE_OK) {
+      return Error("writing meta");
+    }
+    sqlite3_bind_int64(m.s, 1, id_reserved_);
+    if (sqlite3_step(m.s) != SQLITE_DONE) return Error("writing meta");
+    return absl::OkStatus();
+  }
   for (const LedgerEvent& e : r.restart_events) {
     absl::Status s = InsertEvent(e);
     if (!s.ok()) return s;
   }
-  for (const auto& key : changed) {
+  for (const auto& key : recovery_changed_) {
     const UsageRow& row = r.usage.rows().at(key);
     sqlite3_reset(upsert_usage_);
     BindText(upsert_usage_, 1, key.first);
@@ -705,6 +921,7 @@ absl::Status LedgerStore::CheckFile() const {
 absl::StatusOr<LedgerStore::CheckpointResult> LedgerStore::Checkpoint() {
   absl::MutexLock write(&write_mu_);
   CheckpointResult r;
+  if (pending_) return pending_error_;
   if (sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, &r.wal_pages,
                                 &r.copied) != SQLITE_OK) {
     return Error("checkpointing");
@@ -723,8 +940,11 @@ absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
                                  const std::vector<QuotaRow>& quotas, uint64_t highest_id) {
   absl::MutexLock write(&write_mu_);
   if (absl::Status file = CheckFile(); !file.ok()) return file;
+  // Opened on a full disk: the recovery is written first.
+  if (absl::Status opened = FinishOpenLocked(); !opened.ok()) return opened;
   absl::Status s = Exec("BEGIN IMMEDIATE");
   if (!s.ok()) return s;
+  if (!events.empty()) last_seq_commit_ = events.back().seq;
   auto fail = [this](absl::Status status) {
     Exec("ROLLBACK").IgnoreError();
     chunks_.clear();
@@ -833,10 +1053,64 @@ absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
     if (sqlite3_step(m.s) != SQLITE_DONE) return fail(Error("writing meta"));
     if (s = Exec("COMMIT"); !s.ok()) return fail(s);
     id_reserved_ = reserved;
+    last_seq_ = std::max(last_seq_, last_seq_commit_);
     return absl::OkStatus();
   }
   if (s = Exec("COMMIT"); !s.ok()) return fail(s);
+  last_seq_ = std::max(last_seq_, last_seq_commit_);
   return absl::OkStatus();
+}
+
+absl::StatusOr<LedgerStore::RetainResult> LedgerStore::Retain(uint64_t keep_events,
+                                                               uint64_t batch_seqs) {
+  absl::MutexLock write(&write_mu_);
+  RetainResult out;
+  if (pending_ || keep_events == 0 || last_seq_ <= keep_events) return out;
+  const uint64_t cutoff = last_seq_ - keep_events;
+  if (cutoff <= retained_through_) return out;
+  absl::StatusOr<int64_t> oldest = SingleInt(
+      "SELECT MIN((SELECT COALESCE(MIN(seq), 9223372036854775807) FROM event_rows), "
+      "(SELECT COALESCE(MIN(first_seq), 9223372036854775807) FROM pair_rows))");
+  if (!oldest.ok()) return oldest.status();
+  // Rows wholly at or below `bound` go; a pair row that straddles it waits
+  // for the next batch (it spans at most kFoldSpan seqs).
+  const uint64_t from =
+      std::max(retained_through_, static_cast<uint64_t>(std::max<int64_t>(*oldest, 1)) - 1);
+  const uint64_t bound = std::min(cutoff, from + std::max<uint64_t>(batch_seqs, 1));
+  absl::Status s = InTransaction([&]() -> absl::Status {
+    for (const char* fold : {kFoldSingles, kFoldStarts, kFoldEnds}) {
+      Stmt q;
+      const std::string sql = absl::StrCat(fold, kFoldUpsert);
+      if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &q.s, nullptr) != SQLITE_OK) {
+        return Error("folding old events");
+      }
+      sqlite3_bind_int64(q.s, 1, static_cast<int64_t>(bound));
+      if (sqlite3_step(q.s) != SQLITE_DONE) return Error("folding old events");
+    }
+    for (const char* sql : {"DELETE FROM event_rows WHERE seq <= ?1",
+                            "DELETE FROM pair_rows WHERE last_seq <= ?1",
+                            "INSERT OR REPLACE INTO meta(key, value) "
+                            "VALUES('retained_through', ?1)"}) {
+      Stmt q;
+      if (sqlite3_prepare_v2(db_, sql, -1, &q.s, nullptr) != SQLITE_OK) {
+        return Error("deleting old events");
+      }
+      sqlite3_bind_int64(q.s, 1, static_cast<int64_t>(bound));
+      if (sqlite3_step(q.s) != SQLITE_DONE) return Error("deleting old events");
+      if (sql[0] != 'I') out.rows_deleted += static_cast<uint64_t>(sqlite3_changes(db_));
+    }
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  retained_through_ = bound;
+  out.through_seq = bound;
+  out.more = bound < cutoff;
+  return out;
+}
+
+uint64_t LedgerStore::retained_through() const {
+  absl::MutexLock write(&write_mu_);
+  return retained_through_;
 }
 
 absl::Status LedgerStore::WriteQuotas(const std::vector<QuotaRow>& quotas) {
@@ -883,6 +1157,7 @@ absl::Status LedgerStore::InTransaction(const std::function<absl::Status()>& bod
 
 absl::Status LedgerStore::ReplaceQuotas(const std::vector<QuotaRow>& quotas) {
   absl::MutexLock write(&write_mu_);
+  if (absl::Status opened = FinishOpenLocked(); !opened.ok()) return opened;
   return InTransaction([&] {
     absl::Status s = Exec("DELETE FROM quotas; DELETE FROM quota_devices;");
     return s.ok() ? WriteQuotas(quotas) : s;
@@ -1040,11 +1315,13 @@ absl::StatusOr<std::vector<LedgerEvent>> LedgerStore::Query(const EventQuery& qu
 
 void LedgerStore::SetMaxPageCount(int64_t pages) {
   absl::MutexLock write(&write_mu_);
-  Exec(absl::StrCat("PRAGMA max_page_count=", pages).c_str()).IgnoreError();
+  max_page_count_ = pages;
+  if (db_ != nullptr) Exec(absl::StrCat("PRAGMA max_page_count=", pages).c_str()).IgnoreError();
 }
 
 absl::Status LedgerStore::PutSocketTenant(const SocketTenantRow& row) {
   absl::MutexLock write(&write_mu_);
+  if (absl::Status opened = FinishOpenLocked(); !opened.ok()) return opened;
   return InTransaction([&]() -> absl::Status {
     {
       Stmt del, ins;
@@ -1086,6 +1363,7 @@ absl::Status LedgerStore::PutSocketTenant(const SocketTenantRow& row) {
 
 absl::Status LedgerStore::DeleteSocketTenant(const std::string& name) {
   absl::MutexLock write(&write_mu_);
+  if (absl::Status opened = FinishOpenLocked(); !opened.ok()) return opened;
   return InTransaction([&]() -> absl::Status {
     for (const char* sql : {"DELETE FROM socket_tenant_devices WHERE tenant = ?",
                             "DELETE FROM socket_tenants WHERE name = ?"}) {
@@ -1102,6 +1380,12 @@ absl::Status LedgerStore::DeleteSocketTenant(const std::string& name) {
 
 absl::StatusOr<std::vector<SocketTenantRow>> LedgerStore::SocketTenants() const {
   absl::MutexLock write(&write_mu_);
+  // Opened on a full disk: as they were read then.
+  if (pending_) return pending_socket_tenants_;
+  return ReadSocketTenants();
+}
+
+absl::StatusOr<std::vector<SocketTenantRow>> LedgerStore::ReadSocketTenants() const {
   std::vector<SocketTenantRow> rows;
   Stmt q;
   if (sqlite3_prepare_v2(db_, "SELECT name, socket, priority, total_bytes, max_allocations, "

@@ -158,6 +158,25 @@ class LedgerStore {
   // Tests: changes the page limit of the write connection.
   void SetMaxPageCount(int64_t pages);
 
+  // Opened on a full disk (see the class comment): what it read is in
+  // recovery(), nothing is written yet, and every write first tries to
+  // write the recovery; pending_error() is why (RESOURCE_EXHAUSTED).
+  bool pending() const;
+  absl::Status pending_error() const;
+
+  // Retention: folds the oldest events, those more than `keep_events` seqs
+  // below the last one committed, into `retained` (per tenant and kind:
+  // events, bytes, first and last time) and deletes their rows; at most
+  // `batch_seqs` seqs' worth in one transaction. Nothing when there is
+  // nothing that old, or while pending.
+  struct RetainResult {
+    uint64_t rows_deleted = 0;  // event_rows and pair_rows rows
+    uint64_t through_seq = 0;   // every row wholly at or below it is folded
+    bool more = false;          // more is due than one batch took
+  };
+  absl::StatusOr<RetainResult> Retain(uint64_t keep_events, uint64_t batch_seqs);
+  uint64_t retained_through() const;
+
   // A PASSIVE checkpoint: copies what it can of the WAL into the file.
   struct CheckpointResult {
     int wal_pages = 0;  // in the WAL when it ran
@@ -175,6 +194,18 @@ class LedgerStore {
   // write_mu_.
   absl::Status InTransaction(const std::function<absl::Status()>& body);
   absl::Status Init(int64_t now_ns, int64_t max_page_count, bool defer);
+  // Opens the write connection and sets its pragmas.
+  absl::Status Connect();
+  // BEGIN; the schema, the view, the statements; (`compute`: Recover);
+  // WriteRecovery; COMMIT.
+  absl::Status InitTransaction(bool compute, int64_t now_ns, bool defer);
+  // The disk is full (`why`): reads what recovery needs without writing.
+  absl::Status EnterPending(int64_t now_ns, bool defer, const absl::Status& why);
+  // While pending: the init transaction again (under write_mu_).
+  absl::Status FinishOpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status WriteRecovery(bool defer);
+  void FinalizeStatements();
+  absl::StatusOr<std::vector<SocketTenantRow>> ReadSocketTenants() const;
   // PRAGMA quick_check: FAILED_PRECONDITION naming the damage.
   absl::Status QuickCheck();
   // The tables are this ledger's (columns, types, primary keys).
@@ -226,6 +257,17 @@ class LedgerStore {
   ino_t file_ino_ = 0;
   std::atomic<int> wal_pages_{0};  // set by the WAL hook after each commit
   Recovery recovery_;
+  std::vector<UsageAccount::Key> recovery_changed_;  // usage rows the recovery writes
+  int64_t max_page_count_ = 0;
+  bool defer_ = false;
+  bool connected_ = false;  // db_ is open with its pragmas set
+  // Opened on a full disk (see pending()).
+  bool pending_ = false;
+  absl::Status pending_error_;
+  std::vector<SocketTenantRow> pending_socket_tenants_;
+  uint64_t last_seq_ = 0;         // the highest seq in the file
+  uint64_t last_seq_commit_ = 0;  // of the commit in progress
+  uint64_t retained_through_ = 0;  // meta retained_through
 };
 
 }  // namespace ledger

@@ -59,6 +59,21 @@ absl::StatusOr<std::unique_ptr<TenantLedger>> TenantLedger::Open(LedgerOptions o
     absl::MutexLock lock(&ledger->mu_);
     ledger->next_seq_ = r.next_seq;
     ledger->committed_seq_ = r.next_seq - 1;
+    ledger->recovered_seq_ = r.next_seq - 1;
+    if (ledger->store_->pending()) {
+      // The disk is full: serve, hold, and write it all once it can.
+      const absl::Status why = ledger->store_->pending_error();
+      ledger->open_failed_ns_ = absl::GetCurrentTimeNanos();
+      ledger->committed_seq_ = r.next_seq - 1 - r.restart_events.size();
+      ledger->stats_.failing = true;
+      ledger->stats_.failed_commits = 1;
+      ledger->stats_.last_error = std::string(why.message());
+      std::cerr << "gpumemd: LEDGER WRITE FAILED at start: " << why.message()
+                << "; serving anyway: events are held in memory (at most "
+                << ledger->options_.max_held
+                << ") and written, with a LEDGER_GAP event, once the disk takes them"
+                << std::endl;
+    }
     absl::MutexLock usage(&ledger->usage_mu_);
     ledger->usage_ = r.usage;
   }
@@ -115,7 +130,16 @@ void TenantLedger::SetQuota(QuotaRow row) {
 
 absl::Status TenantLedger::ReplaceQuotas(const std::vector<QuotaRow>& rows) {
   if (store_ == nullptr) return absl::OkStatus();
-  return store_->ReplaceQuotas(rows);
+  absl::Status s = store_->ReplaceQuotas(rows);
+  if (!absl::IsResourceExhausted(s)) return s;
+  // The disk is full: the writer writes them when it can (before the
+  // SetQuota rows queued after this call).
+  std::cerr << "gpumemd: ledger " << options_.path << ": quotas held until the disk takes them: "
+            << s.message() << std::endl;
+  absl::MutexLock lock(&mu_);
+  held_replace_ = rows;
+  quota_queue_.clear();
+  return absl::OkStatus();
 }
 
 absl::Status TenantLedger::PutSocketTenant(const SocketTenantRow& row) {
@@ -226,11 +250,33 @@ void TenantLedger::WriterLoop() {
   int64_t last_wal_shout_ns = 0;
   uint64_t highest_id = 0;
   // The outage in progress, if any.
-  int64_t failing_since_ns = 0;
-  uint64_t failed_commits = 0;
+  int64_t failing_since_ns = open_failed_ns_;
+  uint64_t failed_commits = open_failed_ns_ != 0 ? 1 : 0;
   uint64_t dropped = 0;
-  int64_t last_shout_ns = 0;
+  int64_t last_shout_ns = open_failed_ns_;
   std::string last_error;
+  std::optional<std::vector<QuotaRow>> replace;  // a held ReplaceQuotas
+  if (open_failed_ns_ != 0) last_error = std::string(store_->pending_error().message());
+  int64_t last_retain_shout_ns = 0;
+  // One retention batch (see tenant_ledger.h); true when more is due.
+  auto retain = [&]() -> bool {
+    if (store_ == nullptr || options_.retain_events == 0) return false;
+    absl::StatusOr<LedgerStore::RetainResult> r =
+        store_->Retain(options_.retain_events, options_.retain_batch);
+    if (!r.ok()) {
+      const int64_t now = absl::GetCurrentTimeNanos();
+      if (now - last_retain_shout_ns > 60'000'000'000LL) {
+        last_retain_shout_ns = now;
+        std::cerr << "gpumemd: ledger retention: " << r.status().message() << std::endl;
+      }
+      return false;
+    }
+    if (r->through_seq == 0) return false;
+    absl::MutexLock lock(&mu_);
+    stats_.retained_rows += r->rows_deleted;
+    stats_.retained_through = r->through_seq;
+    return r->more;
+  };
   // The queue's buffer and this one trade places at every swap, so Append
   // pushes into memory a batch already used (no reallocation or page fault
   // on the serving path once the batches have their usual size).
@@ -251,6 +297,11 @@ void TenantLedger::WriterLoop() {
                              options_.max_delay);
       }
       stop = stopping_;
+      if (held_replace_.has_value()) {
+        replace = std::move(held_replace_);
+        held_replace_.reset();
+        quotas.clear();  // replaced
+      }
       fresh.swap(queue_);
       for (QuotaRow& q : quota_queue_) quotas.push_back(std::move(q));
       quota_queue_.clear();
@@ -281,8 +332,12 @@ void TenantLedger::WriterLoop() {
       std::move(fresh.begin(), fresh.end(), std::back_inserter(held));
       fresh.clear();
     }
-    if (held.empty() && quotas.empty()) {
+    const bool pending = store_ != nullptr && failing_since_ns != 0 && store_->pending();
+    if (held.empty() && quotas.empty() && !replace.has_value() && !pending) {
       if (stop) return;
+      // Idle: old events are folded away meanwhile (a few batches a wake).
+      for (int i = 0; i < 8 && retain(); ++i) {
+      }
       continue;
     }
     absl::Status s = absl::OkStatus();
@@ -290,7 +345,11 @@ void TenantLedger::WriterLoop() {
     if (store_ != nullptr) {
       std::vector<UsageAccount::Key> keys(changed.begin(), changed.end());
       const int64_t t0 = MonotonicNs();
-      {
+      if (replace.has_value()) {
+        s = store_->ReplaceQuotas(*replace);
+        if (s.ok()) replace.reset();
+      }
+      if (s.ok()) {
         absl::MutexLock usage(&usage_mu_);
         s = store_->Commit(held, usage_, keys, quotas, highest_id);
       }
@@ -301,6 +360,7 @@ void TenantLedger::WriterLoop() {
     bool checkpointed = false, blocked = false;
     int64_t checkpoint_ns = 0;
     int wal_pages = 0;
+    if (s.ok()) retain();
     if (store_ != nullptr && s.ok()) {
       wal_pages = store_->wal_pages();
       if (wal_pages >= options_.checkpoint_pages) {
@@ -334,6 +394,9 @@ void TenantLedger::WriterLoop() {
     stats_.writer_cpu_ns = ThreadCpuNs();
     stats_.failing = !s.ok();
     if (s.ok()) {
+      // The recovery's own events (written by the first commit after a
+      // start on a full disk) are committed too.
+      committed_seq_ = std::max(committed_seq_, recovered_seq_);
       if (!held.empty()) committed_seq_ = std::max(committed_seq_, held.back().seq);
       stats_.committed_events += held.size();
       ++stats_.commits;
@@ -390,6 +453,10 @@ void TenantLedger::WriterLoop() {
         std::cerr << "gpumemd: LEDGER WRITE FAILED: " << s.message() << "; " << held.size()
                   << " events held in memory and retried, " << dropped
                   << " dropped so far; allocations are still served" << std::endl;
+      }
+      if (stop && replace.has_value()) {
+        std::cerr << "gpumemd: ledger " << options_.path
+                  << ": the config's quotas could not be written before exit" << std::endl;
       }
       if (stop) {
         std::cerr << "gpumemd: ledger " << options_.path << ": " << held.size()

@@ -32,6 +32,19 @@
 //    records when writes failed, why, and how many events were dropped.
 //    stats() says so meanwhile (failing, last_error, held_events,
 //    dropped_events), in one snapshot taken under the ledger's lock.
+//  - A ledger whose disk is full at Open (SQLite answers "database or disk
+//    is full", or ENOSPC/EDQUOT/EFBIG) still opens: what recovery needs is
+//    read without writing (LedgerStore::pending), the ledger starts in the
+//    failing state above (stats().failing, last_error naming the file),
+//    events and a ReplaceQuotas are held and retried, and the first commit
+//    the disk takes writes the recovery, the held events and the LEDGER_GAP.
+//    A corrupt or unreadable file still fails Open.
+//  - Retention (retain_events > 0): after a commit, and while idle, the
+//    writer folds the events more than retain_events seqs old into per-
+//    tenant, per-kind summary rows (`retained`) and deletes them, at most
+//    retain_batch seqs per transaction; usage (current, peak, byte-seconds)
+//    is its own table and stays exact. So under steady churn the file stops
+//    growing: SQLite reuses the freed pages.
 //  - A reader that keeps a read transaction open (sqlite3 left open on the
 //    file) does not stop commits (WAL), but no checkpoint can then reset the
 //    WAL, which grows: counted in stats() (blocked_checkpoints, wal_pages)
@@ -58,6 +71,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -96,6 +110,10 @@ struct LedgerOptions {
   // stderr once a minute, naming the file.
   int wal_warn_pages = 64000;
   int64_t max_page_count = 0;  // tests: see LedgerStore::Open
+  // Retention (see above): events kept (0: all), and the most seqs one
+  // retention transaction folds.
+  uint64_t retain_events = 0;
+  uint64_t retain_batch = 8192;
   // The daemon may carry on with what the last one left (server/restart/):
   // live allocations are not closed at Open but reconciled by Resume.
   bool defer_recovery = false;
@@ -118,6 +136,8 @@ struct WriterStats {
   uint64_t blocked_checkpoints = 0;  // of those, ones a reader kept from finishing
   int64_t checkpoint_ns = 0;        // wall time in them
   int64_t wal_pages = 0;            // the WAL's pages after the last commit or checkpoint
+  uint64_t retained_rows = 0;       // event and pair rows folded and deleted by retention
+  uint64_t retained_through = 0;    // every row wholly at or below this seq is folded
 };
 
 class TenantLedger {
@@ -189,6 +209,11 @@ class TenantLedger {
   mutable absl::Mutex mu_;
   std::vector<LedgerEvent> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<QuotaRow> quota_queue_ ABSL_GUARDED_BY(mu_);
+  // A ReplaceQuotas the full disk refused, written by the writer when it can.
+  std::optional<std::vector<QuotaRow>> held_replace_ ABSL_GUARDED_BY(mu_);
+  // Opened on a full disk: when (the writer starts in its outage).
+  int64_t open_failed_ns_ = 0;
+  uint64_t recovered_seq_ = 0;  // the last seq Open's recovery numbered
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t committed_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t flush_wanted_ ABSL_GUARDED_BY(mu_) = 0;
