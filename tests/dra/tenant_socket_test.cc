@@ -66,6 +66,18 @@ class TenantSocketTest : public DraPluginFixture {
 
 TEST_F(TenantSocketTest, ChargedToTheClaimsTenantAndRefusedPastItsQuota) {
   const ClaimRef a = Prepared("a", "1Gi");
+  // Who reaches it: the claims directory is root's alone (0700); the
+  // claim's directory (what CDI mounts) and its socket are open to the
+  // containers' uids (0755, 0666).
+  struct stat st;
+  const std::string claim_dir = SocketDir(a);
+  const std::string claims_dir = claim_dir.substr(0, claim_dir.rfind('/'));
+  ASSERT_EQ(stat(claims_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u) << claims_dir;
+  ASSERT_EQ(lstat(Socket(a).c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0666u);
+  EXPECT_EQ(st.st_uid, 0u);
   auto holder = Client(a, {absl::StrCat("--size=", 768 * kMiB), "--count=1", "--then=hold"});
   const std::string line = holder->ReadLine();
   ASSERT_TRUE(absl::StartsWith(line, "alloc ")) << line;
