@@ -96,6 +96,10 @@ ABSL_FLAG(std::optional<int64_t>, max_wait_ms, std::nullopt,
 ABSL_FLAG(std::optional<std::string>, max_waiting_bytes_per_tenant, std::nullopt,
           "the bytes one tenant's waiting requests may hold in the daemon at once, "
           "e.g. 16MiB (0: no limit); one more waiter is refused RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::optional<int64_t>, ledger_retain_events, std::nullopt,
+          "ledger retention: the newest events kept (default 10000000); older ones are "
+          "folded into per-tenant summaries (the ledger's retained table) and deleted; "
+          "0: keep every event");
 ABSL_FLAG(std::optional<int64_t>, ledger_max_pages, std::nullopt,
           "tests: the ledger file may grow to this many pages (SQLite then answers "
           "\"database or disk is full\"); 0: no limit");
@@ -153,6 +157,7 @@ CommandLine FromFlags() {
   c.max_wait_ms = absl::GetFlag(FLAGS_max_wait_ms);
   c.max_waiting_bytes_per_tenant = absl::GetFlag(FLAGS_max_waiting_bytes_per_tenant);
   c.ledger_max_pages = absl::GetFlag(FLAGS_ledger_max_pages);
+  c.ledger_retain_events = absl::GetFlag(FLAGS_ledger_retain_events);
   c.max_connections_per_uid = absl::GetFlag(FLAGS_max_connections_per_uid);
   c.max_connections_per_tenant_socket = absl::GetFlag(FLAGS_max_connections_per_tenant_socket);
   c.fd_reserve = absl::GetFlag(FLAGS_fd_reserve);

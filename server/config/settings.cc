@@ -184,6 +184,18 @@ absl::StatusOr<Settings> ResolveSettings(const CommandLine& flags, const std::st
   if (s.ledger_max_pages.value < 0) {
     return absl::InvalidArgumentError("--ledger_max_pages must be >= 0");
   }
+  {
+    std::optional<int64_t> retain_file;
+    if (file.ledger_retain_events() != 0) {
+      retain_file = file.ledger_retain_events() < 0 ? 0 : file.ledger_retain_events();
+    }
+    Pick(&s.ledger_retain_events, flags.ledger_retain_events, retain_file);
+    const int64_t v = s.ledger_retain_events.value;
+    if (v != 0 && (v < 10000 || v > 1'000'000'000'000)) {
+      return Bad(s.ledger_retain_events.source, "ledger_retain_events", "ledger_retain_events",
+                 "must be 0 (keep every event) or in [10000, 1000000000000]");
+    }
+  }
   Pick(&s.metrics_listen, flags.metrics_listen, std::optional<std::string>());
 
   Pick(&s.drain_seconds, flags.drain_seconds, std::optional<double>());
@@ -375,6 +387,7 @@ std::string DefaultsText() {
       " --empty_slab_release_seconds=", absl::ToDoubleSeconds(d.empty_slab_release.value),
       " --reserve_fraction=", d.reserve_fraction.value, " --drain_seconds=",
       d.drain_seconds.value, " --ledger=", d.ledger.value,
+      " --ledger_retain_events=", d.ledger_retain_events.value,
       " --state=<the socket's path>.state --restore_grace_seconds=",
       absl::ToDoubleSeconds(d.restore_grace.value),
       " --stream_threads=", d.queue_threads.value,

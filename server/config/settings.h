@@ -59,6 +59,7 @@ struct CommandLine {
   std::optional<int64_t> max_wait_ms;
   std::optional<std::string> max_waiting_bytes_per_tenant;
   std::optional<int64_t> ledger_max_pages;
+  std::optional<int64_t> ledger_retain_events;
   // Connection limits (server/service/connection_limits.h).
   std::optional<int> max_connections_per_uid;
   std::optional<int> max_connections_per_tenant_socket;
@@ -114,6 +115,9 @@ struct Settings {
   // that SQLite answers "database or disk is full" (the soak's small disk
   // where it cannot mount one).
   Setting<int64_t> ledger_max_pages{0};
+  // Ledger retention: the newest events kept; older ones are folded into
+  // per-tenant summaries and deleted by the writer (0: keep every event).
+  Setting<int64_t> ledger_retain_events{10'000'000};
   Setting<std::string> metrics_listen{""};                    // "": off
   Setting<double> drain_seconds{0.0};
   Setting<int> queue_threads{1};    // completion queues, one thread each

@@ -111,10 +111,12 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const Settings& s) {
 // The ledger at `path` ("none": off), its directory created if missing.
 absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> OpenLedger(const std::string& path,
                                                                   bool defer_recovery,
-                                                                  int64_t max_pages) {
+                                                                  int64_t max_pages,
+                                                                  int64_t retain_events) {
   ledger::LedgerOptions options;
   options.defer_recovery = defer_recovery;
   options.max_page_count = max_pages;
+  options.retain_events = static_cast<uint64_t>(retain_events);
   if (path != "none") {
     options.path = path;
     const std::filesystem::path dir = std::filesystem::path(path).parent_path();
@@ -242,7 +244,7 @@ absl::Status Daemon::StartParts() {
 
   absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> ledger =
       OpenLedger(s.ledger.value, /*defer_recovery=*/p.state != nullptr,
-                 s.ledger_max_pages.value);
+                 s.ledger_max_pages.value, s.ledger_retain_events.value);
   if (!ledger.ok()) return ledger.status();
   p.ledger = *std::move(ledger);
   p.quotas = std::make_unique<quota::QuotaBook>(
