@@ -6,6 +6,16 @@
 //    is not a ledger, is corrupt (PRAGMA quick_check finds damage) or cannot
 //    be written is an error naming the path with SQLite's own message. The
 //    journal is WAL.
+//  - A disk that is full at Open (SQLITE_FULL, or ENOSPC, EDQUOT or EFBIG
+//    under an I/O error) is not an error: Open reads what recovery needs
+//    without writing (in EXCLUSIVE locking mode, so with the WAL index in
+//    memory, when SQLite cannot make its -shm) and the store is pending():
+//    every write first runs the recovery transaction again, and answers its
+//    error until the disk takes it. Write errors of a full disk are
+//    RESOURCE_EXHAUSTED; others FAILED_PRECONDITION.
+//  - Files: PATH is made 0600 by Open before SQLite opens it (so -wal and
+//    -shm get 0600 too), whatever the umask; PATH, -wal, -shm and -lock
+//    found with wider modes are tightened (fchmod), with a log line.
 //  - One daemon per ledger: the store holds an exclusive flock on PATH-lock
 //    (holding the owner's pid) while it lives, and Open fails naming that
 //    pid when another process holds it. Without this a second daemon would

@@ -118,6 +118,10 @@ absl::Status OpenExisting(const std::string& socket_dir, const std::string& path
 
 absl::Status SetTenantSocketAccess(const std::string& socket_dir, const std::string& path,
                                    uid_t uid, gid_t gid, mode_t mode) {
+  // Root stands for the daemon itself when it does not run as root (root
+  // reaches every socket anyway).
+  if (uid == 0) uid = geteuid();
+  if (gid == 0) gid = getegid();
   std::vector<int> dirs;
   std::string name;
   absl::Status opened = OpenExisting(socket_dir, path, &dirs, &name);
@@ -132,12 +136,18 @@ absl::Status SetTenantSocketAccess(const std::string& socket_dir, const std::str
       result = absl::InvalidArgumentError(absl::StrCat(path, " is a symlink, not the socket"));
     } else if (!S_ISSOCK(st.st_mode)) {
       result = absl::FailedPreconditionError(absl::StrCat(path, " is not a socket"));
-    } else if (fchownat(dir, name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) != 0) {
-      result = absl::FailedPreconditionError(absl::StrCat(
-          "cannot give ", path, " owner ", uid, " group ", gid, ": ", strerror(errno)));
     } else if (fchmodat(dir, name.c_str(), mode, 0) != 0) {
+      // The mode first: once another uid owns it, only CAP_FOWNER could.
       result = absl::FailedPreconditionError(absl::StrCat(
           "cannot make ", path, " mode ", absl::StrFormat("%04o", mode), ": ", strerror(errno)));
+    } else if ((st.st_uid != uid || st.st_gid != gid) &&
+               fchownat(dir, name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) != 0) {
+      const int err = errno;
+      result = absl::FailedPreconditionError(absl::StrCat(
+          "cannot give ", path, " owner ", uid, " group ", gid, ": ", strerror(err),
+          err == EPERM ? absl::StrCat(" (gpumemd runs as uid ", geteuid(),
+                                      " without CAP_CHOWN; deploy/gpumemd.service grants it)")
+                       : std::string()));
     }
   }
   for (int d : dirs) close(d);

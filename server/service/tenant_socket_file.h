@@ -72,7 +72,9 @@ class TenantSocketFile {
 };
 
 // Owner `uid`, group `gid`, mode `mode` (checked by the caller:
-// tenants::CheckSocketMode) for the socket at `path` inside `socket_dir`.
+// tenants::CheckSocketMode) for the socket at `path` inside `socket_dir`;
+// uid or gid 0 stands for the daemon's own (the same when it runs as root).
+// Another owner or group needs CAP_CHOWN when the daemon is not root.
 // INVALID_ARGUMENT for a symlink on the way or at the path,
 // FAILED_PRECONDITION when it is no socket or cannot be changed.
 absl::Status SetTenantSocketAccess(const std::string& socket_dir, const std::string& path,
