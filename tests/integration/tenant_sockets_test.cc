@@ -28,7 +28,9 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <grp.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -72,6 +74,27 @@ bool Connectable(const std::string& path) {
   const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   close(fd);
   return ok;
+}
+
+// connect() to `path` from a child process of uid and gid `uid` (no
+// supplementary groups): 0, or the errno.
+int ConnectErrnoAs(uid_t uid, const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return ENAMETOOLONG;
+  memcpy(addr.sun_path, path.data(), path.size());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (setgroups(0, nullptr) != 0 || setresgid(uid, uid, uid) != 0 ||
+        setresuid(uid, uid, uid) != 0) {
+      _exit(250);
+    }
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    _exit(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 ? 0 : errno);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 251;
 }
 
 // Polls `done` every 10 ms for up to `ms`.
@@ -207,6 +230,61 @@ class TenantSocketsTest : public ::testing::Test {
   std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<v1::GpuMemory::Stub> stub_;
 };
+
+// PutTenant's socket_uid/socket_gid/socket_mode decide who may connect:
+// another uid gets EACCES, the socket's uid connects; an update without
+// them keeps them, one with them changes the live socket; no fields: 0666;
+// a bad mode is INVALID_ARGUMENT naming socket_mode.
+TEST_F(TenantSocketsTest, PutTenantSetsWhoMayConnect) {
+  StartDaemon();
+  ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);  // other uids pass through the test's directory
+  auto put = [&](const std::string& name, std::optional<uint32_t> uid, uint32_t mode) {
+    v1::PutTenantRequest req;
+    req.set_name(name);
+    req.set_socket_path(name + ".sock");
+    if (uid) req.set_socket_uid(*uid);
+    req.set_socket_mode(mode);
+    v1::PutTenantResponse resp;
+    grpc::Status s = stub_->PutTenant(Ctx().get(), req, &resp);
+    return s.ok() ? absl::StatusOr<v1::PutTenantResponse>(resp)
+                  : absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  };
+  absl::StatusOr<v1::PutTenantResponse> owned = put("owned", 4242, 0600);
+  ASSERT_TRUE(owned.ok()) << owned.status();
+  EXPECT_EQ(owned->socket_uid(), 4242u);
+  EXPECT_EQ(owned->socket_mode(), 0600u);
+  const std::string path = owned->socket_path();
+  struct stat st;
+  ASSERT_EQ(lstat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 4242u);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  struct stat dir_st;
+  ASSERT_EQ(stat(sockets_.c_str(), &dir_st), 0);
+  EXPECT_EQ(dir_st.st_mode & 07777, 0711u) << "tenant_socket_dir, made by the daemon";
+  EXPECT_EQ(ConnectErrnoAs(65534, path), EACCES);
+  EXPECT_EQ(ConnectErrnoAs(4242, path), 0);
+  // An update without access keeps it.
+  ASSERT_TRUE(Put("owned", "", 8 * kMiB).ok());
+  ASSERT_EQ(lstat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 4242u);
+  EXPECT_EQ(ConnectErrnoAs(65534, path), EACCES);
+  // One with access changes the live socket.
+  ASSERT_TRUE(put("owned", std::nullopt, 0666).ok());
+  ASSERT_EQ(lstat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_EQ(st.st_mode & 07777, 0666u);
+  EXPECT_EQ(ConnectErrnoAs(65534, path), 0);
+  // No fields: root's, 0666 (a claim's socket, reached through its mount).
+  absl::StatusOr<v1::PutTenantResponse> plain = Put("plain", "plain.sock");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_EQ(lstat(plain->socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0666u);
+  absl::StatusOr<v1::PutTenantResponse> bad = put("bad", 4242, 0777);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "socket_mode 0777")) << bad.status();
+  EXPECT_NE(lstat((sockets_ + "/bad.sock").c_str(), &st), 0) << "nothing made for a refusal";
+}
 
 TEST_F(TenantSocketsTest, PutTenantAnswersTheResolvedSocketAndIsIdempotent) {
   StartDaemon();
