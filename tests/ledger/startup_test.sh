@@ -3,7 +3,7 @@
 # tenant config, a corrupt ledger, an unusable ledger path and a ledger
 # another daemon holds are start-up errors (exit 1) that name the file, the
 # line, SQLite's message or the other daemon's pid; the ledger directory is
-# created; --ledger=none says so.
+# created; --ledger=none says so; a ledger whose disk is full still starts.
 set -euo pipefail
 source "$(dirname "$0")/../integration/lib.sh"
 GPUMEMD=$1
@@ -44,6 +44,17 @@ eventually 60 session_end_logged || { cat "$WORKDIR/ledger.txt"; fail "no SESSIO
 expect_start_error "second daemon on one ledger" "ledger $dir/new/sub/ledger.db is in use by another gpumemd (pid $DAEMON_PID)" \
   --ledger="$dir/new/sub/ledger.db"
 stop_daemon
+
+# A ledger whose disk is full (the page limit: not even its schema fits)
+# does not stop the start: the daemon serves, holds the events and the
+# config's quotas, and says the ledger is failing. Made 0600 under umask 000.
+(umask 000; start_daemon "$GPUMEMD" --config="$TENANTS" --ledger="$dir/full/ledger.db" --ledger_max_pages=1
+ grep -q "LEDGER WRITE FAILED at start: ledger $dir/full/ledger.db" "$WORKDIR/daemon.log" || fail "no failing line at start"
+ "$CTL" --socket="$SOCK" alloc 1MiB >/dev/null || fail "a daemon with a full ledger disk does not serve"
+ "$CTL" --socket="$SOCK" stats --json >"$WORKDIR/stats.json"
+ json_check "$WORKDIR/stats.json" 'j["ledger"]["failing"] is True and "full" in j["ledger"]["last_error"]'
+ [ "$(stat -c %a "$dir/full/ledger.db")" = 600 ] || fail "ledger mode $(stat -c %a "$dir/full/ledger.db") under umask 000"
+ stop_daemon)
 
 start_daemon "$GPUMEMD" --ledger=none
 grep -q "ledger off (--ledger=none)" "$WORKDIR/daemon.log" || fail "--ledger=none is not announced"
