@@ -213,7 +213,6 @@ absl::Status Daemon::StartParts() {
 
   // What systemd passed (an activation socket, what the last daemon kept in
   // the fd store), taken before anything else can inherit or close it.
-  RaiseFdLimit();
   absl::StatusOr<ListenedFds> passed = TakeListenFds();
   if (!passed.ok()) return passed.status();
   p.passed = *std::move(passed);
@@ -222,6 +221,8 @@ absl::Status Daemon::StartParts() {
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(s);
   if (!backend.ok()) return backend.status();
   p.backend = *std::move(backend);
+  // After the backend: a daemon that cannot start says one line, the reason.
+  RaiseFdLimit();
 
   // Slab ids never repeat across daemons of this machine (a client may still
   // map a slab of an earlier daemon, known by its id): each daemon starts

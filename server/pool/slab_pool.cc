@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 
-#include "absl/numeric/bits.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
@@ -178,9 +177,12 @@ uint64_t SlabPool::OwnReleasableLocked(uint32_t tenant) const {
 uint64_t SlabPool::GrownSlabSizeLocked(uint32_t tenant, uint64_t need) const {
   auto t = tenants_.find(tenant);
   const uint64_t have = t == tenants_.end() ? 0 : t->second.slab_bytes;
+  // As large as what the tenant has here (so its slab count grows with the
+  // log of its use), but never rounded past the block itself: a slab larger
+  // than the block is room the tenant's quota pays for.
   const uint64_t want = std::max({need, have, options_.min_slab_size});
   if (want >= options_.slab_size) return options_.slab_size;
-  return std::min(options_.slab_size, RoundUp(absl::bit_ceil(want)));
+  return RoundUp(want);
 }
 
 bool SlabPool::TakeLocked(uint64_t id, SlabEntry& e, uint64_t size,
@@ -294,10 +296,13 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
       return r;
     }
     auto fits = [&] {
+      // Never more than half the budget's room beyond the block: room left
+      // over in a slab is quota the tenant pays for, so a tenant near its
+      // quota gets slabs about as large as its blocks.
       const uint64_t sized =
           dedicated ? need
                     : std::min(GrownSlabSizeLocked(tenant, need),
-                               std::max(need, RoundDown(BudgetRoomLocked(tenant))));
+                               std::max(need, RoundDown(BudgetRoomLocked(tenant) / 2)));
       bytes = dedicated ? need : RoundDown(std::min(sized, UnpooledLocked()));
       return bytes >= need && bytes <= UnpooledLocked();
     };
@@ -410,7 +415,9 @@ PoolRefusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
   PoolRefusal p;
   p.free_bytes = own_free + fresh;
   p.largest_free_bytes = std::max(own_largest, fresh);
-  if (budget_fresh < RoundUp(size) && device_fresh >= RoundUp(size) && own_largest < size) {
+  // Its own slabs could not hold the block (or RefuseLocked would not be
+  // asked), and the device could give a new slab the budget does not allow.
+  if (budget_fresh < RoundUp(size) && device_fresh >= RoundUp(size)) {
     std::string why = "its quota";
     if (budget_->TryTake(tenant, device_, RoundUp(size), options_.granularity, &why)) {
       budget_->Give(tenant, device_, RoundUp(size));  // room came meanwhile

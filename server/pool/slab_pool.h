@@ -26,13 +26,14 @@
 //  - A block larger than the slab size gets a dedicated slab of its own
 //    (rounded up to the backend's granularity), released with the block.
 //  - Slabs are sized per tenant: a new slab is as large as the tenant's
-//    slabs on the device together, rounded up to a power of two (at least
-//    the block, at least one granule, at most the slab size), so a tenant
+//    slabs on the device together (at least the block and min_slab_size,
+//    at most the slab size, unless the block is larger), so a tenant
 //    that asks for little pins little, and one that grows gets fewer,
 //    larger slabs. With a budget set (SetBudget, slab_budget.h) a tenant's
 //    slab bytes on a device (carvable, retained and being made: its
 //    footprint) stay within the budget plus one granule: a new slab is cut
-//    down to the budget's room, and a block that would need more is refused
+//    down to half the budget's room (never below the block, so a tenant can
+//    use about all of its quota), and a block that would need more is refused
 //    (PoolRefusal::Reason::kFootprint) after the tenant's own empty slabs
 //    have been given back.
 //  - A slab empty for `empty_release_after` is released by ReleaseIdleSlabs,

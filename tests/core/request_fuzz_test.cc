@@ -353,7 +353,8 @@ class RequestFuzzTest : public ::testing::Test {
       EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound)
           << id << ": " << f.status();
     } else if (foreign) {
-      EXPECT_EQ(f.status().code(), absl::StatusCode::kPermissionDenied) << f.status();
+      // Another user's allocation answers as one that does not exist.
+      EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound) << f.status();
     } else {
       ASSERT_TRUE(f.ok()) << id << ": " << f.status();
       EXPECT_EQ(f->freed_bytes(), it->second.size);
@@ -381,7 +382,10 @@ class RequestFuzzTest : public ::testing::Test {
       EXPECT_EQ(d.allocation_count(), count[d.index()]) << "iteration " << iter;
       EXPECT_LE(d.pooled_bytes() + d.retained_bytes(), d.total_bytes());
       EXPECT_LE(d.used_bytes(), d.pooled_bytes());
-      EXPECT_EQ(d.free_bytes(), d.total_bytes() - d.used_bytes() - d.retained_bytes());
+      // Free: what a tenant holding nothing there could get: at least what
+      // no slab holds, never what live blocks or retained slabs hold.
+      EXPECT_GE(d.free_bytes(), d.total_bytes() - d.pooled_bytes() - d.retained_bytes());
+      EXPECT_LE(d.free_bytes(), d.total_bytes() - d.used_bytes() - d.retained_bytes());
       EXPECT_GE(d.fragmentation(), 0.0);
       EXPECT_LE(d.fragmentation(), 1.0);
       EXPECT_LE(backend_.SlabBytes(d.index()), d.total_bytes());
@@ -454,7 +458,8 @@ TEST_F(RequestFuzzTest, RandomRequestsKeepTheBrokerConsistent) {
         // Like the client library: closed, so the slab need not be retained.
         EXPECT_TRUE(broker_->CloseSlab(self, it->second.slab_id).ok());
         absl::StatusOr<SlabFd> denied = broker_->ExportSlab(foreign, it->second.slab_id);
-        EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+        // Another tenant's slab answers as one that does not exist.
+        EXPECT_EQ(denied.status().code(), absl::StatusCode::kNotFound);
         if (denied.ok()) close(denied->fd);
       } else {
         const uint64_t slab = fz.Next() % 100000;

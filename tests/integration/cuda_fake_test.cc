@@ -137,7 +137,7 @@ class CudaFakeTest : public ::testing::Test {
 };
 
 TEST_F(CudaFakeTest, TwoProcessesShareAVmmSlabAndKillGivesMemoryBack) {
-  StartDaemon({"--slab_size=16MiB", "--empty_slab_release_seconds=0"});
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB", "--empty_slab_release_seconds=0"});
   const v1::DeviceStats before = Device(1);
   EXPECT_EQ(before.driver_total_bytes(), 256 * kMiB);
   EXPECT_EQ(before.driver_free_bytes(), 256 * kMiB - kCtx);  // the daemon's context
@@ -158,7 +158,7 @@ TEST_F(CudaFakeTest, TwoProcessesShareAVmmSlabAndKillGivesMemoryBack) {
 }
 
 TEST_F(CudaFakeTest, TwoProcessesShareALegacyIpcSlabAndKillGivesItBack) {
-  StartDaemon({"--slab_size=16MiB", "--empty_slab_release_seconds=0"});
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB", "--empty_slab_release_seconds=0"});
   std::string hex;
   auto writer = StartWriter("0", "ipc", 2 * kMiB, &hex);
   v1::Allocation a;
@@ -186,7 +186,7 @@ TEST_F(CudaFakeTest, TwoProcessesShareALegacyIpcSlabAndKillGivesItBack) {
 }
 
 TEST_F(CudaFakeTest, ReaderFindsTheDeviceByUuidUnderCudaVisibleDevices) {
-  StartDaemon({"--slab_size=16MiB"});
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB"});
   std::string hex;
   auto writer = StartWriter("1", "vmm", kMiB, &hex);
   // Daemon device 1 is this reader's device 0.
@@ -199,7 +199,7 @@ TEST_F(CudaFakeTest, ReaderFindsTheDeviceByUuidUnderCudaVisibleDevices) {
 }
 
 TEST_F(CudaFakeTest, AnImportThatFailsNamesTheCallAndTheNextOneWorks) {
-  StartDaemon({"--slab_size=16MiB"});
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB"});
   std::string hex;
   auto writer = StartWriter("0", "vmm", kMiB, &hex);
   // The reader's own driver fails its first cuMemMap.
@@ -214,7 +214,7 @@ TEST_F(CudaFakeTest, AnImportThatFailsNamesTheCallAndTheNextOneWorks) {
 }
 
 TEST_F(CudaFakeTest, InjectedOutOfMemoryIsResourceExhaustedNamingDeviceCallAndDriverError) {
-  StartDaemon({"--slab_size=16MiB"},
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB"},
               {{"FAKE_CUDA_FAIL", "cuMemCreate@2+=CUDA_ERROR_OUT_OF_MEMORY"}});
   ASSERT_TRUE(Alloc(kMiB, "0").ok());  // the first slab
   auto refused = Alloc(kMiB, "1");
@@ -230,7 +230,7 @@ TEST_F(CudaFakeTest, InjectedOutOfMemoryIsResourceExhaustedNamingDeviceCallAndDr
 }
 
 TEST_F(CudaFakeTest, MemoryHeldOutsideGpumemdIsVisibleAndRefusedByTheDriver) {
-  StartDaemon({"--slab_size=16MiB"});
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB"});
   absl::StatusOr<const CudaDriver*> d = LoadCudaDriver(FakeDriverPath().c_str());
   ASSERT_TRUE(d.ok()) << d.status();
   CUcontext ctx = nullptr;
@@ -252,7 +252,7 @@ TEST_F(CudaFakeTest, MemoryHeldOutsideGpumemdIsVisibleAndRefusedByTheDriver) {
 
 TEST_F(CudaFakeTest, LostDeviceIsUnavailableNamingTheCallAndTheDaemonKeepsServing) {
   const std::string lost = testing::MakeTempDir() + "/lost";
-  StartDaemon({"--slab_size=16MiB"}, {{"FAKE_CUDA_LOST_FILE", lost}});
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB"}, {{"FAKE_CUDA_LOST_FILE", lost}});
   { std::ofstream(lost) << "1\n"; }
   auto refused = Alloc(kMiB, "1");
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
@@ -264,7 +264,7 @@ TEST_F(CudaFakeTest, LostDeviceIsUnavailableNamingTheCallAndTheDaemonKeepsServin
 }
 
 TEST_F(CudaFakeTest, KindNotOfferedIsFailedPreconditionSayingWhichAre) {
-  StartDaemon({"--slab_size=16MiB", "--handle_kinds=cuda_vmm_fd"});
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB", "--handle_kinds=cuda_vmm_fd"});
   auto refused = Alloc(kMiB, "0", v1::HANDLE_KIND_CUDA_IPC);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "HANDLE_KIND_CUDA_VMM_FD"))
@@ -275,7 +275,7 @@ TEST_F(CudaFakeTest, KindNotOfferedIsFailedPreconditionSayingWhichAre) {
 }
 
 TEST_F(CudaFakeTest, BlocksOfDifferentKindsNeverShareASlab) {
-  StartDaemon({"--slab_size=16MiB"});
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB"});
   auto vmm = Alloc(kMiB, "0");
   auto ipc = Alloc(kMiB, "0", v1::HANDLE_KIND_CUDA_IPC);
   auto vmm2 = Alloc(kMiB, "0", v1::HANDLE_KIND_CUDA_VMM_FD);
@@ -299,7 +299,7 @@ TEST_F(CudaFakeTest, BlocksOfDifferentKindsNeverShareASlab) {
 }
 
 TEST_F(CudaFakeTest, SlabsAreMultiplesOfTheDriversGranularity) {
-  StartDaemon({"--slab_size=10MiB"}, {{"FAKE_CUDA_GRANULARITY", "4MiB"}});
+  StartDaemon({"--slab_size=10MiB", "--min_slab_size=10MiB"}, {{"FAKE_CUDA_GRANULARITY", "4MiB"}});
   ASSERT_TRUE(Alloc(kMiB, "0").ok());
   ASSERT_TRUE(Alloc(13 * kMiB, "0").ok());  // bigger than a slab: dedicated
   v1::DeviceStats s = Device(0, /*slabs=*/true);
@@ -310,7 +310,7 @@ TEST_F(CudaFakeTest, SlabsAreMultiplesOfTheDriversGranularity) {
 }
 
 TEST_F(CudaFakeTest, AWriteIsOnTheDeviceWhenItReturns) {
-  StartDaemon({"--slab_size=16MiB"});
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB"});
   // The writer's copies take a second to land (a pageable cuMemcpyHtoD
   // returns before its DMA completes); the reader reads at once.
   setenv("FAKE_CUDA_DELAY_MS", "1000", 1);
@@ -322,7 +322,7 @@ TEST_F(CudaFakeTest, AWriteIsOnTheDeviceWhenItReturns) {
 
 TEST_F(CudaFakeTest, MigDevicesAreNamedAsNvidiaSmiNamesThem) {
   const std::string mig = "MIG-5c89f3a1-2b4e-5d6f-8a9b-0c1d2e3f4a5b";
-  StartDaemon({"--slab_size=16MiB"},
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB"},
               {{"FAKE_CUDA_UUIDS", "GPU-00112233-4455-6677-8899-aabbccddeeff," + mig}});
   EXPECT_EQ(Device(0).uuid(), "GPU-00112233-4455-6677-8899-aabbccddeeff");
   EXPECT_EQ(Device(1).uuid(), mig);
@@ -338,7 +338,7 @@ TEST_F(CudaFakeTest, MigDevicesAreNamedAsNvidiaSmiNamesThem) {
 TEST_F(CudaFakeTest, SlabsAreAdmittedAgainstWhatTheDriverHasFree) {
   // Other processes hold 40 MiB of device 0 and each context costs 24 MiB:
   // 256 - 40 - 24 (the daemon's) = 192 MiB are free, not 256.
-  StartDaemon({"--slab_size=16MiB"},
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB"},
               {{"FAKE_CUDA_OTHER_USED", "0=40MiB"}, {"FAKE_CUDA_CONTEXT_BYTES", "24MiB"}});
   v1::DeviceStats d = Device(0);
   // (Less if this test process holds a context of its own on device 0.)

@@ -46,7 +46,7 @@ class IsolationTest : public DaemonClientTest {
  protected:
   // One 64 MiB device of 16 MiB slabs; empty slabs go back after 0.2 s.
   IsolationTest()
-      : DaemonClientTest({"--sim_devices=1x64MiB", "--slab_size=16MiB",
+      : DaemonClientTest({"--sim_devices=1x64MiB", "--slab_size=16MiB", "--min_slab_size=16MiB",
                           "--empty_slab_release_seconds=0.2",
                           "--admin_group=nogroup"}) {}
 

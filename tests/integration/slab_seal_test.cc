@@ -23,7 +23,7 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 class SlabSealTest : public DaemonClientTest {
  protected:
-  SlabSealTest() : DaemonClientTest({"--sim_devices=1x64MiB", "--slab_size=16MiB"}) {}
+  SlabSealTest() : DaemonClientTest({"--sim_devices=1x64MiB", "--slab_size=16MiB", "--min_slab_size=16MiB"}) {}
 };
 
 TEST_F(SlabSealTest, AClientHoldingTheFdCannotShrinkOrGrowTheSlab) {

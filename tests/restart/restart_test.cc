@@ -76,7 +76,12 @@ class RestartTest : public ::testing::Test {
                     "--ledger=" + dir_ + "/ledger.db",
                     "--state=" + dir_ + "/state",
                     "--sim_devices=2x1GiB",
-                    "--slab_size=64MiB",
+                    // Whole 64 MiB slabs from the first block: FakeSystemd
+                    // reads its notify socket only between steps, and a
+                    // datagram socket queues ~10 unread FDSTOREs before the
+                    // daemon's next slab waits on it (small, growing slabs
+                    // make more of them while the clients start).
+                    "--slab_size=64MiB", "--min_slab_size=64MiB",
                     "--empty_slab_release_seconds=0",
                     absl::StrCat("--restore_grace_seconds=", kGraceSeconds)};
     // Runfiles live under root's home, which other uids cannot enter.

@@ -46,7 +46,7 @@ TEST(SharedSessionTest, OneClientClosingASlabLeavesItHeldForAnotherAcrossRestart
                                          "--ledger=" + dir + "/ledger.db",
                                          "--state=" + dir + "/state",
                                          "--sim_devices=1x1GiB",
-                                         "--slab_size=64MiB",
+                                         "--slab_size=64MiB", "--min_slab_size=64MiB",
                                          "--empty_slab_release_seconds=0",
                                          "--restore_grace_seconds=3"};
   testing::FakeSystemd systemd(dir, /*fd_store=*/false);
