@@ -27,18 +27,18 @@ absl::StatusOr<std::vector<uint64_t>> AllocationTable::Commit(
     blocks.push_back(SessionBlock{id, r.device, r.block.size});
     ++id;
   }
-  // Under the table lock, so a session ending now either sees these ids
-  // (and TakeAll, which needs this lock, finds them) or refuses them.
-  if (!session.AddAllocations(blocks)) {
-    return absl::FailedPreconditionError("the calling process has exited");
-  }
-  next_id_ = id;
+  // What a restart needs first: an allocation the state file has no room
+  // for would not survive one, so it is refused (nothing kept) instead.
+  std::vector<uint32_t> slots(records.size(), state::kNoSlot);
+  auto drop_slots = [&] {
+    for (uint32_t slot : slots) {
+      if (slot != state::kNoSlot) state_->RemoveAllocation(slot);
+    }
+  };
   const int64_t now = state_ != nullptr ? absl::GetCurrentTimeNanos() : 0;
-  for (size_t i = 0; i < records.size(); ++i) {
-    AllocationRecord& r = records_[ids[i]];
-    r = records[i];
-    r.session = &session;
-    if (state_ != nullptr) {
+  if (state_ != nullptr) {
+    for (size_t i = 0; i < records.size(); ++i) {
+      const AllocationRecord& r = records[i];
       state::AllocationRecordData d;
       d.id = ids[i];
       d.session = session.id();
@@ -52,8 +52,27 @@ absl::StatusOr<std::vector<uint64_t>> AllocationTable::Commit(
       d.tenant = r.tenant;
       d.device = r.device;
       d.request_key = r.request_key;
-      r.state_slot = state_->PutAllocation(d);
+      absl::StatusOr<uint32_t> slot = state_->AddAllocation(d);
+      if (!slot.ok() && absl::IsResourceExhausted(slot.status())) {
+        drop_slots();
+        return slot.status();
+      }
+      // Frozen (stopping for a restart): kept nowhere, as with Put.
+      slots[i] = slot.ok() ? *slot : state::kNoSlot;
     }
+  }
+  // Under the table lock, so a session ending now either sees these ids
+  // (and TakeAll, which needs this lock, finds them) or refuses them.
+  if (!session.AddAllocations(blocks)) {
+    if (state_ != nullptr) drop_slots();
+    return absl::FailedPreconditionError("the calling process has exited");
+  }
+  next_id_ = id;
+  for (size_t i = 0; i < records.size(); ++i) {
+    AllocationRecord& r = records_[ids[i]];
+    r = records[i];
+    r.session = &session;
+    r.state_slot = slots[i];
     AppendEvent(ledger::EventKind::kAllocate, ids[i], r);
   }
   return ids;

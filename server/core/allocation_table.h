@@ -7,7 +7,11 @@
 //    AddAllocations) under the table's lock, so a session that ends at the
 //    same moment either hands the new ids back from Session::End, to be
 //    taken by TakeAll, or makes the commit fail. Nothing is ever left in
-//    the table for an ended session.
+//    the table for an ended session. With a state file, every record is
+//    written there first: a table with no room for them (the file's disk
+//    full) makes the commit fail with its RESOURCE_EXHAUSTED "state table
+//    full", nothing added, since such an allocation would not survive a
+//    restart.
 //  - Allocation ids are assigned here, increasing, from `first_id` (the
 //    ledger's: ids never repeat across restarts).
 //  - With a ledger, an allocation's ALLOCATE event is appended when it is
@@ -75,7 +79,8 @@ class AllocationTable {
 
   // Adds `records` (all of `session`) and returns their ids, in order;
   // FAILED_PRECONDITION "the calling process has exited" (and nothing
-  // added) when the session has ended.
+  // added) when the session has ended; RESOURCE_EXHAUSTED "state table
+  // full" (nothing added) when the state file has no room for them.
   absl::StatusOr<std::vector<uint64_t>> Commit(Session& session,
                                                const std::vector<AllocationRecord>& records);
 

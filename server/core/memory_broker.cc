@@ -636,10 +636,12 @@ MemoryBroker::Placed MemoryBroker::Place(const PeerCred& caller, Session& sessio
   }
   absl::StatusOr<std::vector<uint64_t>> ids = table_.Commit(session, records);
   if (!ids.ok()) {
-    // The caller died while we placed: nobody would ever free these, and
-    // nobody holds a handle it may just have been recorded as given.
     give_back();
-    pools_.ForgetSession(session.id());
+    // The caller died while we placed: nobody would ever free these, and
+    // nobody holds a handle it may just have been recorded as given. (The
+    // other refusal, a state file with no room for the records, leaves a
+    // live session with what it holds.)
+    if (absl::IsFailedPrecondition(ids.status())) pools_.ForgetSession(session.id());
     placed.answer = ids.status();
     return placed;
   }
