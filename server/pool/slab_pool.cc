@@ -296,13 +296,12 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
       return r;
     }
     auto fits = [&] {
-      // Never more than half the budget's room beyond the block: room left
-      // over in a slab is quota the tenant pays for, so a tenant near its
-      // quota gets slabs about as large as its blocks.
-      const uint64_t sized =
-          dedicated ? need
-                    : std::min(GrownSlabSizeLocked(tenant, need),
-                               std::max(need, RoundDown(BudgetRoomLocked(tenant) / 2)));
+      // Never more than half the budget's room, and then whole blocks of
+      // this size: room left over in a slab is quota the tenant pays for, so
+      // a tenant near its quota gets slabs its blocks fill.
+      uint64_t sized = dedicated ? need : GrownSlabSizeLocked(tenant, need);
+      const uint64_t half = BudgetRoomLocked(tenant) / 2;
+      if (!dedicated && sized > half) sized = std::max<uint64_t>(1, half / need) * need;
       bytes = dedicated ? need : RoundDown(std::min(sized, UnpooledLocked()));
       return bytes >= need && bytes <= UnpooledLocked();
     };

@@ -32,8 +32,9 @@
 //    larger slabs. With a budget set (SetBudget, slab_budget.h) a tenant's
 //    slab bytes on a device (carvable, retained and being made: its
 //    footprint) stay within the budget plus one granule: a new slab is cut
-//    down to half the budget's room (never below the block, so a tenant can
-//    use about all of its quota), and a block that would need more is refused
+//    down to half the budget's room in whole blocks of the size asked (never
+//    below one block, so a tenant of even block sizes can use all of its
+//    quota), and a block that would need more is refused
 //    (PoolRefusal::Reason::kFootprint) after the tenant's own empty slabs
 //    have been given back.
 //  - A slab empty for `empty_release_after` is released by ReleaseIdleSlabs,
