@@ -244,6 +244,26 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
           return r;
         }
       }
+      // One of its own slabs released while a session still holds its
+      // handle: the tenant's already (its bytes count in its footprint), so
+      // it is carvable again rather than a new slab made beside it.
+      for (auto& [id, e] : slabs_) {
+        if (!e.retained || e.dedicated || e.tenant != tenant || e.kind != kind ||
+            e.slab == nullptr || e.size < size) {
+          continue;
+        }
+        e.retained = false;
+        retained_bytes_ -= e.size;
+        tenants_[tenant].retained_bytes -= e.size;
+        pooled_bytes_ += e.size;
+        OwnLocked(tenant, e.size);
+        e.empty_since = absl::Now();
+        if (keeper_ != nullptr) keeper_->SlabChanged(FactsLocked(id, e));
+        if (TakeLocked(id, e, size, alignment, false, &r.block)) {
+          r.kind = CarveResult::Kind::kBlock;
+          return r;
+        }
+      }
       // A reserved slab nobody has carved from: claimed for good.
       for (auto& [id, e] : slabs_) {
         if (e.tenant != kNoTenant || e.kind != kind || e.allocator->capacity() < size ||
@@ -296,12 +316,16 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
       return r;
     }
     auto fits = [&] {
-      // Never more than half the budget's room, and then whole blocks of
-      // this size: room left over in a slab is quota the tenant pays for, so
-      // a tenant near its quota gets slabs its blocks fill.
+      // Within the budget's room (half of it for the tenant's first slab
+      // here, leaving the rest for its other devices), in whole blocks of
+      // this size: room left over in a slab is quota the tenant pays for,
+      // so a tenant near its quota gets slabs its blocks fill.
       uint64_t sized = dedicated ? need : GrownSlabSizeLocked(tenant, need);
-      const uint64_t half = BudgetRoomLocked(tenant) / 2;
-      if (!dedicated && sized > half) sized = std::max<uint64_t>(1, half / need) * need;
+      auto own = tenants_.find(tenant);
+      const bool first_here = own == tenants_.end() || own->second.slab_bytes == 0;
+      const uint64_t room = BudgetRoomLocked(tenant);
+      const uint64_t cap = first_here ? room / 2 : room;
+      if (!dedicated && sized > cap) sized = std::max<uint64_t>(1, cap / need) * need;
       bytes = dedicated ? need : RoundDown(std::min(sized, UnpooledLocked()));
       return bytes >= need && bytes <= UnpooledLocked();
     };

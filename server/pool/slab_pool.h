@@ -17,7 +17,9 @@
 //    free: it becomes *retained* (its backend slab is kept, its bytes count
 //    as retained, neither carvable nor offered to placement) until every
 //    such session has ended (ForgetSession) or said it closed the slab
-//    (CloseExport). Then it goes back to the device.
+//    (CloseExport). Then it goes back to the device. Its tenant may carve
+//    from it again meanwhile (it is that tenant's, and its bytes count in
+//    the tenant's footprint): it is then carvable as before.
 //  - A slab has one HandleKind (how clients open it) for its life; blocks
 //    are carved only from slabs of the kind their request asked for.
 //    Reserved slabs are of the backend's default kind.
@@ -32,9 +34,10 @@
 //    larger slabs. With a budget set (SetBudget, slab_budget.h) a tenant's
 //    slab bytes on a device (carvable, retained and being made: its
 //    footprint) stay within the budget plus one granule: a new slab is cut
-//    down to half the budget's room in whole blocks of the size asked (never
-//    below one block, so a tenant of even block sizes can use all of its
-//    quota), and a block that would need more is refused
+//    down to the budget's room (half of it for the tenant's first slab on
+//    the device, leaving the rest for its other devices) in whole blocks of
+//    the size asked (never below one block, so a tenant of even block sizes
+//    can use all of its quota), and a block that would need more is refused
 //    (PoolRefusal::Reason::kFootprint) after the tenant's own empty slabs
 //    have been given back.
 //  - A slab empty for `empty_release_after` is released by ReleaseIdleSlabs,

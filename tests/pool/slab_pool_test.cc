@@ -1173,11 +1173,18 @@ TEST(SlabPoolTest, SlabReleasedWhileHeldIsRetainedAfterIdleRelease) {
   EXPECT_EQ(pool.ExportSlab(slab, 1, 11).status().code(), absl::StatusCode::kNotFound);
   // Idle release again does nothing to it.
   EXPECT_EQ(pool.ReleaseIdleSlabs(absl::Now() + absl::Hours(100)), 0);
-  // The tenant's next block comes from a new slab.
+  // Another tenant's next block comes from a new slab; the tenant's own
+  // comes from its retained slab, carvable again (no new slab beside it).
+  absl::StatusOr<PoolBlock> other = Carve(pool, kMiB, kGran, 2);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE(other->slab_id, slab);
+  EXPECT_TRUE(other->new_slab);
   absl::StatusOr<PoolBlock> b = Carve(pool, kMiB, kGran, 1);
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_NE(b->slab_id, slab);
-  EXPECT_TRUE(b->new_slab);
+  EXPECT_EQ(b->slab_id, slab);
+  EXPECT_FALSE(b->new_slab);
+  EXPECT_FALSE(FindSlab(pool.Slabs(), slab)->retained);
+  EXPECT_EQ(pool.TenantStats()[1].retained_bytes, 0u);
   EXPECT_EQ(backend.SlabBytes(0), 2 * kSlab);
   EXPECT_VALID(pool);
 }
@@ -1342,13 +1349,12 @@ TEST(SlabPoolTest, RetainedBytesCountAgainstCapacity) {
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_NE(b->slab_id, a->slab_id);
   EXPECT_EQ(pool.largest_carvable(), 0u);
-  for (uint32_t tenant : {1u, 2u}) {
-    std::optional<PoolRefusal> r = Refusal(pool, 1, 1, tenant);
-    ASSERT_TRUE(r.has_value());
-    EXPECT_EQ(r->reason, PoolRefusal::Reason::kCapacity);
-    EXPECT_EQ(r->free_bytes, 0u);
-    EXPECT_THAT(r->message, HasSubstr("retained"));
-  }
+  // Tenant 3 (tenant 1 could carve its own retained slab again).
+  std::optional<PoolRefusal> r = Refusal(pool, 1, 1, 3);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->reason, PoolRefusal::Reason::kCapacity);
+  EXPECT_EQ(r->free_bytes, 0u);
+  EXPECT_THAT(r->message, HasSubstr("retained"));
   EXPECT_TRUE(FindSlab(pool.Slabs(), a->slab_id)->retained);
   EXPECT_VALID(pool);
 
