@@ -11,12 +11,44 @@
 
 #include "absl/strings/str_cat.h"
 
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
+#endif
+
 namespace gpumem {
 namespace {
+
+// The listener looks at fd numbers it no longer owns: connections handed to
+// gRPC (fstat, to see whether the number still names the same socket) and
+// /proc/self/fd (whose directory fd may take a number just closed). That
+// these race with the numbers' reuse is the design: dev and inode tell a
+// reused number apart. Under ThreadSanitizer, which is told to ignore what
+// gRPC does (its close() included, common/tsan_support.cc), those probes
+// would read as races on the fd with whoever opens that number next, so
+// they are not shown to it; nothing else of this thread is hidden.
+class FdProbe {
+ public:
+#if defined(__SANITIZE_THREAD__)
+  FdProbe() { __tsan_ignore_thread_begin(); }
+  ~FdProbe() { __tsan_ignore_thread_end(); }
+#else
+  FdProbe() = default;
+#endif
+  FdProbe(const FdProbe&) = delete;
+  FdProbe& operator=(const FdProbe&) = delete;
+};
+
+// fstat of `fd` (0 or -1 as fstat).
+int ProbeFd(int fd, struct stat* st) {
+  FdProbe probe;
+  return fstat(fd, st);
+}
 
 // Fds open in this process now (-1 when they cannot be counted: then no fd
 // is left even for the directory).
 int64_t CountOpenFds() {
+  FdProbe probe;
   DIR* dir = opendir("/proc/self/fd");
   if (dir == nullptr) return -1;
   int64_t n = 0;
@@ -42,7 +74,7 @@ ConnectionLimits::ConnectionLimits(std::function<bool(const PeerCred&)> is_admin
 bool ConnectionLimits::Gone(int fd, const Entry& e) const {
   if (!e.grpc) return false;  // the listener says when it closes its own
   struct stat st;
-  return fstat(fd, &st) != 0 || st.st_dev != e.dev || st.st_ino != e.ino;
+  return ProbeFd(fd, &st) != 0 || st.st_dev != e.dev || st.st_ino != e.ino;
 }
 
 void ConnectionLimits::Forget(int fd) {
@@ -165,7 +197,7 @@ void ConnectionLimits::HandedOff(int fd) {
   auto it = entries_.find(fd);
   if (it == entries_.end()) return;
   struct stat st;
-  if (fstat(fd, &st) != 0) {
+  if (ProbeFd(fd, &st) != 0) {
     Forget(fd);
     return;
   }
