@@ -301,7 +301,6 @@ extern "C" const char* __tsan_default_suppressions() {
     "called_from_lib:libcares.so.2\n"
     "called_from_lib:libgpr.so.29\n"
     "called_from_lib:libgrpc++.so.1.51\n"
-    "called_from_lib:libgrpc++_reflection.so.1.51\n"
     "called_from_lib:libgrpc.so.29\n"
     "called_from_lib:libprotobuf.so.32\n"
     "called_from_lib:libre2.so.9\n"

@@ -117,6 +117,10 @@ ABSL_FLAG(std::optional<int>, max_concurrent_streams, std::nullopt,
 ABSL_FLAG(std::optional<std::string>, max_receive_message_size, std::nullopt,
           "the largest request message gRPC takes, e.g. 1MiB; a larger one is "
           "refused RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::optional<int>, max_reflection_streams_per_uid, std::nullopt,
+          "server reflection streams (grpcurl, buf curl) one uid may hold open "
+          "at once; one more is refused RESOURCE_EXHAUSTED, an idle one closed "
+          "after 10 s");
 ABSL_FLAG(std::optional<std::string>, grpc_memory_limit, std::nullopt,
           "the memory gRPC's buffers may take in all (its ResourceQuota), e.g. 256MiB");
 ABSL_FLAG(bool, mutex_deadlock_detection, false,
@@ -164,6 +168,7 @@ CommandLine FromFlags() {
   c.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   c.max_receive_message_size = absl::GetFlag(FLAGS_max_receive_message_size);
   c.grpc_memory_limit = absl::GetFlag(FLAGS_grpc_memory_limit);
+  c.max_reflection_streams_per_uid = absl::GetFlag(FLAGS_max_reflection_streams_per_uid);
   return c;
 }
 

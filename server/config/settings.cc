@@ -344,6 +344,13 @@ absl::StatusOr<Settings> ResolveSettings(const CommandLine& flags, const std::st
       !r.ok()) {
     return r;
   }
+  if (absl::Status r = count(&s.max_reflection_streams_per_uid,
+                             flags.max_reflection_streams_per_uid,
+                             file.max_reflection_streams_per_uid(),
+                             "max_reflection_streams_per_uid", 1, 1000);
+      !r.ok()) {
+    return r;
+  }
   auto bytes = [](Setting<uint64_t>* s, const std::optional<std::string>& flag,
                   const std::string& file, const char* name, uint64_t min,
                   uint64_t max) -> absl::Status {
@@ -404,6 +411,7 @@ std::string DefaultsText() {
       " --max_concurrent_streams=", d.max_concurrent_streams.value,
       " --max_receive_message_size=", d.max_receive_message_size.value >> 20, "MiB",
       " --grpc_memory_limit=", d.grpc_memory_limit.value >> 20, "MiB",
+      " --max_reflection_streams_per_uid=", d.max_reflection_streams_per_uid.value,
       " (--admin_group: root only; --handle_kinds: every kind the backend makes; "
       "--metrics_listen: off)");
 }

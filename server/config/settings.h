@@ -67,6 +67,7 @@ struct CommandLine {
   std::optional<int> max_concurrent_streams;
   std::optional<std::string> max_receive_message_size;
   std::optional<std::string> grpc_memory_limit;
+  std::optional<int> max_reflection_streams_per_uid;
 };
 
 enum class Source { kDefault, kConfig, kFlag };
@@ -150,6 +151,9 @@ struct Settings {
   Setting<uint32_t> max_concurrent_streams{100};
   Setting<uint64_t> max_receive_message_size{uint64_t{1} << 20};
   Setting<uint64_t> grpc_memory_limit{uint64_t{256} << 20};
+  // Server reflection streams one uid may hold open at once, fixed for the
+  // daemon's life (server/service/reflection_service.h).
+  Setting<uint32_t> max_reflection_streams_per_uid{4};
 };
 
 // `file` as LoadDaemonConfig accepted it, from `path`.

@@ -18,7 +18,6 @@
 #include <iostream>
 #include <optional>
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
@@ -44,6 +43,7 @@
 #include "server/service/event_queues.h"
 #include "server/service/gpumem_service.h"
 #include "server/service/health_service.h"
+#include "server/service/reflection_service.h"
 #include "server/service/socket_listener.h"
 #include "server/service/stream_service.h"
 #include "server/service/tenant_admin.h"
@@ -58,12 +58,6 @@
 namespace gpumem {
 
 namespace {
-
-// The one gRPC method still served synchronously is reflection's stream
-// (grpc::reflection's own service); a ResourceQuota bounds the threads gRPC
-// may start for it, so opening many reflection streams cannot grow the
-// daemon's threads without bound (calls past it are refused).
-constexpr int kMaxSyncThreads = 4;
 
 // The soft RLIMIT_NOFILE raised to the hard one (every client connection
 // costs an fd; the fd reserve is counted under it), said in one line.
@@ -173,6 +167,7 @@ struct Daemon::Parts {
   std::unique_ptr<MetricsEndpoint> metrics;
   AsyncGpuMemory service;
   HealthService health;
+  std::unique_ptr<ReflectionService> reflection;
   std::unique_ptr<EventQueues> queues;
   std::unique_ptr<WorkerPool> backend_workers;
   std::unique_ptr<WorkerPool> query_workers;
@@ -337,14 +332,22 @@ absl::Status Daemon::StartParts() {
   p.streams = std::make_unique<StreamService>(broker, &p.peers, &p.service,
                                               p.backend_workers.get(), p.call_metrics.get());
 
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.RegisterService(&p.service);
   // Our own health service: gRPC's default one adds polling threads
-  // (health_service.h).
+  // (health_service.h); our own reflection: gRPC's is synchronous, a
+  // thread held per open stream (reflection_service.h).
   builder.RegisterService(&p.health);
+  ReflectionLimits reflection_limits;
+  reflection_limits.max_streams_per_uid = static_cast<int>(s.max_reflection_streams_per_uid.value);
+  p.reflection = std::make_unique<ReflectionService>(
+      &p.peers,
+      std::vector<std::string>{v1::GpuMemory::service_full_name(),
+                               "grpc.health.v1.Health",
+                               "grpc.reflection.v1.ServerReflection"},
+      reflection_limits);
+  p.reflection->AddTo(&builder);
   grpc::ResourceQuota quota("gpumemd");
-  quota.SetMaxThreads(kMaxSyncThreads);
   quota.Resize(static_cast<size_t>(s.grpc_memory_limit.value));
   builder.SetResourceQuota(quota);
   // Per connection: streams in flight (a client past it waits for one to
@@ -358,15 +361,13 @@ absl::Status Daemon::StartParts() {
             << SourceName(s.max_receive_message_size.source) << "), buffers up to "
             << FormatBytes(s.grpc_memory_limit.value) << " ("
             << SourceName(s.grpc_memory_limit.source) << ")\n";
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 1);
   p.queues->AddTo(&builder);
   p.server = builder.BuildAndStart();
   if (!p.server) return absl::InternalError("gRPC server failed to start");
   p.unary->Start(p.queues->queues());
   p.streams->Start(p.queues->queues());
   p.health.Start(p.queues->first());
+  p.reflection->Start(p.queues->queues());
   p.queues->Start();
 
   // The listening socket: systemd's (socket activation), else the one the
@@ -569,6 +570,10 @@ absl::Status Daemon::Reload() {
     if (next->grpc_memory_limit.value != settings_.grpc_memory_limit.value) {
       restart_only.push_back("grpc_memory_limit");
     }
+    if (next->max_reflection_streams_per_uid.value !=
+        settings_.max_reflection_streams_per_uid.value) {
+      restart_only.push_back("max_reflection_streams_per_uid");
+    }
     restart_only.insert(restart_only.end(), outcome->restart_only.begin(),
                         outcome->restart_only.end());
     if (!restart_only.empty()) {
@@ -595,6 +600,7 @@ absl::Status Daemon::Reload() {
     running.max_concurrent_streams = settings_.max_concurrent_streams;
     running.max_receive_message_size = settings_.max_receive_message_size;
     running.grpc_memory_limit = settings_.grpc_memory_limit;
+    running.max_reflection_streams_per_uid = settings_.max_reflection_streams_per_uid;
     p.listener->SetConnectionLimits(ConnectionLimitsOf(running));
     outcome->applied.push_back(ConnectionLimitsLine(running));
     settings_ = std::move(running);

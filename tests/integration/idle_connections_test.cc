@@ -18,7 +18,6 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include "client/client.h"
@@ -56,49 +55,6 @@ bool ClosedWithin(int fd, int ms) {
   if (poll(&p, 1, ms) <= 0) return false;
   char c;
   return read(fd, &c, 1) <= 0;
-}
-
-std::chrono::system_clock::time_point Deadline() {
-  return std::chrono::system_clock::now() + std::chrono::seconds(60);
-}
-
-// Whether a fresh reflection stream answers list_services with the
-// daemon's service (false if it is refused or ends).
-bool ReflectionLists(const std::string& socket) {
-  auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  grpc::CompletionQueue cq;
-  auto call =
-      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
-  void* tag;
-  bool ok = false;
-  auto next = [&] { return cq.AsyncNext(&tag, &ok, Deadline()) == grpc::CompletionQueue::GOT_EVENT && ok; };
-  bool listed = false;
-  call->StartCall(reinterpret_cast<void*>(1));
-  if (next()) {
-    // list_services = "*" (field 7), as bytes: tag 0x3a, length 1, '*'.
-    grpc::Slice request_slice(std::string("\x3a\x01*", 3));
-    grpc::ByteBuffer request(&request_slice, 1);
-    call->Write(request, reinterpret_cast<void*>(2));
-    if (next()) {
-      grpc::ByteBuffer reply;
-      call->Read(&reply, reinterpret_cast<void*>(3));
-      std::vector<grpc::Slice> slices;
-      if (next() && reply.Dump(&slices).ok()) {
-        std::string bytes;
-        for (const grpc::Slice& sl : slices) {
-          bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-        }
-        listed = bytes.find("gpumem.v1.GpuMemory") != std::string::npos;
-      }
-    }
-  }
-  ctx.TryCancel();
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  return listed;
 }
 
 class IdleConnectionsTest : public DaemonClientTest {
@@ -232,71 +188,6 @@ TEST_F(IdleConnectionsTest, AThousandConnectedClientsCostNoThreadEach) {
   EXPECT_EQ(now.first, sessions_before);
   EXPECT_EQ(now.second, used_before);
   EXPECT_LE(Threads(daemon_->pid()), before + 4);
-}
-
-// Reflection is the one method gRPC serves synchronously (a thread per
-// open stream): 64 reflection streams held open add only a bounded number
-// of daemon threads (calls past the bound are refused), and reflection and
-// every other call keep working.
-TEST_F(IdleConnectionsTest, OpenReflectionStreamsAreBoundedInThreads) {
-  for (int i = 0; i < 20; ++i) ASSERT_TRUE(client_->GetStats().ok());
-  const int before = Threads(daemon_->pid());
-  auto channel = grpc::CreateChannel("unix:" + daemon_->socket(),
-                                     grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::CompletionQueue cq;
-  constexpr int kStreams = 64;
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<std::unique_ptr<grpc::GenericClientAsyncReaderWriter>> calls;
-  for (int i = 0; i < kStreams; ++i) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    calls.push_back(stub.PrepareCall(
-        contexts.back().get(), "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-        &cq));
-    calls.back()->StartCall(reinterpret_cast<void*>(static_cast<intptr_t>(i + 1)));
-  }
-  for (int i = 0; i < kStreams; ++i) {
-    void* tag;
-    bool ok;
-    ASSERT_EQ(cq.AsyncNext(&tag, &ok, Deadline()), grpc::CompletionQueue::GOT_EVENT);
-  }
-  // Each stream is being served (its handler runs, on a thread) or was
-  // refused past the bound: one list_services round trip on each tells.
-  grpc::Slice list_slice(std::string("\x3a\x01*", 3));
-  std::vector<grpc::ByteBuffer> replies(kStreams);
-  for (int i = 0; i < kStreams; ++i) {
-    grpc::ByteBuffer request(&list_slice, 1);
-    calls[i]->Write(request, reinterpret_cast<void*>(static_cast<intptr_t>(1000 + i)));
-    calls[i]->Read(&replies[i], reinterpret_cast<void*>(static_cast<intptr_t>(2000 + i)));
-  }
-  int answered = 0;
-  for (int i = 0; i < 2 * kStreams; ++i) {
-    void* tag;
-    bool ok;
-    ASSERT_EQ(cq.AsyncNext(&tag, &ok, Deadline()), grpc::CompletionQueue::GOT_EVENT)
-        << "a reflection stream neither answered nor ended within 60 s";
-    if (reinterpret_cast<intptr_t>(tag) >= 2000 && ok) ++answered;
-  }
-  EXPECT_GT(answered, 0);
-  const int during = Threads(daemon_->pid());
-  std::cerr << "daemon threads: " << before << " before, " << during << " with " << kStreams
-            << " reflection streams open, " << answered << " served\n";
-  EXPECT_LE(during, before + 6);  // a thread per stream would be +64
-  auto b = client_->Allocate(1 << 20);
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_TRUE(b->Free().ok());
-  for (auto& ctx : contexts) ctx->TryCancel();
-  cq.Shutdown();
-  void* tag;
-  bool ok;
-  while (cq.Next(&tag, &ok)) {
-  }
-  calls.clear();
-  contexts.clear();
-  // Reflection answers again once the streams are gone (what grpcurl list
-  // does): their threads are freed as the daemon sees them cancelled.
-  EXPECT_TRUE(PollUntil([&] { return ReflectionLists(daemon_->socket()); }))
-      << "reflection does not answer 60 s after the streams were cancelled";
 }
 
 TEST_F(IdleConnectionsTest, GarbageIsClosedAtOnceAndTheDaemonKeepsServing) {
