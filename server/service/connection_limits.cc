@@ -33,7 +33,7 @@ class FdProbe {
   FdProbe() { __tsan_ignore_thread_begin(); }
   ~FdProbe() { __tsan_ignore_thread_end(); }
 #else
-  FdProbe() = default;
+  FdProbe() {}  // user-provided: a scope, not an unused variable
 #endif
   FdProbe(const FdProbe&) = delete;
   FdProbe& operator=(const FdProbe&) = delete;
