@@ -4,6 +4,9 @@
 // capacity promised meanwhile; then, if capacity sits in empty unheld slabs,
 // release them and try a new slab once more. Slabs that are released while a
 // live session holds their handle stay in `slabs_`, marked retained.
+// Slabs leave through a Graveyard declared before the lock, so the backend
+// takes them back after the lock is dropped; the lock is dropped mid-way
+// only where the pool must see the backend's work before going on.
 #include "server/pool/slab_pool.h"
 
 #include <algorithm>
@@ -305,6 +308,7 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
         it = next;
       }
       if (!dead.empty()) {
+        // Unlocked for the backend's slow release, done now so that the new slab is sized after it.
         mu_.Unlock();
         dead.clear();  // the backend takes the memory back
         mu_.Lock();
@@ -336,6 +340,7 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
         r.kind = CarveResult::Kind::kNeedsBackendWork;
         return r;
       }
+      // Unlocked for the backend's query of the device's room (a driver call on cuda).
       mu_.Unlock();
       backend_->RefreshNewSlabRoom(device_);
       mu_.Lock();
@@ -353,6 +358,7 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
         it = next;
       }
       if (!dead.empty()) {
+        // Unlocked for the backend's slow release, done now so that fits() below counts the room.
         mu_.Unlock();
         dead.clear();  // the backend takes the memory back
         mu_.Lock();
@@ -398,6 +404,7 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
         FormatBytes(size)));
     Graveyard dead;
     ReleaseSlabLocked(slabs_.find(id), &dead);
+    // Unlocked for the backend's slow release (`lock` spans the function, `dead` does not).
     mu_.Unlock();
     dead.clear();
     mu_.Lock();
@@ -522,11 +529,6 @@ void SlabPool::Release(const PoolBlock& block) {
       e.empty_since = absl::Now();
     }
   }
-  if (!dead.empty()) {
-    mu_.Unlock();
-    dead.clear();
-    mu_.Lock();
-  }
 }
 
 void SlabPool::Uncarve(const PoolBlock& block) {
@@ -551,11 +553,6 @@ void SlabPool::Uncarve(const PoolBlock& block) {
   if (it != slabs_.end() && !it->second.retained &&
       it->second.allocator->live_blocks() == 0) {
     ReleaseSlabLocked(it, &dead);
-  }
-  if (!dead.empty()) {
-    mu_.Unlock();
-    dead.clear();
-    mu_.Lock();
   }
 }
 
@@ -603,11 +600,6 @@ absl::StatusOr<T> SlabPool::GiveHandle(uint64_t slab_id, uint32_t tenant, uint64
     Graveyard dead;
     absl::MutexLock lock(&mu_);
     DropHolderLocked(slab_id, session, &dead);
-    if (!dead.empty()) {
-      mu_.Unlock();
-      dead.clear();
-      mu_.Lock();
-    }
   }
   return absl::Status(given.status().code(),
                       absl::StrCat("device ", device_, ": ", what, " slab ", slab_id,
@@ -657,11 +649,6 @@ absl::Status SlabPool::CloseExport(uint64_t slab_id, uint64_t session) {
         "slab ", slab_id, " was not given to this session"));
   }
   DropHolderLocked(slab_id, session, &dead);
-  if (!dead.empty()) {
-    mu_.Unlock();
-    dead.clear();
-    mu_.Lock();
-  }
   return absl::OkStatus();
 }
 
@@ -672,11 +659,6 @@ void SlabPool::ForgetSession(uint64_t session) {
   if (ex == exports_.end()) return;
   const std::vector<uint64_t> ids(ex->second.begin(), ex->second.end());
   for (uint64_t id : ids) DropHolderLocked(id, session, &dead);
-  if (!dead.empty()) {
-    mu_.Unlock();
-    dead.clear();
-    mu_.Lock();
-  }
 }
 
 int SlabPool::ReleaseIdleSlabs(absl::Time now) {
@@ -692,11 +674,6 @@ int SlabPool::ReleaseIdleSlabs(absl::Time now) {
       ++released;
     }
     it = next;
-  }
-  if (!dead.empty()) {
-    mu_.Unlock();
-    dead.clear();
-    mu_.Lock();
   }
   return released;
 }
@@ -714,11 +691,6 @@ int SlabPool::ReleaseTenantSlabs(uint32_t tenant) {
       ++released;
     }
     it = next;
-  }
-  if (!dead.empty()) {
-    mu_.Unlock();
-    dead.clear();  // the backend takes the memory back
-    mu_.Lock();
   }
   return released;
 }
