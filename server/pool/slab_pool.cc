@@ -102,6 +102,16 @@ uint64_t SlabPool::UnpooledLocked() const {
   return std::min(UnpooledByTotalLocked(), by_device);
 }
 
+uint64_t SlabPool::FreeBytesLocked() const { return FreeBytesLocked(UnpooledLocked()); }
+
+uint64_t SlabPool::FreeBytesLocked(uint64_t unpooled) const {
+  return RoundDown(unpooled + ReleasableLocked());
+}
+
+uint64_t SlabPool::BudgetFreeLocked(uint32_t tenant) const {
+  return RoundDown(SaturatingAdd(BudgetRoomLocked(tenant), OwnReleasableLocked(tenant)));
+}
+
 absl::Status SlabPool::Reserve() {
   if (options_.reserve_fraction <= 0) return absl::OkStatus();
   const uint64_t target = static_cast<uint64_t>(
@@ -294,8 +304,7 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
     // what is left of the device. Its offset 0 meets any alignment.
     // The budget first: the tenant's own empty slabs count in its footprint,
     // so giving them back may make the room.
-    if (BudgetRoomLocked(tenant) < need &&
-        SaturatingAdd(BudgetRoomLocked(tenant), OwnReleasableLocked(tenant)) >= need) {
+    if (BudgetRoomLocked(tenant) < need && BudgetFreeLocked(tenant) >= need) {
       if (!may_call_backend) {
         r.kind = CarveResult::Kind::kNeedsBackendWork;
         return r;
@@ -333,7 +342,7 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
       bytes = dedicated ? need : RoundDown(std::min(sized, UnpooledLocked()));
       return bytes >= need && bytes <= UnpooledLocked();
     };
-    if (!fits() && RoundDown(UnpooledByTotalLocked() + ReleasableLocked()) >= need) {
+    if (!fits() && FreeBytesLocked(UnpooledByTotalLocked()) >= need) {
       // Only the device's room, as last learnt, is short; it may have more
       // now (other processes freed memory). Learning it is backend work.
       if (!may_call_backend) {
@@ -345,7 +354,7 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
       backend_->RefreshNewSlabRoom(device_);
       mu_.Lock();
     }
-    if (!fits() && RoundDown(UnpooledLocked() + ReleasableLocked()) >= need) {
+    if (!fits() && FreeBytesLocked() >= need) {
       if (!may_call_backend) {
         r.kind = CarveResult::Kind::kNeedsBackendWork;
         return r;
@@ -438,9 +447,8 @@ PoolRefusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
     own_free += e.allocator->free_bytes();
     own_largest = std::max(own_largest, e.allocator->largest_free());
   }
-  const uint64_t device_fresh = RoundDown(UnpooledLocked() + ReleasableLocked());
-  const uint64_t budget_fresh =
-      RoundDown(SaturatingAdd(BudgetRoomLocked(tenant), OwnReleasableLocked(tenant)));
+  const uint64_t device_fresh = FreeBytesLocked();
+  const uint64_t budget_fresh = BudgetFreeLocked(tenant);
   const uint64_t fresh = std::min(device_fresh, budget_fresh);
   PoolRefusal p;
   p.free_bytes = own_free + fresh;
@@ -837,7 +845,7 @@ uint64_t SlabPool::LargestCarvableLocked() const {
     if (e.retained || Releasable(e) || e.slab == nullptr) continue;  // releasable: below
     largest = std::max(largest, e.allocator->largest_free());
   }
-  return std::max(largest, RoundDown(UnpooledLocked() + ReleasableLocked()));
+  return std::max(largest, FreeBytesLocked());
 }
 
 uint64_t SlabPool::largest_carvable() const {
@@ -853,9 +861,7 @@ uint64_t SlabPool::LargestReachable(uint32_t tenant, HandleKind kind) const {
     if (e.tenant != tenant && e.tenant != kNoTenant) continue;
     largest = std::max(largest, e.allocator->largest_free());
   }
-  const uint64_t budget =
-      RoundDown(SaturatingAdd(BudgetRoomLocked(tenant), OwnReleasableLocked(tenant)));
-  return std::max(largest, std::min(budget, RoundDown(UnpooledLocked() + ReleasableLocked())));
+  return std::max(largest, std::min(BudgetFreeLocked(tenant), FreeBytesLocked()));
 }
 
 double Fragmentation(uint64_t largest_free, uint64_t free_bytes) {
@@ -886,7 +892,7 @@ PoolStats SlabPool::Stats() const {
   // no slab holds (within what the device itself has room for: on cuda,
   // memory the pool does not see) and of empty slabs nobody holds. Free
   // ranges of another tenant's slabs are that tenant's only.
-  s.free_bytes = RoundDown(UnpooledLocked() + ReleasableLocked());
+  s.free_bytes = FreeBytesLocked();
   return s;
 }
 

@@ -383,6 +383,14 @@ class SlabPool {
   // NewSlabRoom too.
   uint64_t UnpooledByTotalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t UnpooledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What is free on the device (PoolStats::free_bytes), the one rule: room
+  // for new slabs (`unpooled`: UnpooledLocked unless given) plus releasable
+  // slabs, rounded down to the granularity.
+  uint64_t FreeBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t FreeBytesLocked(uint64_t unpooled) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same on `tenant`'s budget: its room plus its own releasable slabs,
+  // rounded down (without a budget, no bound).
+  uint64_t BudgetFreeLocked(uint32_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Backend* const backend_;
   const uint32_t device_;
