@@ -206,7 +206,7 @@ void ConnectionLimits::HandedOff(int fd) {
   it->second.ino = st.st_ino;
 }
 
-void ConnectionLimits::Sweep(absl::Time now) {
+int ConnectionLimits::Sweep(absl::Time now) {
   std::vector<int> gone;
   for (const auto& [fd, e] : entries_) {
     if (Gone(fd, e)) gone.push_back(fd);
@@ -222,6 +222,7 @@ void ConnectionLimits::Sweep(absl::Time now) {
     }
   }
   for (const std::string& key : idle) refusals_.erase(key);
+  return static_cast<int>(gone.size());
 }
 
 void ConnectionLimits::AcceptFailed(int err, absl::Time now) {

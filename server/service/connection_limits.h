@@ -76,8 +76,9 @@ class ConnectionLimits {
   // naming this socket.
   void HandedOff(int fd);
   // Drops every gRPC entry whose socket is gone, and writes the refusals
-  // not yet logged whose key's last line is old enough.
-  void Sweep(absl::Time now);
+  // not yet logged whose key's last line is old enough. Returns the number
+  // of gRPC connections found gone.
+  int Sweep(absl::Time now);
   // accept() failed with EMFILE/ENFILE (errno `err`): logs it at most once a
   // second with how many there were.
   void AcceptFailed(int err, absl::Time now);

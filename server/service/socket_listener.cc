@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <string.h>
+#include <malloc.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -320,7 +321,10 @@ void SocketListener::Loop() {
     const absl::Time now = absl::Now();
     if (accept_paused_ && now >= accept_paused_until_) ResumeAccepting();
     if (now >= next_sweep_) {
-      limits_.Sweep(now);
+      // Connections gone: what gRPC held for them (a flood's streams and
+      // buffers) is free in malloc's arenas but not given back to the
+      // kernel; trimming returns it, so the daemon's RSS comes back down.
+      if (limits_.Sweep(now) > 0) malloc_trim(0);
       next_sweep_ = now + kSweepEvery;
     }
   }
