@@ -584,8 +584,17 @@ def attack_f_big(o, deadline):
 
 def attack_f_never(o, deadline):
     """uid 2005 (no quota): 4 GiB on device 0 and on device 1, wait_ms 60 s,
-    where the victims hold 64 MiB anchors: these can never fit."""
+    where the victims hold 64 MiB anchors: these can never fit. Started
+    once both victims' anchors are in place (before that, 4 GiB would
+    fit: a tenant without a quota may take a free device)."""
     c = H2Client(o.socket, 5.0)
+    anchored = time.monotonic() + 5.0
+    while time.monotonic() < min(anchored, deadline):
+        st, _, resp = c.call(SVC + "GetStats", b"", 5.0)
+        used = [pb_fields(d).get(6, [0])[0] for d in pb_fields(resp).get(2, [])] if st == 0 else []
+        if len(used) >= 2 and min(used) >= 128 * MiB:
+            break
+        time.sleep(0.02)
     for dev in ("0", "1"):
         c.start(SVC + "Allocate", allocate_req(4 * GiB, devices=[dev], wait_ms=60000), True, deadline)
     answered = waiter_pump([c], deadline)
