@@ -130,7 +130,9 @@ absl::Status SocketListener::Bind() {
         absl::StrCat("cannot bind ", bound, ": ", strerror(err)));
   }
   chmod(bound.c_str(), 0666);
-  if (listen(listen_fd_, 128) != 0) return fail(Errno("listen"));
+  // The kernel's largest backlog (systemd's socket unit's default too): a
+  // flood of connects refused at accept leaves room for others' connects.
+  if (listen(listen_fd_, SOMAXCONN) != 0) return fail(Errno("listen"));
   if (via_tmp && rename(tmp.c_str(), path_.c_str()) != 0) {
     return fail(absl::FailedPreconditionError(absl::StrCat(
         "cannot move socket ", tmp, " to ", path_, ": ", strerror(errno))));

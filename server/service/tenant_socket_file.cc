@@ -278,7 +278,8 @@ absl::StatusOr<std::unique_ptr<TenantSocketFile>> TenantSocketFile::Make(
     return fail_bound(absl::FailedPreconditionError(
         absl::StrCat("cannot make ", path, " mode 0600: ", strerror(errno))));
   }
-  if (listen(f->fd_, 128) != 0) {
+  // The kernel's largest backlog, as for the main socket.
+  if (listen(f->fd_, SOMAXCONN) != 0) {
     return fail_bound(absl::InternalError(absl::StrCat("listen: ", strerror(errno))));
   }
   if (fstatat(dir, tmp.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
