@@ -458,27 +458,33 @@ def attack_b(o, deadline):
 
 def attack_c(o, deadline):
     """Unary calls with a zero receive window, never read, on one connection
-    (several of these processes run)."""
-    c = connect_retry(o.socket, deadline, settings=[(0x4, 0)])  # INITIAL_WINDOW_SIZE 0
-    if c is None:
-        return dict(error="no connection")
+    (several of these processes run); a connection the daemon closes is
+    opened again until the attack's time is up."""
     block = hpack_block(SVC + "GetStats")
     req = grpc_frame(b"")
-    sent, sid = 0, 1
-    while sent < o.sizes["streams"] and not c.closed and time.monotonic() < deadline:
-        for _ in range(200):
-            c.queue(h2_frame(HEADERS, END_HEADERS, sid, block) + h2_frame(DATA, END_STREAM, sid, req))
-            sid += 2
-            sent += 1
-        c.flush(deadline)
-        c.drain()
-    closed_early = c.closed
-    while time.monotonic() < deadline and not c.closed:
-        c.drain()
-        c.flush(deadline)
-        time.sleep(0.05)
-    c.close()
-    return dict(streams_sent=sent, closed_by_daemon=closed_early or c.closed)
+    sent = connections = closed_by_daemon = 0
+    while time.monotonic() < deadline and sent < 20 * o.sizes["streams"]:
+        c = connect_retry(o.socket, deadline, settings=[(0x4, 0)])  # INITIAL_WINDOW_SIZE 0
+        if c is None:
+            break
+        connections += 1
+        on_this, sid = 0, 1
+        while on_this < o.sizes["streams"] and not c.closed and time.monotonic() < deadline:
+            for _ in range(200):
+                c.queue(h2_frame(HEADERS, END_HEADERS, sid, block) +
+                        h2_frame(DATA, END_STREAM, sid, req))
+                sid += 2
+                on_this += 1
+            c.flush(deadline)
+            c.drain()
+        while time.monotonic() < deadline and not c.closed:
+            c.drain()
+            c.flush(deadline)
+            time.sleep(0.05)
+        sent += on_this
+        closed_by_daemon += 1 if c.closed else 0
+        c.close()
+    return dict(streams_sent=sent, connections=connections, closed_by_daemon=closed_by_daemon)
 
 
 def attack_d(o, deadline):
@@ -810,15 +816,17 @@ def holder_main(o):
 
 def proc_sample(pid):
     try:
-        rss = threads = 0
+        rss = shmem = threads = 0
         with open("/proc/%d/status" % pid) as f:
             for line in f:
                 if line.startswith("VmRSS:"):
                     rss = int(line.split()[1]) * 1024
+                elif line.startswith("RssShmem:"):
+                    shmem = int(line.split()[1]) * 1024
                 elif line.startswith("Threads:"):
                     threads = int(line.split()[1])
         fds = len(os.listdir("/proc/%d/fd" % pid))
-        return dict(rss=rss, threads=threads, fds=fds)
+        return dict(rss=rss, shmem=shmem, threads=threads, fds=fds)
     except (OSError, ValueError):
         return None
 
@@ -1045,6 +1053,8 @@ class Harness:
                  rss_mib=[mib(before and before["rss"]), mib(peak["rss"]), mib(after and after["rss"])],
                  threads=[before and before["threads"], peak["threads"], after and after["threads"]],
                  fds=[before and before["fds"], peak["fds"], after and after["fds"]],
+                 # Of the RSS, the state table's tmpfs pages (its records).
+                 shmem_mib=[mib(before and before["shmem"]), mib(after and after["shmem"])],
                  alive=alive, attackers=[s for s, _ in summaries],
                  failures=first_failures(ops))
         missed = []
