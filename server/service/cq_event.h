@@ -31,6 +31,18 @@ class CqEvent {
   ~CqEvent() = default;
 };
 
+// The tag of one kind of event of one call: OnEvent(ok) calls
+// call->OnEvent(event, ok). A call class keeps one per event it waits for
+// and befriends the type (`using Tag = CallTag<MyCall, Event>; friend Tag;`).
+template <typename Call, typename Event>
+struct CallTag final : CqEvent {
+  CallTag(Call* c, Event e) : call(c), event(e) {}
+  void OnEvent(bool ok) override { call->OnEvent(event, ok); }
+  void* tag() { return static_cast<CqEvent*>(this); }
+  Call* const call;
+  const Event event;
+};
+
 struct EventQueue {
   std::unique_ptr<grpc::ServerCompletionQueue> cq;
   bool stopping = false;  // read and written by the draining thread only

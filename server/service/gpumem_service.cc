@@ -91,13 +91,8 @@ class UnaryCall {
 
  private:
   enum class Event { kAccepted, kFinished, kDone };
-  struct Tag final : CqEvent {
-    Tag(UnaryCall* c, Event e) : call(c), event(e) {}
-    void OnEvent(bool ok) override { call->OnEvent(event, ok); }
-    void* tag() { return static_cast<CqEvent*>(this); }
-    UnaryCall* const call;
-    const Event event;
-  };
+  using Tag = CallTag<UnaryCall, Event>;
+  friend Tag;
 
   void OnEvent(Event event, bool ok) {
     switch (event) {

@@ -20,13 +20,8 @@ using grpc::health::v1::HealthCheckResponse;
 class HealthService::WatchCall {
   // A tag handed to gRPC: which call, which event. Passed as CqEvent*.
   enum class Event { kAccepted, kWritten, kDone, kFinished };
-  struct Tag final : CqEvent {
-    Tag(WatchCall* c, Event e) : call(c), event(e) {}
-    void OnEvent(bool ok) override { call->OnEvent(event, ok); }
-    void* tag() { return static_cast<CqEvent*>(this); }
-    WatchCall* const call;
-    const Event event;
-  };
+  using Tag = CallTag<WatchCall, Event>;
+  friend Tag;
 
  public:
   WatchCall(HealthService* service, EventQueue* queue)

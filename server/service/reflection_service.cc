@@ -158,13 +158,8 @@ class ReflectionService::Method final : public grpc::Service {
 
 class ReflectionService::Call {
   enum class Event { kAccepted, kRead, kWritten, kIdle, kDone, kFinished };
-  struct Tag final : CqEvent {
-    Tag(Call* c, Event e) : call(c), event(e) {}
-    void OnEvent(bool ok) override { call->OnEvent(event, ok); }
-    void* tag() { return static_cast<CqEvent*>(this); }
-    Call* const call;
-    const Event event;
-  };
+  using Tag = CallTag<Call, Event>;
+  friend Tag;
 
  public:
   Call(ReflectionService* service, Method* method, EventQueue* queue)
