@@ -13,7 +13,6 @@
 //    completed, or never started) and its done event arrived.
 #include "server/service/gpumem_service.h"
 
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -24,26 +23,9 @@
 #include "common/grpc_status.h"
 #include "server/service/caller.h"
 #include "server/service/stats_proto.h"
+#include "server/service/wait_cancel.h"
 
 namespace gpumem {
-
-// A waiting Allocate's cancellation, shared by its call and whoever learns
-// the wait ticket (the call may be gone by then). Either side may come
-// first; each checks the other's flag after setting its own, so no cancel is
-// lost (both are sequentially consistent).
-struct WaitCancel {
-  std::atomic<uint64_t> ticket{0};
-  std::atomic<bool> cancelled{false};
-
-  void Waiting(MemoryBroker* broker, uint64_t t) {
-    ticket.store(t);
-    if (cancelled.load()) broker->CancelWait(t);
-  }
-  void Cancel(MemoryBroker* broker) {
-    cancelled.store(true);
-    if (const uint64_t t = ticket.load(); t != 0) broker->CancelWait(t);
-  }
-};
 
 template <typename Request, typename Response>
 class UnaryCall {
