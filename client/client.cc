@@ -271,8 +271,9 @@ absl::StatusOr<v1::AllocateResponse> Client::AllocateRaw(
   return WithRestart<v1::AllocateResponse>(
       [this, &request](DaemonLink& link) -> absl::StatusOr<v1::AllocateResponse> {
         absl::StatusOr<v1::AllocateResponse> answer = absl::UnknownError("not sent");
-        // A request that may wait goes unary: the daemon serves waiting
-        // only there (a waiting request would hold up its stream's queue).
+        // A request that may wait goes unary: its call is its own (its
+        // deadline and cancellation reach the daemon's waiter), and older
+        // daemons refuse wait_ms on the stream.
         bool sent = false;
         if (request.wait_ms() == 0) {
           answer = link.stream()->Allocate(request);

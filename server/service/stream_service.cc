@@ -9,11 +9,16 @@
 //  - outbox_ holds the answers not yet written, oldest first; while writing_
 //    its front is the one being written; in_flight_ holds the request ids of
 //    exactly the answers in outbox_;
+//  - offloads_ counts the requests a worker or admission still owes an
+//    answer (waiting ones included); waits_ holds the cancels of the wait_ms
+//    Allocates among them, until their answers reach OnOffloaded or the
+//    stream's end cancels them all (CancelWaits);
 //  - deleted only when its accept failed, or when Finish completed, the done
 //    event arrived and nothing is outstanding.
 #include "server/service/stream_service.h"
 
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -22,12 +27,14 @@
 #include <grpcpp/alarm.h>
 #include <grpcpp/server_context.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/rpc_status.h"
 #include "server/service/cq_event.h"
 #include "server/service/caller.h"
+#include "server/service/wait_cancel.h"
 
 namespace gpumem {
 
@@ -74,7 +81,10 @@ class StreamService::Call {
         break;
       case Event::kDone:
         call->done_ = true;
-        if (call->ctx_.IsCancelled()) call->broken_ = true;
+        if (call->ctx_.IsCancelled()) {
+          call->broken_ = true;
+          call->CancelWaits();
+        }
         break;
       case Event::kPush:
         call->OnPush(ok);
@@ -229,30 +239,30 @@ class StreamService::Call {
     absl::Status status;
     switch (request.request_case()) {
       case v1::StreamRequest::kAllocate: {
-        if (request.allocate().wait_ms() != 0) {
-          // Broker calls run on this queue's thread: a request that waits
-          // for memory would hold up every stream on it (and the frees that
-          // would make room). Waiting is served by the unary Allocate.
-          status = absl::InvalidArgumentError(
-              "wait_ms is not served on the Stream RPC (a waiting request would "
-              "hold up the stream); send requests that may wait with the unary "
-              "Allocate RPC");
-          break;
-        }
         const absl::Time start = absl::Now();
+        // A request with wait_ms may wait for memory (admission's limits and
+        // refusals apply, as on the unary Allocate); the stream's end
+        // cancels it.
+        std::shared_ptr<WaitCancel> cancel =
+            request.allocate().wait_ms() != 0 ? std::make_shared<WaitCancel>() : nullptr;
         MemoryBroker::AllocateOutcome r = owner_->broker_->TryAllocate(
             caller_, request.allocate(), HeldAnswer(request.request_id(), start));
         if (r.kind == MemoryBroker::AllocateOutcome::Kind::kWaiting) {
-          // Held while other sessions give back idle leases: answered from
-          // admission's thread through offload_alarm_, like an offloaded
-          // request, and counted with them against max_queued_replies.
+          // Waiting, or held while other sessions give back idle leases:
+          // answered from admission's thread through offload_alarm_, like an
+          // offloaded request, and counted with them against
+          // max_queued_replies.
           ++offloads_;
+          if (cancel != nullptr) {
+            cancel->Waiting(owner_->broker_, r.wait_ticket);
+            waits_.emplace(request.request_id(), std::move(cancel));
+          }
           return;
         }
         if (r.kind == MemoryBroker::AllocateOutcome::Kind::kNeedsBackendWork) {
           // A new slab (or releasing empty ones): not on this thread, which
           // serves every stream of the queue. Answered when it is done.
-          if (Offload(request, start)) return;
+          if (Offload(request, start, std::move(cancel))) return;
           status = absl::UnavailableError(
               "gpumemd is stopping: it takes no new allocations; retry once it is back");
           break;
@@ -342,12 +352,14 @@ class StreamService::Call {
   }
 
   // Runs an Allocate or Free that needs backend work on a backend worker;
-  // its answer comes back through offload_alarm_ (OnOffloaded). False if the
-  // workers are stopping (nothing was started).
-  bool Offload(const v1::StreamRequest& request, absl::Time start) {
+  // its answer comes back through offload_alarm_ (OnOffloaded). `cancel`:
+  // a wait_ms Allocate's, told the ticket if it waits. False if the workers
+  // are stopping (nothing was started).
+  bool Offload(const v1::StreamRequest& request, absl::Time start,
+               std::shared_ptr<WaitCancel> cancel = nullptr) {
     StreamService* owner = owner_;
     const bool submitted = owner->workers_->Submit(
-        [this, owner, caller = caller_, start, request] {
+        [this, owner, caller = caller_, start, request, cancel] {
           Offloaded done;
           done.request_id = request.request_id();
           v1::StreamAnswer* answer = done.reply.mutable_answer();
@@ -356,8 +368,13 @@ class StreamService::Call {
           if (request.has_allocate()) {
             MemoryBroker::AllocateOutcome r = owner->broker_->Allocate(
                 caller, request.allocate(), HeldAnswer(request.request_id(), start));
-            // Held: the callback answers it (it still counts as offloaded).
-            if (r.kind == MemoryBroker::AllocateOutcome::Kind::kWaiting) return;
+            // Held: the callback answers it (it still counts as offloaded),
+            // maybe already, and the call may be gone: only `cancel` and
+            // `owner` are used.
+            if (r.kind == MemoryBroker::AllocateOutcome::Kind::kWaiting) {
+              if (cancel != nullptr) cancel->Waiting(owner->broker_, r.wait_ticket);
+              return;
+            }
             status = AnswerAllocate(owner, std::move(r.answer), start, answer,
                                     &done.allocation_ids);
           } else {
@@ -369,8 +386,18 @@ class StreamService::Call {
           if (!status.ok()) *answer->mutable_status() = ToRpcStatus(status);
           CompleteOffload(std::move(done));
         });
-    if (submitted) ++offloads_;
-    return submitted;
+    if (!submitted) return false;
+    ++offloads_;
+    if (cancel != nullptr) waits_.emplace(request.request_id(), std::move(cancel));
+    return true;
+  }
+
+  // The stream can carry no more answers, or ends with an error: its
+  // waiting requests give up their places now. Each is answered CANCELLED
+  // through its callback, so it leaves offloads_ the usual way.
+  void CancelWaits() {
+    for (auto& [request_id, cancel] : waits_) cancel->Cancel(owner_->broker_);
+    waits_.clear();
   }
 
   // The queue thread's half of Offload: finished requests' answers join the
@@ -384,6 +411,7 @@ class StreamService::Call {
     }
     offloads_ -= static_cast<int>(done.size());
     for (Offloaded& d : done) {
+      if (!waits_.empty()) waits_.erase(d.request_id);
       Outgoing out;
       out.request_id = d.request_id;
       out.allocation_ids = std::move(d.allocation_ids);
@@ -414,6 +442,7 @@ class StreamService::Call {
     writing_ = false;
     if (!ok) {  // the client is gone; what is left was never delivered
       broken_ = true;
+      CancelWaits();
       return;
     }
     if (outbox_.front().push) {
@@ -433,6 +462,7 @@ class StreamService::Call {
   void Fail(grpc::Status status) {
     failed_ = true;
     final_status_ = std::move(status);
+    CancelWaits();  // the stream ends once they are answered
   }
 
   // Finishes when nothing more will be read, nothing is outstanding and the
@@ -488,6 +518,8 @@ class StreamService::Call {
   std::vector<Offloaded> offload_done_;
   bool offload_wake_pending_ = false;
   int offloads_ = 0;  // submitted, not yet handled by OnOffloaded (queue thread only)
+  // The cancels of waiting wait_ms Allocates, by request id (queue thread only).
+  absl::flat_hash_map<uint64_t, std::shared_ptr<WaitCancel>> waits_;
   uint64_t session_id_ = 0;
   bool registered_ = false;    // queue thread only
   bool push_queued_ = false;   // a push is in outbox_ (queue thread only)

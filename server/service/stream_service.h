@@ -40,10 +40,13 @@
 //    stream's queue, whose thread writes it. At most one push waits per
 //    stream. A client answers with a StreamRequest.reclaimed (answered like
 //    any request), which tells the broker (ReclaimAnswered).
-//  - An Allocate the broker holds for reclaims (reclaim before refusing,
-//    memory_broker.h) is answered from admission's thread through the same
-//    alarm as offloaded requests, and counts with them against
-//    max_queued_replies while it is held.
+//  - An Allocate the broker holds (a wait_ms request that waits for memory,
+//    or a hold for reclaims, memory_broker.h) holds no thread: it is
+//    answered from admission's thread through the same alarm as offloaded
+//    requests, and counts with them against max_queued_replies while it is
+//    held. Waiting is the unary Allocate's: the same limits and refusals.
+//  - A stream that ends (cancelled, client gone) or fails while requests of
+//    it wait cancels them: their places are freed at once.
 //  - Threads: none of its own (the queues' and the worker pool's), whatever
 //    the number of streams.
 //  - Answers may come back out of order (an offloaded request's answer

@@ -214,31 +214,12 @@ TEST_F(StreamTest, TransportReportsAServerWithoutTheStream) {
   server->Shutdown();
 }
 
-// Waiting is served by the unary Allocate only: on the stream a request
-// with wait_ms is refused at once (it would hold up the stream's queue and
-// the frees that would make room), and the client library sends such
-// requests unary, where they wait.
-TEST_F(StreamTest, WaitingRequestsAreRefusedOnTheStreamAndServedUnary) {
-  auto stub = UnaryStub();
-  grpc::ClientContext ctx;
-  auto stream = stub->Stream(&ctx);
-  v1::StreamRequest req;
-  req.set_request_id(1);
-  *req.mutable_allocate() = Request(1 << 20);
-  req.mutable_allocate()->set_wait_ms(60000);
-  ASSERT_TRUE(stream->Write(req));
-  v1::StreamReply reply;
-  const auto start = Clock::now();
-  ASSERT_TRUE(stream->Read(&reply));
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
-  EXPECT_EQ(reply.answer().request_id(), 1u);
-  EXPECT_EQ(reply.answer().status().code(), 3);  // INVALID_ARGUMENT
-  EXPECT_TRUE(absl::StrContains(reply.answer().status().message(), "unary"));
-  stream->WritesDone();
-  EXPECT_TRUE(stream->Finish().ok());
-
-  // Through the library: takes the whole device 0, then a waiting request
-  // is served once a free makes room.
+// A waiting request through the library (which sends it unary: its call's
+// deadline and cancellation are its own) is served once a free makes room.
+// The stream's own waiting: stream_waiting_test.
+TEST_F(StreamTest, WaitingRequestsThroughTheLibraryAreServed) {
+  // Takes the whole device 0, then a waiting request is served once a free
+  // makes room.
   v1::AllocateRequest all = Request(3ull << 30);
   all.mutable_placement()->add_devices("0");
   auto first = client_->AllocateRaw(all);
