@@ -65,7 +65,7 @@ absl::StatusOr<std::vector<uint64_t>> AllocationTable::Commit(
   // (and TakeAll, which needs this lock, finds them) or refuses them.
   if (!session.AddAllocations(blocks)) {
     if (state_ != nullptr) drop_slots();
-    return absl::FailedPreconditionError("the calling process has exited");
+    return CallerExitedError();
   }
   next_id_ = id;
   for (size_t i = 0; i < records.size(); ++i) {

@@ -155,7 +155,7 @@ class MemoryBroker::RequestWaiter final : public admission::Waiter {
     // even a carve that would be given back, which could leave a slab for
     // a tenant that is gone.
     if (session_->ended()) {
-      return absl::FailedPreconditionError("the calling process has exited");
+      return CallerExitedError();
     }
     AllocateAnswer answer = broker_
         ->Place(caller_, *session_, tenant_ref_, prepared_, PoolCarver::Mode::kMayCallBackend,
@@ -173,6 +173,11 @@ class MemoryBroker::RequestWaiter final : public admission::Waiter {
   const AllocateCallback done_;
   bool wants_room_ = true;
 };
+
+absl::Status MemoryBroker::StoppingError() {
+  return absl::UnavailableError(
+      "gpumemd is stopping: it takes no new allocations; retry once it is back");
+}
 
 absl::Status MemoryBroker::ShuttingDown() const {
   if (restarting_.load()) {
@@ -406,8 +411,7 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
   absl::ReaderMutexLock gate(&gate_);
   if (shut_down_) return refused(ShuttingDown());
   if (draining_.load()) {
-    return refused(absl::UnavailableError(
-        "gpumemd is stopping: it takes no new allocations; retry once it is back"));
+    return refused(StoppingError());
   }
   if (request.shard_count() == 0 && request.shard_sizes_size() == 0 &&
       request.size_bytes() > pools_.largest_device_bytes()) {
@@ -888,7 +892,7 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller, uint64_t
     if ((*session)->ended()) {
       close(e->fd);
       pool.ForgetSession((*session)->id());
-      return absl::FailedPreconditionError("the calling process has exited");
+      return CallerExitedError();
     }
     return SlabFd{e->fd, e->size};
   }

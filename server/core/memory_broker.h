@@ -173,6 +173,11 @@ struct BrokerOptions {
 
 class MemoryBroker {
  public:
+  // UNAVAILABLE "gpumemd is stopping": the answer to an allocation asked
+  // while the daemon drains (by the broker, or by a service that can no
+  // longer hand the request to a worker).
+  static absl::Status StoppingError();
+
   // `backend` must outlive the broker.
   MemoryBroker(Backend* backend, BrokerOptions options);
   ~MemoryBroker();

@@ -130,11 +130,6 @@ void Listen(GpuMemoryService* owner, AsyncGpuMemory* service, EventQueue* queue,
   (new Call(owner, service, queue, fn))->Listen();
 }
 
-absl::Status Stopping() {
-  return absl::UnavailableError(
-      "gpumemd is stopping: it takes no new allocations; retry once it is back");
-}
-
 absl::Status NoTenants() {
   return absl::UnimplementedError("this daemon serves no tenant RPCs");
 }
@@ -201,7 +196,7 @@ void GpuMemoryService::Handle(AllocateCall* call) {
       ReplyAllocate(call, std::move(done.answer));
     }
   });
-  if (!submitted) ReplyAllocate(call, Stopping());
+  if (!submitted) ReplyAllocate(call, MemoryBroker::StoppingError());
 }
 
 void GpuMemoryService::Handle(FreeCall* call) {

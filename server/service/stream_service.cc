@@ -263,8 +263,7 @@ class StreamService::Call {
           // A new slab (or releasing empty ones): not on this thread, which
           // serves every stream of the queue. Answered when it is done.
           if (Offload(request, start, std::move(cancel))) return;
-          status = absl::UnavailableError(
-              "gpumemd is stopping: it takes no new allocations; retry once it is back");
+          status = MemoryBroker::StoppingError();
           break;
         }
         status = AnswerAllocate(owner_, std::move(r.answer), start, answer, &out.allocation_ids);

@@ -4,6 +4,10 @@
 
 namespace gpumem {
 
+absl::Status CallerExitedError() {
+  return absl::FailedPreconditionError("the calling process has exited");
+}
+
 Session::Session(uint64_t id, PeerCred cred, std::string token, state::DurableState* state,
                  uint64_t start_ticks, uint32_t slot, std::optional<tenants::TenantRef> tenant)
     : id_(id),
@@ -42,7 +46,7 @@ void Session::RecordLocked() {
 absl::StatusOr<tenants::TenantRef> Session::FixTenant(
     const std::function<absl::StatusOr<tenants::TenantRef>()>& resolve) {
   absl::MutexLock lock(&mu_);
-  if (ended_) return absl::FailedPreconditionError("the calling process has exited");
+  if (ended_) return CallerExitedError();
   if (tenant_.has_value()) return *tenant_;
   absl::StatusOr<tenants::TenantRef> resolved = resolve();
   if (resolved.ok()) {

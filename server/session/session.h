@@ -56,6 +56,10 @@ struct SessionBlock {
   uint64_t bytes = 0;
 };
 
+// FAILED_PRECONDITION "the calling process has exited": the answer to a
+// call whose session ended (its process is gone) while the call was served.
+absl::Status CallerExitedError();
+
 class Session {
  public:
   // `token` is set for connection-bound sessions only. `state` (may be
