@@ -1,111 +1,18 @@
 // MemoryBroker: the daemon's core. It knows no transport and decides no
-// thread policy; transports (server/service/) call it for a caller whose
+// thread policy: transports (server/service/) call it for a caller whose
 // identity (pid, uid, gid) they read from the kernel, and choose where each
-// call runs, using what each call says of itself:
-//  - Try* calls never call the backend (no slab is created, exported or
-//    released) and never wait: safe on a thread that serves many clients.
-//    Where serving the request would need backend work they answer
-//    kNeedsBackendWork having changed nothing.
-//  - The other calls may call the backend (milliseconds on CUDA).
-//  - No call waits for memory on its caller's thread: a request with
-//    wait_ms that nothing can serve now is handed to admission
-//    (server/admission/admission.h) and answered later through its
-//    callback, from admission's thread.
+// call runs. Try* calls never call the backend and never wait (where the
+// request needs backend work they answer kNeedsBackendWork, having changed
+// nothing); the others may call the backend. No call waits for memory on
+// its caller's thread: a waiting request is answered later, from
+// admission's thread (server/admission/), through its callback.
 //
-// The parts it composes, each in its own folder and with its own lock:
-// the devices' slab pools (pool/device_pools.h), placement (placement/)
-// through the quota adaptor (quota/quota_carver.h), the allocation table
-// (allocation_table.h), sessions (session/), waiting (admission/), the
-// tenant directory (tenants/) and the ledger (ledger/).
-//
-// What it guarantees:
-//  - Every allocation belongs to exactly one session (the caller's process)
-//    and is returned to its pool when that session ends, by Free, or at
-//    Shutdown; its bytes are counted in exactly one pool meanwhile.
-//  - Every caller is charged to a tenant (BrokerOptions.tenants; without it
-//    each uid is a tenant of its own). Slabs belong to one tenant for life:
-//    a slab's handle is only given to sessions of its tenant, and the
-//    sessions given it are recorded, so a slab released while one of them
-//    lives stays counted as retained (see server/pool/slab_pool.h) until
-//    they end or close it.
-//  - Without configured tenants, each call is charged to its caller's uid.
-//    With them, a session's tenant is fixed the first time the session needs
-//    one (its first Allocate or slab export), from the tenant directory in
-//    force then, and kept for the session's life: a config reload that moves the
-//    caller's uid to another tenant, or removes its tenant, changes nothing
-//    for a live session; new sessions resolve with the new directory. The
-//    priority a waiting Allocate queues with is its tenant's priority in the
-//    directory in force when it queues. Each request reads the directory
-//    once (a snapshot; no lock is held across placement or backend work).
-//  - An Allocate that fails leaves the pools as they were: blocks carved for
-//    it are released and slabs created for it go back to the device. A
-//    backend failure reaches the caller with the backend's code, naming the
-//    device and the operation; it is never reported as a refusal.
-//  - Free is allowed to the owning session, any process of the same uid, and
-//    root; otherwise PERMISSION_DENIED. A caller through a tenant's own
-//    socket (PeerCred::socket_tenant) is that tenant, whatever its uid: it
-//    may free only that tenant's allocations (another's id is NOT_FOUND,
-//    saying nothing of its owner), is never root nor an administrator, and
-//    sees only that tenant and the sessions opened through its socket; and
-//    the uid rule does not reach allocations made through a tenant's
-//    socket (only root's does). Its sessions are charged to that tenant
-//    (fixed at once), with or without configured tenants.
-//  - A request for a handle kind the daemon does not offer is
-//    FAILED_PRECONDITION naming the kinds it offers. Legacy IPC handle bytes
-//    go in the Allocate reply, and the session is recorded as given the
-//    slab's handle, as with an exported fd.
-//  - Stats shows device figures and counters to everyone, and sessions and
-//    tenants only of the caller's own uid unless the caller is an
-//    administrator (root, or a member of the admin group: SetAdminGroup).
-//  - After BeginDrain (SIGTERM) Allocate is UNAVAILABLE "gpumemd is
-//    stopping"; Free, GetStats, GetSession and slab handles still work, so
-//    sessions can finish and let go.
-//  - With a QuotaBook, carving goes through the quota adaptor: a tenant
-//    never holds more than its quota; an allocation's bytes are credited
-//    back after its block is released.
-//  - With a ledger, every allocation's ALLOCATE and ending events are
-//    appended at the table's commit points (allocation_table.h).
-//  - Waiting: an Allocate with wait_ms that nothing can serve now waits
-//    until a release or a quota change makes room (then admission's thread
-//    places it) or its time is up (then the usual answer). Waiters are
-//    served by tenant priority, then arrival, and fairly: one bypassed
-//    AdmissionOptions::bypass_limit times reserves the room that frees up
-//    on its devices for at most reserve_for (admission.h,
-//    pool/reserving_carver.h), for waiting and fresh requests behind it
-//    alike; one whose process exits is answered at once; at most
-//    AdmissionOptions::max_waiting_per_tenant wait per tenant (beyond:
-//    RESOURCE_EXHAUSTED naming the limit).
-//  - Reclaim before refusing: an Allocate refused for room (capacity or
-//    fragmentation) that the idle leases of other sessions could cover
-//    (their last usage reports show leased > in use, and free plus their
-//    leased bytes on a refused device reach the request's size) sends them
-//    reclaims and, given a callback, waits in admission as well, with or
-//    without wait_ms: until the sessions asked have answered
-//    (ReclaimAnswered) or ended and it was tried once more, or at most
-//    reclaim_wait (SetReclaimWait) after it came; then it is placed or
-//    refused as usual (a request with a longer wait_ms waits that long).
-//  - Sessions: at most the tenant's max_sessions sessions are charged to a
-//    tenant at once; the first Allocate or slab export of one more is
-//    RESOURCE_EXHAUSTED naming the tenant and the limit, until one ends.
-//  - Shutdown answers every waiter, waits for calls in flight, releases
-//    every allocation and slab (retained ones too), and from then on every
-//    call answers FAILED_PRECONDITION "gpumemd is shutting down".
-//    ShutdownForRestart does the same but releases nothing and records
-//    nothing: what it kept (BrokerOptions::state, slab_keeper) is left as
-//    it is for the next daemon.
-//  - A restart loses nothing (memory_broker_restore.cc): Restore takes back
-//    what a previous daemon kept — its sessions whose processes still run,
-//    its slabs (with their handles from systemd's fd store, or waiting for a
-//    client to give one back), every allocation of those in its exact place
-//    and charge, with its id — before anything is served. Clients confirm
-//    with Resume; what cannot survive (legacy IPC memory, a slab whose
-//    handle never comes back within restore_grace, a session whose process
-//    is gone) is closed, saying why. An Allocate retried after a restart
-//    with the request_key of one the previous daemon carried out but whose
-//    answer was lost gets that allocation back (RetakeByKey), never a
-//    second one.
-//
-// Thread-safety: every method may be called from any thread.
+// It composes the slab pools (pool/), placement (placement/) through the
+// quota adaptor (quota/), the allocation table, sessions (session/), the
+// tenant directory (tenants/) and the ledger (ledger/). Invariants: every
+// allocation belongs to exactly one session and is counted in exactly one
+// pool until it returns; every caller is charged to exactly one tenant; a
+// slab belongs to one tenant for life. Any method may be called from any thread.
 #ifndef GPUMEMD_SERVER_CORE_MEMORY_BROKER_H_
 #define GPUMEMD_SERVER_CORE_MEMORY_BROKER_H_
 
@@ -161,11 +68,15 @@ struct BrokerOptions {
   // How long after a restart clients have to come back (rebind a
   // connection-bound session, give back a slab's handle).
   absl::Duration restore_grace = absl::Seconds(30);
-  // Reclaim before refusing (see above); zero: off.
+  // Reclaim before refusing (SetReclaimSender); zero: off.
   absl::Duration reclaim_wait = absl::Milliseconds(300);
   // Tenants (the directory in force, replaced by reloads), quotas and the
   // ledger; each may be null (each uid its own tenant, no quota, no
-  // ledger). They must outlive the broker.
+  // ledger). They must outlive the broker. With a QuotaBook, carving goes
+  // through the quota adaptor: a tenant never holds more than its quota,
+  // and an allocation's bytes are credited back after its block is
+  // released. With a ledger, every allocation's ALLOCATE and ending events
+  // are appended at the table's commit points (allocation_table.h).
   const tenants::TenantDirectoryHolder* tenants = nullptr;
   quota::QuotaBook* quotas = nullptr;
   ledger::TenantLedger* ledger = nullptr;
@@ -187,19 +98,34 @@ class MemoryBroker {
   // Makes pool reservations and starts the maintenance thread. (The admin
   // group is root only until SetAdminGroup.)
   absl::Status Start();
-  // Refuses new allocations from now on (UNAVAILABLE); everything else keeps
-  // working. Calls already past their check finish. Idempotent.
+  // Refuses new allocations from now on (UNAVAILABLE "gpumemd is
+  // stopping", SIGTERM); Free, GetStats, GetSession and slab handles still
+  // work, so sessions can finish and let go. Calls already past their check
+  // finish. Idempotent.
   void BeginDrain();
   // Answers every waiting Allocate now (FAILED_PRECONDITION) and lets no new
   // one wait: the first step of shutting down.
   void StopWaiting();
-  // Releases every allocation and slab; later calls fail. Idempotent.
+  // Answers every waiter, waits for calls in flight, releases every
+  // allocation and slab (retained ones too); from then on every call answers
+  // FAILED_PRECONDITION "gpumemd is shutting down". Idempotent.
   void Shutdown();
   // Stops serving for a restart: waiters are answered UNAVAILABLE, nothing
-  // is released, recorded or closed (state and keeper frozen). Idempotent.
+  // is released, recorded or closed: what BrokerOptions::state and
+  // slab_keeper hold is left as it is for the next daemon. Idempotent.
   void ShutdownForRestart();
 
-  // ---- A restart ----
+  // ---- A restart (memory_broker_restore.cc) ----
+  // A restart loses nothing: Restore takes back what a previous daemon kept
+  // (its sessions whose processes still run, its slabs with their handles
+  // from systemd's fd store or waiting for a client to give one back, every
+  // allocation of those in its exact place and charge, with its id) before
+  // anything is served. Clients confirm with Resume; what cannot survive
+  // (legacy IPC memory, a slab whose handle never comes back within
+  // restore_grace, a session whose process is gone) is closed, saying why.
+  // An Allocate retried with the request_key of one the previous daemon
+  // carried out but whose answer was lost gets that allocation back
+  // (RetakeByKey), never a second one.
   struct RestoreOutcome {
     size_t sessions = 0, sessions_gone = 0;
     size_t slabs = 0, slabs_awaiting_handle = 0, slabs_dropped = 0;
@@ -230,7 +156,7 @@ class MemoryBroker {
   absl::StatusOr<std::shared_ptr<Session>> RebindConnection(const PeerCred& caller,
                                                             absl::string_view token);
   // The name of tenant `id` (restored tenants the config no longer has
-  // included; "uid:N" without configured tenants).
+  // included; "uid-N" without configured tenants).
   std::string TenantName(uint32_t id) const;
   // Waits until no allocation is live or `timeout` passes; true if none is.
   bool WaitUntilNoAllocations(absl::Duration timeout);
@@ -265,6 +191,29 @@ class MemoryBroker {
   // Serves `request` without calling the backend. A request with wait_ms
   // that nothing can serve now waits (kWaiting) and `on_waited` answers it
   // later; without a callback it is answered at once, as without wait_ms.
+  //  - A waiter waits until a release or a quota change makes room (then
+  //    admission's thread places it) or its time is up (then the usual
+  //    answer). Waiters are served by tenant priority, then arrival, and
+  //    fairly: one bypassed AdmissionOptions::bypass_limit times reserves
+  //    the room that frees up on its devices for at most reserve_for
+  //    (admission.h, pool/reserving_carver.h), for waiting and fresh
+  //    requests behind it alike; one whose process exits is answered at
+  //    once; at most AdmissionOptions::max_waiting_per_tenant wait per
+  //    tenant (beyond: RESOURCE_EXHAUSTED naming the limit).
+  //  - A request refused for room that idle leases of other sessions could
+  //    cover waits for reclaims too, with or without wait_ms
+  //    (SetReclaimSender).
+  //  - A failure leaves the pools as they were: blocks carved for it are
+  //    released and slabs created for it go back to the device. A backend
+  //    failure reaches the caller with the backend's code, naming the device
+  //    and the operation; it is never reported as a refusal.
+  //  - A handle kind the daemon does not offer is FAILED_PRECONDITION
+  //    naming the kinds it offers. Legacy IPC handle bytes go in the reply,
+  //    and the session is recorded as given the slab's handle, as with an
+  //    exported fd.
+  //  - At most the tenant's max_sessions sessions are charged to a tenant
+  //    at once: the first Allocate or slab export of one more is
+  //    RESOURCE_EXHAUSTED naming the tenant and the limit, until one ends.
   AllocateOutcome TryAllocate(const PeerCred& caller, const v1::AllocateRequest& request,
                               AllocateCallback on_waited = nullptr);
   // The same, calling the backend where needed (never kNeedsBackendWork).
@@ -283,6 +232,11 @@ class MemoryBroker {
   // nothing was changed.
   std::optional<absl::StatusOr<v1::FreeResponse>> TryFree(const PeerCred& caller,
                                                           const v1::FreeRequest& request);
+  // Allowed to the owning session, any process of the same uid, and root;
+  // otherwise PERMISSION_DENIED. The uid rule does not reach allocations
+  // made through a tenant's own socket (only root's does); a caller through
+  // a tenant's socket may free only that tenant's allocations (another's id
+  // is NOT_FOUND, saying nothing of its owner).
   absl::StatusOr<v1::FreeResponse> Free(const PeerCred& caller, const v1::FreeRequest& request);
 
   // Memory pressure. When an Allocate is refused for capacity (placement
@@ -291,8 +245,14 @@ class MemoryBroker {
   // leased bytes (leased > in use) and that holds memory on a refused
   // device, on the refused caller's thread with no broker lock held. It
   // answers whether the request reached the session (a live stream of it),
-  // so that only sessions that can answer hold the request (see above). Set
-  // it before any call is served; it must not call back into the broker.
+  // so that only sessions that can answer hold the request. Set it before
+  // any call is served; it must not call back into the broker.
+  // Reclaim before refusing: when free plus the leased bytes of the sessions
+  // asked reach the request's size on a refused device, the request waits
+  // in admission (given a callback, with or without wait_ms) until those
+  // sessions have answered (ReclaimAnswered) or ended and it was tried once
+  // more, or at most reclaim_wait (SetReclaimWait) after it came; then it is
+  // placed or refused as usual (a longer wait_ms waits that long).
   using ReclaimSender =
       std::function<bool(uint64_t session_id, const v1::ReclaimRequest& request)>;
   void SetReclaimSender(ReclaimSender sender) { reclaim_sender_ = std::move(sender); }
@@ -300,15 +260,22 @@ class MemoryBroker {
   // for it are tried once more now rather than at the end of their hold.
   void ReclaimAnswered(const PeerCred& caller);
 
-  // What `caller` may see (see above). Never calls the backend's slab
+  // What `caller` may see: device figures and counters to everyone;
+  // sessions and tenants only of the caller's own uid unless the caller is
+  // an administrator (root, or a member of the admin group: SetAdminGroup).
+  // A caller through a tenant's socket sees only that tenant and the
+  // sessions opened through its socket. Never calls the backend's slab
   // operations; on cuda it asks the driver for its free figures.
   StatsView Stats(const PeerCred& caller, bool include_slabs = false) const;
   // The caller's session, with the tenant it is charged to (or, before its
   // first allocation, the one the directory in force would charge it to;
   // absent when the config gives the caller none).
   absl::StatusOr<v1::Session> GetSession(const PeerCred& caller);
-  // A new fd for a slab's handle, for the slab-handle channel; the caller's
-  // session is recorded as holding the slab. Calls the backend (export).
+  // A new fd for a slab's handle, for the slab-handle channel. A slab's
+  // handle is only given to sessions of its tenant, and the caller's session
+  // is recorded as holding the slab, so a slab released while such a
+  // session lives stays counted as retained (server/pool/slab_pool.h) until
+  // they end or close it. Calls the backend (export).
   absl::StatusOr<SlabFd> ExportSlab(const PeerCred& caller, uint64_t slab_id);
   // The caller's process closed (unmapped) a slab it was given.
   absl::Status CloseSlab(const PeerCred& caller, uint64_t slab_id);
@@ -330,6 +297,16 @@ class MemoryBroker {
   const std::vector<HandleKind>& handle_kinds() const { return options_.handle_kinds; }
   // The tenant the directory in force gives a caller (PERMISSION_DENIED
   // when the config gives it none): what a new session of it is charged to.
+  // Without configured tenants each call is charged to its caller's uid.
+  // With them, a session's tenant is fixed the first time the session needs
+  // one (its first Allocate or slab export), from the directory in force
+  // then, and kept for the session's life: a reload that moves the uid to
+  // another tenant, or removes its tenant, changes nothing for a live
+  // session. A waiting Allocate queues with its tenant's priority in the
+  // directory in force when it queues. Each request reads the directory once
+  // (a snapshot; no lock is held across placement or backend work). A
+  // caller through a tenant's socket (PeerCred::socket_tenant) is that
+  // tenant at once, whatever its uid, and never root nor an administrator.
   absl::StatusOr<tenants::TenantRef> TenantOf(const PeerCred& caller) const;
   // Quotas changed (SetQuota, a reload): waiting requests are tried again.
   void QuotasChanged() { admission_.Kick(); }
