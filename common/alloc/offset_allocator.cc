@@ -75,7 +75,7 @@ void OffsetAllocator::FreeFailed(const char* what, const Block& block) {
 }
 
 // The first non-empty bin at or above `bin`, or kNone. Clears the stale band
-// bits it passes (band summary: see the header).
+// bits it passes (band summary: see OffsetAllocator::Allocate).
 uint32_t OffsetAllocator::FindBinAtOrAbove(uint32_t bin) {
   const uint32_t band = bin >> kMantissaBits;
   if (band >= num_bands_) return kNone;
@@ -145,7 +145,7 @@ bool OffsetAllocator::AllocateAt(uint64_t offset, uint64_t size, Block* out) {
   return true;
 }
 
-// Step 3 of the search, the exact fallback (see the header).
+// Step 3 of the search, the exact fallback (see OffsetAllocator::Allocate).
 __attribute__((noinline)) bool OffsetAllocator::AllocateSlow(
     uint64_t size, uint64_t alignment, uint32_t own_bin, uint32_t up_bin,
     Block* out) {

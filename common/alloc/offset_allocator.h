@@ -3,83 +3,15 @@
 // (its metadata is host memory it owns). Single-threaded: SlabPool
 // serialises calls under its own mutex.
 //
-// GUARANTEES
-//   * Allocate(size, alignment) returns [offset, offset + size) with offset
-//     % alignment == 0, inside the slab, overlapping no live block. A block
-//     holds exactly `size` bytes (padding and tail stay free ranges), so
-//     used_bytes() + free_bytes() == capacity() always.
-//   * Exactness: Allocate refuses only when no free range can hold the
-//     request at its alignment (or size is 0 / alignment not a power of 2).
-//   * Free coalesces at once: no two free ranges are ever adjacent.
-//   * Time: Free is O(1). Allocate is O(1): at most 2 * own_bin_probes()
-//     ranges looked at plus a few bit scans, except the exact fallback
-//     (step 3 below), which runs only when that found nothing fitting.
-//   * No stalls: node storage (NodeStorage) grows in place in address space
-//     reserved up front, never copying (past kReservedSlotsCap ranges by
-//     mremap: page tables move, bytes do not), and its fresh pages are
-//     faulted in ahead of use: by a PagePopulator thread where one is given
-//     (the daemon's SlabPool), else kPopulateBatchBytes (8 pages) at a time
-//     by the calling thread. In steady churn (no new peak of ranges) no call
-//     touches new memory.
-//   * Placement close to exact best fit (measured by allocator_bench,
-//     traces S, L, F, C, P; see its header for figures and tuning history).
-//   * 64-bit sizes and offsets; capacity up to 2^64 - 1; < 2^32 ranges.
-//
-// HOW IT SEARCHES
-//   Every range, free or live, is a 32-byte Node in one array addressed by
-//   32-bit index (a live block's handle), linked in address order for O(1)
-//   coalescing. Free ranges sit in size bins: a size's bin is a "float" with
-//   6 mantissa bits, so each power of two has 64 bins (one 64-bit bitmap
-//   word per band) and a bin's sizes differ by < 1/64. A summary word says
-//   which bands may have a non-empty bin: "first non-empty bin above b" is
-//   two count-trailing-zeros. For Allocate(size, alignment), with K =
-//   own_bin_probes() (default 3):
-//     1. Own bin (the bin holding `size`; its ranges may be smaller or
-//        larger): of its first K ranges, take the smallest that fits,
-//        lowest address among equal sizes.
-//     2. Good fit: the first non-empty bin above the own bin. No free range
-//        lies between `size` and that bin's sizes except in the own bin, so
-//        any range there is within a bin (< 1/64) of best fit when step 1
-//        found nothing. Of its first K ranges, take the smallest that fits
-//        the alignment, lowest address among equal sizes.
-//     3. Exact fallback, only if 1-2 found nothing: if alignment > 1, the
-//        head of the first non-empty bin whose ranges fit at any offset
-//        (>= size + alignment - 1); failing that (or if alignment == 1),
-//        walk every range of every bin from the own bin up to that bin,
-//        testing each exactly. These are the only bins where steps 1-2 can
-//        miss a fitting range, so a refusal is proven correct.
-//   The block is carved from the front of the chosen range; the rest stays
-//   free (re-binned only if its bin changes). K = 0 skips step 1 and takes
-//   the head of the first non-empty bin at or above `size` rounded up to a
-//   bin boundary (the earlier search, kept for comparison: allocator_bench
-//   --probes=0).
-//
-// INVARIANTS (checked by Validate())
-//   I1 Address list: from phys_head_ (offset 0) the ranges tile [0,
-//      capacity) exactly, sizes > 0, consistent back links.
-//   I2 Coalescing: no two address-adjacent ranges are both free.
-//   I3 Bins: every free range is in exactly bin BinIndex(size), doubly
-//      linked (a head's back link is unspecified and never read); bins hold
-//      only free ranges, as many as I1 counts.
-//   I4 Bitmaps: a bin's bit is set iff the bin is non-empty; a band's bit is
-//      set if the band has a non-empty bin (may be stale-set, cleared by the
-//      next search that meets it), never past the capacity; a live block's
-//      neighbour flags say exactly whether its neighbours are free.
-//   I5 Counters: used_bytes/live_blocks/free_ranges equal the sums over I1.
-//   I6 Node pool: every slot handed out is on the address list or on the
-//      spare list, never both.
-//   I7 Node storage: slots handed out <= slots usable, slots populated <=
-//      slots usable, which fit the two mappings; each mapping's usable part
-//      lies within its reservation, and the cached addresses are current
-//      (NodeStorage::Check).
-//
-// Metadata: 33 bytes per range (node + neighbour-flag byte), resident only
-// for slots ever handed out (the peak number of ranges) and those populated
-// ahead of them (< kPopulateBatchBytes; with a populator a quarter of those
-// handed out, a page to 1 MiB, at most twice that), plus per slab 4 bytes
-// per bin (7.25 KiB for a 4 GiB slab) and 8 bytes per power of two. Address
-// space: 33 bytes per possible range, at most 132 MiB, reserved
-// inaccessible (no memory, no commit charge) until used.
+// Guarantees: a block is [offset, offset + size) at its alignment, inside
+// the slab, overlapping no live block, holding exactly `size` bytes (so
+// used_bytes() + free_bytes() == capacity()); Allocate refuses only when no
+// free range can hold the request; Free coalesces at once; Free is O(1) and
+// Allocate O(1) but for an exact fallback that runs only when the fast
+// search found nothing; no call copies node storage or, in steady churn,
+// touches new memory; placement is close to exact best fit. 64-bit sizes
+// and offsets, fewer than 2^32 ranges. How it searches: at Allocate; its
+// invariants: at Validate.
 #ifndef GPUMEMD_COMMON_ALLOC_OFFSET_ALLOCATOR_H_
 #define GPUMEMD_COMMON_ALLOC_OFFSET_ALLOCATOR_H_
 
@@ -120,7 +52,10 @@ class OffsetAllocator {
   // the default, one per possible range up to kReservedSlotsCap); node
   // storage grows in place up to it and by mremap past it. `populator`
   // (may be null, must outlive the allocator): the thread that faults node
-  // pages in ahead of use; null: the calling thread does, in batches.
+  // pages in ahead of use; null: the calling thread does, kPopulateBatchBytes
+  // at a time. Node storage (NodeStorage) grows in place in address space
+  // reserved up front, never copying (past kReservedSlotsCap by mremap:
+  // page tables move, bytes do not), so no call stalls on a copy.
   explicit OffsetAllocator(uint64_t capacity, uint64_t reserve_slots = 0,
                            PagePopulator* populator = nullptr);
   OffsetAllocator(const OffsetAllocator&) = delete;
@@ -128,7 +63,35 @@ class OffsetAllocator {
   ~OffsetAllocator();
 
   // size >= 1; alignment a power of two >= 1. Returns false when no free
-  // range can hold it (never while one exists).
+  // range can hold it (never while one exists); also false for size 0 or an
+  // alignment that is not a power of two.
+  //
+  // The search. Every range, free or live, is a 32-byte Node in one array
+  // addressed by 32-bit index (a live block's handle), linked in address
+  // order for O(1) coalescing. Free ranges sit in size bins: a size's bin is
+  // a "float" with 6 mantissa bits, so each power of two has 64 bins (one
+  // 64-bit bitmap word per band) and a bin's sizes differ by < 1/64. A
+  // summary word says which bands may have a non-empty bin: "first
+  // non-empty bin above b" is two count-trailing-zeros. With K =
+  // own_bin_probes() (at most 2 * K ranges looked at, plus a few bit scans):
+  //   1. Own bin (the bin holding `size`; its ranges may be smaller or
+  //      larger): of its first K ranges, take the smallest that fits,
+  //      lowest address among equal sizes.
+  //   2. Good fit: the first non-empty bin above the own bin. No free range
+  //      lies between `size` and that bin's sizes except in the own bin, so
+  //      any range there is within a bin (< 1/64) of best fit when step 1
+  //      found nothing. Of its first K ranges, take the smallest that fits
+  //      the alignment, lowest address among equal sizes.
+  //   3. Exact fallback, only if 1-2 found nothing: if alignment > 1, the
+  //      head of the first non-empty bin whose ranges fit at any offset
+  //      (>= size + alignment - 1); failing that (or if alignment == 1),
+  //      walk every range of every bin from the own bin up to that bin,
+  //      testing each exactly. These are the only bins where steps 1-2 can
+  //      miss a fitting range, so a refusal is proven correct.
+  // The block is carved from the front of the chosen range; the rest stays
+  // free (re-binned only if its bin changes). K = 0 skips step 1 and takes
+  // the head of the first non-empty bin at or above `size` rounded up to a
+  // bin boundary.
   bool Allocate(uint64_t size, uint64_t alignment, Block* out);
   // `block` must be a live block returned by Allocate (checked; a mismatch
   // aborts the process, since it means the caller corrupted its state).
@@ -153,7 +116,13 @@ class OffsetAllocator {
   // Free ranges as (offset, size) in address order. O(ranges).
   std::vector<std::pair<uint64_t, uint64_t>> FreeRangeList() const;
   // Host bytes held: resident node storage (pages of the slots ever handed
-  // out), bin tables and the object itself.
+  // out), bin tables and the object itself. That is 33 bytes per range
+  // (node + neighbour-flag byte), resident only for slots ever handed out
+  // (the peak number of ranges) and those populated ahead of them (<
+  // kPopulateBatchBytes; with a populator a quarter of those handed out, a
+  // page to 1 MiB, at most twice that), plus 4 bytes per bin and 8 per power
+  // of two. Address space: 33 bytes per possible range, at most 132 MiB,
+  // reserved inaccessible (no memory, no commit charge) until used.
   uint64_t metadata_bytes() const;
   // Host bytes of nodes currently describing a range (live or free).
   uint64_t nodes_in_use_bytes() const {
@@ -162,7 +131,7 @@ class OffsetAllocator {
 
   // Tuning: K, how many ranges of a bin steps 1 and 2 of the search look at
   // (default kDefaultOwnBinProbes; 0: the head of the good-fit bin only, see
-  // the header). More = closer to best fit, slower.
+  // Allocate). More = closer to best fit, slower.
   void set_own_bin_probes(int n) { own_bin_probes_ = n < 0 ? 0 : n; }
   int own_bin_probes() const { return own_bin_probes_; }
 
@@ -177,7 +146,24 @@ class OffsetAllocator {
   };
   ColdPathCounts cold_path_counts() const;
 
-  // Checks every invariant; returns INTERNAL describing the first broken one.
+  // Checks every invariant; returns INTERNAL describing the first broken one:
+  //   I1 Address list: from phys_head_ (offset 0) the ranges tile [0,
+  //      capacity) exactly, sizes > 0, consistent back links.
+  //   I2 Coalescing: no two address-adjacent ranges are both free.
+  //   I3 Bins: every free range is in exactly bin BinIndex(size), doubly
+  //      linked (a head's back link is unspecified and never read); bins hold
+  //      only free ranges, as many as I1 counts.
+  //   I4 Bitmaps: a bin's bit is set iff the bin is non-empty; a band's bit is
+  //      set if the band has a non-empty bin (may be stale-set, cleared by the
+  //      next search that meets it), never past the capacity; a live block's
+  //      neighbour flags say exactly whether its neighbours are free.
+  //   I5 Counters: used_bytes/live_blocks/free_ranges equal the sums over I1.
+  //   I6 Node pool: every slot handed out is on the address list or on the
+  //      spare list, never both.
+  //   I7 Node storage: slots handed out <= slots usable, slots populated <=
+  //      slots usable, which fit the two mappings; each mapping's usable part
+  //      lies within its reservation, and the cached addresses are current
+  //      (NodeStorage::Check).
   absl::Status Validate() const;
 
   // Bin mapping, public for tests. BinIndex is monotonic in size;
@@ -224,9 +210,8 @@ class OffsetAllocator {
   // Neighbour flags of a live block.
   static constexpr uint8_t kPrevIsFree = 1, kNextIsFree = 2;
   // A byte that is not a character type: a store through uint8_t* may alias
-  // anything, which made the compiler reload the vectors' data pointers
-  // and node fields after every flag update (measured: S 42.0 -> 41.0 ns
-  // per pair with this type).
+  // anything, which makes the compiler reload the vectors' data pointers
+  // and node fields after every flag update.
   enum class Flags : uint8_t {};
   static void SetFlag(Flags* f, uint8_t bit) { *f = Flags(static_cast<uint8_t>(*f) | bit); }
   static void ClearFlag(Flags* f, uint8_t bit) { *f = Flags(static_cast<uint8_t>(*f) & ~bit); }

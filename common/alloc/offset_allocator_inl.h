@@ -2,11 +2,10 @@
 // of the search), Free and the bin-list, node-pool and neighbour-flag
 // helpers they are made of. Included at the end of offset_allocator.h and
 // nowhere else, so that callers (the SlabPool, the benchmark) compile the
-// fast paths in place, without a call per operation (tests/bench/
-// RESULTS.md has the measurements). The cold paths (node storage growth,
+// fast paths in place, without a call per operation. The cold paths (node storage growth,
 // splitting for alignment padding, the exact fallback, statistics,
 // Validate) stay out of line in offset_allocator.cc. The guarantees, the
-// search and the invariants are described in offset_allocator.h.
+// search (Allocate) and the invariants (Validate) are in offset_allocator.h.
 #ifndef GPUMEMD_COMMON_ALLOC_OFFSET_ALLOCATOR_INL_H_
 #define GPUMEMD_COMMON_ALLOC_OFFSET_ALLOCATOR_INL_H_
 
@@ -245,7 +244,7 @@ GPUMEM_POOL_INLINE void OffsetAllocator::Take(uint32_t i, uint32_t bin,
 // fits (size, alignment) and is smallest, the lowest in the slab among equal
 // sizes; kNone if none of them fits. kProbes > 0: `probes` is known to be
 // kProbes, and the loop is unrolled (no trip counter, one exit test per
-// probe: measured, see allocator_bench's tuning history).
+// probe).
 template <int kProbes>
 GPUMEM_POOL_INLINE uint32_t OffsetAllocator::BestOfFirstN(uint32_t bin, int probes,
                                                           uint64_t size,
