@@ -1,79 +1,17 @@
 // Admission: Allocate requests that wait for memory (AllocateRequest.wait_ms,
 // or a short hold while other sessions give back idle leases), held without
-// a thread each.
+// a thread each. A request that nothing can serve now becomes a Waiter, is
+// handed to Admission, and its caller's thread goes back to serving others.
+// From then on Admission's one thread decides its fate: when room may have
+// appeared (Kick) it tries the waiters in serving order (higher tenant
+// priority, then earlier arrival: waiter_queue.h); a waiter is otherwise
+// answered at its deadline, when its session ends, when cancelled, or at Stop.
 //
-// A request that nothing can serve now becomes a Waiter and is handed to
-// Admission, and its caller's thread goes back to serving others. From then
-// on one thread of Admission's own decides its fate:
-//  - when room may have appeared (Kick: a release, a quota change) it tries
-//    the waiters in serving order, higher tenant priority first, then
-//    earlier arrival (waiter_queue.h); each that can be served now is, and
-//    those that cannot keep waiting (but see fair waiting below);
-//  - at a waiter's deadline it gets its usual answer as things stand then
-//    (Waiter::Expire: one last try, else the refusal);
-//  - a waiter whose session ends is answered at once (the process is gone)
-//    and the others are tried again;
-//  - a waiter its transport gave up on (Cancel) is answered CANCELLED;
-//  - at Stop every waiter is answered FAILED_PRECONDITION.
-// Every waiter is answered exactly once, through Waiter::Done, on that
-// thread, with no Admission lock held; after Done the waiter is destroyed.
-//
-// Reclaim holds: a request refused for room that idle leases of other
-// sessions could cover is queued with the sessions asked to give them back
-// (Waiter::HoldForReclaim). Its deadline is the hold's bound; once every
-// session asked has answered (ReclaimAnswered) or ended, its deadline
-// becomes the one it would have had without the hold (now, for a request
-// without wait_ms), so it is tried once more and answered without waiting
-// out the bound.
-//
-// Fair waiting (priority, then arrival, without starving anyone):
-//  - A waiter that wants room (its last try was refused for capacity or
-//    fragmentation) is *bypassed* each time a request behind it in serving
-//    order (lower priority, or the same priority and later) is served while
-//    it waits: a waiter served in a pass after it was tried, or a fresh
-//    request served at once (NoteServed).
-//  - After `bypass_limit` bypasses it reserves: the first such waiter in
-//    serving order becomes the one reservation (Reservation: its claim, the
-//    devices it may use and the block it needs there). Requests behind it
-//    are tried with the reservation (TryServe/Expire's `ahead`, and
-//    ReservationAhead for fresh requests); the core refuses them any carve
-//    that would take, on those devices, room the reserving request could
-//    use while it does not fit (server/pool/reserving_carver.h). So the
-//    memory that frees up there accumulates for it. Requests ahead of it
-//    (higher priority) are not affected.
-//  - A reservation ends when its waiter is answered, or after
-//    `reserve_for`: then its bypass count starts again from zero and the
-//    others are tried at once. So a request behind it is held back by it at
-//    most `reserve_for` at a time, with at least `bypass_limit` others
-//    served between two reservations of the same waiter.
-//
-//  - A waiter reserves only if it could fit beside other tenants' blocks
-//    (Waiter::FittingDevices: on some device of its claim, the device's
-//    bytes minus what other tenants hold there cover its block), and then
-//    only on those devices. One that could not fit anywhere is not helped
-//    by holding the others back: it keeps waiting without reserving, its
-//    bypass count starts again from zero (so the check costs one look every
-//    `bypass_limit` bypasses), and reservations_declined() counts it.
-//
-// Limits:
-//  - at most the tenant's limit (Waiter::max_waiting, else
-//    `max_waiting_per_tenant`) of one tenant's requests wait at once;
-//  - the bytes one tenant's waiters hold (Waiter::held_bytes: what the core
-//    keeps for each, its compact form and what its transport keeps) are at
-//    most `max_waiting_bytes_per_tenant`;
-//  - a request may ask to wait at most `max_wait` (CheckWait, before it is
-//    placed: INVALID_ARGUMENT naming --max_wait_ms).
-// Enqueue refuses one more waiter past a limit with RESOURCE_EXHAUSTED
-// naming the tenant, the limit and its setting.
-//
-// No wake-up is lost: a caller reads kicks() before it tries to place its
-// request, and passes that number to Enqueue; if a release happened in
-// between, the new waiter is tried as if it had been queued first.
-//
-// Thread-safe. Waiters only ever run on Admission's thread (TryServe,
-// Expire, Done, WantsRoom), so they need no lock of their own for that. (Its
-// lock is a std::mutex with a condition variable: ThreadSanitizer sees those
-// natively, while it cannot see Debian's Abseil evaluate a Condition.)
+// Invariants: every waiter is answered exactly once, through Waiter::Done,
+// on Admission's thread with no Admission lock held, and destroyed after;
+// no wake-up is lost (Enqueue); no waiter starves behind requests after it
+// in serving order (fair waiting: AdmissionOptions::bypass_limit).
+// Thread-safe; Waiters run only on Admission's thread, so need no lock.
 #ifndef GPUMEMD_SERVER_ADMISSION_ADMISSION_H_
 #define GPUMEMD_SERVER_ADMISSION_ADMISSION_H_
 
@@ -150,17 +88,22 @@ class Waiter {
   // NoteServed too): it must be thread-safe and must not call Admission.
   virtual std::vector<uint32_t> FittingDevices() const { return claim_.devices; }
 
-  // What the daemon keeps for it while it waits, in bytes (counted against
-  // max_waiting_bytes_per_tenant); set before Enqueue.
+  // What the daemon keeps for it while it waits, in bytes: what the core
+  // keeps for it, its compact form and what its transport keeps (counted
+  // against max_waiting_bytes_per_tenant); set before Enqueue.
   void set_held_bytes(uint64_t bytes) { held_bytes_ = bytes; }
   uint64_t held_bytes() const { return held_bytes_; }
 
   // What it would reserve (see Claim); set before Enqueue.
   void set_claim(Claim claim) { claim_ = std::move(claim); }
   const Claim& claim() const { return claim_; }
-  // A reclaim hold (see the top of this file): `sessions` were asked to give
-  // back idle leases; once each has answered or ended, the deadline becomes
-  // `answered_deadline` (if earlier). Set before Enqueue.
+  // A reclaim hold: a request refused for room that idle leases of other
+  // sessions could cover is queued with the `sessions` asked to give them
+  // back. Its deadline is the hold's bound; once each has answered
+  // (ReclaimAnswered) or ended, the deadline becomes `answered_deadline` if
+  // earlier (the one it would have had without the hold: now, for a request
+  // without wait_ms), so it is tried once more and answered without waiting
+  // out the bound. Set before Enqueue.
   void HoldForReclaim(std::vector<uint64_t> sessions, absl::Time answered_deadline) {
     reclaim_from_ = std::move(sessions);
     answered_deadline_ = answered_deadline;
@@ -196,7 +139,29 @@ struct AdmissionOptions {
   // The longest wait_ms a request may ask for (CheckWait); zero: no limit.
   // The daemon's is --max_wait_ms.
   absl::Duration max_wait = absl::ZeroDuration();
-  // Fair waiting (see the top of this file).
+  // Fair waiting (priority, then arrival, without starving anyone):
+  //  - A waiter that wants room (WantsRoom: its last try was refused for
+  //    capacity or fragmentation) is *bypassed* each time a request behind it
+  //    in serving order (lower priority, or the same priority and later) is
+  //    served while it waits: a waiter served in a pass after it was tried,
+  //    or a fresh request served at once (NoteServed).
+  //  - After `bypass_limit` bypasses it reserves: the first such waiter in
+  //    serving order becomes the one Reservation. Requests behind it are
+  //    tried with the reservation (TryServe/Expire's `ahead`, and
+  //    ReservationAhead for fresh requests); the core refuses them any carve
+  //    that would take, on those devices, room the reserving request could
+  //    use while it does not fit (server/pool/reserving_carver.h). So the
+  //    memory that frees up there accumulates for it. Requests ahead of it
+  //    (higher priority) are not affected.
+  //  - It reserves only if it could fit beside other tenants' blocks
+  //    (Waiter::FittingDevices), and then only on those devices. One that
+  //    could not fit anywhere keeps waiting without reserving, its bypass
+  //    count starts again from zero, and reservations_declined() counts it.
+  //  - A reservation ends when its waiter is answered, or after
+  //    `reserve_for`: then its bypass count starts again from zero and the
+  //    others are tried at once. So a request behind it is held back by it
+  //    at most `reserve_for` at a time, with at least `bypass_limit` others
+  //    served between two reservations of the same waiter.
   uint32_t bypass_limit = 8;
   absl::Duration reserve_for = absl::Seconds(2);
 };
@@ -208,19 +173,22 @@ class Admission {
   Admission(const Admission&) = delete;
   Admission& operator=(const Admission&) = delete;
 
-  // Releases so far; read before trying to place a request that may wait.
+  // Releases so far; read before trying to place a request that may wait,
+  // and passed to Enqueue, so that no wake-up is lost.
   uint64_t kicks() const;
 
   // OK if a request may ask to wait `wait_ms`; INVALID_ARGUMENT naming the
   // limit and its setting otherwise. Fixed for Admission's life: no lock.
   absl::Status CheckWait(uint64_t wait_ms) const;
 
-  // Queues `waiter`, which could not be served when kicks() was `seen`. On
+  // Queues `waiter`, which could not be served when kicks() was `seen` (if
+  // a release happened since, it is tried as if it had been queued first). On
   // success the waiter is Admission's (the pointer is taken) and the answer
   // is a ticket for Cancel. Otherwise `waiter` is left with the caller:
   // RESOURCE_EXHAUSTED when its tenant has max_waiting_per_tenant requests
-  // waiting or its waiters' bytes would pass max_waiting_bytes_per_tenant,
-  // FAILED_PRECONDITION once stopped.
+  // waiting (Waiter::max_waiting if set) or its waiters' bytes would pass
+  // max_waiting_bytes_per_tenant, naming the tenant, the limit and its
+  // setting; FAILED_PRECONDITION once stopped.
   absl::StatusOr<uint64_t> Enqueue(std::unique_ptr<Waiter>& waiter, uint64_t seen);
 
   // Room may have appeared: the waiters are tried again soon.
@@ -289,6 +257,8 @@ class Admission {
   const absl::Duration max_wait_;  // options_.max_wait, read without the lock
   // Everything below is guarded by mu_; entries are removed only by the
   // admission thread, so a Waiter it is trying stays alive without the lock.
+  // A std::mutex with a condition variable: ThreadSanitizer sees those
+  // natively, while it cannot see Debian's Abseil evaluate a Condition.
   mutable std::mutex mu_;
   std::condition_variable wake_;
   uint64_t kicks_ = 0;
