@@ -1,71 +1,16 @@
 // LedgerStore: the ledger's SQLite file: schema, start-up recovery, grouped
 // writes and reads. The schema is documented in README.md ("The ledger").
 //
-// Guarantees:
-//  - Open creates the file and schema or checks an existing one; a file that
-//    is not a ledger, is corrupt (PRAGMA quick_check finds damage) or cannot
-//    be written is an error naming the path with SQLite's own message. The
-//    journal is WAL.
-//  - A disk that is full at Open (SQLITE_FULL, or ENOSPC, EDQUOT or EFBIG
-//    under an I/O error) is not an error: Open reads what recovery needs
-//    without writing (in EXCLUSIVE locking mode, so with the WAL index in
-//    memory, when SQLite cannot make its -shm) and the store is pending():
-//    every write first runs the recovery transaction again, and answers its
-//    error until the disk takes it. Write errors of a full disk are
-//    RESOURCE_EXHAUSTED; others FAILED_PRECONDITION.
-//  - Files: PATH is made 0600 by Open before SQLite opens it (so -wal and
-//    -shm get 0600 too), whatever the umask; PATH, -wal, -shm and -lock
-//    found with wider modes are tightened (fchmod), with a log line.
-//  - One daemon per ledger: the store holds an exclusive flock on PATH-lock
-//    (holding the owner's pid) while it lives, and Open fails naming that
-//    pid when another process holds it. Without this a second daemon would
-//    close the first one's live allocations as if it had crashed.
-//  - Open recovers: every allocation still in the `live` table (live when the
-//    last daemon died) gets a DAEMON_RESTART event, leaves `live`, and its
-//    bytes leave current usage, all in one transaction. Byte-seconds are not
-//    accrued for the time the daemon was down. With `defer` (a daemon that
-//    may carry on with what the last one left, server/restart/) nothing is
-//    closed: the live rows are returned in Recovery::live, usage stays as it
-//    was, and the daemon reconciles through TenantLedger::Resume.
-//  - Allocation ids never repeat: Open hands out the first id of a fresh
-//    window above every id a previous run could have used, and Commit keeps
-//    the stored high-water mark at least kIdWindow/2 above the highest id
-//    committed so far.
-//  - Events are stored compactly and read back exactly: an allocation made
-//    and ended in one commit, whose events say nothing but its tenant, uid,
-//    pid, session, device, bytes, id and the end's kind (no detail), and
-//    whose end is at most kFoldSpan seqs after its start, is a pair: one
-//    element of a JSON array in a `pair_rows` row, which holds one tenant's
-//    pairs of up to kFoldSpan consecutive seqs. Every other event is a row
-//    of `event_rows`. Query, and the `events` view SQL readers use, give
-//    back every event with its own seq, as one row each. A ledger of the
-//    earlier format (an `events` table of every event) is migrated at Open,
-//    in the recovery transaction.
-//  - Commit writes a group of events, their effect on `live` and `usage`,
-//    and pending quota rows in one transaction: all or nothing. It yields
-//    the core (sched_yield) every kYieldEvery events, so a full batch never
-//    holds a core a serving thread waits for. Before it
-//    writes, it checks that PATH is still the file Open opened: a ledger
-//    removed or replaced under the running daemon is an error naming it
-//    (the events would otherwise go to an unlinked file and be lost at
-//    exit), until the file is put back.
-//  - Durability: WAL with synchronous=NORMAL. A commit is in the WAL (the
-//    kernel's page cache) when Commit returns; the process dying at any
-//    moment after that (kill -9, a crash) loses none of it, because the
-//    kernel still writes those pages. Only losing the machine (power, a
-//    kernel crash) may lose the last commits before a checkpoint's fsync;
-//    the file stays consistent either way.
-//  - SQLite's automatic checkpoint is off: the owner calls Checkpoint
-//    (PASSIVE: never waits for readers or blocks them).
-//  - Socket tenants made at run time (PutTenant) are rows of
-//    `socket_tenants` (with their per-device quotas, by device UUID, in
-//    `socket_tenant_devices`): PutSocketTenant and DeleteSocketTenant
-//    write one tenant in one transaction and return only once it is
-//    committed, so a tenant a caller was told exists survives a crash.
-// The write side takes one lock, so the writer thread's commits and the
-// callers of the other write methods never use the connection at once;
-// Query may run concurrently from any thread on its own read-only
-// connection.
+// Invariants: one daemon per ledger file (an flock, Open); the file and its
+// -wal, -shm and -lock are its owner's alone (0600); a commit is all or
+// nothing, and in the WAL once Commit returns, so the process dying after
+// that loses none of it; allocation ids never repeat across runs; events
+// are stored compactly and read back exactly; a full disk at Open is not an
+// error (pending()) and write errors of a full disk are RESOURCE_EXHAUSTED,
+// others FAILED_PRECONDITION. The write side takes one lock, so the writer
+// thread's commits and the callers of the other write methods never use the
+// connection at once; Query may run concurrently from any thread on its own
+// read-only connection.
 #ifndef GPUMEMD_SERVER_LEDGER_LEDGER_STORE_H_
 #define GPUMEMD_SERVER_LEDGER_LEDGER_STORE_H_
 
@@ -126,8 +71,12 @@ struct EventQuery {
 
 class LedgerStore {
  public:
+  // Allocation ids never repeat: Open hands out the first id of a fresh
+  // window above every id a previous run could have used, and Commit keeps
+  // the stored high-water mark at least kIdWindow/2 above the highest id
+  // committed so far.
   static constexpr uint64_t kIdWindow = uint64_t{1} << 20;
-  // The most seqs between a folded row's start and its end.
+  // The most seqs between a folded row's start and its end (Foldable).
   static constexpr uint64_t kFoldSpan = 1024;
 
   struct Recovery {
@@ -138,6 +87,29 @@ class LedgerStore {
     UsageAccount usage;                       // after those events
   };
 
+  // Creates the file and schema or checks an existing one; a file that is
+  // not a ledger, is corrupt (PRAGMA quick_check finds damage) or cannot be
+  // written is an error naming the path with SQLite's own message. The
+  // journal is WAL.
+  //  - PATH is made 0600 before SQLite opens it (so -wal and -shm get 0600
+  //    too), whatever the umask; PATH, -wal, -shm and -lock found with wider
+  //    modes are tightened (fchmod), with a log line.
+  //  - One daemon per ledger: the store holds an exclusive flock on
+  //    PATH-lock (holding the owner's pid) while it lives, and Open fails
+  //    naming that pid when another process holds it. Without this a second
+  //    daemon would close the first one's live allocations as if it had
+  //    crashed.
+  //  - Recovery: every allocation still in the `live` table (live when the
+  //    last daemon died) gets a DAEMON_RESTART event, leaves `live`, and its
+  //    bytes leave current usage, all in one transaction. Byte-seconds are
+  //    not accrued for the time the daemon was down. With `defer` (a daemon
+  //    that may carry on with what the last one left, server/restart/)
+  //    nothing is closed: the live rows are returned in Recovery::live,
+  //    usage stays as it was, and the daemon reconciles through
+  //    TenantLedger::Resume. A ledger of the older format (an `events` table
+  //    of every event) is migrated in the same transaction.
+  //  - A full disk (SQLITE_FULL, or ENOSPC, EDQUOT or EFBIG under an I/O
+  //    error) is not an error: see pending().
   // `max_page_count` > 0 limits the file (PRAGMA max_page_count); tests use
   // it to make SQLite answer "database or disk is full".
   static absl::StatusOr<std::unique_ptr<LedgerStore>> Open(const std::string& path,
@@ -149,28 +121,48 @@ class LedgerStore {
   const Recovery& recovery() const { return recovery_; }
   const std::string& path() const { return path_; }
 
-  // One transaction: `events` (seq already set), the rows of `usage` named in
-  // `changed`, `quotas` upserted, and the id high-water mark.
+  // One transaction, all or nothing: `events` (seq already set), their
+  // effect on `live`, the rows of `usage` named in `changed`, `quotas`
+  // upserted, and the id high-water mark. It yields the core (sched_yield)
+  // every so many events, so a full batch never holds a core a serving
+  // thread waits for. Before it writes, it checks that PATH is still the
+  // file Open opened: a ledger removed or replaced under the running daemon
+  // is an error naming it (the events would otherwise go to an unlinked file
+  // and be lost at exit), until the file is put back.
+  // Durability: WAL with synchronous=NORMAL. A commit is in the WAL (the
+  // kernel's page cache) when Commit returns; the process dying at any
+  // moment after that (kill -9, a crash) loses none of it, because the
+  // kernel still writes those pages. Only losing the machine (power, a
+  // kernel crash) may lose the last commits before a checkpoint's fsync;
+  // the file stays consistent either way.
   absl::Status Commit(const std::vector<LedgerEvent>& events, const UsageAccount& usage,
                       const std::vector<UsageAccount::Key>& changed,
                       const std::vector<QuotaRow>& quotas, uint64_t highest_id);
   // Replaces every quota row (the config's, at start).
   absl::Status ReplaceQuotas(const std::vector<QuotaRow>& quotas);
 
-  // Socket tenants (see above): inserted or replaced, deleted (a name
-  // without a row is no error), listed by name.
+  // Socket tenants made at run time (PutTenant): rows of `socket_tenants`
+  // (with their per-device quotas, by device UUID, in
+  // `socket_tenant_devices`), inserted or replaced, deleted (a name without
+  // a row is no error), listed by name. Put and Delete write one tenant in
+  // one transaction and return only once it is committed, so a tenant a
+  // caller was told exists survives a crash.
   absl::Status PutSocketTenant(const SocketTenantRow& row);
   absl::Status DeleteSocketTenant(const std::string& name);
   absl::StatusOr<std::vector<SocketTenantRow>> SocketTenants() const;
 
+  // Every event with its own seq, one each, however it is stored (as does
+  // the `events` view SQL readers use).
   absl::StatusOr<std::vector<LedgerEvent>> Query(const EventQuery& query) const;
 
   // Tests: changes the page limit of the write connection.
   void SetMaxPageCount(int64_t pages);
 
-  // Opened on a full disk (see the class comment): what it read is in
-  // recovery(), nothing is written yet, and every write first tries to
-  // write the recovery; pending_error() is why (RESOURCE_EXHAUSTED).
+  // Opened on a full disk: Open read what recovery needs without writing
+  // (in EXCLUSIVE locking mode, so with the WAL index in memory, when SQLite
+  // cannot make its -shm); what it read is in recovery(), and every write
+  // first runs the recovery transaction again, answering its error until the
+  // disk takes it; pending_error() is why (RESOURCE_EXHAUSTED).
   bool pending() const;
   absl::Status pending_error() const;
 
@@ -187,7 +179,9 @@ class LedgerStore {
   absl::StatusOr<RetainResult> Retain(uint64_t keep_events, uint64_t batch_seqs);
   uint64_t retained_through() const;
 
-  // A PASSIVE checkpoint: copies what it can of the WAL into the file.
+  // A PASSIVE checkpoint (never waits for readers or blocks them): copies
+  // what it can of the WAL into the file. SQLite's automatic checkpoint is
+  // off: the owner calls this.
   struct CheckpointResult {
     int wal_pages = 0;  // in the WAL when it ran
     int copied = 0;     // of those, copied (fewer: a reader holds older ones)
@@ -227,7 +221,12 @@ class LedgerStore {
   absl::Status DamagedIfAny(const std::string& count_sql, absl::string_view what);
   absl::Status WriteQuotas(const std::vector<QuotaRow>& quotas);
   absl::Status InsertEvent(const LedgerEvent& e);
-  // `start` and `end` may be stored as a pair (see the class comment).
+  // `start` and `end` may be stored as a pair: made and ended in one commit,
+  // saying nothing but tenant, uid, pid, session, device, bytes, id and the
+  // end's kind (no detail), the end at most kFoldSpan seqs after the start.
+  // A pair is one element of a JSON array in a `pair_rows` row, which holds
+  // one tenant's pairs of up to kFoldSpan consecutive seqs; every other
+  // event is a row of `event_rows`.
   static bool Foldable(const LedgerEvent& start, const LedgerEvent& end);
   // One tenant's pairs being gathered into a pair_rows row.
   struct PairChunk {
