@@ -1,71 +1,18 @@
 // CachingPool: the client library's in-process allocator on leased memory.
+// A request up to cache_max_request bytes is rounded up to a size class
+// (size_classes.h) and served from a lease: a block of lease_bytes the pool
+// allocated from the daemon, sub-allocated with the project's
+// OffsetAllocator. Larger requests (and sharded ones) are one daemon
+// allocation each. The daemon charges the tenant per lease, so its quota
+// and ledger stay exact at lease granularity.
 //
-// WHAT IT GUARANTEES
-//   * A request up to cache_max_request bytes is rounded up to a size class
-//     (size_classes.h) and served from a lease: a block of lease_bytes the
-//     pool allocated from the daemon, sub-allocated with the project's
-//     OffsetAllocator. Larger requests (and sharded ones) are one daemon
-//     allocation each. The daemon charges the tenant per lease, so its quota
-//     and ledger stay exact at lease granularity.
-//   * Memory comes only from devices the placement allows: a placement is an
-//     arena, and a block of an arena comes from one of that arena's leases.
-//     (The policy, e.g. least loaded, is applied per lease, not per block.)
-//   * Freed blocks go back to the freeing thread's cache (a few per size
-//     class, bounded in bytes) or to their lease; a lease with no block out
-//     goes back to the daemon once it has been empty for idle_release_ms, or
-//     at once on Trim(). A thread cache that sees no use for one reaper tick
-//     is emptied into the leases first.
-//   * Frees of device memory (CUDA handle kinds) are stream-ordered: device
-//     work queued before a free may still use the block, so it is not
-//     reused, given back to the daemon or unmapped until a fence taken at
-//     the free has passed (client/free_fences.h). Free() waits for all the
-//     work this process queued on the block's device before it (the next
-//     cuCtxSynchronize of the device: run when the blocks waiting exceed
-//     2 leases' worth (or 8192 blocks) on a free, when the daemon has no
-//     memory left for an
-//     allocation, and by Trim() and the destructor); FreeAfterStream() for
-//     the work queued on one stream before it (an event, polled on every
-//     slow-path allocation and reaper tick, waited for only when the daemon
-//     has no memory left, by Trim() and the destructor). Both return at
-//     once otherwise. Host memory (memfd, the sim backend) is reused at once.
-//   * The daemon is told the pool's leased and in-use bytes (UsageReport)
-//     with every lease taken or given back, so its GetStats shows them for
-//     this session; between those requests the figures it shows are the
-//     last reported ones.
-//   * Memory pressure: when the daemon asks for idle memory back (a
-//     StreamReply.reclaim, read by the client's stream reader thread even
-//     while the program makes no call), the watcher thread does what Trim()
-//     does and tells the daemon how many bytes it gave back.
-//   * Bad pointers are detected, never followed: Free looks a pointer up in
-//     the lease table and the lease's per-256-byte shadow table (one atomic
-//     word each, swapped on free), so a double free, an interior or foreign
-//     pointer gets a status and leaves the pool intact. Two threads freeing
-//     the same pointer at once: exactly one succeeds.
-//   * Daemon restart: the client library carries every lease and large
-//     block over it (client/client.h: same ids, same addresses), so the
-//     pool carries on as it was; calls made meanwhile wait for the new
-//     daemon. Only what the library reports lost (a daemon that kept
-//     nothing, or stopped for good) is abandoned: never freed at the
-//     daemon, its address ranges never handed out again.
-//     Free of such a pointer answers GPUMEM_E_LOST. Blocks the program still holds
-//     stay mapped (orphaned host/device memory: writes are harmless but
-//     lost) until it frees them; then the memory is released but its
-//     addresses stay reserved (the mapper's retired slab: the CUDA address
-//     reservation, or an inaccessible host mapping), never handed out again.
-//   * fork(): the child must not use the parent's pool (its daemon session,
-//     leases and threads are the parent's); every call in the child answers
-//     GPUMEM_E_FORKED without touching any lock.
-//
-// HOW (the hot path)
-//   Allocate: class -> this thread's cache for the arena (a thread_local
-//   table, no shared writes) -> pop a block under the cache's own spin lock
-//   (uncontended: taken by other threads only to drain it) -> mark the
-//   block's shadow word live. Free: lease table (an immutable sorted array
-//   swapped by pointer when leases come and go; old arrays are kept until the
-//   pool is destroyed) -> shadow word exchange -> push onto this thread's
-//   cache. Only a cache miss or overflow takes the pool mutex.
-//
-// Thread-safe, except that destruction must not race with other calls.
+// Invariants: memory comes only from devices the placement allows (a
+// placement is an arena; a block comes from one of its arena's leases);
+// device memory freed is not reused until device work queued before the
+// free has passed; a bad pointer is detected, never followed; a daemon
+// restart loses nothing the library carries over; a fork() child never
+// touches the parent's pool. Thread-safe, except that destruction must not
+// race with other calls.
 #ifndef GPUMEMD_CLIENT_CACHING_POOL_H_
 #define GPUMEMD_CLIENT_CACHING_POOL_H_
 
@@ -127,6 +74,36 @@ struct PoolStats {
   std::vector<LeaseRow> rows;
 };
 
+// The hot path. Allocate: class -> this thread's cache for the arena (a
+// thread_local table, no shared writes) -> pop a block under the cache's own
+// spin lock (uncontended: taken by other threads only to drain it) -> mark
+// the block's shadow word live. Free: lease table (an immutable sorted array
+// swapped by pointer when leases come and go; old arrays are kept until the
+// pool is destroyed) -> shadow word exchange -> push onto this thread's
+// cache. Only a cache miss or overflow takes the pool mutex.
+//
+// The daemon is told the pool's leased and in-use bytes (UsageReport) with
+// every lease taken or given back, so its GetStats shows them for this
+// session; between those requests it shows the last reported ones. When the
+// daemon asks for idle memory back (a StreamReply.reclaim, read by the
+// client's stream reader thread even while the program makes no call), the
+// watcher thread does what Trim() does and tells the daemon how many bytes
+// it gave back.
+//
+// Daemon restart: the client library carries every lease and large block
+// over it (client/client.h: same ids, same addresses), so the pool carries
+// on as it was; calls made meanwhile wait for the new daemon. Only what the
+// library reports lost (a daemon that kept nothing, or stopped for good) is
+// abandoned: never freed at the daemon, its address ranges never handed out
+// again. Free of such a pointer answers GPUMEM_E_LOST. Blocks the program
+// still holds stay mapped (orphaned host/device memory: writes are harmless
+// but lost) until it frees them; then the memory is released but its
+// addresses stay reserved (the mapper's retired slab: the CUDA address
+// reservation, or an inaccessible host mapping).
+//
+// fork(): the child must not use the parent's pool (its daemon session,
+// leases and threads are the parent's); every call in the child answers
+// GPUMEM_E_FORKED without touching any lock.
 class CachingPool {
  public:
   // Connects (UNAVAILABLE when no daemon answers).
@@ -149,12 +126,30 @@ class CachingPool {
   // One block per shard on distinct devices, all or nothing.
   absl::StatusOr<std::vector<Shard>> AllocateSharded(
       uint64_t total, uint32_t shards, const v1::PlacementRequest& placement);
-  // Frees `ptr`; on device memory it is reused only after all work this
-  // process queued on its device before the free (see above).
+  // Frees `ptr`: back to the freeing thread's cache (a few per size class,
+  // bounded in bytes) or to its lease; a lease with no block out goes back
+  // to the daemon once it has been empty for idle_release_ms, or at once on
+  // Trim(). A thread cache that sees no use for one reaper tick is emptied
+  // into the leases first.
+  // Bad pointers are detected, never followed: Free looks a pointer up in
+  // the lease table and the lease's per-256-byte shadow table (one atomic
+  // word each, swapped on free), so a double free, an interior or foreign
+  // pointer gets a status and leaves the pool intact. Two threads freeing
+  // the same pointer at once: exactly one succeeds.
+  // Frees of device memory (CUDA handle kinds) are stream-ordered: the block
+  // is not reused, given back to the daemon or unmapped until a fence taken
+  // at the free has passed (client/free_fences.h). Free() waits for all the
+  // work this process queued on the block's device before it: the next
+  // cuCtxSynchronize of the device, run when the blocks waiting exceed 2
+  // leases' worth (or 8192 blocks) on a free, when the daemon has no memory
+  // left for an allocation, and by Trim() and the destructor. Host memory
+  // (memfd, the sim backend) is reused at once.
   absl::Status Free(void* ptr);
   // The same, waiting only for the work queued on `stream` (a CUstream of
   // the block's device's primary context; null: its NULL stream) before the
-  // free: PyTorch's contract for its allocator's free.
+  // free: PyTorch's contract for its allocator's free. Its fence is an
+  // event, polled on every slow-path allocation and reaper tick, waited for
+  // only when the daemon has no memory left, by Trim() and the destructor.
   absl::Status FreeAfterStream(void* ptr, void* stream);
   absl::StatusOr<int> DeviceOf(const void* ptr);
   // This process's CUDA ordinal of a live block's device, or -1 for host
