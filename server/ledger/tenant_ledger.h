@@ -1,70 +1,17 @@
 // TenantLedger: the durable record of who used what, fed from the broker's
 // commit points and written to SQLite (ledger_store.h) by its own thread.
 //
-// Guarantees:
-//  - Append is cheap and never touches the disk: it numbers the event and
-//    queues it under the ledger's own small lock, so the broker may call it
-//    under its lock. Events are committed in order.
-//  - A writer thread commits queued events in one transaction each time 1,000
-//    are queued or 100 ms have passed since the last commit, whichever is
-//    first (LedgerOptions). It runs below the serving threads: at idle
-//    priority (SCHED_IDLE: only on a core no other thread wants, and any
-//    thread that wakes takes the core from it at once) while it keeps up;
-//    as a normal thread niced by writer_nice while the queue holds two
-//    batches or two delays' worth, or a Flush or Close waits, until it has
-//    caught up (writer_idle); niced only, where idle priority could not be
-//    left again. So a commit never holds a core a request wants, and it
-//    checkpoints the WAL itself (PASSIVE, after a commit, once the WAL holds
-//    checkpoint_pages pages): SQLite's automatic checkpoint is off, so no
-//    checkpoint runs anywhere else.
-//  - Nothing the serving threads call waits for SQLite: Append takes one
-//    short lock to push onto a vector the writer swaps out whole; the
-//    writer commits without that lock.
-//  - A commit that fails (disk full, I/O error, the file removed or replaced
-//    under the daemon: see LedgerStore::Commit) is logged loudly on stderr,
-//    the events stay queued in memory (at most max_held; beyond that the
-//    oldest are dropped and counted) and are retried; allocations keep being
-//    served, and usage, peak and byte-seconds in memory stay exact (they are
-//    folded from every event, dropped ones included, and written with the
-//    next commit that works). So while the disk is full the promise is: no
-//    event is lost until max_held are waiting; beyond that the oldest go, and
-//    their count is recorded. When a commit works again, a LEDGER_GAP event
-//    records when writes failed, why, and how many events were dropped.
-//    stats() says so meanwhile (failing, last_error, held_events,
-//    dropped_events), in one snapshot taken under the ledger's lock.
-//  - A ledger whose disk is full at Open (SQLite answers "database or disk
-//    is full", or ENOSPC/EDQUOT/EFBIG) still opens: what recovery needs is
-//    read without writing (LedgerStore::pending), the ledger starts in the
-//    failing state above (stats().failing, last_error naming the file),
-//    events and a ReplaceQuotas are held and retried, and the first commit
-//    the disk takes writes the recovery, the held events and the LEDGER_GAP.
-//    A corrupt or unreadable file still fails Open.
-//  - Retention (retain_events > 0): after a commit, and while idle, the
-//    writer folds the events more than retain_events seqs old into per-
-//    tenant, per-kind summary rows (`retained`) and deletes them, at most
-//    retain_batch seqs per transaction; usage (current, peak, byte-seconds)
-//    is its own table and stays exact. So under steady churn the file stops
-//    growing: SQLite reuses the freed pages.
-//  - A reader that keeps a read transaction open (sqlite3 left open on the
-//    file) does not stop commits (WAL), but no checkpoint can then reset the
-//    WAL, which grows: counted in stats() (blocked_checkpoints, wal_pages)
-//    and logged once a minute while the WAL is over wal_warn_pages.
-//  - Usage (current, peak, byte-seconds per tenant and device) is folded
-//    from the events by the writer; Usage() answers from memory.
-//  - With no path (--ledger=none) nothing is written or read back; usage is
-//    still folded, for this run only, and Query is FAILED_PRECONDITION.
-//  - kill -9 of the daemon loses at most the events not yet committed (the
-//    batch in flight: under 2 * max_batch events, or about 2 * max_delay's
-//    worth; on a machine whose every core is busy with other work, where
-//    an idle-priority writer waits for the scheduler's sliver, up to about
-//    a second's worth if no further event comes to raise it); every
-//    commit before it is in the file (ledger_store.h, durability), and the
-//    next start closes or defers what was live (LedgerStore::Open, Resume).
-//  - Close (and the destructor) commits what is queued and stops the writer.
-//  - Socket tenants made at run time are written at once, not queued
-//    (PutSocketTenant returns once the row is committed); with no path they
-//    are kept nowhere and SocketTenants() is empty.
-// Thread-safe.
+// Invariants: nothing the serving threads call waits for SQLite (Append
+// numbers an event and queues it under one short lock, so the broker may
+// call it under its own; the writer commits without that lock); events are
+// committed in order; the writer runs below the serving threads, so a
+// commit never holds a core a request wants; a failing disk never stops
+// allocations, and what it costs is counted (no event lost until max_held
+// wait; then the oldest go, counted, and a LEDGER_GAP records it); usage,
+// peak and byte-seconds in memory stay exact; kill -9 loses at most the
+// batch in flight. With no path (--ledger=none) nothing is written or read
+// back: usage is still folded, for this run only, Query is
+// FAILED_PRECONDITION and SocketTenants() is empty. Thread-safe.
 #ifndef GPUMEMD_SERVER_LEDGER_TENANT_LEDGER_H_
 #define GPUMEMD_SERVER_LEDGER_TENANT_LEDGER_H_
 
@@ -89,29 +36,48 @@ namespace ledger {
 
 struct LedgerOptions {
   std::string path;  // empty: no ledger file
+  // The writer commits queued events in one transaction each time
+  // max_batch are queued or max_delay has passed since the last commit,
+  // whichever is first.
   absl::Duration max_delay = absl::Milliseconds(100);
   size_t max_batch = 4096;
+  // A commit that fails (disk full, I/O error, the file removed or replaced
+  // under the daemon: see LedgerStore::Commit) is logged loudly on stderr;
+  // its events stay queued in memory and are retried, at most max_held of
+  // them: beyond that the oldest are dropped and counted. Usage, peak and
+  // byte-seconds stay exact (folded from every event, dropped ones
+  // included, and written with the next commit that works). When a commit
+  // works again, a LEDGER_GAP event records when writes failed, why, and
+  // how many events were dropped; stats() says so meanwhile.
   size_t max_held = 1000000;
   // The writer thread's nice value (setpriority on its thread id; 0 leaves
-  // it as the daemon's other threads). 10 gives it about a tenth of a core
-  // under full load, several times what it needs at line rate.
+  // it as the daemon's other threads).
   int writer_nice = 10;
-  // The writer runs at idle priority (SCHED_IDLE) while it keeps up, and as
-  // a normal thread at writer_nice while the queue is two batches or two
-  // delays long (or someone waits in Flush or Close). Only where it may
-  // leave idle priority again (RLIMIT_NICE or CAP_SYS_NICE); else it stays
-  // at writer_nice.
+  // The writer runs at idle priority (SCHED_IDLE: only on a core no other
+  // thread wants, and any thread that wakes takes the core from it at once)
+  // while it keeps up, and as a normal thread at writer_nice while the queue
+  // is two batches or two delays long (or someone waits in Flush or Close),
+  // until it has caught up. Only where it may leave idle priority again
+  // (RLIMIT_NICE or CAP_SYS_NICE); else it stays at writer_nice. On a
+  // machine whose every core is busy, an idle-priority writer waits for the
+  // scheduler's sliver, so kill -9 may then lose more than max_delay's worth.
   bool writer_idle = true;
   // The writer runs a PASSIVE checkpoint after a commit once the WAL holds
-  // this many pages (SQLite's own automatic checkpoint is off).
+  // this many pages (SQLite's own automatic checkpoint is off, so no
+  // checkpoint runs anywhere else).
   int checkpoint_pages = 4000;
   // Past this many WAL pages (about 250 MiB of 4 KiB pages) checkpoints
-  // are being kept from resetting the WAL (a reader holds it): said on
-  // stderr once a minute, naming the file.
+  // are being kept from resetting the WAL (a reader holds a read
+  // transaction open: commits go on, the WAL grows): said on stderr once a
+  // minute, naming the file, and counted in stats() (blocked_checkpoints).
   int wal_warn_pages = 64000;
   int64_t max_page_count = 0;  // tests: see LedgerStore::Open
-  // Retention (see above): events kept (0: all), and the most seqs one
-  // retention transaction folds.
+  // Retention (retain_events > 0): after a commit, and while idle, the
+  // writer folds the events more than retain_events seqs old into
+  // per-tenant, per-kind summary rows (`retained`) and deletes them, at most
+  // retain_batch seqs per transaction; usage is its own table and stays
+  // exact. So under steady churn the file stops growing: SQLite reuses the
+  // freed pages.
   uint64_t retain_events = 0;
   uint64_t retain_batch = 8192;
   // The daemon may carry on with what the last one left (server/restart/):
@@ -143,7 +109,12 @@ struct WriterStats {
 class TenantLedger {
  public:
   // Opens the file (recovering after a crash, see ledger_store.h) and starts
-  // the writer. Errors name the path and carry SQLite's message.
+  // the writer. Errors name the path and carry SQLite's message. A disk full
+  // at Open still opens (LedgerStore::pending): the ledger starts failing
+  // (stats().failing, last_error naming the file), events and a
+  // ReplaceQuotas are held and retried, and the first commit the disk takes
+  // writes the recovery, the held events and the LEDGER_GAP. A corrupt or
+  // unreadable file still fails Open.
   static absl::StatusOr<std::unique_ptr<TenantLedger>> Open(LedgerOptions options);
   ~TenantLedger();
 
@@ -176,7 +147,8 @@ class TenantLedger {
   void SetQuota(QuotaRow row);
   // Replaces the quotas table now (start-up: the config's quotas).
   absl::Status ReplaceQuotas(const std::vector<QuotaRow>& rows);
-  // The socket tenants table (see above); the error names the file.
+  // The socket tenants table, written at once, not queued (PutSocketTenant
+  // returns once the row is committed); the error names the file.
   absl::Status PutSocketTenant(const SocketTenantRow& row);
   absl::Status DeleteSocketTenant(const std::string& name);
   absl::StatusOr<std::vector<SocketTenantRow>> SocketTenants() const;
@@ -185,9 +157,13 @@ class TenantLedger {
   // UNAVAILABLE with SQLite's message while writes fail.
   absl::Status Flush();
   absl::StatusOr<std::vector<LedgerEvent>> Query(const EventQuery& query) const;
+  // Usage (current, peak, byte-seconds per tenant and device), folded from
+  // the events by the writer; answered from memory.
   std::map<UsageAccount::Key, UsageRow> Usage() const;
+  // One snapshot, taken under the ledger's lock.
   WriterStats stats() const;
 
+  // Commits what is queued and stops the writer (the destructor too).
   void Close();
 
   // Tests: see LedgerStore::SetMaxPageCount.
