@@ -1,66 +1,18 @@
-// SlabPool: the memory of one device, as slabs carved into blocks, and the
-// record of who was given each slab's handle.
-//
-// The pool asks its backend for slabs (large device allocations that clients
-// import whole) and carves blocks out of them with one OffsetAllocator per
-// slab. The rules it keeps:
-//  - A slab belongs to one tenant for its whole life. Blocks are carved only
-//    from slabs their tenant owns; an empty slab is reused by the same tenant
-//    or released, never handed to another one. (Anything given to a client,
-//    an fd or a CUDA import, may be kept by it forever, so a slab that passed
-//    to another tenant could be read through an old handle; scrubbing cannot
-//    prevent that, never reusing can.) The only exception is a reserved slab
-//    that was never given to anyone: it is claimed by the first tenant that
-//    carves from it and is that tenant's from then on.
-//  - Export tracking: the pool records which sessions were given each slab's
-//    handle. A slab released while such a session is still alive is not
-//    free: it becomes *retained* (its backend slab is kept, its bytes count
-//    as retained, neither carvable nor offered to placement) until every
-//    such session has ended (ForgetSession) or said it closed the slab
-//    (CloseExport). Then it goes back to the device. Its tenant may carve
-//    from it again meanwhile (it is that tenant's, and its bytes count in
-//    the tenant's footprint): it is then carvable as before.
-//  - A slab has one HandleKind (how clients open it) for its life; blocks
-//    are carved only from slabs of the kind their request asked for.
-//    Reserved slabs are of the backend's default kind.
-//  - Slab sizes are multiples of the larger of PoolOptions::granularity and
-//    the backend's granularity for the device.
-//  - A block larger than the slab size gets a dedicated slab of its own
-//    (rounded up to the backend's granularity), released with the block.
-//  - Slabs are sized per tenant: a new slab is as large as the tenant's
-//    slabs on the device together (at least the block and min_slab_size,
-//    at most the slab size, unless the block is larger), so a tenant
-//    that asks for little pins little, and one that grows gets fewer,
-//    larger slabs. With a budget set (SetBudget, slab_budget.h) a tenant's
-//    slab bytes on a device (carvable, retained and being made: its
-//    footprint) stay within the budget plus one granule: a new slab is cut
-//    down to the budget's room (half of it for the tenant's first slab on
-//    the device, leaving the rest for its other devices) in whole blocks of
-//    the size asked (never below one block, so a tenant of even block sizes
-//    can use all of its quota), and a block that would need more is refused
-//    (PoolRefusal::Reason::kFootprint) after the tenant's own empty slabs
-//    have been given back.
-//  - A slab empty for `empty_release_after` is released by ReleaseIdleSlabs,
-//    unless it is part of the start-time reservation. When a new slab cannot
-//    be made because capacity sits in empty slabs (of any tenant), those are
-//    released at once instead.
-//  - Live slab bytes never exceed the device's capacity (the backend
-//    refuses), and capacity promised to a slab being created counts as used.
-//    A new slab is planned only where the backend says the device has room
-//    for it (Backend::NewSlabRoom: on cuda the driver's free memory), so a
-//    device short of memory the pool never sees (other processes, contexts)
-//    is refused by the pool with its figures, not by a failing driver call.
-//  - Carve answers with a block, a refusal (capacity or fragmentation, with
-//    the figures), or the backend's error with the device and operation in
-//    its message; a failed Carve leaves the pool as it was. TryCarve is the
-//    same without calling the backend: where Carve would create a slab or
-//    release empty ones to make room, it answers kNeedsBackendWork and
-//    changes nothing (any other answer is the one Carve would give).
-//
-// Thread-safety: every method may be called from any thread. One mutex per
-// pool guards its bookkeeping; backend work (creating, exporting, releasing
-// slabs) runs outside it, so a slow slab creation on one device holds up
-// neither other devices nor carves from this device's existing slabs.
+// SlabPool: the memory of one device, as slabs (large backend allocations
+// that clients import whole) carved into blocks with one OffsetAllocator per
+// slab, and the record of which sessions were given each slab's handle.
+// Invariants: a slab belongs to one tenant for life (a handle a client was
+// given may be kept forever, so a slab is never reused by another tenant;
+// only a reserved slab nobody was given is claimed by its first carver); a
+// slab released while a session given its handle lives is *retained* (kept,
+// counted, not carvable but by its own tenant) until each such session ends
+// or closes it; a slab has one HandleKind for life; slabs are sized per
+// tenant and, with a budget (slab_budget.h), a tenant's footprint on the
+// device stays within it plus one granule (else kFootprint); live slab bytes
+// never exceed the device's capacity nor Backend::NewSlabRoom; a failed
+// Carve leaves the pool as it was, and TryCarve never calls the backend.
+// Every method may be called from any thread: one mutex guards the books,
+// and backend work runs outside it.
 #ifndef GPUMEMD_SERVER_POOL_SLAB_POOL_H_
 #define GPUMEMD_SERVER_POOL_SLAB_POOL_H_
 
