@@ -1,56 +1,18 @@
 // StreamService: gpumem.v1.GpuMemory.Stream, the daemon's hot path, served
-// from gRPC completion queues.
+// from gRPC completion queues. Each client keeps one bidirectional stream
+// open and sends StreamRequests (Allocate, Free, GetSession with a request
+// id); each gets exactly one StreamAnswer with the same id, computed by the
+// same MemoryBroker calls as the unary RPCs, so codes and messages are
+// identical. Answers may come back out of order; each carries its id.
 //
-// Each client keeps one bidirectional stream open and sends StreamRequests
-// (Allocate, Free, GetSession with a request id); each gets exactly one
-// StreamAnswer with the same id, computed by the same MemoryBroker calls as
-// the unary RPCs, so codes and messages are identical.
-//
-// Shape (measured to be the fastest here, tests/bench/RESULTS.md): the
-// daemon's completion queues (event_queues.h), each drained by one thread;
-// every stream lives on one queue, so its state is touched by one thread
-// only and needs no lock. Thread policy, decided here: broker calls run
-// inline on that thread through the core's Try* calls, which never call the
-// backend; an Allocate or Free that needs backend work (a new slab: on CUDA,
-// milliseconds of cuMemCreate, map and memset; a dedicated slab given back)
-// is answered kNeedsBackendWork with nothing changed, and runs on the
-// backend WorkerPool instead; its answer comes back to the queue thread
-// through a grpc::Alarm. So a slow device holds up neither the other streams
-// of the queue nor allocations on other devices. Nothing ever blocks on a
-// client: reads and writes are asynchronous.
-//
-// What it guarantees:
-//  - Identity is the connection's: the caller is looked up once per stream,
-//    as the unary handlers do it (CallerOf in caller.h: the
-//    PeerTable by ServerContext::peer(), plus the session token metadata of
-//    a client in another pid namespace); a stream whose caller cannot be
-//    established ends with that status.
-//  - Bounded memory per stream: at most `max_queued_replies` answers wait to
-//    be written; past that the stream's requests are not read until the
-//    client reads its answers (a client that stops reading is throttled by
-//    HTTP/2 flow control, nobody else is).
-//  - A request id reused while its request is in flight (answer not yet
-//    written), or a message that is not a StreamRequest, ends the stream with
-//    INVALID_ARGUMENT naming it, after the answers already queued are written.
-//  - An Allocate whose answer was not written when the stream ended (client
-//    gone, stream cancelled) is freed: the client never learned its id.
-//  - Memory pressure: the broker's reclaims (MemoryBroker::SetReclaimSender)
-//    are pushed as StreamReply.reclaim on every live stream of the session;
-//    the pushing thread only queues it and sets a grpc::Alarm on the
-//    stream's queue, whose thread writes it. At most one push waits per
-//    stream. A client answers with a StreamRequest.reclaimed (answered like
-//    any request), which tells the broker (ReclaimAnswered).
-//  - An Allocate the broker holds (a wait_ms request that waits for memory,
-//    or a hold for reclaims, memory_broker.h) holds no thread: it is
-//    answered from admission's thread through the same alarm as offloaded
-//    requests, and counts with them against max_queued_replies while it is
-//    held. Waiting is the unary Allocate's: the same limits and refusals.
-//  - A stream that ends (cancelled, client gone) or fails while requests of
-//    it wait cancels them: their places are freed at once.
-//  - Threads: none of its own (the queues' and the worker pool's), whatever
-//    the number of streams.
-//  - Answers may come back out of order (an offloaded request's answer
-//    after those of later requests); each carries its request id.
+// Invariants: every stream lives on one completion queue (event_queues.h)
+// drained by one thread, so its state needs no lock; nothing ever blocks on
+// a client (reads and writes are asynchronous); a slow device holds up
+// neither the other streams of the queue nor allocations on other devices;
+// memory per stream is bounded (max_queued_replies); identity is the
+// connection's, looked up once per stream (CallerOf in caller.h); an
+// Allocate whose answer was not written when the stream ended is freed (the
+// client never learned its id). No threads of its own, whatever the streams.
 #ifndef GPUMEMD_SERVER_SERVICE_STREAM_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_STREAM_SERVICE_H_
 
@@ -70,10 +32,36 @@ namespace gpumem {
 
 struct StreamServiceOptions {
   // Answers a stream may have waiting to be written before its requests are
-  // no longer read.
+  // no longer read until the client reads its answers (a client that stops
+  // reading is throttled by HTTP/2 flow control, nobody else is). Allocates
+  // the broker holds (waiting, or for reclaims) count against it while they
+  // are held.
   size_t max_queued_replies = 64;
 };
 
+// Thread policy: broker calls run inline on the queue's thread through the
+// core's Try* calls, which never call the backend; an Allocate or Free that
+// needs backend work (a new slab; a dedicated slab given back) is answered
+// kNeedsBackendWork with nothing changed, and runs on the backend WorkerPool
+// instead; its answer comes back to the queue thread through a grpc::Alarm.
+// An Allocate the broker holds (a wait_ms request that waits for memory, or
+// a hold for reclaims, memory_broker.h) holds no thread: it is answered from
+// admission's thread through the same alarm. Waiting is the unary
+// Allocate's: the same limits and refusals. A stream that ends (cancelled,
+// client gone) or fails while requests of it wait cancels them: their
+// places are freed at once.
+//
+// A stream whose caller cannot be established ends with that status. A
+// request id reused while its request is in flight (answer not yet
+// written), or a message that is not a StreamRequest, ends the stream with
+// INVALID_ARGUMENT naming it, after the answers already queued are written.
+//
+// Reclaims (MemoryBroker::SetReclaimSender) are pushed as StreamReply.reclaim
+// on every live stream of the session; the pushing thread only queues it and
+// sets a grpc::Alarm on the stream's queue, whose thread writes it. At most
+// one push waits per stream. A client answers with a
+// StreamRequest.reclaimed (answered like any request), which tells the
+// broker (ReclaimAnswered).
 class StreamService {
  public:
   // `service` is registered with the server; all pointers must outlive this
