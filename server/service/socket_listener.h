@@ -1,52 +1,18 @@
 // SocketListener: the daemon's one Unix socket, serving two protocols from
-// one thread.
+// one thread. The daemon binds and accepts on its socket itself (gRPC's own
+// listener would hide who connected). One thread runs an epoll loop over
+// the listening sockets (the main one and socket tenants') and every
+// connection that is not gRPC's: at accept a connection's pid/uid/gid is
+// read with SO_PEERCRED, and its first four bytes decide what it is: a
+// gRPC connection, handed to the gRPC server with its credentials in the
+// PeerTable, or a slab-handle channel (common/fd_channel.h), served by
+// this loop for as long as it is open.
 //
-// The daemon binds and accepts on its socket itself (gRPC's own listener
-// would hide who connected). One thread runs an epoll loop over the
-// listening socket and every connection that is not gRPC's:
-//  - A new connection's pid/uid/gid is read with SO_PEERCRED at accept, and
-//    the loop waits (in epoll, costing no thread) for its first four bytes:
-//    "PRI " (the HTTP/2 preface) makes it a gRPC connection: the
-//    credentials go into the PeerTable under the fd number and the fd is
-//    handed to the gRPC server (grpc::AddInsecureChannelFromFd), which owns
-//    it from then on. kFdChannelMagic makes it a slab-handle channel
-//    (common/fd_channel.h), served by this loop for as long as it is open.
-//    Anything else is closed, and so is a connection that has not said its
-//    first four bytes within kFirstBytesTimeout.
-//  - Slab channel requests are answered in the loop: open (an fd over
-//    SCM_RIGHTS, recorded as held by the caller's session), close, and
-//    hello, which gives a caller in another pid namespace a session bound
-//    to this connection (ended when it closes) and its token; after a
-//    restart, rebind (a restored connection-bound session, by its token)
-//    and give (a slab's handle handed back, checked by the backend). A
-//    channel whose peer does not read its answers (the socket buffer is
-//    full) or sends a malformed request is closed.
-// So the thread count does not grow with clients: 2,000 idle connections
-// cost 2,000 fds and no thread.
-//
-// The socket file is created mode 0666 (anyone may connect; what they may
-// do is decided per caller from kernel credentials), a stale socket file is
-// replaced, and a live one (another daemon answering) is an error. The file
-// appears only once the socket is listening (it is bound under a temporary
-// name and renamed), so its existence means a connect will succeed. Stop()
-// closes the socket, removes the file and ends the loop, closing channels.
-// Adopt() takes a socket that someone else (systemd) bound instead; its
-// file is left alone at Stop().
-//
-// Socket tenants' sockets (TenantSocketHost, tenant_socket_host.h) are
-// served by the same loop: each is another listening socket, added and
-// removed at run time, whose connections are marked with its tenant
-// (PeerCred::socket_tenant) at accept. Adding and removing run on the
-// loop's thread (the caller waits for it), so a removal and the loop's own
-// work on that socket's connections never overlap. Stop() removes them.
-//
-// Limits (connection_limits.h): every accepted connection, on any of these
-// sockets, is admitted or closed at once by ConnectionLimits (per uid, per
-// tenant socket, the fd reserve), which counts it until it closes, gRPC's
-// connections included. accept() failing with EMFILE/ENFILE closes the
-// oldest silent connection if there is one, else stops accepting for
-// kAcceptPause (the listening sockets are left out of epoll meanwhile), so
-// the loop never spins on it; such failures are logged once a second.
+// Invariants: the thread count does not grow with clients (an idle
+// connection costs an fd, no thread); the socket file exists only while a
+// connect to it will succeed; every accepted connection is admitted or
+// closed at once by ConnectionLimits (connection_limits.h), which counts it
+// until it closes; the loop never spins on a failing accept().
 #ifndef GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 #define GPUMEMD_SERVER_SERVICE_SOCKET_LISTENER_H_
 
@@ -75,6 +41,26 @@ class Server;
 
 namespace gpumem {
 
+// A new connection waits (in epoll, costing no thread) for its first four
+// bytes: "PRI " (the HTTP/2 preface) makes it a gRPC connection: the
+// credentials go into the PeerTable under the fd number and the fd is handed
+// to the gRPC server (grpc::AddInsecureChannelFromFd), which owns it from
+// then on. kFdChannelMagic makes it a slab-handle channel. Anything else is
+// closed, and so is a connection silent for kFirstBytesTimeout.
+//
+// Slab channel requests are answered in the loop: open (an fd over
+// SCM_RIGHTS, recorded as held by the caller's session), close, and hello,
+// which gives a caller in another pid namespace a session bound to this
+// connection (ended when it closes) and its token; after a restart, rebind
+// (a restored connection-bound session, by its token) and give (a slab's
+// handle handed back, checked by the backend). A channel whose peer does
+// not read its answers (the socket buffer is full) or sends a malformed
+// request is closed.
+//
+// accept() failing with EMFILE/ENFILE closes the oldest silent connection
+// if there is one, else stops accepting for kAcceptPause (the listening
+// sockets are left out of epoll meanwhile); such failures are logged once a
+// second.
 class SocketListener final : public TenantSocketHost {
  public:
   // How long a new connection may stay silent before it is closed.
@@ -88,7 +74,12 @@ class SocketListener final : public TenantSocketHost {
   SocketListener(std::string path, MemoryBroker* broker, PeerTable* peers);
   ~SocketListener();
 
-  // Binds and listens; creates the socket's directory if missing.
+  // Binds and listens; creates the socket's directory if missing. The file
+  // is mode 0666 (anyone may connect; what they may do is decided per caller
+  // from kernel credentials); a stale socket file is replaced, and a live
+  // one (another daemon answering) is an error. The file appears only once
+  // the socket is listening (it is bound under a temporary name and
+  // renamed), so its existence means a connect will succeed.
   absl::Status Bind();
   // Instead of Bind(): serves on `fd`, a Unix stream socket that is already
   // bound and listening (systemd socket activation). The listener owns the
@@ -99,6 +90,8 @@ class SocketListener final : public TenantSocketHost {
   absl::Status Adopt(int fd, bool owns_path = false);
   // Starts the loop; gRPC connections go to `server`.
   absl::Status Start(grpc::Server* server);
+  // Closes the socket, removes its file (not an adopted socket's), removes
+  // the tenant sockets and ends the loop, closing channels.
   void Stop();
   // A stop for a restart: the socket file stays (the listening socket lives
   // on in systemd's fd store, or the next daemon replaces the file), and
@@ -117,7 +110,11 @@ class SocketListener final : public TenantSocketHost {
   void SetConnectionLimits(const ConnectionLimitSettings& limits);
 
   // TenantSocketHost (after Start; FAILED_PRECONDITION before it or once
-  // stopping).
+  // stopping). Each socket tenant's socket is another listening socket of the
+  // loop, whose connections are marked with its tenant
+  // (PeerCred::socket_tenant) at accept. Adding and removing run on the
+  // loop's thread (the caller waits for it), so a removal and the loop's own
+  // work on that socket's connections never overlap.
   absl::Status AddTenantSocket(uint32_t tenant, const std::string& socket_dir,
                                const std::string& path) override;
   void RemoveTenantSocket(uint32_t tenant, bool close_connections) override;
