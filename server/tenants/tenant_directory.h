@@ -3,49 +3,13 @@
 // through; TenantDirectoryHolder: the directory in force, replaced whole
 // when SIGHUP reloads the config or a socket tenant is put or deleted.
 //
-// Guarantees:
-//  - A TenantDirectory is immutable once built, so Resolve needs no lock.
-//    Building it checks the whole tenant section and refuses
-//    (INVALID_ARGUMENT naming the config file and line) a uid or gid listed
-//    under two tenants, two tenants of one name, an empty name, an unknown
-//    device in a quota, a size that does not parse (negative included), a
-//    negative max_allocations, or a default_tenant that names no tenant.
-//  - With tenants configured: a uid listed by a tenant resolves to it; else
-//    the caller's primary gid; else default_tenant; else PERMISSION_DENIED
-//    naming the uid. Root is treated like any other uid.
-//  - With no tenants: each uid is its own tenant ("uid-1000", id = uid), no
-//    quota, priority 0.
-//  - Each tenant's limit on waiting requests is its own
-//    max_waiting_requests, else the config's, else
-//    kDefaultMaxWaitingRequests; its limit on live sessions its own
-//    max_sessions, else the config's max_sessions_per_tenant, else none.
-//  - Tenant ids (what slabs, the quota book and GetStats key on; the ledger
-//    keys on names) are for this daemon's life. At start they are 1..N in
-//    config order. A directory built for a reload from the one in force
-//    (`previous`) keeps the id of every tenant it still has by name and
-//    gives each new name an id above every id `previous` ever gave
-//    (next_id()), so a removed tenant's id is never reused, not even when
-//    its name comes back. Removed tenants are remembered (retired()) so
-//    that their live allocations keep their name until freed.
-//  - Socket tenants: a tenant may own a socket (TenantConfig.socket, or
-//    one made at run time by PutTenant: WithSocketTenant). A caller
-//    through that socket is that tenant, whatever its uid
-//    (ResolveCaller with the socket's tenant id); the main socket keeps the
-//    uid/gid rules and never resolves to a tenant made at run time. No two
-//    tenants share a socket path. Tenants made at run time have ids from
-//    kFirstRuntimeTenantId up, never reused, in either mode; a reload
-//    keeps them (ids, sockets, quotas) unless the new config defines a
-//    tenant of one's name, which refuses the reload. Without configured
-//    tenants, uids from kFirstRuntimeTenantId (2^31) up are refused, so a
-//    uid's tenant id never meets a runtime tenant's. configured() says
-//    whether the config has tenants; tenants() lists all, config order
-//    first, then those made at run time in the order they were made.
-//  - TenantDirectoryHolder::Get is a shared_ptr copy under a small lock;
-//    a request takes one snapshot and resolves with it, holding no lock,
-//    and a Replace never waits for readers (they keep the old snapshot).
-//    Whoever changes the directory (a reload, PutTenant, DeleteTenant)
-//    holds changes() from reading the one in force to replacing it, so no
-//    change is lost to another made at the same time.
+// Invariants: a TenantDirectory is immutable once built, so Resolve needs
+// no lock; a directory that builds has a valid tenant section; tenant ids
+// (what slabs, the quota book and GetStats key on; the ledger keys on
+// names) are for this daemon's life and never reused, not even when a
+// removed tenant's name comes back; no two tenants share a socket path; a
+// caller through a tenant's socket is that tenant, whatever its uid, and the
+// main socket never resolves to a tenant made at run time.
 #ifndef GPUMEMD_SERVER_TENANTS_TENANT_DIRECTORY_H_
 #define GPUMEMD_SERVER_TENANTS_TENANT_DIRECTORY_H_
 
@@ -71,13 +35,27 @@ namespace tenants {
 
 class TenantDirectory {
  public:
-  // No tenants: each uid its own.
+  // No tenants: each uid is its own tenant ("uid-1000", id = uid), no quota,
+  // priority 0.
   TenantDirectory() = default;
+
+  // Checks the whole tenant section and refuses (INVALID_ARGUMENT naming the
+  // config file and line) a uid or gid listed under two tenants, two
+  // tenants of one name, an empty name, an unknown device in a quota, a size
+  // that does not parse (negative included), a negative max_allocations, or
+  // a default_tenant that names no tenant. Each tenant's limit on waiting
+  // requests is its own max_waiting_requests, else the config's, else
+  // kDefaultMaxWaitingRequests; its limit on live sessions its own
+  // max_sessions, else the config's max_sessions_per_tenant, else none.
+  // At start, ids are 1..N in config order.
 
   // `locations` (may be null) is the parse tree the config was read with, for
   // line numbers in errors; `config_path` names the file in them.
-  // `previous` (may be null): the directory in force, when reloading; its
-  // ids are kept by name and never reused (see above). When either has no
+  // `previous` (may be null): the directory in force, when reloading: the
+  // id of every tenant it still has by name is kept, and each new name gets
+  // an id above every id `previous` ever gave (next_id()); removed tenants
+  // are remembered (retired()) so that their live allocations keep their
+  // name until freed. When either has no
   // tenants configured there are no ids to keep: the result is as at start
   // (ids 1..N; the daemon does not switch between one tenant per uid and
   // configured tenants on reload, see server/config/reloadable.h).
@@ -92,7 +70,12 @@ class TenantDirectory {
       const std::vector<placement::DeviceView>& devices,
       const TenantDirectory* previous = nullptr, absl::string_view socket_dir = "");
 
-  // A main-socket caller's tenant, by uid and gid.
+  // A main-socket caller's tenant, by uid and gid. With tenants configured:
+  // a uid listed by a tenant resolves to it; else the caller's primary gid;
+  // else default_tenant; else PERMISSION_DENIED naming the uid. Root is
+  // treated like any other uid. Without configured tenants, uids from
+  // kFirstRuntimeTenantId (2^31) up are refused, so a uid's tenant id never
+  // meets a runtime tenant's.
   absl::StatusOr<TenantRef> Resolve(uid_t uid, gid_t gid) const;
   // A caller's tenant: through tenant `socket_tenant`'s socket, that
   // tenant (PERMISSION_DENIED once it is removed); through the main socket
@@ -108,7 +91,10 @@ class TenantDirectory {
     std::string socket;
     SocketAccess access;  // who may connect (replaces the old one on an update)
   };
-  // This directory with a socket tenant made at run time: `spec.name` is
+  // This directory with a socket tenant made at run time (ids from
+  // kFirstRuntimeTenantId up, never reused, in either mode; a reload keeps
+  // them, with their sockets and quotas, unless the new config defines a
+  // tenant of one's name, which refuses the reload): `spec.name` is
   // added with a new id, or, if this directory made it at run time already,
   // updated (quota, priority, socket access; same id; its socket must be
   // the same).
@@ -160,7 +146,9 @@ class TenantDirectory {
   uint32_t max_sessions_ = 0;
 };
 
-// The directory in force (see the top of this file).
+// The directory in force. Get is a shared_ptr copy under a small lock; a
+// request takes one snapshot and resolves with it, holding no lock, and a
+// Replace never waits for readers (they keep the old snapshot).
 class TenantDirectoryHolder {
  public:
   explicit TenantDirectoryHolder(TenantDirectory initial)
@@ -175,8 +163,9 @@ class TenantDirectoryHolder {
     absl::MutexLock lock(&mu_);
     current_.swap(fresh);  // the old one is freed below, outside the lock
   }
-  // Held by whoever changes the directory, from Get to Replace (see the
-  // top of this file). Readers never take it.
+  // Held by whoever changes the directory (a reload, PutTenant,
+  // DeleteTenant) from reading the one in force (Get) to replacing it, so no
+  // change is lost to another made at the same time. Readers never take it.
   absl::Mutex& changes() const { return changes_; }
 
  private:
