@@ -1,48 +1,18 @@
 // DurableState: what the daemon must carry over a restart (its slabs, the
 // allocations in them, the sessions that own them and hold their handles,
 // the names of their tenants), kept in a file that outlives the process: on
-// tmpfs (next to the socket, `<socket>.state`, by default), it survives a crash, kill -9, an
-// upgrade, a stop followed by a start, and a container's restart when the
-// directory is a hostPath; not a reboot, where GPU memory is gone anyway.
+// tmpfs (by default `<socket>.state`), it survives a crash, kill -9, an
+// upgrade, a stop and start, and a container's restart when the directory
+// is a hostPath; not a reboot, where GPU memory is gone anyway.
 //
-// The idea: the file is mapped shared, so every store the daemon makes into
-// it is in the page cache the moment it is made, and a process that dies
-// between two instructions leaves exactly the stores it made. Each record
-// lives in a fixed-size slot of its table; a slot is written field by field
-// while its state word says free, and published by one atomic release store
-// of the state word. A record is therefore, at any instant, either wholly
-// there or absent: no fsync, no journal, no torn record. Each record also
-// carries a checksum, so a slot damaged any other way is dropped on load,
-// and a version, so an update (a new record published, then the old one
-// freed) leaves at most two copies of a key, of which the newer wins.
-//
-// Guarantees:
-//  - Open makes the file (mode 0600 whatever the umask) or adopts one a
-//    previous daemon left on this boot, and holds an exclusive flock on it;
-//    a second daemon is refused naming the file. A file from another boot
-//    (kernel boot id), of another format or another version is started
-//    over, saying why. An existing file others may read is tightened to
-//    0600 (fchmod, said on stderr); one others may write is refused.
-//  - Disk space is allocated before it is used (posix_fallocate), in chunks
-//    of kChunkBytes per table as the table grows: no store into the mapping
-//    ever touches a page the filesystem has not given, so a full tmpfs
-//    never raises SIGBUS. Open allocates the header and each table's first
-//    chunk (or, adopting, every chunk the last daemon used) and fails naming
-//    the file and the bytes when it cannot. Later, a chunk that cannot be
-//    allocated makes Add* answer RESOURCE_EXHAUSTED "state table full"
-//    naming the file, the table and the figures; nothing else changes, and
-//    records already kept, freed slots and Remove keep working.
-//  - Add* returns the slot that holds the record (for Remove), or
-//    RESOURCE_EXHAUSTED when the table is full (its capacity or the disk):
-//    the record is not kept. Put* are Add* answering kNoSlot instead (the
-//    daemon says so once per table; a restart would lose that record).
-//  - Load returns every record that is wholly there, deduplicated by key,
-//    newest version first, and what it dropped.
-//  - Thread-safe: any thread may Put and Remove; a slot is only ever
-//    written by the thread that took it.
-//
-// Tables and capacities are fixed at creation (a slot costs memory only
-// once its chunk is allocated): see kShapes in durable_state.cc.
+// The file is mapped shared, so every store is in the page cache the moment
+// it is made, and a process that dies leaves exactly the stores it made.
+// Each record lives in a fixed-size slot, written field by field while its
+// state word says free and published by one atomic release store of that
+// word: a record is at any instant wholly there or absent (no fsync, no
+// journal, no torn record). A checksum drops a slot damaged any other way; a
+// version makes the newer of two copies of a key win. Thread-safe: any
+// thread may Put and Remove; a slot is only written by the thread that took it.
 #ifndef GPUMEMD_SERVER_STATE_DURABLE_STATE_H_
 #define GPUMEMD_SERVER_STATE_DURABLE_STATE_H_
 
@@ -83,7 +53,12 @@ struct Snapshot {
 };
 
 // Bytes allocated at a time for a table that grows (1 MiB: about 8,700
-// allocation records).
+// allocation records). Disk space is allocated before it is used
+// (posix_fallocate), a chunk per table as the table grows: no store into the
+// mapping ever touches a page the filesystem has not given, so a full tmpfs
+// never raises SIGBUS. Tables and capacities are fixed at creation (a slot
+// costs memory only once its chunk is allocated): see kShapes in
+// durable_state.cc.
 inline constexpr uint64_t kChunkBytes = uint64_t{1} << 20;
 
 // Gives the file the disk space of [offset, offset + bytes): 0 or an errno
@@ -97,6 +72,14 @@ class DurableState {
   // what the file held when it was written by an earlier daemon of this boot
   // (empty for a new file), and `note` one line saying what was found.
   // `allocate`: posix_fallocate when empty.
+  // Makes the file (mode 0600 whatever the umask) or adopts one a previous
+  // daemon left on this boot, and holds an exclusive flock on it; a second
+  // daemon is refused naming the file. A file from another boot (kernel boot
+  // id), of another format or another version is started over, saying why.
+  // An existing file others may read is tightened to 0600 (fchmod, said on
+  // stderr); one others may write is refused. Open allocates the header and
+  // each table's first chunk (or, adopting, every chunk the last daemon
+  // used) and fails naming the file and the bytes when it cannot.
   static absl::StatusOr<std::unique_ptr<DurableState>> Open(const std::string& path,
                                                             Snapshot* previous,
                                                             std::string* note,
@@ -111,6 +94,12 @@ class DurableState {
   // daemon stopping for a restart leaves the file as it is to the next.
   void Freeze() { frozen_.store(true); }
 
+  // The slot that holds the record (for Remove), or RESOURCE_EXHAUSTED when
+  // the table is full (its capacity, or a chunk the disk cannot give: "state
+  // table full" naming the file, the table and the figures): the record is
+  // not kept, nothing else changes, and records already kept, freed slots
+  // and Remove keep working. Put* are Add* answering kNoSlot instead (the
+  // daemon says so once per table; a restart would lose that record).
   absl::StatusOr<uint32_t> AddSlab(const SlabRecord& r);
   absl::StatusOr<uint32_t> AddAllocation(const AllocationRecordData& r);
   absl::StatusOr<uint32_t> AddSession(const SessionRecord& r);
@@ -124,7 +113,9 @@ class DurableState {
   void RemoveSession(uint32_t slot);
   void RemoveHolder(uint32_t slot);
 
-  // Reads the file as a restarted daemon would (tests, diagnostics).
+  // Reads the file as a restarted daemon would (tests, diagnostics): every
+  // record that is wholly there, deduplicated by key, newest version first,
+  // and what it dropped.
   Snapshot Load() const;
 
   const std::string& path() const { return path_; }
