@@ -1,46 +1,11 @@
-// Makes Debian's uninstrumented Abseil and gRPC usable under ThreadSanitizer.
-// Compiles to nothing unless the build is a TSan build (--config=tsan).
-//
-// 1. absl::Mutex:
-// Debian's Abseil is not built with -fsanitize=thread, so TSan cannot see the
-// happens-before edges of absl::Mutex and would report every access guarded
-// by one as a race. These definitions interpose on the Mutex entry points
-// (an executable's definitions win over libabsl_synchronization.so's), call
-// the real ones found with dlsym(RTLD_NEXT), and tell TSan about each
-// acquire and release, so what TSan reports is a real race.
-// 2. gRPC's completion queues:
-// gRPC's core orders an operation's start, and the posting of its
-// completion, before the thread that dequeues the operation's tag; its
-// queues are atomics in an uninstrumented library, so TSan sees neither edge.
-// Without them, gRPC's header code compiled into our binaries
-// (CallOpSet::FillOps on the thread that starts a batch, FinalizeResult on
-// the thread that dequeues it), and our own state handed over with a tag,
-// read as races. These definitions interpose on the core's entry points
-// (libgrpc++ and libgrpc call them through the PLT) and tell TSan of exactly
-// that edge, on the tag's address: a release where an operation with that
-// tag is started (grpc_call_start_batch, grpc_server_request_call,
-// grpc_server_request_registered_call) or its completion posted
-// (grpc_cq_end_op), an acquire where the tag is dequeued
-// (grpc_completion_queue_next, grpc_completion_queue_pluck). Nothing else
-// is ordered: two handlers touching one variable still race.
-// 3. Suppressions, compiled in (__tsan_default_suppressions), so no test
-// needs a file path. Each names one of Debian's uninstrumented libraries
-// (called_from_lib) or frames inside one (race:), never a namespace or
-// function our own calls run under (TSan
-// drops a report when any frame of any of its stacks, thread-creation and
-// allocation stacks included, matches). TSan cannot see gRPC's, protobuf's
-// or Abseil's own synchronization, but its interceptors see the system calls
-// and memmoves those libraries make (epoll_create1 on one thread, epoll_wait
-// on another) and report them; `called_from_lib` ignores interceptor calls
-// made directly from each library (each name must match exactly one loaded
-// library: the list is `ldd` of gpumemd and gpumemctl on Debian 12). The
-// `race:` lines name glibc's loader functions that free and allocate dynamic
-// TLS, and the NSS modules glibc loads behind TSan's back (see each line).
-// So a race in this project's own code, reached from an RPC handler or
-// anywhere else, is reported: tests/common:tsan_suppressions_test plants one
-// in a unary handler and checks that TSan reports it.
-//
-// Linked, always, into the libraries that take an absl::Mutex or talk gRPC.
+// Makes Debian's uninstrumented Abseil and gRPC usable under ThreadSanitizer,
+// so that what TSan reports is a race in this project's own code: it tells
+// TSan of absl::Mutex's acquires and releases (1), of the order gRPC's
+// completion queues give an operation's tag (2), and compiles in
+// suppressions for the uninstrumented libraries (3); each part is described
+// where it is defined. Compiles to nothing unless the build is a TSan build
+// (--config=tsan). Linked, always, into the libraries that take an
+// absl::Mutex or talk gRPC.
 #if defined(__SANITIZE_THREAD__)
 #include <dlfcn.h>
 
@@ -74,6 +39,12 @@ F RealMutexFn(const char* member) {
 }
 }  // namespace
 
+// 1. absl::Mutex: Debian's Abseil is not built with -fsanitize=thread, so
+// TSan cannot see the happens-before edges of absl::Mutex and would report
+// every access guarded by one as a race. These definitions interpose on the
+// Mutex entry points (an executable's definitions win over
+// libabsl_synchronization.so's), call the real ones found with
+// dlsym(RTLD_NEXT), and tell TSan about each acquire and release.
 namespace absl {
 ABSL_NAMESPACE_BEGIN
 void Mutex::Lock() {
@@ -147,10 +118,20 @@ bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
 }
 ABSL_NAMESPACE_END
 }  // namespace absl
-// 2. gRPC's completion queues (see the top): release on the tag where an
-// operation starts or completes, acquire where its tag is dequeued. An
-// executable's definitions win over libgrpc.so.29's (its own calls, and
-// libgrpc++'s, go through the PLT); the real ones come from dlsym(RTLD_NEXT).
+// 2. gRPC's completion queues: gRPC's core orders an operation's start, and
+// the posting of its completion, before the thread that dequeues the
+// operation's tag; its queues are atomics in an uninstrumented library, so
+// TSan sees neither edge. Without them, gRPC's header code compiled into our
+// binaries (CallOpSet::FillOps on the thread that starts a batch,
+// FinalizeResult on the thread that dequeues it), and our own state handed
+// over with a tag, read as races. So: a release on the tag where an
+// operation with that tag is started (grpc_call_start_batch,
+// grpc_server_request_call, grpc_server_request_registered_call) or its
+// completion posted (grpc_cq_end_op), an acquire where the tag is dequeued
+// (grpc_completion_queue_next, grpc_completion_queue_pluck). Nothing else is
+// ordered: two handlers touching one variable still race. An executable's
+// definitions win over libgrpc.so.29's (its own calls, and libgrpc++'s, go
+// through the PLT); the real ones come from dlsym(RTLD_NEXT).
 namespace {
 template <typename F>
 F RealGrpcFn(const char* name) {
@@ -239,6 +220,21 @@ void grpc_cq_end_op(grpc_completion_queue* cq, void* tag, absl::Status error,
   real(cq, tag, std::move(error), done, done_arg, storage, internal);
 }
 
+// 3. Suppressions, compiled in, so no test needs a file path. Each names
+// one of Debian's uninstrumented libraries (called_from_lib) or frames
+// inside one (race:), never a namespace or function our own calls run under
+// (TSan drops a report when any frame of any of its stacks, thread-creation
+// and allocation stacks included, matches). TSan cannot see gRPC's,
+// protobuf's or Abseil's own synchronization, but its interceptors see the
+// system calls and memmoves those libraries make (epoll_create1 on one
+// thread, epoll_wait on another) and report them; `called_from_lib` ignores
+// interceptor calls made directly from each library (each name must match
+// exactly one loaded library: the list is `ldd` of gpumemd and gpumemctl on
+// Debian 12). The `race:` lines name glibc's loader functions that free and
+// allocate dynamic TLS, and the NSS modules glibc loads behind TSan's back
+// (see each line). So a race in this project's own code, reached from an RPC
+// handler or anywhere else, is reported: tests/common:tsan_suppressions_test
+// plants one in a unary handler and checks that TSan reports it.
 extern "C" const char* __tsan_default_suppressions() {
   return
     "called_from_lib:libabsl_bad_optional_access.so.20220623\n"
