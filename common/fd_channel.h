@@ -10,35 +10,8 @@
 //   request  := SlabRequest                          (16 bytes)
 //   response := SlabResponse [message bytes]         (fd attached to a
 //                                                     successful kOpenSlab)
-// One connection carries any number of request/response pairs in turn.
-// Operations:
-//   kOpenSlab   a new fd for the slab's handle; the daemon records that the
-//               caller's session holds the slab from then on.
-//   kCloseSlab  the caller unmapped the slab and holds no handle to it any
-//               more, so a released slab need not stay retained for it.
-//   kHello      sent first by the client library. For a caller whose pid
-//               the daemon cannot see (another pid namespace), the daemon
-//               binds a session to this connection (its memory is freed
-//               when the connection closes) and answers with the session's
-//               token as the message bytes; the client sends it as gRPC
-//               metadata kSessionTokenHeader. Others get no token.
-//   kGiveSlab   after a daemon restart (ResumeResponse.needs_handle): the
-//               caller hands back the handle of a slab it holds open, as
-//               the fd attached to this request; the daemon checks it is
-//               that slab's (same memory) and of the caller's tenant.
-//   kRebind     after a daemon restart, instead of kHello: binds the
-//               restored connection-bound session whose token follows the
-//               request (slab_id: the token's length, at most
-//               kFdChannelMaxMessage) to this connection; answers the
-//               token. Refused (PERMISSION_DENIED) for a token that is
-//               unknown, of another uid, rebound already or expired.
-// A connection that sends anything else is closed.
-//
-// A daemon that stops for good (it released every allocation) writes one
-// unasked response before it closes each channel: code UNAVAILABLE,
-// slab_size kFdChannelGoodbyeMark, message kFdChannelGoodbye. A client
-// that reads it knows nothing it held survives and need not wait for a
-// restart; a daemon that crashes, or stops to restart, says nothing.
+// One connection carries any number of request/response pairs in turn; a
+// connection that sends anything but a SlabOp request is closed.
 #ifndef GPUMEMD_COMMON_FD_CHANNEL_H_
 #define GPUMEMD_COMMON_FD_CHANNEL_H_
 
@@ -54,13 +27,36 @@ inline constexpr uint16_t kFdChannelVersion = 2;
 inline constexpr uint32_t kFdChannelMaxMessage = 1024;
 
 enum class SlabOp : uint16_t {
+  // A new fd for the slab's handle; the daemon records that the caller's
+  // session holds the slab from then on.
   kOpenSlab = 1,
+  // The caller unmapped the slab and holds no handle to it any more, so a
+  // released slab need not stay retained for it.
   kCloseSlab = 2,
+  // Sent first by the client library. For a caller whose pid the daemon
+  // cannot see (another pid namespace), the daemon binds a session to this
+  // connection (its memory is freed when the connection closes) and answers
+  // with the session's token as the message bytes; the client sends it as
+  // gRPC metadata kSessionTokenHeader. Others get no token.
   kHello = 3,
+  // After a daemon restart (ResumeResponse.needs_handle): the caller hands
+  // back the handle of a slab it holds open, as the fd attached to this
+  // request; the daemon checks it is that slab's (same memory) and of the
+  // caller's tenant.
   kGiveSlab = 4,
+  // After a daemon restart, instead of kHello: binds the restored
+  // connection-bound session whose token follows the request (slab_id: the
+  // token's length, at most kFdChannelMaxMessage) to this connection;
+  // answers the token. Refused (PERMISSION_DENIED) for a token that is
+  // unknown, of another uid, rebound already or expired.
   kRebind = 5,
 };
 
+// A daemon that stops for good (it released every allocation) writes one
+// unasked response before it closes each channel: code UNAVAILABLE,
+// slab_size kFdChannelGoodbyeMark, message kFdChannelGoodbye. A client that
+// reads it knows nothing it held survives and need not wait for a restart;
+// a daemon that crashes, or stops to restart, says nothing.
 inline constexpr uint64_t kFdChannelGoodbyeMark = UINT64_MAX;
 inline constexpr char kFdChannelGoodbye[] =
     "gpumemd stopped for good and released every allocation";
