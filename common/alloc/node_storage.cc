@@ -31,10 +31,11 @@ NodeStorage::NodeStorage(size_t node_bytes, size_t flag_bytes, uint64_t reserve_
 
 // A quarter of what is handed out, a page to 1 MiB of nodes: the
 // populator is woken once per `ahead` new slots (so about 60 times on the
-// way to a million ranges), far enough ahead to keep up with a slab
-// filling at ~50-100 ns per block while pages cost ~1.4 us each (128 slots
-// a page) once the slab holds a few thousand ranges; little is held unused
-// (at most twice `ahead`: 8 KiB for a slab of a few blocks).
+// way to a million ranges), far enough ahead to keep up with a slab filling
+// as fast as blocks can be carved, though a page costs far more than a
+// block (128 slots a page), once the slab holds a few thousand ranges;
+// little is held unused (at most twice `ahead`: 8 KiB for a slab of a few
+// blocks).
 uint64_t NodeStorage::AheadBytes(uint64_t handed_out_bytes) {
   return std::clamp<uint64_t>(MappedBuffer::RoundUpToPage(handed_out_bytes / 4),
                               MappedBuffer::PageSize(), uint64_t{1} << 20);

@@ -1,43 +1,18 @@
 // NodeStorage: the host memory behind an OffsetAllocator's ranges, two
 // parallel arrays with one element per slot (a 32-byte node and a flag
 // byte), that grow without ever copying or moving what they hold and are
-// faulted in before the allocator writes them.
+// faulted in before the allocator writes them. The arrays sit in address
+// space reserved up front (MappedBuffer; inaccessible, so neither memory nor
+// commit charge until made usable); the owner hands out slots 0, 1, 2, ...
+// in order and calls Prepare whenever it reaches the last check point.
 //
-// The idea: the arrays sit in address space reserved up front (MappedBuffer;
-// inaccessible, so neither memory nor commit charge until made usable). The
-// owner hands out slots 0, 1, 2, ... in order and calls Prepare(n) whenever
-// n reaches the check point the previous call returned; everything else
-// about the storage happens in Prepare or behind it:
-//   * Without a PagePopulator, Prepare does the work in the calling thread:
-//     it makes usable and faults in (MADV_POPULATE_WRITE) one batch of up to
-//     kBatchBytes of nodes at a time, so one new slot in ~1,000 pays for
-//     fresh memory, a batch at a time.
-//   * With one (the daemon's SlabPool), Prepare only posts a request: the
-//     populator's thread makes the next stretch usable (mprotect) and faults
-//     it in, ahead of the owner by a quarter of what it has handed out
-//     (AheadBytes: a page to 1 MiB of nodes). The owner never waits for it
-//     and takes no lock for it; posting wakes the populator's thread, which
-//     the posting call pays for (a futex wake, once per stretch). If the owner
-//     outruns it (a slab filling faster than the host backs pages), Prepare
-//     makes the next batch usable itself (one mprotect) and leaves its pages
-//     to fault one at a time (one page fault per 128 new slots) rather than
-//     in a batch.
-//   * Past the reservation (more than `reserve_slots` slots), the arrays
-//     double by mremap (page tables move, bytes do not), in the calling
-//     thread, after any background work on them has finished; the populator
-//     never works past the reservation.
-//
-// Guarantees: slots [0, n] are readable and writable after Prepare(n)
+// Invariants: slots [0, n] are readable and writable after Prepare(n)
 // returns, at the addresses nodes() / flags() give then; those addresses
-// change only in a Prepare that goes past the reservation. Contents are
-// never copied or lost (new slots read as zero). Only the owner writes the
-// arrays; the populator thread only makes syscalls on them (mprotect,
-// madvise), under mu_ except for the populate itself, which changes no
-// byte. Failure to map aborts (MappedBuffer).
-//
-// Thread safety: Prepare, nodes(), flags(), the owner's counters and Check
-// belong to the owner (one thread at a time, e.g. under SlabPool's lock);
-// the populator's side is synchronised here.
+// change only in a Prepare that goes past the reservation; contents are
+// never copied or lost (new slots read as zero); only the owner writes the
+// arrays. Failure to map aborts (MappedBuffer). Prepare, nodes(), flags(),
+// the owner's counters and Check belong to the owner (one thread at a time,
+// e.g. under SlabPool's lock); the populator's side is synchronised here.
 #ifndef GPUMEMD_COMMON_ALLOC_NODE_STORAGE_H_
 #define GPUMEMD_COMMON_ALLOC_NODE_STORAGE_H_
 
@@ -75,6 +50,26 @@ class NodeStorage : public std::enable_shared_from_this<NodeStorage> {
   // Makes slot n usable (the owner is about to hand it out; n == the check
   // point the last call returned, or 0 first) and keeps storage coming
   // ahead of it. Returns the next check point, > n.
+  //   * Without a PagePopulator, the work is done in the calling thread: it
+  //     makes usable and faults in (MADV_POPULATE_WRITE) one batch of up to
+  //     kBatchBytes of nodes at a time, so only one new slot in a batch's
+  //     worth pays for fresh memory.
+  //   * With one (the daemon's SlabPool), Prepare only posts a request: the
+  //     populator's thread makes the next stretch usable (mprotect) and
+  //     faults it in, ahead of the owner by a quarter of what it has handed
+  //     out (AheadBytes: a page to 1 MiB of nodes). The owner never waits for
+  //     it and takes no lock for it; posting wakes the populator's thread,
+  //     which the posting call pays for (a futex wake, once per stretch). If
+  //     the owner outruns it (a slab filling faster than the host backs
+  //     pages), Prepare makes the next batch usable itself (one mprotect) and
+  //     leaves its pages to fault one at a time (one page fault per 128 new
+  //     slots) rather than in a batch. The populator thread only makes
+  //     syscalls on the arrays (mprotect, madvise), under mu_ except for the
+  //     populate itself, which changes no byte.
+  //   * Past the reservation (more than `reserve_slots` slots), the arrays
+  //     double by mremap (page tables move, bytes do not), in the calling
+  //     thread, after any background work on them has finished; the
+  //     populator never works past the reservation.
   uint32_t Prepare(uint32_t n);
 
   void* nodes() const { return nodes_; }
