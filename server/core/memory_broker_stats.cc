@@ -50,7 +50,7 @@ StatsView MemoryBroker::Stats(const PeerCred& caller, bool include_slabs) const 
     dv.info = d;
     // The driver's own view first (no pool lock is held here): asking also
     // tells the backend what room the device has, which the pool's free
-    // figure below is held within (issue 22).
+    // figure below is held within (Backend::NewSlabRoom).
     absl::StatusOr<DriverMemInfo> driver = backend_->DriverMemory(d.index);
     if (driver.ok()) dv.driver = *driver;
     dv.pool.total_bytes = d.total_bytes;

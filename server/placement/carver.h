@@ -1,28 +1,15 @@
 // DeviceCarver: the one thing placement asks of the memory below it — "carve
 // this block on that device, or tell me why not" — and the undo.
 //
-// Placement decides where; a carver does the carving (the pool, behind the
-// ledger's quota check). Keeping the interface this small lets placement be
-// tested against a fake pool and lets the service compose quota, pool and
-// backend however it likes.
-//
-// What an implementation must guarantee:
-//  - TryCarve either carves exactly one block of `size` bytes, aligned to
-//    `alignment` (a power of two), on `device` and returns it, or carves
-//    nothing.
-//  - A refusal ("this device cannot hold it") is RESOURCE_EXHAUSTED with
-//    *refusal filled in and refusal->refused set: the reason, and the
-//    device's free and largest-free figures at that moment, for the caller's
-//    error message. Placement then moves on to the next device.
-//  - Any other error (the device or the pool failed) is returned as is,
-//    with refusal->refused left false; placement stops, releases what it
-//    carved for the request and returns that error. That includes a real
-//    out-of-memory from the driver (RESOURCE_EXHAUSTED, but not a refusal:
-//    it is never reported as capacity or fragmentation).
-//  - Release(block) returns a block TryCarve gave, exactly once, restoring
-//    the device to what it would be had the block never been carved.
-//  - A carver is called from one thread per request; if requests run
-//    concurrently, it synchronises itself.
+// Placement decides where; a carver does the carving. For one request of
+// one tenant the core (MemoryBroker::Place) stacks the quota adaptor
+// (quota/quota_carver.h) over the fair-waiting adaptor, when a waiter
+// reserves (pool/reserving_carver.h), over PoolCarver, which carves from
+// the tenant's slabs in the device pools (pool/device_pools.h); placement's
+// tests use a fake (tests/placement/fake_carver.h). Keeping the interface
+// this small lets each layer be tested alone and stacked as the core needs.
+// A carver is called from one thread per request; if requests run
+// concurrently, it synchronises itself.
 #ifndef GPUMEMD_SERVER_PLACEMENT_CARVER_H_
 #define GPUMEMD_SERVER_PLACEMENT_CARVER_H_
 
@@ -64,12 +51,22 @@ class DeviceCarver {
   virtual ~DeviceCarver() = default;
 
   // The block, or RESOURCE_EXHAUSTED with *refusal set, or another error.
-  // `refusal` is never null.
+  // `refusal` is never null. It either carves exactly one block of `size`
+  // bytes, aligned to `alignment` (a power of two), on `device`, or carves
+  // nothing. A refusal ("this device cannot hold it") has refusal->refused
+  // set: the reason, and the free and largest-free figures at that moment,
+  // for the caller's error message; placement then moves on to the next
+  // device. Any other error (the device or the pool failed) is returned as
+  // is, with refusal->refused left false; placement stops, releases what it
+  // carved for the request and returns that error. That includes a real
+  // out-of-memory from the driver (RESOURCE_EXHAUSTED, but not a refusal:
+  // it is never reported as capacity or fragmentation).
   virtual absl::StatusOr<CarvedBlock> TryCarve(uint32_t device, uint64_t size,
                                                uint64_t alignment,
                                                CarveRefusal* refusal) = 0;
 
-  // Undoes a TryCarve that succeeded.
+  // Undoes a TryCarve that succeeded, exactly once, restoring the device to
+  // what it would be had the block never been carved.
   virtual void Release(const CarvedBlock& block) = 0;
 };
 

@@ -25,7 +25,7 @@ placement::DeviceSnapshot DevicePools::Snapshot() const {
     const PoolStats s = pools_[v.index]->Stats();
     v.used_bytes = s.used_bytes;
     // Retained bytes are held by some process: not free, not offered; nor
-    // is what the device itself has no room for (issue 22: NewSlabRoom).
+    // is what the device itself has no room for (Backend::NewSlabRoom).
     v.free_bytes = s.free_bytes;
     v.largest_free_bytes = s.largest_carvable;
   }

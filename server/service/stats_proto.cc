@@ -28,7 +28,7 @@ void RenderDevice(const DeviceStatsView& dv, v1::DeviceStats* ds) {
   ds->set_pooled_bytes(stats.pooled_bytes);
   ds->set_used_bytes(stats.used_bytes);
   ds->set_retained_bytes(stats.retained_bytes);
-  ds->set_free_bytes(stats.free_bytes);  // issue 22: within the device's room
+  ds->set_free_bytes(stats.free_bytes);  // within the device's room (NewSlabRoom)
   ds->set_largest_free_block_bytes(stats.largest_carvable);
   ds->set_fragmentation(stats.fragmentation);
   ds->set_slab_count(stats.slab_count);
