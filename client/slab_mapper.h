@@ -1,36 +1,15 @@
 // SlabMapper: opens a daemon slab in this process, the way its HandleKind
-// says, and gives the address of the slab's first byte.
+// says, and gives the address of the slab's first byte. One interface, three
+// implementations (one file each, see the New*SlabMapper functions).
 //
-// One interface, three implementations (one file each):
-//  - mmap (HANDLE_KIND_MEMFD, sim backend): mmap of the slab's memfd; the
-//    address is a host pointer.
-//  - CUDA VMM (HANDLE_KIND_CUDA_VMM_FD): cuMemImportFromShareableHandle of
-//    the fd, cuMemAddressReserve, cuMemMap, cuMemSetAccess; the address is a
-//    device pointer. Closing tears down in reverse: cuMemUnmap,
-//    cuMemAddressFree, cuMemRelease.
-//  - CUDA legacy IPC (HANDLE_KIND_CUDA_IPC): cuIpcOpenMemHandle of the
-//    allocation's 64 handle bytes; closing is cuIpcCloseMemHandle. The
-//    memory is the exporter's (the daemon's) and dies with it.
-// The CUDA mappers load the driver with dlopen("libcuda.so.1") like the
-// daemon, and pick the device by the allocation's UUID in this process's own
-// numbering, so CUDA_VISIBLE_DEVICES may reorder or hide devices; a device
-// this process cannot see is FAILED_PRECONDITION naming the UUID.
-//
-// What a mapper guarantees: Open either returns an OpenedSlab covering
-// [0, slab_size_bytes) or leaves nothing behind (partial steps undone).
-// An OpenedSlab closes the slab when destroyed. Caching and refcounting
-// (one open per slab per process) are the caller's (gpumem::Client).
-//
-// Retiring: an OpenedSlab of memory that is gone (the daemon that lent it
-// went away) can give the memory back while keeping its addresses: Retire()
-// unmaps and releases it but keeps the address range reserved (the CUDA
-// reservation, or an inaccessible host mapping) until the object is
-// destroyed, so the range is never handed out again meanwhile and a stale
-// pointer into it can never reach someone else's memory.
-//
-// Thread-safety: mappers and opened slabs may be used from any thread; the
-// CUDA ones push the device's primary context for each driver call and pop
-// it after, so the calling thread's current context is left as it was.
+// Invariants: Open either returns an OpenedSlab covering [0,
+// slab_size_bytes) or leaves nothing behind (partial steps undone); an
+// OpenedSlab closes the slab when destroyed; a retired slab's addresses are
+// never handed out again while it lives. Caching and refcounting (one open
+// per slab per process) are the caller's (gpumem::Client). Mappers and
+// opened slabs may be used from any thread; the CUDA ones push the device's
+// primary context for each driver call and pop it after, so the calling
+// thread's current context is left as it was.
 #ifndef GPUMEMD_CLIENT_SLAB_MAPPER_H_
 #define GPUMEMD_CLIENT_SLAB_MAPPER_H_
 
@@ -52,8 +31,12 @@ class OpenedSlab {
   // pointer (CUDA).
   virtual char* base() const = 0;
   virtual uint64_t size() const = 0;
-  // Releases the memory, keeps the addresses (see above). Write and Read
-  // fail afterwards (FAILED_PRECONDITION).
+  // For memory that is gone (the daemon that lent it went away): unmaps and
+  // releases it but keeps the address range reserved (the CUDA reservation,
+  // or an inaccessible host mapping) until the object is destroyed, so the
+  // range is never handed out again meanwhile and a stale pointer into it can
+  // never reach someone else's memory. Write and Read fail afterwards
+  // (FAILED_PRECONDITION).
   virtual void Retire() = 0;
   // Copies between host memory and [offset, offset + n) of the slab: memcpy
   // for memfd, cuMemcpyHtoD/DtoH for CUDA. OUT_OF_RANGE outside the slab.
@@ -82,12 +65,25 @@ class SlabMapper {
 
 // The mapper for `kind`. The CUDA ones fail with FAILED_PRECONDITION when
 // `cuda_library` cannot be loaded (no NVIDIA driver); UNIMPLEMENTED for
-// kinds no mapper opens (fabric).
+// kinds no mapper opens (fabric). The CUDA mappers load the driver with
+// dlopen like the daemon, and pick the device by the allocation's UUID in
+// this process's own numbering, so CUDA_VISIBLE_DEVICES may reorder or hide
+// devices; a device this process cannot see is FAILED_PRECONDITION naming
+// the UUID.
 absl::StatusOr<std::unique_ptr<SlabMapper>> NewSlabMapper(
     v1::HandleKind kind, const char* cuda_library = "libcuda.so.1");
 
+// HANDLE_KIND_MEMFD (sim backend): mmap of the slab's memfd; the address is
+// a host pointer.
 std::unique_ptr<SlabMapper> NewMmapSlabMapper();
+// HANDLE_KIND_CUDA_VMM_FD: cuMemImportFromShareableHandle of the fd,
+// cuMemAddressReserve, cuMemMap, cuMemSetAccess; the address is a device
+// pointer. Closing tears down in reverse: cuMemUnmap, cuMemAddressFree,
+// cuMemRelease.
 absl::StatusOr<std::unique_ptr<SlabMapper>> NewCudaVmmSlabMapper(const char* cuda_library);
+// HANDLE_KIND_CUDA_IPC (legacy): cuIpcOpenMemHandle of the allocation's 64
+// handle bytes; closing is cuIpcCloseMemHandle. The memory is the
+// exporter's (the daemon's) and dies with it.
 absl::StatusOr<std::unique_ptr<SlabMapper>> NewCudaIpcSlabMapper(const char* cuda_library);
 
 }  // namespace client
