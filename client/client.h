@@ -3,34 +3,16 @@
 // Connect() opens one gRPC channel and one slab-handle channel to the
 // daemon's socket. Allocate, Free and GetSession travel on one long-lived
 // stream (stream_transport.h), or as unary RPCs against a daemon without it.
-// Allocate() asks for memory and returns a Buffer whose
-// data() is a pointer the process can use at once: the first block in a slab
-// makes the client open the slab the way its handle kind says
-// (client/slab_mapper.h: mmap of a memfd, CUDA VMM import of an fd, or a
-// legacy CUDA IPC handle); later blocks in the same slab reuse it (slabs are
-// refcounted and closed when the last Buffer in them goes away).
+// Allocate() returns a Buffer whose data() the process can use at once: the
+// first block in a slab makes the client open the slab the way its handle
+// kind says (client/slab_mapper.h); later blocks in the same slab reuse it
+// (slabs are refcounted and closed when the last Buffer in them goes away).
 //
-// A Buffer frees its block when destroyed (RAII). If the process dies
-// instead, the daemon frees everything the process held within a second.
-//
-// A daemon restart (crash, kill -9, upgrade) changes nothing for the
-// program: the client notices at once (its slab channel hangs up), and a
-// library thread reconnects in the background, re-presents this process's
-// session and every live block (Resume), and hands back the handles of
-// slabs the new daemon lacks. Blocks that survived keep their ids and
-// pointers and are freed normally; calls made meanwhile wait (at most
-// GPUMEM_RECONNECT_MS, default 30000) and then go to the new daemon. A
-// block that did not survive stays mapped until its Buffer goes; its Free
-// answers the daemon's reason (NOT_FOUND), and OnRestart tells the program.
-// A daemon that stops for good (SIGTERM: it releases everything) says so
-// before it goes: then every block is lost at once and calls fail
-// UNAVAILABLE without waiting, until a daemon is back.
-// With the sim backend data() is host memory shared with the daemon and any
-// other importer; with the cuda backend data() is a device pointer on the
-// allocation's device (found by UUID, so CUDA_VISIBLE_DEVICES may renumber).
-// Buffer::Write/Read copy from/to host memory on either backend.
-//
-// Thread-safe: one Client may be used from many threads.
+// Invariants: a Buffer frees its block when destroyed (RAII), and if the
+// process dies instead the daemon frees everything it held as soon as it
+// exits; a daemon restart changes nothing for the program (Client::
+// OnRestart says what it does). Thread-safe: one Client may be used from
+// many threads.
 #ifndef GPUMEMD_CLIENT_CLIENT_H_
 #define GPUMEMD_CLIENT_CLIENT_H_
 
@@ -61,6 +43,9 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer();  // frees the block (errors are ignored: the daemon reclaims it)
 
+  // With the sim backend host memory shared with the daemon and any other
+  // importer; with the cuda backend a device pointer on the allocation's
+  // device (found by UUID, so CUDA_VISIBLE_DEVICES may renumber).
   void* data() const { return data_; }
   uint64_t size() const { return info_.size_bytes(); }
   uint32_t device_index() const { return info_.device_index(); }
@@ -152,6 +137,18 @@ class Client {
   // The library's own state (client/client_impl.h).
   struct Impl;
 
+  // A daemon restart (crash, kill -9, upgrade) changes nothing for the
+  // program: the client notices at once (its slab channel hangs up), and a
+  // library thread reconnects in the background, re-presents this process's
+  // session and every live block (Resume), and hands back the handles of
+  // slabs the new daemon lacks. Blocks that survived keep their ids and
+  // pointers and are freed normally; calls made meanwhile wait (at most
+  // GPUMEM_RECONNECT_MS, default 30000) and then go to the new daemon. A
+  // block that did not survive stays mapped until its Buffer goes; its Free
+  // answers the daemon's reason (NOT_FOUND). A daemon that stops for good
+  // (SIGTERM: it releases everything) says so before it goes: then every
+  // block is lost at once and calls fail UNAVAILABLE without waiting, until
+  // a daemon is back.
   // After each daemon restart this client came through, on the library's
   // thread: which of its blocks survived and which were lost, each lost one
   // with the daemon's reason. Must return quickly and must not wait for
