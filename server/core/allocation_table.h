@@ -1,33 +1,14 @@
 // AllocationTable: every live allocation of the daemon, and the one place an
 // allocation begins (Commit) and ends (Take, TakeAll, Clear).
 //
-// Guarantees:
-//  - Commit is all or nothing, and refuses a session that has ended: the
-//    records are added to the table and to their session (Session::
-//    AddAllocations) under the table's lock, so a session that ends at the
-//    same moment either hands the new ids back from Session::End, to be
-//    taken by TakeAll, or makes the commit fail. Nothing is ever left in
-//    the table for an ended session. With a state file, every record is
-//    written there first: a table with no room for them (the file's disk
-//    full) makes the commit fail with its RESOURCE_EXHAUSTED "state table
-//    full", nothing added, since such an allocation would not survive a
-//    restart.
-//  - Allocation ids are assigned here, increasing, from `first_id` (the
-//    ledger's: ids never repeat across restarts).
-//  - With a ledger, an allocation's ALLOCATE event is appended when it is
-//    committed, and its ending event (FREE, SESSION_END, DAEMON_STOP) when
-//    it leaves the table, in the same critical section, so the ledger's
-//    order is the table's. The caller gives the block back to its pool and
-//    credits its quota after taking the record: replaying the ledger never
-//    shows a tenant holding more than it did.
-//  - Durable: with a DurableState, every live allocation is recorded there
-//    in the same critical section that adds it (before anyone is answered)
-//    and its record goes when it leaves, so a restarted daemon finds exactly
-//    the allocations that were live (server/state/).
-//  - A record's session pointer is valid while the record is in the table:
-//    a session object outlives the TakeAll of its ids (the session's end
-//    callback holds it), and every other removal happens under the lock.
-//
+// Invariants: nothing is ever left in the table for an ended session; ids
+// increase and never repeat across restarts; with a ledger, the ledger's
+// order of ALLOCATE and ending events is the table's; with a DurableState,
+// every live allocation is recorded there before anyone is answered and its
+// record goes when it leaves, so a restarted daemon finds exactly the
+// allocations that were live (server/state/); a record's session pointer is
+// valid while the record is in the table (a session object outlives the
+// TakeAll of its ids, and every other removal happens under the lock).
 // Thread-safe; one short lock, held for map updates and ledger queue pushes
 // (TenantLedger::Append never touches the disk).
 #ifndef GPUMEMD_SERVER_CORE_ALLOCATION_TABLE_H_
@@ -72,7 +53,9 @@ struct AllocationRecord {
 class AllocationTable {
  public:
   // `ledger` may be null (no events); `tenant_name` names tenant ids in
-  // events. Both must outlive the table.
+  // events. Both must outlive the table. Ids are assigned here, increasing,
+  // from the ledger's first_allocation_id() (1 without a ledger; a restart
+  // moves them past restored ones: AdvanceIdsPast).
   AllocationTable(ledger::TenantLedger* ledger,
                   std::function<std::string(uint32_t tenant)> tenant_name,
                   state::DurableState* state = nullptr);
@@ -80,13 +63,23 @@ class AllocationTable {
   // Adds `records` (all of `session`) and returns their ids, in order;
   // FAILED_PRECONDITION "the calling process has exited" (and nothing
   // added) when the session has ended; RESOURCE_EXHAUSTED "state table
-  // full" (nothing added) when the state file has no room for them.
+  // full" (nothing added) when the state file has no room for them (such an
+  // allocation would not survive a restart). All or nothing: the records are
+  // added to the table, to their session (Session::AddAllocations) and to
+  // the state file under the table's lock, so a session that ends at the
+  // same moment either hands the new ids back from Session::End, to be taken
+  // by TakeAll, or makes the commit fail. With a ledger, each ALLOCATE event
+  // is appended in the same critical section.
   absl::StatusOr<std::vector<uint64_t>> Commit(Session& session,
                                                const std::vector<AllocationRecord>& records);
 
   // Removes allocation `id` if `may_take` accepts its record (its error is
   // returned otherwise, and nothing changes); NOT_FOUND when no such
-  // allocation is live. `why` is its ending event.
+  // allocation is live. `why` is its ending event (FREE, SESSION_END,
+  // DAEMON_STOP), appended in the same critical section. The caller gives
+  // the block back to its pool and credits its quota after taking the
+  // record, so replaying the ledger never shows a tenant holding more than
+  // it did.
   absl::StatusOr<AllocationRecord> Take(
       uint64_t id, const std::function<absl::Status(const AllocationRecord&)>& may_take,
       ledger::EventKind why, const std::string& detail = "");
