@@ -2,33 +2,12 @@
 // at accept, so that no uid and no tenant socket can take every file
 // descriptor and the daemon always keeps some for its own work.
 //
-// Three limits, each refused by closing the new connection at once:
-//  - per uid, over the main socket and every tenant socket together
-//    (max_connections_per_uid); root and the admin group are not counted
-//    against it (they keep a way in). A caller through a tenant socket is
-//    never an administrator (admin_group.h), so it is always counted;
-//  - per tenant socket, whoever its callers are
-//    (max_connections_per_tenant_socket);
-//  - the fd reserve: a connection is refused when fewer than fd_reserve
-//    descriptors would be left free under RLIMIT_NOFILE; root and the admin
-//    group only when fewer than half of it would be.
-// Every connection the listener accepted is tracked from accept to close,
-// gRPC's too. gRPC owns a handed-off connection's fd and says nothing when
-// it closes it, so each such entry keeps the socket's identity (device and
-// inode, as the kernel numbers sockets uniquely while they live): an entry
-// whose fd number no longer names that socket (closed, or reused for
-// another file) is gone. That is checked for a uid's or a socket's entries
-// only when they are at their cap (so a count is exact when it refuses),
-// for a number the kernel hands out again at accept, and for all entries
-// in Sweep (the listener's periodic tick).
-// Open fds are counted from /proc/self/fd at most once per kRescanEvery,
-// plus one per connection admitted since: an over-count between scans, so
-// a refusal is never late; a refusal near the reserve rescans first.
-// Refusals are logged at most once a second per uid (and per tenant socket,
-// and for the reserve), each line saying how many were refused and which
-// setting refused them.
-//
-// Not thread-safe: the listener's loop thread owns it.
+// Invariants: every connection the listener accepted is tracked from accept
+// to close, gRPC's too; a count is exact when it refuses, and a refusal is
+// never late (open fds are over-counted between scans, never under); root
+// and the admin group keep a way in; refusals are logged, rate-limited,
+// saying how many were refused and which setting refused them. Not
+// thread-safe: the listener's loop thread owns it.
 #ifndef GPUMEMD_SERVER_SERVICE_CONNECTION_LIMITS_H_
 #define GPUMEMD_SERVER_SERVICE_CONNECTION_LIMITS_H_
 
@@ -45,16 +24,29 @@
 
 namespace gpumem {
 
+// Three limits, each refused by closing the new connection at once.
 struct ConnectionLimitSettings {
+  // Per uid, over the main socket and every tenant socket together
+  // (max_connections_per_uid); root and the admin group are not counted
+  // against it. A caller through a tenant socket is never an administrator
+  // (admin_group.h), so it is always counted.
   uint32_t per_uid = 256;
+  // Per tenant socket, whoever its callers are
+  // (max_connections_per_tenant_socket).
   uint32_t per_tenant_socket = 1024;
+  // A connection is refused when fewer than this many descriptors would be
+  // left free under RLIMIT_NOFILE; root and the admin group only when fewer
+  // than half of it would be.
   uint32_t fd_reserve = 256;
 };
 
 class ConnectionLimits {
  public:
-  // How often open fds are counted afresh at most, and how long a refusal
-  // waits at least before its next log line (per key).
+  // How often open fds are counted afresh (from /proc/self/fd) at most,
+  // plus one per connection admitted since: an over-count between scans, so
+  // a refusal is never late; a refusal near the reserve rescans first. And
+  // how long a refusal waits at least before its next log line (per uid,
+  // per tenant socket, and for the reserve).
   static constexpr absl::Duration kRescanEvery = absl::Milliseconds(100);
   static constexpr absl::Duration kLogEvery = absl::Seconds(1);
 
@@ -73,7 +65,13 @@ class ConnectionLimits {
   // The listener closed `fd` itself (a slab channel, a silent connection).
   void Closed(int fd);
   // `fd` went to gRPC: from now on it is known closed when the number stops
-  // naming this socket.
+  // naming this socket. gRPC owns a handed-off connection's fd and says
+  // nothing when it closes it, so each such entry keeps the socket's
+  // identity (device and inode, as the kernel numbers sockets uniquely while
+  // they live): an entry whose fd number names another file (closed, or
+  // reused) is gone. That is checked for a uid's or a socket's entries only
+  // when they are at their cap, for a number the kernel hands out again at
+  // accept, and for all entries in Sweep (the listener's periodic tick).
   void HandedOff(int fd);
   // Drops every gRPC entry whose socket is gone, and writes the refusals
   // not yet logged whose key's last line is old enough. Returns the number
