@@ -2,31 +2,13 @@
 // inside the daemon's tenant_socket_dir, and removed again.
 //
 // The path's text was checked already (server/tenants/socket_path.h: inside
-// the directory, no "." or ".." components). What is checked here is the
-// filesystem, without ever following a symlink below the directory: each
-// directory on the way is opened with O_NOFOLLOW from the one before (a
-// missing one is made, mode 0711: others may pass through, never list or
-// change it; one writable by group or others is refused FAILED_PRECONDITION,
-// since whoever may write there could swap the socket), and the socket is bound through the last
-// one's fd (/proc/self/fd/N/NAME), so a component swapped for a symlink
-// meanwhile cannot send the socket elsewhere. What may already be at the
-// path:
-//  - nothing: the socket is made;
-//  - a socket nobody serves (left by a daemon that died): replaced;
-//  - a socket something serves: ALREADY_EXISTS;
-//  - a symlink, or a directory on the way that is a symlink or no
-//    directory: INVALID_ARGUMENT;
-//  - any other file: ALREADY_EXISTS (never replaced).
-// The socket is made root-only (the daemon's uid and gid, mode 0600) and
-// appears only once it listens (bound under a temporary name and renamed
-// into place); who else may connect is set after, by SetAccess (the
-// tenant's SocketAccess), so it is never open wider than asked. On any failure
-// nothing is left: no socket, no temporary name, no directory made for it.
-// The destructor closes the socket and removes its file (if the file is
-// still this socket) and the directories it made, if empty.
-// SetTenantSocketAccess gives the socket at `path` (made by Make) its owner,
-// group and mode, through the same O_NOFOLLOW walk, and only if what is there
-// is still a socket.
+// the directory, no "." or ".." components); what is checked here is the
+// filesystem. Invariants: no symlink below the directory is ever followed
+// (each directory on the way is opened with O_NOFOLLOW from the one before,
+// and the socket is bound through the last one's fd, /proc/self/fd/N/NAME,
+// so a component swapped for a symlink meanwhile cannot send the socket
+// elsewhere); the socket is never open wider than asked; a failure leaves
+// nothing behind; nothing but a dead socket is ever replaced.
 #ifndef GPUMEMD_SERVER_SERVICE_TENANT_SOCKET_FILE_H_
 #define GPUMEMD_SERVER_SERVICE_TENANT_SOCKET_FILE_H_
 
@@ -42,9 +24,26 @@ namespace gpumem {
 
 class TenantSocketFile {
  public:
-  // `socket_dir` is made (0711) if missing; `path` is inside it.
+  // `socket_dir` is made (0711) if missing; `path` is inside it. A missing
+  // directory on the way is made, mode 0711 (others may pass through, never
+  // list or change it); one writable by group or others is refused
+  // FAILED_PRECONDITION, since whoever may write there could swap the
+  // socket. What may already be at the path:
+  //  - nothing: the socket is made;
+  //  - a socket nobody serves (left by a daemon that died): replaced;
+  //  - a socket something serves: ALREADY_EXISTS;
+  //  - a symlink, or a directory on the way that is a symlink or no
+  //    directory: INVALID_ARGUMENT;
+  //  - any other file: ALREADY_EXISTS (never replaced).
+  // The socket is made root-only (the daemon's uid and gid, mode 0600) and
+  // appears only once it listens (bound under a temporary name and renamed
+  // into place); who else may connect is set after, by
+  // SetTenantSocketAccess. On any failure nothing is left: no socket, no
+  // temporary name, no directory made for it.
   static absl::StatusOr<std::unique_ptr<TenantSocketFile>> Make(const std::string& socket_dir,
                                                                 const std::string& path);
+  // Closes the socket and removes its file (if the file is still this
+  // socket) and the directories it made, if empty.
   ~TenantSocketFile();
   TenantSocketFile(const TenantSocketFile&) = delete;
   TenantSocketFile& operator=(const TenantSocketFile&) = delete;
@@ -74,7 +73,8 @@ class TenantSocketFile {
 // Owner `uid`, group `gid`, mode `mode` (checked by the caller:
 // tenants::CheckSocketMode) for the socket at `path` inside `socket_dir`;
 // uid or gid 0 stands for the daemon's own (the same when it runs as root).
-// Another owner or group needs CAP_CHOWN when the daemon is not root.
+// Another owner or group needs CAP_CHOWN when the daemon is not root. Goes
+// through the same O_NOFOLLOW walk as Make, and changes only a socket.
 // INVALID_ARGUMENT for a symlink on the way or at the path,
 // FAILED_PRECONDITION when it is no socket or cannot be changed.
 absl::Status SetTenantSocketAccess(const std::string& socket_dir, const std::string& path,
