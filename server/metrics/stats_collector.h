@@ -1,32 +1,9 @@
 // StatsCollector: Prometheus gauges read from MemoryBroker::Stats() at each
 // scrape, rendered as GetStats renders it (server/service/stats_proto.h), so
 // they are exactly what GetStats answers at that moment (no second
-// bookkeeping that could drift).
-//
-// Families (labels device="<index>", uuid="GPU-..."):
-//   gpumemd_device_total_bytes, gpumemd_device_used_bytes,
-//   gpumemd_device_pooled_bytes, gpumemd_device_free_bytes,
-//   gpumemd_device_largest_free_block_bytes, gpumemd_device_fragmentation,
-//   gpumemd_device_slabs, gpumemd_device_allocations
-//   gpumemd_device_retained_bytes
-// per tenant (labels tenant="<name>", as GetStats names it: "ml", or
-// "uid-1000" when no tenants are configured; tenant_id="<id>"), GetStats'
-// tenant rows:
-//   gpumemd_tenant_used_bytes, gpumemd_tenant_retained_bytes,
-//   gpumemd_tenant_allocations, gpumemd_tenant_peak_bytes,
-//   gpumemd_tenant_waiting_requests, and per device (labels tenant, device)
-//   gpumemd_tenant_device_used_bytes, gpumemd_tenant_device_retained_bytes,
-//   gpumemd_tenant_device_slabs
-// and the tenant's quota as GetStats' tenant row gives it (the quota book's,
-// config or SetQuota): gpumemd_tenant_quota_bytes (total_bytes),
-// gpumemd_tenant_quota_allocations (max_allocations), and
-// gpumemd_tenant_device_quota_bytes (labels tenant, device); a limit that is
-// not set has no sample (an unlimited tenant has none of the three).
-// Like the other tenant gauges they cover GetStats' tenant rows: tenants
-// that hold slabs or retained bytes now.
-// Also gpumemd_sessions (live sessions) and gpumemd_waiting_requests (all
-// tenants' waiting Allocates). Scrapes see what root sees.
-// Thread-safety: Collect() may run on any thread; it only calls Stats().
+// bookkeeping that could drift). Scrapes see what root sees. The families
+// are listed at FromStats. Thread-safety: Collect() may run on any thread;
+// it only calls Stats().
 #ifndef GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_
 #define GPUMEMD_SERVER_METRICS_STATS_COLLECTOR_H_
 
@@ -48,6 +25,27 @@ class StatsCollector final : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override;
 
   // The same families from a GetStats answer (what Collect uses; tests too).
+  // Per device (labels device="<index>", uuid="GPU-..."):
+  //   gpumemd_device_total_bytes, gpumemd_device_used_bytes,
+  //   gpumemd_device_pooled_bytes, gpumemd_device_free_bytes,
+  //   gpumemd_device_largest_free_block_bytes, gpumemd_device_fragmentation,
+  //   gpumemd_device_slabs, gpumemd_device_allocations,
+  //   gpumemd_device_retained_bytes
+  // per tenant (labels tenant="<name>", as GetStats names it: "ml", or
+  // "uid-1000" when no tenants are configured; tenant_id="<id>"), GetStats'
+  // tenant rows (tenants that hold slabs or retained bytes now):
+  //   gpumemd_tenant_used_bytes, gpumemd_tenant_retained_bytes,
+  //   gpumemd_tenant_allocations, gpumemd_tenant_peak_bytes,
+  //   gpumemd_tenant_waiting_requests, and per device (labels tenant, device)
+  //   gpumemd_tenant_device_used_bytes, gpumemd_tenant_device_retained_bytes,
+  //   gpumemd_tenant_device_slabs
+  // and the tenant's quota as GetStats' tenant row gives it (the quota
+  // book's, config or SetQuota): gpumemd_tenant_quota_bytes (total_bytes),
+  // gpumemd_tenant_quota_allocations (max_allocations), and
+  // gpumemd_tenant_device_quota_bytes (labels tenant, device); a limit that
+  // is not set has no sample (an unlimited tenant has none of the three).
+  // Also gpumemd_sessions (live sessions) and gpumemd_waiting_requests (all
+  // tenants' waiting Allocates).
   static std::vector<prometheus::MetricFamily> FromStats(const v1::GetStatsResponse& stats);
 
  private:
