@@ -1,32 +1,17 @@
 // Backend: the one interface between the daemon and the memory of real or
-// simulated GPUs.
+// simulated GPUs. A backend enumerates devices once, at start, and then
+// makes slabs: large device allocations that the pool sub-allocates and that
+// clients import as a whole. A slab is an RAII object: destroying it
+// releases the device memory (clients that already imported it keep their
+// mapping; the physical memory lives until the last importer lets go, as
+// with CUDA VMM handles).
 //
-// A backend enumerates devices once, at start, and then makes slabs: large
-// device allocations that the pool sub-allocates and that clients import as a
-// whole. A slab is an RAII object: destroying it releases the device memory
-// (clients that already imported it keep their mapping; the physical memory
-// lives until the last importer lets go, as with CUDA VMM handles).
-//
-// Guarantees every backend gives:
-//  - devices() is fixed for the backend's lifetime; indices are 0..N-1.
-//  - CreateSlab never exceeds a device's total_bytes in live slabs, nor what
-//    NewSlabRoom says the device has left: it fails with RESOURCE_EXHAUSTED
-//    instead.
-//  - A new slab reads as zeros.
-//  - A slab's size is a multiple of Granularity(device) when the caller asks
-//    for such a size (the pool does); backends refuse other sizes or round
-//    them, never silently shrink.
-//  - handle_kinds() is fixed and non-empty; its first entry is the default,
-//    and CreateSlab makes slabs of any listed kind (INVALID_ARGUMENT for
-//    another kind).
-//  - ExportFd returns a new fd each call (the caller owns and closes it) for
-//    the fd kinds; IpcHandle returns the 64 handle bytes for kCudaIpc. Each
-//    answers FAILED_PRECONDITION for a slab of the other kind.
-//  - Driver errors carry kDriverErrorPayload (common/driver_error.h), so the
-//    layers above can tell them from their own refusals.
-//
-// Implementations: sim_backend.h (memfd host memory), cuda_backend.h (driver
-// API through dlopen).
+// Invariants every backend keeps: devices() and handle_kinds() are fixed for
+// its life; live slabs never exceed a device's total_bytes nor NewSlabRoom;
+// a new slab reads as zeros; a slab is never silently smaller than asked;
+// driver errors carry kDriverErrorPayload (common/driver_error.h), so the
+// layers above can tell them from their own refusals. Implementations:
+// sim_backend.h (memfd host memory), cuda_backend.h (driver API, dlopen).
 #ifndef GPUMEMD_SERVER_BACKEND_BACKEND_H_
 #define GPUMEMD_SERVER_BACKEND_BACKEND_H_
 
@@ -88,9 +73,11 @@ class Slab {
   virtual uint32_t device() const = 0;
   virtual uint64_t size() const = 0;
   virtual HandleKind handle_kind() const = 0;
-  // A new file descriptor for the slab's shareable handle; caller closes it.
+  // A new file descriptor for the slab's shareable handle, each call; caller
+  // closes it. FAILED_PRECONDITION for a slab of a kind without one.
   virtual absl::StatusOr<int> ExportFd() const = 0;
-  // The legacy IPC handle bytes (CU_IPC_HANDLE_SIZE = 64) of a kCudaIpc slab.
+  // The legacy IPC handle bytes (CU_IPC_HANDLE_SIZE = 64) of a kCudaIpc slab;
+  // FAILED_PRECONDITION for a slab of another kind.
   virtual absl::StatusOr<std::string> IpcHandle() const {
     return absl::FailedPreconditionError("this slab has no legacy IPC handle");
   }
@@ -104,14 +91,21 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // Fixed for the backend's lifetime; indices are 0..N-1.
   virtual const std::vector<DeviceInfo>& devices() const = 0;
   // How device a reaches device b (both valid indices).
   virtual PeerLink Peer(uint32_t a, uint32_t b) const = 0;
-  // The kinds of slab this backend can make; the first is the default.
+  // The kinds of slab this backend can make (fixed, non-empty); the first is
+  // the default.
   virtual const std::vector<HandleKind>& handle_kinds() const = 0;
   // Slab sizes must be multiples of this (a power of two).
   virtual uint64_t Granularity(uint32_t device) const = 0;
-  // A new slab of exactly `bytes` on `device`, opened the way `kind` says.
+  // A new slab of exactly `bytes` on `device`, opened the way `kind` says,
+  // reading as zeros. RESOURCE_EXHAUSTED rather than exceed the device's
+  // total_bytes in live slabs or what NewSlabRoom says it has left;
+  // INVALID_ARGUMENT for a kind not in handle_kinds(). A size that is not a
+  // multiple of Granularity(device) is refused or rounded up, never shrunk
+  // (the pool only asks for multiples).
   virtual absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device, uint64_t bytes,
                                                            HandleKind kind) = 0;
   // The same, of the default kind.
