@@ -1,29 +1,15 @@
 // QuotaBook: what each tenant holds now, per device, against its quota.
 //
-// Guarantees:
-//  - TryCharge checks and charges in one step under the book's own lock: two
-//    concurrent charges can never both pass a limit only one fits under, so a
-//    tenant's charged bytes (total, per device) and allocation count never
-//    exceed its quota, not even for a moment.
-//  - A refused charge changes nothing and says which limit refused, with the
-//    figures (limit, charged, asked).
-//  - Credit undoes a charge of the same figures exactly once; the caller
-//    keeps charges and credits paired (quota_carver.h does for carves).
-//  - Each tenant's peak (TenantHoldings::peak_total_bytes) is the most it
-//    held at once since the book was made. A charge counts from its Commit
-//    (the allocation it paid for exists) until its Credit; a charge undone
-//    with Uncharge (the carve failed, or the request placed none of its
-//    blocks) never counts, so a refused request does not raise the peak.
-//  - SetQuota takes effect for the next charge. Lowering a quota below what
-//    a tenant holds takes nothing back; it only refuses further charges.
-//  - What a tenant's slabs pin is bounded by the same quota in footprint()
-//    (a quota bounds the tenant's blocks here and its slabs there).
-//  - Retained bytes count (slabs released while a process may still hold
-//    their handle, server/pool/slab_pool.h): with a retained source set,
-//    each byte check adds what the source says the tenant has retained on
-//    the device (and on all devices, for total_bytes) to its charges.
-// Tenants without a quota are still counted (GetUsage reports them).
-// Thread-safe.
+// Invariants: a tenant's charged bytes (total, per device, retained bytes
+// included) and allocation count never exceed its quota, not even for a
+// moment (TryCharge checks and charges in one step under the book's lock);
+// a refused charge changes nothing and says which limit refused, with the
+// figures (limit, charged, asked); a refused request never raises a
+// tenant's peak; lowering a quota below what a tenant holds takes nothing
+// back, it only refuses further charges (SetQuota takes effect for the next
+// charge). What a tenant's slabs pin is bounded by the same quota in
+// footprint(). Tenants without a quota are still counted (GetUsage reports
+// them). Thread-safe.
 #ifndef GPUMEMD_SERVER_QUOTA_QUOTA_BOOK_H_
 #define GPUMEMD_SERVER_QUOTA_QUOTA_BOOK_H_
 
@@ -48,7 +34,10 @@ struct TenantHoldings {
   // Commit): total_bytes - pending_bytes is what the tenant holds.
   uint64_t pending_bytes = 0;
   // The most the tenant has held at once (committed charges; retained
-  // bytes are the pool's) since the book was made.
+  // bytes are the pool's) since the book was made. A charge counts from its
+  // Commit (the allocation it paid for exists) until its Credit; a charge
+  // undone with Uncharge (the carve failed, or the request placed none of
+  // its blocks) never counts, so a refused request does not raise the peak.
   uint64_t peak_total_bytes = 0;
 };
 
@@ -71,8 +60,11 @@ class QuotaBook {
   FootprintBook& footprint() { return footprint_; }
   const FootprintBook& footprint() const { return footprint_; }
 
-  // Bytes `tenant` has retained on `device` now. Called under the book's
-  // lock, so it must not call back into the book.
+  // Bytes `tenant` has retained on `device` now (slabs released while a
+  // process may still hold their handle, server/pool/slab_pool.h): each byte
+  // check adds it (and, for total_bytes, the sum over all devices) to the
+  // tenant's charges. Called under the book's lock, so it must not call back
+  // into the book.
   using RetainedSource = std::function<uint64_t(uint32_t tenant, uint32_t device)>;
   void SetRetainedSource(RetainedSource source);
 
@@ -88,7 +80,9 @@ class QuotaBook {
   void Uncharge(uint32_t tenant, uint32_t device, uint64_t bytes);
   // `bytes` of the tenant's charges now belong to committed allocations.
   void Commit(uint32_t tenant, uint64_t bytes);
-  // Returns the charge of a committed allocation that was freed.
+  // Returns the charge of a committed allocation that was freed: undoes a
+  // charge of the same figures exactly once; the caller keeps charges and
+  // credits paired (quota_carver.h does for carves).
   void Credit(uint32_t tenant, uint32_t device, uint64_t bytes);
   // Charges an allocation that exists already, whatever the limits say (a
   // restart restoring what a tenant held: it was within its quota when it

@@ -1,29 +1,15 @@
-// Session: one client's state in the daemon, under one lock.
+// Session: one client's state in the daemon, under one lock. A session is a
+// client process (or, for a caller in another pid namespace, a connection;
+// see session_registry.h). It owns what the daemon knows of that client
+// beyond single requests: its tenant, the ids of its live allocations with
+// their bytes per device, its last usage report, and whether it has ended.
 //
-// A session is a client process (or, for a caller in another pid namespace,
-// a connection; see session_registry.h). It owns what the daemon knows of
-// that client beyond single requests:
-//  - the tenant it is charged to, fixed the first time it needs one (its
-//    first Allocate or slab export) and kept for its life, whatever config
-//    reloads do later;
-//  - the ids of its live allocations, with their bytes per device;
-//  - its last usage report (the client's caching-pool figures);
-//  - whether it has ended.
-//
-// The one rule that makes sessions and allocations safe against each other:
-// AddAllocations and End take the same lock, so an allocation is either
-// added before End (and End hands its id back for release) or refused
-// because the session already ended (and its caller gives the blocks back).
-// Nothing is ever recorded for an ended session.
-//
-// Durable: with a DurableState, a live session is recorded there (its
-// process's pid and start time, or its token; its uid, gid and fixed
-// tenant), so a restarted daemon finds it again (server/state/); the record
-// goes when the session ends, and stays when the daemon stops without
-// ending it (a restart keeping its state).
-//
-// Thread-safe. Sessions are shared (std::shared_ptr): the registry holds
-// each live one; requests hold the one they act for.
+// Invariants: nothing is ever recorded for an ended session (AddAllocations
+// and End take the same lock, so an allocation is either added before End,
+// which hands its id back for release, or refused); its tenant, once fixed,
+// is kept for its life, whatever config reloads do later. Thread-safe.
+// Sessions are shared (std::shared_ptr): the registry holds each live one;
+// requests hold the one they act for.
 #ifndef GPUMEMD_SERVER_SESSION_SESSION_H_
 #define GPUMEMD_SERVER_SESSION_SESSION_H_
 
@@ -63,7 +49,10 @@ absl::Status CallerExitedError();
 class Session {
  public:
   // `token` is set for connection-bound sessions only. `state` (may be
-  // null) keeps its record; `start_ticks` is its process's start time
+  // null) keeps its record (its process's pid and start time, or its token;
+  // its uid, gid and fixed tenant), so a restarted daemon finds it again
+  // (server/state/); the record goes when the session ends, and stays when
+  // the daemon stops without ending it (a restart keeping its state); `start_ticks` is its process's start time
   // (/proc/PID/stat), 0 for connection-bound sessions; `slot` is the record
   // a restore found it in (kNoSlot: a new session, recorded now).
   Session(uint64_t id, PeerCred cred, std::string token = "",
@@ -80,7 +69,7 @@ class Session {
   uint64_t start_ticks() const { return start_ticks_; }
 
   // The session's tenant: the one fixed earlier, or `resolve()`'s answer,
-  // which is fixed now if it is a tenant (a refusal is not kept: a later
+  // which is fixed now (its first Allocate or slab export) if it is a tenant (a refusal is not kept: a later
   // config may give the caller a tenant). FAILED_PRECONDITION once ended.
   absl::StatusOr<tenants::TenantRef> FixTenant(
       const std::function<absl::StatusOr<tenants::TenantRef>()>& resolve);
