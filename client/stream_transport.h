@@ -1,29 +1,18 @@
 // StreamTransport: the client's end of gpumem.v1.GpuMemory.Stream, the
 // daemon's hot path (one long-lived stream per client instead of one HTTP/2
-// stream per call).
+// stream per call). Each call sends a StreamRequest with a fresh request id
+// and waits for the answer carrying that id. Many threads may call at once:
+// their requests are pipelined on the one stream, and whichever waiting
+// thread is not blocked reads the next answer and hands it to its owner (no
+// reader thread, so a lone caller pays one write and one read).
 //
-// Each call sends a StreamRequest with a fresh request id and waits for the
-// answer carrying that id. Many threads may call at once: their requests are
-// pipelined on the one stream, and whichever waiting thread is not blocked
-// reads the next answer and hands it to its owner (no reader thread, so a
-// lone caller pays one write and one read, nothing else).
-//
-// What it guarantees:
-//  - Answers reach the thread that asked, whatever their order.
-//  - The stream is opened on first use. If it ends (daemon restarted,
-//    stream fault), the calls waiting on it fail with UNAVAILABLE saying
-//    why, and the next call opens a new stream. A request whose answer was
-//    lost may have been carried out; an Allocate is freed by the daemon if
-//    its answer was never written.
-//  - Against a daemon without the Stream method, calls fail with
-//    UNIMPLEMENTED and unsupported() becomes true for good; the caller then
-//    uses the unary RPCs (Client does).
-//  - Daemon-initiated messages (StreamReply.reclaim) are dropped unless
-//    StartPushReader() was called: then a reader thread reads the stream
-//    whenever no caller does (so a push reaches an idle program) and gives
-//    each push to the handler, on that thread.
-//  - A request's own failure (NOT_FOUND, RESOURCE_EXHAUSTED with its
-//    PlacementRefusal, ...) comes back exactly as the unary RPC returns it.
+// Invariants: answers reach the thread that asked, whatever their order; a
+// request's own failure (NOT_FOUND, RESOURCE_EXHAUSTED with its
+// PlacementRefusal, ...) comes back exactly as the unary RPC returns it; a
+// stream that ends fails the calls waiting on it with UNAVAILABLE saying
+// why, and the next call opens a new one (the stream opens on first use).
+// A request whose answer was lost may have been carried out; an Allocate is
+// freed by the daemon if its answer was never written.
 #ifndef GPUMEMD_CLIENT_STREAM_TRANSPORT_H_
 #define GPUMEMD_CLIENT_STREAM_TRANSPORT_H_
 
@@ -63,13 +52,17 @@ class StreamTransport {
   // Answers a ReclaimRequest push with what was given back.
   absl::Status Reclaimed(uint64_t freed_bytes);
 
-  // Starts the push reader (once; later calls do nothing). `handler` runs on
-  // the reader thread and must return quickly (it must not call this
+  // Daemon-initiated messages (StreamReply.reclaim) are dropped until this
+  // is called. Starts the push reader (once; later calls do nothing): it
+  // reads the stream whenever no caller does, so a push reaches an idle
+  // program, and gives each push to `handler`, which runs on the reader thread and must return quickly (it must not call this
   // transport: hand the work to another thread).
   using PushHandler = std::function<void(const v1::StreamReply&)>;
   void StartPushReader(PushHandler handler);
 
-  // True once the daemon answered the stream with UNIMPLEMENTED.
+  // True once the daemon answered the stream with UNIMPLEMENTED (a daemon
+  // without the Stream method; calls fail UNIMPLEMENTED): true for good, and
+  // the caller then uses the unary RPCs (Client does).
   bool unsupported() const { return unsupported_.load(std::memory_order_acquire); }
 
  private:

@@ -1,28 +1,10 @@
 // Daemon: gpumemd's parts, wired together, with its life in four steps:
-// Start, Reload, Drain and Stop. main.cc only reads the command line and the
-// config file into Settings and turns signals into these calls.
-//
-//  - Start: the backend, the ledger, the tenant directory and quotas, the
-//    core (MemoryBroker), the gRPC server with its services on shared
-//    completion queues, metrics if asked, and the listening socket (bound,
-//    or taken from systemd); then tells systemd it is ready. A start-up
-//    error is returned, naming what failed; nothing is left half-started
-//    that the destructor would not undo.
-//  - Reload (SIGHUP): the whole file is loaded and checked; a bad one is
-//    refused with FILE:LINE:COLUMN and the config in force stays; a good one
-//    goes through ApplyReloadableConfig (server/config/reloadable.h).
-//  - Drain (SIGTERM/SIGINT): Allocate answers UNAVAILABLE, waiting requests
-//    are answered, health checks say NOT_SERVING, other calls keep working;
-//    the daemon waits up to drain_seconds for live allocations to be freed
-//    (`cut_short` ends the wait: a second signal).
-//  - StopForRestart (SIGUSR2): answers every call, then keeps every
-//    allocation, slab and session as they are for the next daemon (the
-//    state file, systemd's fd store) and exits; nothing is released.
-//  - Stop: stop accepting (the socket file is removed unless systemd owns
-//    it), finish in-flight gRPC calls, drain the worker pools and the
-//    completion queues, release every allocation and slab, commit the
-//    ledger. Idempotent; the destructor calls it.
-// Not thread-safe: one thread (main's) drives it.
+// Start, Reload, Drain and Stop (or StopForRestart). main.cc only reads the
+// command line and the config file into Settings and turns signals into
+// these calls. Invariants: a start-up error is returned naming what failed,
+// and nothing is left half-started that the destructor would not undo; a
+// bad config on reload changes nothing; Stop releases everything and
+// StopForRestart nothing. Not thread-safe: one thread (main's) drives it.
 #ifndef GPUMEMD_SERVER_DAEMON_DAEMON_H_
 #define GPUMEMD_SERVER_DAEMON_DAEMON_H_
 
@@ -47,16 +29,32 @@ class Daemon {
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
 
+  // The backend, the ledger, the tenant directory and quotas, the core
+  // (MemoryBroker), the gRPC server with its services on shared completion
+  // queues, metrics if asked, and the listening socket (bound, or taken from
+  // systemd); then tells systemd it is ready.
   absl::Status Start();
-  // OK when the new file is in force; otherwise why it was refused.
+  // SIGHUP: the whole file is loaded and checked; a bad one is refused with
+  // FILE:LINE:COLUMN and the config in force stays; a good one goes through
+  // ApplyReloadableConfig (server/config/reloadable.h). OK when the new file
+  // is in force; otherwise why it was refused.
   absl::Status Reload();
+  // SIGTERM/SIGINT: Allocate answers UNAVAILABLE, waiting requests are
+  // answered, health checks say NOT_SERVING, other calls keep working; the
+  // daemon waits up to drain_seconds for live allocations to be freed.
   // `why` names the cause in the log ("signal 15"); `cut_short` is polled
-  // while waiting, and true ends the wait.
+  // while waiting, and true ends the wait (a second signal).
   void Drain(const std::string& why, const std::function<bool()>& cut_short);
+  // Stops accepting (the socket file is removed unless systemd owns it),
+  // finishes in-flight gRPC calls, drains the worker pools and the
+  // completion queues, releases every allocation and slab, commits the
+  // ledger. Idempotent; the destructor calls it.
   void Stop();
   // Instead of Drain and Stop (SIGUSR2, and what `systemctl stop` and
-  // `systemctl restart` send under deploy/gpumemd.service): stops serving
-  // and keeps everything for the next daemon; nothing is released.
+  // `systemctl restart` send under deploy/gpumemd.service): answers every
+  // call, then keeps every allocation, slab and session as they are for the
+  // next daemon (the state file, systemd's fd store) and exits; nothing is
+  // released.
   void StopForRestart();
 
  private:
