@@ -1,28 +1,15 @@
 // TopView: what `gpumemctl top` shows, as lines of text, made from the
-// daemon's GetStats answers.
+// daemon's GetStats answers. It keeps the last answer and the one before, so
+// that each refresh shows rates (allocations, frees and refusals per second,
+// by reason) as the difference of the daemon's counters over the daemon's
+// own uptime between the two answers.
 //
-// It keeps the last answer and the one before, so that each refresh shows
-// rates (allocations, frees and refusals per second, by reason) as the
-// difference of the daemon's counters over the daemon's own uptime between
-// the two answers. It renders for a given screen size: per device a bar of
-// used / pooled / retained / free with the figures and the largest free
-// block; per tenant current use against its quota, peak and waiting
-// requests; the sessions holding the most memory. Sections that do not fit
-// say how many rows they left out.
-//
-// Guarantees:
-//  - Render never returns more than `height` lines nor a line wider than
-//    `width` columns (ASCII only; RenderAll keeps long lines whole); below MinWidth x MinHeight it returns a
-//    one-line-per-fact message saying so, and what size it needs.
-//  - A daemon that restarted (its uptime or a counter went down) shows no
-//    rates for that refresh, and a notice, instead of negative figures.
-//  - While the daemon cannot be reached it says so on the first lines and
-//    keeps showing the last answer, marked with when it was taken.
-//  - While the daemon's ledger fails to commit (GetStats' ledger.failing),
-//    the notice line says so: events held, dropped, and the error.
-//  - It makes no calls of its own: what it shows is what the caller gave it
-//    (the daemon's visibility rules apply to that answer).
-// Not thread-safe (one per loop).
+// Invariants: Render never returns more than `height` lines nor a line
+// wider than `width` columns (ASCII only); a daemon that restarted (its
+// uptime or a counter went down) shows no rates for that refresh, and a
+// notice, never negative figures; it makes no calls of its own: what it
+// shows is what the caller gave it (the daemon's visibility rules apply to
+// that answer). Not thread-safe (one per loop).
 #ifndef GPUMEMD_CLIENT_TOP_VIEW_H_
 #define GPUMEMD_CLIENT_TOP_VIEW_H_
 
@@ -46,12 +33,20 @@ class TopView {
   TopView(std::string source, absl::Duration interval)
       : source_(std::move(source)), interval_(interval) {}
 
-  // A fresh answer, taken at `now`.
+  // A fresh answer, taken at `now`. While the daemon's ledger fails to
+  // commit (GetStats' ledger.failing), the notice line says so: events held,
+  // dropped, and the error.
   void Update(v1::GetStatsResponse stats, absl::Time now);
-  // The daemon could not be asked at `now`.
+  // The daemon could not be asked at `now`: it says so on the first lines
+  // and keeps showing the last answer, marked with when it was taken.
   void Unreachable(const absl::Status& why, absl::Time now);
 
-  // The screen for `width` x `height`.
+  // The screen for `width` x `height`: per device a bar of used / pooled /
+  // retained / free with the figures and the largest free block; per tenant
+  // current use against its quota, peak and waiting requests; the sessions
+  // holding the most memory. Sections that do not fit say how many rows they
+  // left out. Below MinWidth x MinHeight, a one-line-per-fact message saying
+  // so, and what size it needs.
   std::vector<std::string> Render(int width, int height) const;
   // Every row, bars and tables sized for `width` columns, no line cut (the
   // plain mode: a long message is kept whole).

@@ -2,26 +2,13 @@
 // The sessions themselves (their tenant, allocations, usage) are Session
 // objects (session.h); the registry finds, creates and ends them.
 //
-// A session is created the first time a process calls the daemon and is
-// keyed by the pid the kernel reports for its connection (SO_PEERCRED) and
-// the socket it came through (PeerCred::socket_tenant): one process that
-// calls through the main socket and through a tenant's socket (or through
-// two tenants' sockets) has one session per socket, each charged to its
-// own tenant. The
-// registry holds a pidfd for each session's process and a watcher thread
-// that polls them: when a process exits (cleanly, by crash or by SIGKILL)
-// its pidfd becomes readable and the registry ends the session and calls
-// `on_end(session)` within milliseconds, on the watcher thread, with no
-// registry lock held. Before on_end is called the session is marked ended
-// (Session::End), so nothing can be recorded for it from then on, and
-// on_end receives the ids of the allocations it held.
-//
-// A pid that is reused by a new process is detected at Attach (the old
-// pidfd is already readable) and gets a new session. Attach is atomic:
-// however many threads of one process call it at once, the process gets
-// exactly one session. on_end is called on the watcher thread, or on the
-// thread of whoever ends a session explicitly (EndConnection, EndSession),
-// never from Attach, so callers of Attach may hold locks that on_end takes.
+// Invariants: a process gets exactly one session per socket it calls through
+// (keyed by the SO_PEERCRED pid and PeerCred::socket_tenant, each charged to
+// its own tenant), however many of its threads Attach at once; a reused pid
+// gets a new session; a process that exits (cleanly, by crash or by SIGKILL)
+// has its session ended at once, by a watcher thread polling a pidfd per
+// session; a session is marked ended (Session::End) before on_end is
+// called, so nothing can be recorded for it from then on.
 #ifndef GPUMEMD_SERVER_SESSION_SESSION_REGISTRY_H_
 #define GPUMEMD_SERVER_SESSION_SESSION_REGISTRY_H_
 
@@ -47,7 +34,10 @@ namespace gpumem {
 class SessionRegistry {
  public:
   // Called once per session, after it was marked ended, with the ids of
-  // the allocations it held then.
+  // the allocations it held then; with no registry lock held, on the
+  // watcher thread or on the thread of whoever ends a session explicitly
+  // (EndConnection, EndSession), never from Attach, so callers of Attach may
+  // hold locks that on_end takes.
   using EndCallback = std::function<void(const std::shared_ptr<Session>& session,
                                          std::vector<uint64_t> allocation_ids)>;
 
@@ -57,7 +47,8 @@ class SessionRegistry {
   SessionRegistry(const SessionRegistry&) = delete;
   SessionRegistry& operator=(const SessionRegistry&) = delete;
 
-  // The live session of the caller's process, created if needed. A caller
+  // The live session of the caller's process, created if needed (a pid
+  // whose old pidfd is already readable is a new process). A caller
   // without a visible pid gets its connection-bound session
   // (cred.bound_session), or PERMISSION_DENIED saying how to get one.
   absl::StatusOr<std::shared_ptr<Session>> Attach(const PeerCred& cred);
