@@ -1,27 +1,12 @@
 // ClaimPreparer: turns a ResourceClaim allocated on this node into a gpumemd
 // tenant that the claim's containers reach through their own socket, and
-// back.
-//
-// Prepare(claim): reads the claim from the API server, checks its
-// allocation against this node's devices (a device gpumemd does not have,
-// or more memory than a device has, is INVALID_ARGUMENT), records the plan
-// (PluginState, PREPARING), then makes, in order: the claim's socket
-// directory <claims_dir>/claim-<uid>, the tenant claim-<uid> (PutTenant:
-// per-device quotas of the consumed capacity, the socket in that
-// directory), the CDI spec, and records PREPARED. The socket gpumemd
-// answers with must be the one asked for, inside the claims directory;
-// anything else is refused. If a step fails, everything made so far is
-// removed again (DeleteTenant with end_sessions, the directory, the spec,
-// the record): a failed Prepare leaves nothing behind.
-// A claim already PREPARED is answered from the record, without the API
-// server, after making sure gpumemd still has the tenant (PutTenant is
-// idempotent) and the spec is in place: the same answer every time.
-// Unprepare(claim): DeleteTenant (end_sessions: the claim's pods are gone),
-// removes the socket directory and the CDI spec, forgets the record. A claim
-// never prepared is not an error. On failure the record stays, so the
-// kubelet's retry finishes the job.
-// Thread-safe; operations on claims are serialized, the API server read is
-// not (a slow API server delays only the claims that need it).
+// back. Invariants: a failed Prepare leaves nothing behind; a claim already
+// prepared gets the same answer every time; the socket gpumemd answers with
+// must be the one asked for, inside the claims directory (anything else is
+// refused); a failed Unprepare keeps its record, so the kubelet's retry
+// finishes the job. Thread-safe; operations on claims are serialized, the
+// API server read is not (a slow API server delays only the claims that
+// need it).
 #ifndef GPUMEMD_CLIENT_DRA_CLAIM_PREPARER_H_
 #define GPUMEMD_CLIENT_DRA_CLAIM_PREPARER_H_
 
@@ -60,7 +45,21 @@ class ClaimPreparer {
   ClaimPreparer(PreparerConfig config, const ApiServer* api, v1::GpuMemory::StubInterface* gpumemd,
                 PluginState* state);
 
+  // Reads the claim from the API server, checks its allocation against this
+  // node's devices (a device gpumemd does not have, or more memory than a
+  // device has, is INVALID_ARGUMENT), records the plan (PluginState,
+  // PREPARING), then makes, in order: the claim's socket directory
+  // <claims_dir>/claim-<uid>, the tenant claim-<uid> (PutTenant: per-device
+  // quotas of the consumed capacity, the socket in that directory), the CDI
+  // spec, and records PREPARED. If a step fails, everything made so far is
+  // removed again (DeleteTenant with end_sessions, the directory, the spec,
+  // the record). A claim already PREPARED is answered from the record,
+  // without the API server, after making sure gpumemd still has the tenant
+  // (PutTenant is idempotent) and the spec is in place.
   absl::StatusOr<std::vector<PreparedDevice>> Prepare(const ClaimRef& claim);
+  // DeleteTenant (end_sessions: the claim's pods are gone), removes the
+  // socket directory and the CDI spec, forgets the record. A claim never
+  // prepared is not an error. On failure the record stays.
   absl::Status Unprepare(const ClaimRef& claim);
 
   const PreparerConfig& config() const { return config_; }

@@ -3,25 +3,11 @@
 // bytes tell the two protocols apart, and a channel's request bytes parsed
 // and answered against the broker. The listener does the I/O; this unit is
 // what it decides, so that a fuzzer can drive it with any bytes.
-//
-// Guarantees of ServeSlabChannel, for any bytes:
-//  - Requests are answered in order, one answer each, as soon as all their
-//    bytes have arrived: 16, and for kRebind the token after them (its
-//    length in slab_id, 1 to kFdChannelMaxMessage, else the connection
-//    ends). A partial request waits in `conn.in`.
-//  - A request with the wrong magic or version, or an unknown op, ends the
-//    connection (false), after the answers to the requests before it.
-//  - An answer is a SlabResponse with at most kFdChannelMaxMessage message
-//    bytes after it; an fd is attached only to a successful kOpenSlab, and
-//    the unit closes it once `send` returns (sent or not).
-//  - kHello from a caller without a visible pid binds a session to the
-//    connection once (conn.cred.bound_session, conn.token); kRebind, on a
-//    channel with none yet, takes back such a session of a previous daemon
-//    by its token. The caller of the unit ends it when the connection
-//    closes (MemoryBroker::EndConnection).
-//  - kGiveSlab takes the oldest fd of `conn.fds` (a slab's handle given
-//    back after a restart) and hands it to the broker, which owns it from
-//    then on; without one it is answered INVALID_ARGUMENT.
+// Invariants of ServeSlabChannel, for any bytes: requests are answered in
+// order, one answer each, as soon as all their bytes have arrived; a
+// malformed request ends the connection after the answers before it; an
+// answer never exceeds its bounds, and an fd given to `send` is closed by
+// the unit once `send` returns.
 #ifndef GPUMEMD_SERVER_SERVICE_SLAB_CHANNEL_H_
 #define GPUMEMD_SERVER_SERVICE_SLAB_CHANNEL_H_
 
@@ -64,6 +50,22 @@ struct SlabChannelReply {
 // `send`, which returns false when the answer could not be sent. Returns
 // false when the connection must be closed (a malformed request, or a send
 // that failed).
+//  - A request is whole at 16 bytes, and for kRebind with the token after
+//    them (its length in slab_id, 1 to kFdChannelMaxMessage, else the
+//    connection ends). A partial request waits in `conn.in`.
+//  - A request with the wrong magic or version, or an unknown op, ends the
+//    connection (false), after the answers to the requests before it.
+//  - An answer is a SlabResponse with at most kFdChannelMaxMessage message
+//    bytes after it; an fd is attached only to a successful kOpenSlab, and
+//    is closed here once `send` returns (sent or not).
+//  - kHello from a caller without a visible pid binds a session to the
+//    connection once (conn.cred.bound_session, conn.token); kRebind, on a
+//    channel with none yet, takes back such a session of a previous daemon
+//    by its token. The caller of the unit ends it when the connection
+//    closes (MemoryBroker::EndConnection).
+//  - kGiveSlab takes the oldest fd of `conn.fds` (a slab's handle given
+//    back after a restart) and hands it to the broker, which owns it from
+//    then on; without one it is answered INVALID_ARGUMENT.
 bool ServeSlabChannel(MemoryBroker* broker, SlabChannelConn& conn, absl::string_view data,
                       const std::function<bool(const SlabChannelReply&)>& send);
 
