@@ -4,22 +4,9 @@
 // entry points they use into one table of function pointers, whose types
 // come from cuda.h (decltype of the declarations), so a signature mismatch is
 // a compile error, not a crash. A machine without the NVIDIA driver gets a
-// FAILED_PRECONDITION that says so instead of a loader error.
-//
-// Errors: CudaStatus turns a CUresult into an absl::Status whose message
-// names the call, the context (e.g. the device) and the driver's error name
-// and text, and whose code says what the caller can do:
-//   CUDA_ERROR_OUT_OF_MEMORY                        -> RESOURCE_EXHAUSTED
-//   device gone or unusable (DEVICE_UNAVAILABLE, ECC_UNCORRECTABLE,
-//   NOT_INITIALIZED, DEINITIALIZED, NO_DEVICE, ...) -> UNAVAILABLE
-//   anything else                                   -> INTERNAL
-// and carries kDriverErrorPayload (common/driver_error.h; the CUresult in
-// decimal), so layers above can tell a driver's refusal from their own.
-//
-// fork(): a child fork()ed after its parent initialised CUDA cannot use it
-// (the driver answers CUDA_ERROR_NOT_INITIALIZED there). LoadCudaDriver in
-// such a child, and CudaStatus of that error there, are FAILED_PRECONDITION
-// saying so and what to do instead, never "device unavailable".
+// FAILED_PRECONDITION that says so instead of a loader error. Driver errors
+// become statuses that name the call and say what the caller can do
+// (CudaStatus).
 #ifndef GPUMEMD_COMMON_CUDA_DRIVER_H_
 #define GPUMEMD_COMMON_CUDA_DRIVER_H_
 
@@ -80,8 +67,19 @@ absl::StatusOr<const CudaDriver*> LoadCudaDriver(const char* library = "libcuda.
 // NVIDIA driver at all), as opposed to one that has it but cannot use it.
 bool CudaDriverMissing(const absl::Status& status);
 
-// OK for CUDA_SUCCESS; otherwise "<context>: <call>: <error text>" with the
-// code described above.
+// OK for CUDA_SUCCESS; otherwise "<context>: <call>: <error text>" (the
+// context e.g. the device; the text the driver's error name and text), with
+// a code that says what the caller can do:
+//   CUDA_ERROR_OUT_OF_MEMORY                        -> RESOURCE_EXHAUSTED
+//   device gone or unusable (DEVICE_UNAVAILABLE, ECC_UNCORRECTABLE,
+//   NOT_INITIALIZED, DEINITIALIZED, NO_DEVICE, ...) -> UNAVAILABLE
+//   anything else                                   -> INTERNAL
+// and kDriverErrorPayload (common/driver_error.h; the CUresult in decimal),
+// so layers above can tell a driver's refusal from their own.
+// fork(): a child fork()ed after its parent initialised CUDA cannot use it
+// (the driver answers CUDA_ERROR_NOT_INITIALIZED there); that error there is
+// FAILED_PRECONDITION saying so and what to do instead, never "device
+// unavailable" (as is LoadCudaDriver in such a child).
 absl::Status CudaStatus(const CudaDriver& driver, CUresult r, absl::string_view call,
                         absl::string_view context = "");
 

@@ -2,24 +2,11 @@
 // adaptor) for fair waiting: while a waiting request reserves
 // (server/admission/admission.h), requests behind it in serving order carve
 // through this adaptor, which keeps for it the room that frees up on the
-// devices it may use.
-//
-// The rule, per carve on a device the reservation names: the carve is kept
-// if afterwards the reserving tenant can still get a block of the reserved
-// size there (SlabPool::LargestReachable), or if it did not lessen what
-// that tenant can reach (memory the reserving request could not use: the
-// carving tenant's own slab, say). Otherwise it is undone and refused as
-// capacity, with the reservation named in the refusal's detail. Devices the
-// reservation does not name are not affected, so smaller requests go on
-// being served elsewhere (backfill).
-//
-// The check is made after carving, against the pool as it is then, so two
-// requests carving at once can only both be refused, never both let past
-// the reservation.
-//
-// A reservation is made only where it can be met (DevicesThatCouldHold):
-// holding room on a device where other tenants' blocks leave too little for
-// the reserving request would refuse them for nothing.
+// devices it may use. Invariants: a carve that would lessen what the
+// reserving tenant can reach below the reserved block is undone and
+// refused; devices the reservation does not name are not affected, so
+// smaller requests go on being served elsewhere (backfill); two requests
+// carving at once can only both be refused, never both let past it.
 #ifndef GPUMEMD_SERVER_POOL_RESERVING_CARVER_H_
 #define GPUMEMD_SERVER_POOL_RESERVING_CARVER_H_
 
@@ -50,7 +37,10 @@ struct ReservedRoom {
 uint64_t RoomBesideOthers(const SlabPool& pool, uint32_t tenant);
 
 // The devices of `devices` where a block of `bytes` could fit beside other
-// tenants' holdings (RoomBesideOthers >= bytes), in the order given.
+// tenants' holdings (RoomBesideOthers >= bytes), in the order given. A
+// reservation is made only there: holding room on a device where other
+// tenants' blocks leave too little for the reserving request would refuse
+// them for nothing.
 std::vector<uint32_t> DevicesThatCouldHold(const DevicePools& pools, uint32_t tenant,
                                            const std::vector<uint32_t>& devices,
                                            uint64_t bytes);
@@ -61,6 +51,13 @@ class ReservingCarver : public placement::DeviceCarver {
   ReservingCarver(placement::DeviceCarver* inner, const DevicePools* pools, ReservedRoom room)
       : inner_(inner), pools_(pools), room_(std::move(room)) {}
 
+  // On a device the reservation names, the carve is kept if afterwards the
+  // reserving tenant can still get a block of the reserved size there
+  // (SlabPool::LargestReachable), or if it did not lessen what that tenant
+  // can reach (memory the reserving request could not use: the carving
+  // tenant's own slab, say). Otherwise it is undone and refused as
+  // capacity, with the reservation named in the refusal's detail. The check
+  // is made after carving, against the pool as it is then.
   absl::StatusOr<placement::CarvedBlock> TryCarve(uint32_t device, uint64_t size,
                                                   uint64_t alignment,
                                                   placement::CarveRefusal* refusal) override;

@@ -1,24 +1,9 @@
 // QuotaCarver: a DeviceCarver adaptor that enforces one tenant's quota around
 // another carver (the pool's), RMM style: the allocator below stays
-// policy-free.
-//
-// Charge, then carve: TryCarve first charges the block to the tenant in the
-// QuotaBook (atomically with the limit check), then asks the inner carver;
-// if the inner carver refuses or fails, the charge is undone. So at
-// no moment does the book hold more than the quota, and every carved block
-// is charged. Release hands the block back to the inner carver and undoes
-// the charge. A quota refusal is RESOURCE_EXHAUSTED with
-// refusal->refused set, CarveRefusal::Reason::kQuota, the quota's headroom as free bytes and the
-// quota's figures in `detail`; placement then tries the next device.
-//
-// A block that becomes an allocation stays charged after placement returns;
-// whoever commits it says so with Commit (QuotaBook::Commit of every charge
-// this adaptor made and did not undo: the tenant's peak counts from there),
-// and whoever frees the allocation later credits it (QuotaBook::Credit) with
-// the block's device and size_bytes. Undoing a charge here (a failed carve,
-// Release) is QuotaBook::Uncharge, so a refused request never raises the
-// tenant's peak. Like the carver below it, one adaptor serves one request
-// on one thread.
+// policy-free. Invariants: at no moment does the book hold more than the
+// quota, and every carved block is charged; a refused request never raises
+// the tenant's peak. Like the carver below it, one adaptor serves one
+// request on one thread.
 #ifndef GPUMEMD_SERVER_QUOTA_QUOTA_CARVER_H_
 #define GPUMEMD_SERVER_QUOTA_QUOTA_CARVER_H_
 
@@ -37,13 +22,25 @@ class QuotaCarver : public placement::DeviceCarver {
               std::string tenant_name)
       : inner_(inner), book_(book), tenant_(tenant), tenant_name_(std::move(tenant_name)) {}
 
+  // Charge, then carve: first charges the block to the tenant in the
+  // QuotaBook (atomically with the limit check), then asks the inner
+  // carver; if the inner carver refuses or fails, the charge is undone
+  // (QuotaBook::Uncharge). A quota refusal is RESOURCE_EXHAUSTED with
+  // refusal->refused set, CarveRefusal::Reason::kQuota, the quota's headroom
+  // as free bytes and the quota's figures in `detail`; placement then tries
+  // the next device.
   absl::StatusOr<placement::CarvedBlock> TryCarve(uint32_t device, uint64_t size,
                                                   uint64_t alignment,
                                                   placement::CarveRefusal* refusal) override;
+  // Hands the block back to the inner carver and undoes the charge
+  // (QuotaBook::Uncharge).
   void Release(const placement::CarvedBlock& block) override;
 
   // The blocks carved and not released became allocations: their charges
-  // are committed in the book. Nothing is left to commit after.
+  // are committed in the book (QuotaBook::Commit: the tenant's peak counts
+  // from there). Nothing is left to commit after. Whoever frees such an
+  // allocation later credits it (QuotaBook::Credit) with the block's device
+  // and size_bytes.
   void Commit();
 
  private:

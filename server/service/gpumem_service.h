@@ -1,24 +1,11 @@
 // GpuMemoryService: the unary methods of gpumem.v1.GpuMemory, served
 // asynchronously from the daemon's completion queues, over MemoryBroker.
 //
-// No call holds a thread while it is in flight. Thread policy, decided here:
-//  - Allocate and Free run on the queue's thread through the core's Try*
-//    calls, which never call the backend; a request that needs backend work
-//    (a new slab, a dedicated slab given back) runs on `backend_workers`
-//    instead, so a slow device holds up no other call of the queue.
-//  - An Allocate with wait_ms that must wait is held by admission (the
-//    core's), not by a thread: its answer comes from admission's thread
-//    through a callback. If the caller goes away (the call is cancelled),
-//    the wait is cancelled with it.
-//  - GetStats, GetUsage, GetLedger, SetQuota, PutTenant, DeleteTenant and
-//    Resume run on `query_workers` (they read the disk or walk every
-//    session or allocation).
-//  - GetSession runs on the queue's thread.
-//  - GetStats answers with what the broker shows the caller (its visibility
-//    rules) and the ledger writer's state (every caller sees it).
-// Each handler finds its caller's kernel credentials (caller.h) and maps
-// absl statuses to gRPC statuses one to one (common/grpc_status.h): a
-// placement refusal travels as binary error details.
+// Invariants: no call holds a thread while it is in flight; a slow device
+// holds up no other call of the queue; each handler finds its caller's
+// kernel credentials (caller.h) and maps absl statuses to gRPC statuses one
+// to one (common/grpc_status.h): a placement refusal travels as binary
+// error details. Thread policy, decided here: see the handlers.
 #ifndef GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
 
@@ -76,6 +63,20 @@ class GpuMemoryService {
   using ResumeCall = UnaryCall<v1::ResumeRequest, v1::ResumeResponse>;
 
   // The handlers, on the queue's thread, each answering its call once.
+  //  - Allocate and Free run on the queue's thread through the core's Try*
+  //    calls, which never call the backend; a request that needs backend
+  //    work (a new slab, a dedicated slab given back) runs on
+  //    `backend_workers` instead.
+  //  - An Allocate with wait_ms that must wait is held by admission (the
+  //    core's), not by a thread: its answer comes from admission's thread
+  //    through a callback. If the caller goes away (the call is cancelled),
+  //    the wait is cancelled with it.
+  //  - GetStats, GetUsage, GetLedger, SetQuota, PutTenant, DeleteTenant and
+  //    Resume run on `query_workers` (they read the disk or walk every
+  //    session or allocation). GetStats answers with what the broker shows
+  //    the caller (its visibility rules) and the ledger writer's state
+  //    (every caller sees it).
+  //  - GetSession runs on the queue's thread.
   void Handle(AllocateCall* call);
   void Handle(FreeCall* call);
   void Handle(GetStatsCall* call);
