@@ -1,24 +1,15 @@
 // FreeFences: when memory freed on the host may be reused, for memory that
-// device work queued before the free may still be using.
+// device work queued before the free may still be using. A GPU runs work
+// later than the host queues it; PyTorch frees a tensor as soon as the last
+// kernel that uses it is queued, so the memory must not be handed to its
+// next owner (or unmapped) until that work has run. A Fence is taken at
+// free time and says when.
 //
-// A GPU runs work later than the host queues it. PyTorch frees a tensor as
-// soon as the last kernel that uses it is queued, so the memory must not be
-// handed to its next owner (or unmapped) until that work has run. A Fence is
-// taken at free time and says when:
-//  - AfterStream(uuid, stream): once the work queued on `stream` (a CUstream
-//    of the device's primary context; null: its legacy NULL stream) before
-//    now has completed: an event recorded now on that stream.
-//  - AfterDevice(uuid): once all the work this process queued on the
-//    device's primary context before now has completed: the next
-//    cuCtxSynchronize of the device that starts after now.
-// Passed() asks without blocking (cuEventQuery, or "has such a synchronize
-// finished"); Wait() blocks until it has passed (cuEventSynchronize, or a
-// cuCtxSynchronize of its own). A fence whose device failed (the context
-// broken, the device lost) counts as passed: nothing will run any more.
-//
-// Every driver call runs inside a ScopedCudaContext of the device, so the
-// calling thread's current context is left as it was. Events are reused
-// after their fence has passed (Release). Thread-safe.
+// Invariants: a fence passes only once the work it stands for has
+// completed, or its device failed (the context broken, the device lost:
+// nothing will run any more); every driver call runs inside a
+// ScopedCudaContext of the device, so the calling thread's current context
+// is left as it was. Thread-safe.
 #ifndef GPUMEMD_CLIENT_FREE_FENCES_H_
 #define GPUMEMD_CLIENT_FREE_FENCES_H_
 
@@ -49,11 +40,19 @@ class FreeFences {
   FreeFences(const FreeFences&) = delete;
   FreeFences& operator=(const FreeFences&) = delete;
 
+  // Passes once the work queued on `stream` (a CUstream of the device's
+  // primary context; null: its legacy NULL stream) before now has
+  // completed: an event recorded now on that stream.
   absl::StatusOr<Fence> AfterStream(const std::string& uuid, CUstream stream);
+  // Passes once all the work this process queued on the device's primary
+  // context before now has completed: the next cuCtxSynchronize of the
+  // device that starts after now.
   absl::StatusOr<Fence> AfterDevice(const std::string& uuid);
+  // Without blocking (cuEventQuery, or "has such a synchronize finished").
   bool Passed(const Fence& f);
-  // Blocks until `f` has passed; the driver's error if waiting failed (the
-  // fence then counts as passed, see above).
+  // Blocks until `f` has passed (cuEventSynchronize, or a cuCtxSynchronize
+  // of its own); the driver's error if waiting failed (the fence then counts
+  // as passed).
   absl::Status Wait(const Fence& f);
   // Gives a passed fence's event back for reuse.
   void Release(Fence& f);

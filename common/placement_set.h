@@ -2,23 +2,12 @@
 // (`--gpus=0,1 --exclude=2 --fallback=all --policy=near:0`) into the
 // gpumem.v1.PlacementRequest the daemon understands.
 //
-// What it guarantees:
-//  - Syntax only. A list parses into selector strings, one per item, in the
-//    order given (duplicates kept; the daemon refuses them). Whether a selector
-//    names a device that exists is the daemon's call, because only the daemon
-//    knows its devices (server/placement/resolve.h).
-//  - Every syntax error is INVALID_ARGUMENT naming the offending item and its
-//    position, never a silent drop: "0,,1" and "0,x" are refused.
-//
-// A selector is one of:
-//  - a decimal index in the daemon's numbering: "0", "12";
-//  - a device UUID: "GPU-" or "MIG-" (any case) followed by hex digits and
-//    dashes, e.g. "GPU-5f1c2b3a-...";
-//  - the literal "all" (any case): every device.
-// Items are separated by commas; blanks around an item are ignored.
-//
-// The selectors are kept as typed (only trimmed) and sent as is: "all" is
-// sent as the selector "all", which the daemon resolves to every device.
+// Invariants: syntax only: whether a selector names a device that exists is
+// the daemon's call, because only the daemon knows its devices
+// (server/placement/resolve.h); every syntax error is INVALID_ARGUMENT
+// naming the offending item and its position, never a silent drop; the
+// selectors are kept as typed (only trimmed) and sent as is ("all" too,
+// which the daemon resolves to every device).
 #ifndef GPUMEMD_COMMON_PLACEMENT_SET_H_
 #define GPUMEMD_COMMON_PLACEMENT_SET_H_
 
@@ -42,10 +31,17 @@ bool IsAllSelector(absl::string_view selector);
 bool IsIndexSelector(absl::string_view selector);
 
 // OK when `selector` (already trimmed) is a well-formed selector; otherwise
-// INVALID_ARGUMENT saying what is wrong with it.
+// INVALID_ARGUMENT saying what is wrong with it. A selector is one of:
+//  - a decimal index in the daemon's numbering: "0", "12";
+//  - a device UUID: "GPU-" or "MIG-" (any case) followed by hex digits and
+//    dashes, e.g. "GPU-5f1c2b3a-...";
+//  - the literal "all" (any case): every device.
 absl::Status ValidateSelector(absl::string_view selector);
 
-// Parses "0,1", "all", "GPU-<uuid>", "0,GPU-abc" into selector strings.
+// Parses "0,1", "all", "GPU-<uuid>", "0,GPU-abc" into selector strings,
+// one per item, in the order given (duplicates kept; the daemon refuses
+// them). Items are separated by commas; blanks around an item are ignored;
+// "0,,1" and "0,x" are refused.
 // An empty list, an empty item or a malformed item is INVALID_ARGUMENT naming
 // the item, e.g. `device list "0,,1": item 2 is empty`.
 absl::StatusOr<std::vector<std::string>> ParseDeviceList(

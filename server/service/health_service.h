@@ -1,23 +1,14 @@
 // HealthService: the standard grpc.health.v1.Health service, served by the
-// daemon itself.
+// daemon itself rather than by grpc::EnableDefaultHealthCheckService, whose
+// Linux implementation uses the callback API: that starts a pool of
+// "nexting" threads that poll every connection of the server, so every call
+// of the daemon would pass through extra threads.
 //
-// Why not grpc::EnableDefaultHealthCheckService: in gRPC 1.51 on Linux the
-// default implementation uses the callback API, which starts a pool of
-// "nexting" threads that poll every connection of the server, so every
-// call of the daemon passes through extra threads (tests/bench/RESULTS.md,
-// "Hot path", has what it cost).
-//
-// What it answers:
-//  - Check: SERVING for "" (the whole daemon) and "gpumem.v1.GpuMemory"
-//    while serving, NOT_SERVING once SetNotServing() was called, NOT_FOUND
-//    for any other service name.
-//  - Watch: the same status at once (SERVICE_UNKNOWN for other names, as
-//    the protocol says), then again whenever it changes (NOT_SERVING once
-//    SetNotServing() was called: a drain has begun); the stream stays open
-//    until the client leaves or the daemon stops. Served asynchronously
-//    from a completion queue the daemon already drains (StreamService's),
-//    so open watches hold no thread each and the health service adds no
-//    thread at all; a change reaches them through an alarm on that queue.
+// Invariants: the health service adds no thread at all (Watch is served
+// asynchronously from a completion queue the daemon already drains,
+// StreamService's, so open watches hold no thread each; a change reaches
+// them through an alarm on that queue); once SetNotServing() was called it
+// never says SERVING again.
 #ifndef GPUMEMD_SERVER_SERVICE_HEALTH_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_HEALTH_SERVICE_H_
 
@@ -40,10 +31,17 @@ class HealthService final
  public:
   HealthService() = default;
 
+  // SERVING for "" (the whole daemon) and "gpumem.v1.GpuMemory" while
+  // serving, NOT_SERVING once SetNotServing() was called, NOT_FOUND for any
+  // other service name.
   grpc::Status Check(grpc::ServerContext* ctx,
                      const grpc::health::v1::HealthCheckRequest* request,
                      grpc::health::v1::HealthCheckResponse* response) override;
 
+  // Watch answers the same status at once (SERVICE_UNKNOWN for other names,
+  // as the protocol says), then again whenever it changes (NOT_SERVING once
+  // a drain has begun); the stream stays open until the client leaves or
+  // the daemon stops.
   // After the server started: accepts Watch calls on `queue`, whose thread
   // hands each tag to CqEvent::OnEvent (cq_event.h) and which is drained
   // after grpc::Server::Shutdown().
