@@ -1,22 +1,17 @@
 // PagePopulator: one background thread that faults memory in ahead of its
 // use, so that the thread that will write that memory (a request holding
-// SlabPool's lock) does not pay for fresh pages itself.
+// SlabPool's lock) does not pay for fresh pages itself: faulting fresh pages
+// in is slow and uneven (the host may have to back them), so a batch of them
+// inside one Allocate call would be the allocator's worst stall. Work posted
+// here runs on this thread, in the order posted, one task at a time.
 //
-// Faulting fresh pages in is slow and uneven (the host may have to back
-// them), so a batch of them inside one Allocate call is the allocator's
-// worst stall (tests/bench/RESULTS.md has the figures). Work posted here
-// runs on this thread, in the order posted, one task at a time.
-//
-// Guarantees: Post never blocks on a running task (it takes a mutex that
-// the worker holds only to pop the queue). The thread starts at the first
-// Post and lives as long as the process (the shared instance is never
-// destroyed, so a task may be posted from anywhere, at any time). A task
-// must not block on its poster; it keeps what it touches alive itself
-// (NodeStorage posts a weak_ptr to itself).
-//
-// Not for processes that fork after posting (the child has no worker and a
-// queue mutex that may be held): the daemon does not fork; the client
-// library's caching pool does not use it.
+// Invariants: Post never blocks on a running task; the thread lives as long
+// as the process, so a task may be posted from anywhere, at any time. A
+// task must not block on its poster; it keeps what it touches alive itself
+// (NodeStorage posts a weak_ptr to itself). Not for processes that fork
+// after posting (the child has no worker and a queue mutex that may be
+// held): the daemon does not fork; the client library's caching pool does
+// not use it.
 #ifndef GPUMEMD_COMMON_ALLOC_PAGE_POPULATOR_H_
 #define GPUMEMD_COMMON_ALLOC_PAGE_POPULATOR_H_
 
@@ -42,6 +37,8 @@ class PagePopulator {
   // Never destroyed while tasks may be posted; the shared one never is.
   ~PagePopulator() = delete;
 
+  // Takes a mutex that the worker holds only to pop the queue. The thread
+  // starts at the first Post.
   void Post(Task task);
 
   // Tasks finished so far (tests wait on it).

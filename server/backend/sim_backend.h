@@ -2,20 +2,16 @@
 //
 // Each simulated device has a capacity, a stable UUID derived from its index
 // and capacity, a fake PCI bus id and a peer-link matrix (every pair goes
-// through the host unless a topology says otherwise, see sim_topology.h). A slab is a memfd of
-// exactly the slab's size: it is sparse (pages cost RAM only once touched),
-// reads as zeros when new, and is shared with clients by passing its fd, so
-// the bytes a client writes are really seen by every other importer. Scrub
-// punches the range out (zeros, and gives the RAM back). Every slab's memfd
-// is sealed (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) before it is handed
-// out: whoever holds its fd can map and write it but cannot change its size
-// (ftruncate and growing fallocate fail with EPERM) nor add seals. Slabs are
-// HandleKind::kMemfd, the only kind it makes; no driver figures. A memfd
-// outlives the daemon while anything holds it (systemd's fd store, a
-// client), so a restarted daemon takes its slabs back (AdoptSlab), sealed
-// as they were made.
-//
-// Thread-safe: CreateSlab and slab destruction may run on any thread.
+// through the host unless a topology says otherwise, see sim_topology.h).
+// A slab is a memfd of exactly the slab's size (HandleKind::kMemfd, the only
+// kind it makes; no driver figures): sparse (pages cost RAM only once
+// touched), reading as zeros when new, and shared with clients by passing
+// its fd, so the bytes a client writes are really seen by every other
+// importer. Invariants: every slab's memfd is sealed (F_SEAL_SHRINK |
+// F_SEAL_GROW | F_SEAL_SEAL) before it is handed out, so whoever holds its
+// fd can map and write it but cannot change its size (ftruncate and growing
+// fallocate fail with EPERM) nor add seals. Thread-safe: CreateSlab and
+// slab destruction may run on any thread.
 #ifndef GPUMEMD_SERVER_BACKEND_SIM_BACKEND_H_
 #define GPUMEMD_SERVER_BACKEND_SIM_BACKEND_H_
 
@@ -47,20 +43,21 @@ class SimBackend : public Backend {
   absl::StatusOr<std::unique_ptr<Slab>> CreateSlab(uint32_t device, uint64_t bytes,
                                                    HandleKind kind) override;
   uint64_t SlabBytes(uint32_t device) const override;
-  // The memfd of a slab a previous daemon made: checked to be a memfd of
-  // `bytes` whose inode is `identity`'s (so a client cannot pass off another
+  // A memfd outlives the daemon while anything holds it (systemd's fd
+  // store, a client), so a restarted daemon takes its slabs back, sealed as
+  // they were made. The memfd of a slab a previous daemon made: checked to
+  // be a memfd of `bytes` whose inode is `identity`'s (so a client cannot pass off another
   // file as a slab), and counted against the device like a new slab.
   absl::StatusOr<std::unique_ptr<Slab>> AdoptSlab(uint32_t device, uint64_t bytes,
                                                   HandleKind kind, int fd,
                                                   const SlabIdentity& identity) override;
 
-  // Simulates a slow driver: CreateSlab on `device` sleeps `delay` first (a
-  // real one spends milliseconds in cuMemCreate, map and memset). Call
-  // before the backend is shared between threads.
+  // Simulates a slow driver: CreateSlab on `device` sleeps `delay` first.
+  // Call before the backend is shared between threads.
   void SetCreateDelay(uint32_t device, absl::Duration delay);
 
  private:
-  class SimSlab;
+  class SimSlab;  // its Scrub punches the range out (zeros; RAM given back)
   std::vector<DeviceInfo> devices_;
   std::vector<PeerLink> links_;  // [a * n + b], always n * n
   // Bytes in live slabs per device; a slab's destructor gives its bytes back.

@@ -1,23 +1,9 @@
 // DevicePools: the slab pools of every device of a backend, and PoolCarver,
-// placement's carver (server/placement/carver.h) over them.
-//
-// DevicePools owns one SlabPool per device (each with its own lock) and
-// gives placement its view of them: a DeviceSnapshot with each device's
-// load figures and the backend's peer matrix. Devices never change for the
-// life of a backend, so the device list is fixed at construction.
-//
-// PoolCarver serves one request: it carves blocks for one tenant in one
-// handle kind, on whichever devices placement asks, and keeps each block
-// pending until its caller takes the blocks (Take) or releases them
-// (Release, through whatever adaptors are stacked on the carver, so that
-// they undo their part too).
-//  - kMayCallBackend: carving may create slabs (SlabPool::Carve).
-//  - kExistingSlabsOnly: carving never calls the backend (SlabPool::TryCarve).
-//    Where a device would need backend work, TryCarve fails placement with
-//    an UNAVAILABLE error that stops it (placement then releases what it
-//    carved), and needed_backend_work() turns true: the caller reads the
-//    fact from the carver, not from the error.
-// A PoolCarver is used by one thread at a time (one request).
+// placement's carver (server/placement/carver.h) over them. DevicePools
+// owns one SlabPool per device (each with its own lock) and gives placement
+// its view of them: a DeviceSnapshot with each device's load figures and the
+// backend's peer matrix. Devices never change for the life of a backend, so
+// the device list is fixed at construction.
 #ifndef GPUMEMD_SERVER_POOL_DEVICE_POOLS_H_
 #define GPUMEMD_SERVER_POOL_DEVICE_POOLS_H_
 
@@ -75,8 +61,20 @@ class DevicePools {
   uint64_t largest_device_bytes_ = 0;
 };
 
+// PoolCarver serves one request: it carves blocks for one tenant in one
+// handle kind, on whichever devices placement asks, and keeps each block
+// pending until its caller takes the blocks (Take) or releases them
+// (Release, through whatever adaptors are stacked on the carver, so that
+// they undo their part too). Used by one thread at a time (one request).
 class PoolCarver final : public placement::DeviceCarver {
  public:
+  //  - kMayCallBackend: carving may create slabs (SlabPool::Carve).
+  //  - kExistingSlabsOnly: carving never calls the backend
+  //    (SlabPool::TryCarve). Where a device would need backend work,
+  //    TryCarve fails placement with an UNAVAILABLE error that stops it
+  //    (placement then releases what it carved), and needed_backend_work()
+  //    turns true: the caller reads the fact from the carver, not from the
+  //    error.
   enum class Mode { kMayCallBackend, kExistingSlabsOnly };
 
   PoolCarver(DevicePools* pools, uint32_t tenant, HandleKind kind, Mode mode)

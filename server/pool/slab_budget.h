@@ -1,21 +1,15 @@
 // SlabBudget: how many bytes of slabs a tenant may have taken for it on a
 // device, asked by the pool before it makes or claims a slab for the tenant.
-//
 // A slab belongs to one tenant for life (slab_pool.h), so the bytes a tenant
-// pins on a device are its slabs' bytes (carvable, retained, and being made),
-// not only its live blocks. A budget bounds those: the pool asks Room before
-// it sizes a new slab and takes the bytes with TryTake (which may refuse,
-// atomically with the check) before the backend is asked for them, and gives
-// them back with Give when the slab leaves the device for good. Take records
-// a slab that exists already whatever the limits say (a restart adopting
-// what a previous daemon had made).
+// pins on a device are its slabs' bytes (carvable, retained, and being
+// made), not only its live blocks; a budget bounds those.
 //
-// `slack`: the pool's granularity. A tenant may pass its limits by less than
-// one slack per device (a 256-byte block needs a whole granule), never more.
-//
-// Implementations are called under the pool's lock: they must be quick and
-// never call back into any pool. server/quota/footprint_book.h is the one
-// the daemon uses (a tenant's quota is its budget).
+// Invariants: a tenant passes its limits by less than one `slack` (the
+// pool's granularity: a 256-byte block needs a whole granule) per device,
+// never more, but for what Take records. Implementations are called under
+// the pool's lock: they must be quick and never call back into any pool.
+// server/quota/footprint_book.h is the one the daemon uses (a tenant's
+// quota is its budget).
 #ifndef GPUMEMD_SERVER_POOL_SLAB_BUDGET_H_
 #define GPUMEMD_SERVER_POOL_SLAB_BUDGET_H_
 
@@ -29,15 +23,17 @@ class SlabBudget {
   virtual ~SlabBudget() = default;
 
   // The most bytes of new slab `tenant` may take on `device` now
-  // (UINT64_MAX: no limit).
+  // (UINT64_MAX: no limit): asked before the pool sizes a new slab.
   virtual uint64_t Room(uint32_t tenant, uint32_t device, uint64_t slack) const = 0;
-  // Takes `bytes` for a new slab if they fit in Room; otherwise false and
-  // *why says which limit refused, with the figures.
+  // Takes `bytes` for a new slab if they fit in Room, atomically with the
+  // check, before the backend is asked for them; otherwise false and *why
+  // says which limit refused, with the figures.
   virtual bool TryTake(uint32_t tenant, uint32_t device, uint64_t bytes, uint64_t slack,
                        std::string* why) = 0;
-  // Takes `bytes` whatever the limits say (an adopted slab).
+  // Takes `bytes` whatever the limits say (a restart adopting a slab a
+  // previous daemon had made).
   virtual void Take(uint32_t tenant, uint32_t device, uint64_t bytes) = 0;
-  // A slab of `bytes` left the device (or was never made).
+  // A slab of `bytes` left the device for good (or was never made).
   virtual void Give(uint32_t tenant, uint32_t device, uint64_t bytes) = 0;
 };
 

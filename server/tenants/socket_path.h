@@ -1,22 +1,14 @@
 // Socket tenants' names and socket paths, checked by their text alone.
-//
-// A socket tenant's socket lives inside the daemon's tenant_socket_dir
-// (DIR). What a request or the config may name (PutTenant.socket_path,
-// TenantConfig.socket), and what it resolves to:
-//  - empty: DIR/NAME.sock (NAME the tenant's name);
-//  - a bare file name ("gpumemd.sock"): DIR/gpumemd.sock;
-//  - an absolute path inside DIR ("DIR/claim-1/gpumemd.sock"): itself.
-// Anything else is INVALID_ARGUMENT saying why: a relative path with a '/',
-// a path outside DIR or DIR itself, an empty, "." or ".." component (so
-// "DIR/../x" and "DIR//x" are refused, not cleaned up), a NUL or control
-// byte, or a path longer than a Unix socket address holds (107 bytes).
-// Who may connect is the socket file's owner, group and mode
-// (SocketAccess; the tenant's socket_uid/socket_gid/socket_mode, or
-// DefaultSocketAccess); the directories above it are not listable by others.
-// The answer is the one absolute path the socket will have, so comparing
-// two answers compares two sockets. The filesystem (symlinks, what already
-// exists there) is checked when the socket is made
-// (server/service/tenant_socket_file.h).
+// A socket tenant's socket lives inside the daemon's tenant_socket_dir.
+// Invariants: a resolved path is the one absolute path the socket will
+// have, inside that directory, so comparing two answers compares two
+// sockets; nothing is cleaned up: a path that is not already in normal form
+// is refused, saying why. The filesystem (symlinks, what already exists
+// there) is checked when the socket is made
+// (server/service/tenant_socket_file.h). Who may connect is the socket
+// file's owner, group and mode (SocketAccess; the tenant's
+// socket_uid/socket_gid/socket_mode, or DefaultSocketAccess); the
+// directories above it are not listable by others.
 #ifndef GPUMEMD_SERVER_TENANTS_SOCKET_PATH_H_
 #define GPUMEMD_SERVER_TENANTS_SOCKET_PATH_H_
 
@@ -37,6 +29,15 @@ namespace tenants {
 // The longest path a Unix socket address holds (sun_path less its NUL).
 inline constexpr size_t kMaxSocketPath = 107;
 
+// What a request or the config may name (PutTenant.socket_path,
+// TenantConfig.socket), with DIR `socket_dir`, and what it resolves to:
+//  - empty: DIR/NAME.sock (NAME the tenant's name);
+//  - a bare file name ("gpumemd.sock"): DIR/gpumemd.sock;
+//  - an absolute path inside DIR ("DIR/claim-1/gpumemd.sock"): itself.
+// Anything else is INVALID_ARGUMENT saying why: a relative path with a '/',
+// a path outside DIR or DIR itself, an empty, "." or ".." component (so
+// "DIR/../x" and "DIR//x" are refused, not cleaned up), a NUL or control
+// byte, or a path longer than kMaxSocketPath.
 // `socket_dir` must be absolute and normalized (CheckSocketDir).
 absl::StatusOr<std::string> ResolveSocketPath(absl::string_view requested,
                                               absl::string_view socket_dir,
