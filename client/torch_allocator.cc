@@ -1,22 +1,10 @@
 // PyTorch's pluggable allocator entry points (gpumem.h): one process-wide
 // client from the environment, and the process's CUDA ordinals mapped to the
-// daemon's devices by UUID.
-//
-// Ordinal d is what the CUDA driver calls device d in this process
-// (cuDeviceGet(d), after CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and the
-// container's set of GPUs), found by its UUID among the daemon's devices
-// ("MIG-..." for a MIG instance). Only without any CUDA driver (the sim
-// backend on a machine with no NVIDIA driver) is d read from
-// CUDA_VISIBLE_DEVICES' text (an index in the daemon's numbering, or a
-// GPU-/MIG- UUID or unique prefix of one) or, without it, taken as the
-// daemon's device d. Each ordinal has its own arena (placement: that UUID
-// only, plus GPUMEM_PLACEMENT's exclude list), so a pointer returned for
-// device d is always on device d. The table is built on first use; a
-// failure is reported then and retried on the next call.
-//
-// Frees are stream-ordered, as PyTorch's own allocator: gpumem_torch_free
-// returns at once, and the block is reused only once the work queued on
-// `stream` before the free has completed (CachingPool::FreeAfterStream).
+// daemon's devices by UUID. Invariants: a pointer returned for device d is
+// always on device d (each ordinal has its own arena); frees are
+// stream-ordered, as PyTorch's own allocator: gpumem_torch_free returns at
+// once, and the block is reused only once the work queued on `stream`
+// before the free has completed (CachingPool::FreeAfterStream).
 #include <sys/types.h>
 
 #include <atomic>
@@ -99,7 +87,14 @@ absl::StatusOr<std::string> UuidOfOrdinalWithoutDriver(const std::vector<std::st
   return found;
 }
 
-// The daemon UUID of this process's ordinal `d`.
+// The daemon UUID of this process's ordinal `d`: what the CUDA driver calls
+// device d in this process (cuDeviceGet(d), after CUDA_VISIBLE_DEVICES,
+// CUDA_DEVICE_ORDER and the container's set of GPUs), found by its UUID
+// among the daemon's devices ("MIG-..." for a MIG instance). Only without
+// any CUDA driver (the sim backend on a machine with no NVIDIA driver) is d
+// read from CUDA_VISIBLE_DEVICES' text (an index in the daemon's numbering,
+// or a GPU-/MIG- UUID or unique prefix of one) or, without it, taken as the
+// daemon's device d.
 absl::StatusOr<std::string> UuidOfOrdinal(CachingPool* pool, int d) {
   absl::StatusOr<std::vector<std::string>> uuids = pool->DeviceUuids();
   if (!uuids.ok()) return uuids.status();
@@ -131,6 +126,9 @@ absl::StatusOr<CachingPool*> TorchPool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(State().m
   return st.client.load()->pool.get();
 }
 
+// Ordinal d's arena (placement: its UUID only, plus GPUMEM_PLACEMENT's
+// exclude list), made on first use; a failure is reported then and retried
+// on the next call.
 absl::StatusOr<CachingPool::Arena*> ArenaOfDevice(int d) {
   if (d < 0 || d >= kMaxOrdinals) {
     return absl::InvalidArgumentError(absl::StrCat("device ordinal ", d, " out of range"));
