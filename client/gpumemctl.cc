@@ -1,17 +1,6 @@
-// gpumemctl: the command line of gpumemd.
-//
-//   gpumemctl [--socket=PATH] stats [--slabs] [--json]
-//   gpumemctl [--socket=PATH] alloc SIZE [--gpus=LIST] [--exclude=LIST]
-//             [--fallback=LIST]... [--policy=least-loaded|pack|near:DEV]
-//             [--shards=N] [--wait=DURATION] [--hold] [--json]
-//   gpumemctl [--socket=PATH] free ID
-//   gpumemctl [--socket=PATH] session
-//   gpumemctl [--socket=PATH] tenants [--json]
-//   gpumemctl [--socket=PATH] ledger [--tenant=NAME] [--since=TIME] [--limit=N] [--json]
-//   gpumemctl [--socket=PATH] quota NAME [--total=SIZE] [--device=SEL:SIZE]...
-//             [--max_allocations=N]
-//   gpumemctl [--socket=PATH] top [--interval=1s] [--iterations=N] [--plain]
-//             (client/gpumemctl_top.h)
+// gpumemctl: the command line of gpumemd: stats, alloc, free, session,
+// tenants, ledger, quota and top (client/gpumemctl_top.h); the synopsis is
+// kUsage.
 //
 // An allocation belongs to the process that made it: without --hold it is
 // returned as soon as gpumemctl exits. --hold keeps it until Ctrl-C.
