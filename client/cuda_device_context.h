@@ -1,20 +1,12 @@
 // CudaDeviceContext: the device a slab lives on, in this process's numbering.
-//
 // The daemon names devices by UUID (nvidia-smi's spelling, "MIG-..." for MIG
 // instances); this process may number them differently (CUDA_VISIBLE_DEVICES,
 // CUDA_DEVICE_ORDER, a container's subset of the GPUs) or not see some at
-// all. Find() looks the UUID up among the devices the driver shows this
-// process and retains that device's primary context (once per device,
-// cached, kept for the process's life, like the runtime does).
-//
-// Contexts: the library runs on the application's threads, so it never
-// changes what they have current. Every driver call is made inside a
-// ScopedCudaContext (push the device's context, pop it after).
-//
-// Write/Read copy with cuMemcpyHtoD/DtoH for the CUDA slab mappers. Write
-// returns once the bytes are on the device (a pageable cuMemcpyHtoD returns
-// as soon as they are staged, so Write synchronizes the NULL stream after
-// it): another process may read them at once.
+// all. Invariants: the library runs on the application's threads, so it
+// never changes what they have current: every driver call is made inside a
+// ScopedCudaContext (push the device's context, pop it after); a device's
+// primary context is retained once and kept for the process's life, like
+// the runtime does.
 #ifndef GPUMEMD_CLIENT_CUDA_DEVICE_CONTEXT_H_
 #define GPUMEMD_CLIENT_CUDA_DEVICE_CONTEXT_H_
 
@@ -31,6 +23,8 @@ struct CudaDeviceContext {
   CUcontext ctx = nullptr;
   std::string uuid;
 
+  // Looks the UUID up among the devices the driver shows this process and
+  // retains that device's primary context (once per device, cached).
   // FAILED_PRECONDITION naming the UUID when this process cannot see it, and
   // naming the compute mode when the device refuses this process a context.
   static absl::StatusOr<CudaDeviceContext> Find(const CudaDriver& d,
@@ -43,7 +37,9 @@ struct CudaDeviceContext {
   absl::Status Entered(const CudaDriver& d, const ScopedCudaContext& scope) const;
   // Host <-> device copies into [base + offset, + n) of a slab of `size`
   // bytes (OUT_OF_RANGE outside the slab); both have returned only once the
-  // bytes are where they were copied to.
+  // bytes are where they were copied to: a pageable cuMemcpyHtoD returns as
+  // soon as they are staged, so Write synchronizes the NULL stream after it,
+  // and another process may read them at once.
   absl::Status Write(const CudaDriver& d, CUdeviceptr base, uint64_t size, uint64_t offset,
                      const void* src, uint64_t n) const;
   absl::Status Read(const CudaDriver& d, CUdeviceptr base, uint64_t size, uint64_t offset,

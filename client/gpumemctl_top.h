@@ -4,16 +4,9 @@
 //
 // Each refresh asks the daemon one GetStats, nothing else, and with a
 // deadline, so a daemon that hangs shows as unreachable instead of freezing
-// the screen. On a terminal the view is full-screen (ncurses): `q` quits,
-// a resize redraws the last answer at once (no extra call). With --plain, or
-// when stdout is not a terminal, each refresh prints the whole view as plain
-// text followed by an empty line (for pipes and logs). --iterations stops
-// after N refreshes (0: until q, SIGINT or SIGTERM).
-//
-// The daemon going away is not an error: top says it is unreachable, keeps
-// the last figures (marked stale), asks again every interval on a fresh
-// connection, and carries on when it is back (a restarted daemon's counters
-// start over; top says so rather than showing negative rates).
+// the screen. The daemon going away is not an error: top says it is
+// unreachable, keeps the last figures (marked stale), asks again every
+// interval on a fresh connection, and carries on when it is back.
 #ifndef GPUMEMD_CLIENT_GPUMEMCTL_TOP_H_
 #define GPUMEMD_CLIENT_GPUMEMCTL_TOP_H_
 
@@ -51,7 +44,11 @@ StatsSource DaemonStatsSource(const std::string& socket_path, absl::Duration tim
 int RunPlainTop(const TopOptions& options, const StatsSource& source, std::ostream& out,
                 const std::function<bool()>& stop);
 
-// The command: full-screen on a terminal, else plain. Exit status 0 when
+// The command: full-screen on a terminal (ncurses: `q` quits, a resize
+// redraws the last answer at once, no extra call), else plain: with
+// --plain, or when stdout is not a terminal, each refresh prints the whole
+// view as plain text followed by an empty line (for pipes and logs).
+// --iterations stops after N refreshes (0: until q, SIGINT or SIGTERM). Exit status 0 when
 // asked to quit, 2 for a bad --interval.
 int RunTop(const TopOptions& options);
 

@@ -3,17 +3,8 @@
 // (crash, kill -9, `systemctl restart`) and hands back to the next one with
 // LISTEN_FDS/LISTEN_FDNAMES. gpumemd keeps there what must outlive its
 // process and cannot live in a file: slab handles (memfds, CUDA VMM fds) and
-// its listening socket.
-//
-// Guarantees:
-//  - Without NOTIFY_SOCKET every call is a no-op and enabled() is false.
-//  - Deposit sends FDSTORE=1 with FDNAME=name and FDPOLL=0 (systemd must
-//    not drop a memfd or a quiet socket on POLLHUP); Remove sends
-//    FDSTOREREMOVE=1 for the name. Names are at most 255 characters of
-//    [A-Za-z0-9_.-] (systemd's rule; others are refused, saying so).
-//  - The unit must allow enough fds (FileDescriptorStoreMax=); a Deposit the
-//    manager refuses is logged, once, and the daemon carries on: that slab
-//    then relies on its clients to give its handle back after a restart.
+// its listening socket. Invariants: without NOTIFY_SOCKET every call is a
+// no-op and enabled() is false; a refused Deposit never stops the daemon.
 // Thread-safe.
 #ifndef GPUMEMD_SERVER_SYSTEMD_FD_STORE_H_
 #define GPUMEMD_SERVER_SYSTEMD_FD_STORE_H_
@@ -29,8 +20,16 @@ class FdStore {
  public:
   FdStore();
   bool enabled() const { return enabled_; }
+  // Sends FDSTORE=1 with FDNAME=name and FDPOLL=0 (systemd must not drop a
+  // memfd or a quiet socket on POLLHUP). The unit must allow enough fds
+  // (FileDescriptorStoreMax=); a Deposit the manager refuses is logged,
+  // once, and the daemon carries on: that slab then relies on its clients to
+  // give its handle back after a restart.
   absl::Status Deposit(const std::string& name, int fd);
+  // Sends FDSTOREREMOVE=1 for the name.
   void Remove(const std::string& name);
+  // At most 255 characters of [A-Za-z0-9_.-] (systemd's rule; others are
+  // refused, saying so).
 
   static bool ValidName(const std::string& name);
 

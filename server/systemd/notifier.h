@@ -1,19 +1,9 @@
 // SystemdNotifier: tells the service manager how the daemon is doing, through
 // libsystemd's sd_notify (the protocol is systemd's, not re-implemented here).
-//
-// Guarantees:
-//  - Without NOTIFY_SOCKET in the environment every call is a no-op, so the
-//    daemon behaves the same outside systemd.
-//  - Ready() sends "READY=1" with a STATUS= line; Stopping() sends
-//    "STOPPING=1"; Status() replaces the one-line status.
-//  - When the manager asked for a watchdog (WATCHDOG_USEC, and WATCHDOG_PID
-//    naming this process if set), StartWatchdog() runs a thread that sends
-//    "WATCHDOG=1" every half of WATCHDOG_USEC until the notifier is
-//    destroyed or StopWatchdog() is called. The pings come from a thread of
-//    their own, but each one first asks `alive` (a cheap liveness probe of
-//    the daemon's core): a hung core stops the pings and systemd restarts us.
-//
-// Thread-safety: every method may be called from any thread.
+// Invariants: without NOTIFY_SOCKET in the environment every call is a
+// no-op, so the daemon behaves the same outside systemd; a hung core stops
+// the watchdog pings, so systemd restarts it. Every method may be called
+// from any thread.
 #ifndef GPUMEMD_SERVER_SYSTEMD_NOTIFIER_H_
 #define GPUMEMD_SERVER_SYSTEMD_NOTIFIER_H_
 
@@ -35,15 +25,21 @@ class SystemdNotifier {
   SystemdNotifier(const SystemdNotifier&) = delete;
   SystemdNotifier& operator=(const SystemdNotifier&) = delete;
 
+  // "READY=1" with a STATUS= line.
   void Ready(absl::string_view status);
   void Reloading(absl::string_view status);  // RELOADING=1; Ready() ends it
+  // "STOPPING=1".
   void Stopping(absl::string_view status);
+  // Replaces the one-line status.
   void Status(absl::string_view status);
 
   // Zero when systemd asked for no watchdog.
   static absl::Duration WatchdogInterval();
-  // Starts the ping thread if a watchdog was asked for; `alive` is called
-  // before each ping and must return quickly.
+  // Starts the ping thread if a watchdog was asked for (WATCHDOG_USEC, and
+  // WATCHDOG_PID naming this process if set): it sends "WATCHDOG=1" every
+  // half of WATCHDOG_USEC until the notifier is destroyed or StopWatchdog()
+  // is called. `alive` (a cheap liveness probe of the daemon's core) is
+  // called before each ping and must return quickly; false skips the ping.
   void StartWatchdog(std::function<bool()> alive);
   void StopWatchdog();
 
