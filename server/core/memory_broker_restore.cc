@@ -1,19 +1,8 @@
 // A restart that loses nothing: MemoryBroker::Restore, Resume,
-// AcceptSlabHandle, RebindConnection and FinishRestore (see the class
-// comment in memory_broker.h).
-//
-// Restore takes back, in dependency order, what a previous daemon recorded
-// (server/state/): sessions first (a process-bound one only if the very same
-// process still runs), then slabs (each adopted from its kept handle, which
-// the backend checks is that slab's, or left waiting for a client to give
-// the handle back), then every allocation in its exact place in its slab
-// (OffsetAllocator::AllocateAt) with its id and its charge, then who holds
-// which slab. Anything that does not fit (its session gone, its slab not
-// restored, its range not free) is closed, saying why; nothing is taken on
-// trust beyond what the records and the handles prove. Restored allocations
-// stay "unconfirmed" until a client of their session re-presents them
-// (Resume) or retries the Allocate that made them with its request_key
-// (RetakeByKey); those none claims within the grace time are freed then.
+// AcceptSlabHandle, RebindConnection and FinishRestore (memory_broker.h).
+// Invariants: nothing is taken on trust beyond what the records and the
+// handles prove; anything that does not fit is closed, saying why; a
+// restored allocation nobody claims within the grace time is freed then.
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,6 +32,17 @@ std::string MemoryBroker::RestoreOutcome::Summary() const {
                       sessions_gone, " session(s) whose process is gone");
 }
 
+// Takes back, in dependency order, what a previous daemon recorded
+// (server/state/): sessions first (a process-bound one only if the very same
+// process still runs), then slabs (each adopted from its kept handle, which
+// the backend checks is that slab's, or left waiting for a client to give
+// the handle back), then every allocation in its exact place in its slab
+// (OffsetAllocator::AllocateAt) with its id and its charge, then who holds
+// which slab. Anything that does not fit (its session gone, its slab not
+// restored, its range not free) is closed, saying why. Restored allocations
+// stay "unconfirmed" until a client of their session re-presents them
+// (Resume) or retries the Allocate that made them with its request_key
+// (RetakeByKey); those none claims within the grace time are freed then.
 MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previous,
                                                    std::map<uint64_t, int> slab_fds) {
   RestoreOutcome out;

@@ -1,19 +1,10 @@
 // CqEvent and EventQueue: the completion queues the daemon's async services
-// share, and what their tags point to.
-//
-// Every async part of the daemon (the unary calls, the Stream RPC, the
-// health Watch) shares the completion queues of EventQueues
-// (event_queues.h): every thread blocked on a server completion queue also
-// polls every connection, so each extra queue thread costs every call
-// wake-ups. A queue's thread calls
-// OnEvent(ok) of each tag it dequeues; the object behind the tag decides
-// what the event means and may delete its owner.
-//
-// gRPC aborts when an operation is started on a queue that was shut down, so
-// the draining thread itself shuts its queue down (on a stop event) and sets
-// `stopping` first: handlers, which run on that thread only, start no new
-// operation once it is set, and free their objects when nothing of theirs is
-// outstanding.
+// share, and what their tags point to. Every async part of the daemon (the
+// unary calls, the Stream RPC, the health Watch) shares the queues of
+// EventQueues (event_queues.h): every thread blocked on a server completion
+// queue also polls every connection, so each extra queue thread costs every
+// call wake-ups. Invariant: no operation is ever started on a queue that was
+// shut down (gRPC aborts then): see EventQueue::stopping.
 #ifndef GPUMEMD_SERVER_SERVICE_CQ_EVENT_H_
 #define GPUMEMD_SERVER_SERVICE_CQ_EVENT_H_
 
@@ -25,6 +16,8 @@ namespace gpumem {
 
 class CqEvent {
  public:
+  // Called by a queue's thread for each tag it dequeues; the object behind
+  // the tag decides what the event means and may delete its owner.
   virtual void OnEvent(bool ok) = 0;
 
  protected:
@@ -45,7 +38,11 @@ struct CallTag final : CqEvent {
 
 struct EventQueue {
   std::unique_ptr<grpc::ServerCompletionQueue> cq;
-  bool stopping = false;  // read and written by the draining thread only
+  // The draining thread itself shuts its queue down (on a stop event) and
+  // sets this first: handlers, which run on that thread only, start no new
+  // operation once it is set, and free their objects when nothing of theirs
+  // is outstanding. Read and written by the draining thread only.
+  bool stopping = false;
 };
 
 }  // namespace gpumem
