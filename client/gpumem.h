@@ -1,39 +1,17 @@
 /* gpumem.h: the C ABI of the gpumemd client library (libgpumem.so.1).
+ * Small requests (up to the cache threshold) are served in-process from
+ * leases, blocks the library allocates from the daemon and sub-allocates;
+ * larger ones are one allocation at the daemon each. The daemon charges the
+ * tenant for whole leases, so quotas stay exact at lease granularity.
  *
- * What it guarantees:
- *  - Every function that can fail returns an int status (GPUMEM_OK or one of
- *    the codes below) and sets this thread's last error (code and a message a
- *    person can act on), read with gpumem_last_error() and
- *    gpumem_last_error_message(). A successful call sets GPUMEM_OK.
- *  - Bad input never crashes the library nor corrupts its pool: a double
- *    free, a pointer this client did not hand out, a size of 0 or beyond any
- *    device, a call after gpumem_close() and a call from a fork() child on the
- *    parent's client each get the documented code.
- *  - Small requests (up to the cache threshold) are served in-process from
- *    leases, blocks the library allocates from the daemon and sub-allocates;
- *    larger ones are one allocation at the daemon each. The daemon charges
- *    the tenant for whole leases, so quotas stay exact at lease granularity.
- *  - All functions are thread-safe on one client, except that gpumem_close()
- *    must not race with other calls on the same client.
- *  - A daemon restart (crash, kill -9, upgrade) loses only what cannot
- *    survive it: the library reconnects in the background and re-presents
- *    its leases and large blocks, and those the new daemon keeps carry on
- *    as they were (same pointers, freed normally); calls made meanwhile wait
- *    for it (GPUMEM_RECONNECT_MS). A block that did not survive (legacy CUDA
- *    IPC memory, one the daemon could not take back, everything after a
- *    daemon that stopped for good) is lost: its pointer is invalid, its
- *    memory stays mapped, orphaned, until the program frees it (so a thread
- *    still writing it does not crash; legacy IPC memory excepted, which died
- *    with the daemon), its addresses stay reserved, and gpumem_free() of it
- *    answers GPUMEM_E_LOST.
- *
- * Environment (read by gpumem_connect() and the PyTorch entry points):
- *   GPUMEMD_SOCKET            the daemon's socket (default /run/gpumemd/gpumemd.sock)
- *   GPUMEM_PLACEMENT          default placement, CLI form: "--gpus=0,1 --policy=pack"
- *   GPUMEM_LEASE_SIZE         bytes per lease, e.g. "64MiB" (default 64 MiB)
- *   GPUMEM_CACHE_MAX          largest request served from leases (default 1/4 lease)
- *   GPUMEM_IDLE_RELEASE_MS    an empty lease goes back after this idle time (default 10000)
- *   GPUMEM_RECONNECT_MS       how long a call waits for a restarting daemon (default 30000)
+ * What it guarantees: every function that can fail returns an int status
+ * (GPUMEM_OK or one of the codes below) and sets this thread's last error
+ * (code and a message a person can act on, gpumem_last_error() and
+ * gpumem_last_error_message(); a successful call sets GPUMEM_OK); bad input
+ * never crashes the library nor corrupts its pool, it gets the documented
+ * code; a daemon restart loses only what cannot survive it (GPUMEM_E_LOST).
+ * All functions are thread-safe on one client, except that gpumem_close()
+ * must not race with other calls on the same client.
  */
 #ifndef GPUMEMD_CLIENT_GPUMEM_H_
 #define GPUMEMD_CLIENT_GPUMEM_H_
@@ -59,7 +37,18 @@ enum {
   GPUMEM_E_FOREIGN_POINTER = 101,   /* not memory of this client (or NULL) */
   GPUMEM_E_DOUBLE_FREE = 102,       /* in this client's memory, but not a live block:
                                        freed already, or not the start of a block */
-  GPUMEM_E_LOST = 103,              /* a block that did not survive a daemon restart */
+  /* A block that did not survive a daemon restart. A restart (crash, kill -9,
+   * upgrade): the library reconnects in the background and re-presents its
+   * leases and large blocks, and those the new daemon keeps carry on as they
+   * were (same pointers, freed normally); calls made meanwhile wait for it
+   * (GPUMEM_RECONNECT_MS). A block that did not survive (legacy CUDA IPC
+   * memory, one the daemon could not take back, everything after a daemon
+   * that stopped for good) is lost: its pointer is invalid, its memory stays
+   * mapped, orphaned, until the program frees it (so a thread still writing
+   * it does not crash; legacy IPC memory excepted, which died with the
+   * daemon), its addresses stay reserved, and gpumem_free() of it answers
+   * this code. */
+  GPUMEM_E_LOST = 103,
   GPUMEM_E_CLOSED = 104,            /* the client was closed */
   GPUMEM_E_FORKED = 105,            /* called in a fork() child on the parent's client */
 };
@@ -78,7 +67,19 @@ typedef struct gpumem_placement {
 
 /* Connects to `socket_path` (NULL: $GPUMEMD_SOCKET, then the default). NULL
  * on failure, with the last error set. The handle stays valid after
- * gpumem_close() (only to answer GPUMEM_E_CLOSED): its few bytes are kept. */
+ * gpumem_close() (only to answer GPUMEM_E_CLOSED): its few bytes are kept.
+ * A bad pointer (a double free, a pointer this client did not hand out), a
+ * size of 0 or beyond any device, a call after gpumem_close() and a call
+ * from a fork() child on the parent's client each get their code.
+ *
+ * Environment (read here and by the PyTorch entry points):
+ *   GPUMEMD_SOCKET            the daemon's socket (default /run/gpumemd/gpumemd.sock)
+ *   GPUMEM_PLACEMENT          default placement, CLI form: "--gpus=0,1 --policy=pack"
+ *   GPUMEM_LEASE_SIZE         bytes per lease, e.g. "64MiB" (default 64 MiB)
+ *   GPUMEM_CACHE_MAX          largest request served from leases (default 1/4 lease)
+ *   GPUMEM_IDLE_RELEASE_MS    an empty lease goes back after this idle time (default 10000)
+ *   GPUMEM_RECONNECT_MS       how long a call waits for a restarting daemon (default 30000)
+ */
 gpumem_client* gpumem_connect(const char* socket_path);
 
 /* Frees everything the client holds (its leases and large blocks) and

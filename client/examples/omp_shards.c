@@ -8,17 +8,6 @@
  * Each shard is copied back with omp_target_memcpy and the sum is checked
  * against its closed form (a[k] = 2k + 1, so the sum is N^2).
  *
- * Which device runs each shard's region: gpumem_device_ordinal says where
- * the shard is in this process's numbering. Device memory (a CUDA daemon)
- * has a CUDA ordinal, which is the OpenMP device number when the program is
- * built for one GPU offload target (gcc -foffload=nvptx-none: libgomp's
- * nvptx plugin numbers devices as the CUDA driver does); the region must
- * run there, because the host cannot touch device memory. When OpenMP has
- * no such device (no offload support built in or installed, or
- * OMP_TARGET_OFFLOAD=DISABLED) the example says so and exits with status 3
- * rather than run the region on the host over device pointers. Host memory
- * (the sim backend, ordinal -1) runs on the host device.
- *
  * Build: gcc -fopenmp -foffload=nvptx-none -Iclient omp_shards.c -lgpumem
  * Run:   GPUMEMD_SOCKET=/run/gpumemd/gpumemd.sock OMP_TARGET_OFFLOAD=MANDATORY ./omp_shards [N]
  * Exit status: 0 sum ok, 1 failure, 3 no OpenMP offload device for device memory.
@@ -73,8 +62,16 @@ int main(int argc, char** argv) {
   }
   const int host = omp_get_initial_device();
   const int visible = omp_get_num_devices();
-  /* The OpenMP device of each shard: its CUDA ordinal, or the host for host
-   * memory. Device memory needs a device OpenMP can offload to. */
+  /* The OpenMP device of each shard: gpumem_device_ordinal says where the
+   * shard is in this process's numbering. Device memory (a CUDA daemon) has
+   * a CUDA ordinal, which is the OpenMP device number when the program is
+   * built for one GPU offload target (gcc -foffload=nvptx-none: libgomp's
+   * nvptx plugin numbers devices as the CUDA driver does); the region must
+   * run there, because the host cannot touch device memory. When OpenMP has
+   * no such device (no offload support built in or installed, or
+   * OMP_TARGET_OFFLOAD=DISABLED) the example says so and exits with status 3
+   * rather than run the region on the host over device pointers. Host memory
+   * (the sim backend, ordinal -1) runs on the host device. */
   int target[MAX_SHARDS];
   for (int s = 0; s < shards; ++s) {
     int ordinal = -1;
