@@ -44,7 +44,7 @@ constexpr uint32_t kPerBin = 8;
 constexpr int kTlsSlots = 4;
 // Words per granule in the shadow table. Blocks of different threads lie side
 // by side in a lease, so their words share cache lines; a line per word (8)
-// buys nothing measurable (cache_bench) for 8 times the host memory.
+// would cost 8 times the host memory for no gain.
 constexpr uint64_t kShadowStride = 1;
 
 // Shadow word of a 256-byte granule that starts a block.

@@ -1,7 +1,6 @@
 // SQL lives here and only here. Statements the writer runs per event are
-// prepared once and reused (a multi-row INSERT of 32 events was measured
-// slower than the one-row statement: tests/bench/RESULTS.md); everything
-// else is prepared per call.
+// prepared once and reused (one-row statements: a multi-row INSERT buys
+// nothing here); everything else is prepared per call.
 #include "server/ledger/ledger_store.h"
 
 #include <fcntl.h>
@@ -981,8 +980,8 @@ absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
   }
   for (size_t i = 0; i < events.size(); ++i) {
     const LedgerEvent& e = events[i];
-    // A commit of a full batch is a few hundred microseconds of CPU: give
-    // the core to whatever waits for it every kYieldEvery events, so a
+    // A commit of a full batch is a long stretch of CPU: give the core to
+    // whatever waits for it every kYieldEvery events, so a
     // serving thread woken onto this core never waits behind the whole
     // commit (the scheduler lets a running thread finish its slice first).
     if (i % kYieldEvery == kYieldEvery - 1) sched_yield();

@@ -313,7 +313,7 @@ void TenantLedger::WriterLoop() {
       size_t folded = 0;
       for (const LedgerEvent& e : fresh) {
         // As in a commit (LedgerStore::Commit): the core goes to a serving
-        // thread that wants it every few dozen microseconds.
+        // thread that wants it every so many events.
         if (++folded % 512 == 0) sched_yield();
         if (usage_.Apply(e)) {
           // Runs of one tenant on one device are the common case.
