@@ -6,7 +6,7 @@
 //
 // Prints p50 / p99 / max wall time of the whole refresh and of its two
 // parts, over --refreshes refreshes, and the answer's size. The target
-// (issue 25) is a refresh under 50 ms at 64 devices and 100,000 blocks.
+// is a refresh under 50 ms at 64 devices and 100,000 blocks.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>

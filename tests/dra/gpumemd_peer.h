@@ -1,7 +1,7 @@
 // GpumemdPeer: the gpumemd that gpumemd-dra talks to in a test, behind one
 // small seam so that the same test runs against the in-process double
-// (FakeGpumemd, now) and against the real daemon //server:gpumemd (once it
-// serves PutTenant/DeleteTenant: issue 24 part 1).
+// (FakeGpumemd) and against the real daemon //server:gpumemd, which serves
+// PutTenant/DeleteTenant.
 //
 // Tests observe gpumemd only through its public API on socket() (GetStats:
 // tenants, their quotas) and through the socket files, which both peers

@@ -3,7 +3,7 @@
 // socket, with a gpumemd behind the GpumemdPeer seam (the double, or the
 // real daemon when the test target defines GPUMEMD_DRA_REAL_DAEMON).
 //
-// A real daemon that does not serve PutTenant yet (issue 24 part 1) skips
+// A real daemon that does not serve PutTenant (an older one) skips
 // the test with a message saying so, unless GPUMEMD_DRA_REQUIRE_TENANT_SOCKETS
 // is set in the environment, which makes that a failure.
 #ifndef GPUMEMD_TESTS_DRA_PLUGIN_FIXTURE_H_

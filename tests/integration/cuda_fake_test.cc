@@ -6,7 +6,7 @@
 // free figure), and driver failures reach the caller with the right code and
 // words: out of memory (injected, or memory held outside gpumemd), a lost
 // device, a handle kind the daemon does not offer. And what a real GPU holds
-// the daemon to (issue 22): a write is on the device when it returns (a
+// the daemon to: a write is on the device when it returns (a
 // reader in another process at once sees it), MIG instances are named
 // "MIG-...", slabs are admitted against what the driver has free (other
 // processes' memory and every context's cost), and a device in

@@ -1,4 +1,4 @@
-// The ledger's disk (issue 33, point 5) and its file modes (point 8): a
+// The ledger's disk and its file modes: a
 // ledger whose disk is full at start still opens, serves, holds its events
 // and writes them with a LEDGER_GAP once the disk takes them (the page limit
 // is the "disk full" seam); retention folds old events into per-tenant

@@ -1,4 +1,4 @@
-// Tests of what a tenant pins (issue 33, "a quota bounds the footprint"):
+// Tests of what a tenant pins ("a quota bounds the footprint"):
 // SlabPool's per-tenant slab sizing (a small tenant gets small slabs that grow
 // with its use), the FootprintBook budget (server/quota/footprint_book.h) that
 // keeps a tenant's slab bytes within its quota plus one granule per device,
