@@ -260,7 +260,7 @@ class CachingPool {
   int64_t in_use_outside_caches_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
-  // Stream-ordered frees (see the header): blocks waiting for their fence,
+  // Stream-ordered frees (see Free): blocks waiting for their fence,
   // oldest first. Lock order: mu_ before deferred_mu_.
   std::unique_ptr<FreeFences> fences_owner_ ABSL_GUARDED_BY(mu_);
   std::atomic<FreeFences*> fences_{nullptr};  // set once, with the first device lease

@@ -94,7 +94,7 @@ class PoolCarver final : public placement::DeviceCarver {
   // Hands the pending blocks over to the caller (who releases them to their
   // pools from then on); nothing is pending after.
   void Take() { pending_.clear(); }
-  // kExistingSlabsOnly: some device needed backend work (see above).
+  // kExistingSlabsOnly: some device needed backend work (see Mode).
   bool needed_backend_work() const { return needed_backend_work_; }
 
  private:
