@@ -55,8 +55,9 @@ class StreamTransport {
   // Daemon-initiated messages (StreamReply.reclaim) are dropped until this
   // is called. Starts the push reader (once; later calls do nothing): it
   // reads the stream whenever no caller does, so a push reaches an idle
-  // program, and gives each push to `handler`, which runs on the reader thread and must return quickly (it must not call this
-  // transport: hand the work to another thread).
+  // program, and gives each push to `handler`, which runs on the reader
+  // thread and must return quickly (it must not call this transport: hand
+  // the work to another thread).
   using PushHandler = std::function<void(const v1::StreamReply&)>;
   void StartPushReader(PushHandler handler);
 

@@ -52,8 +52,9 @@ class Session {
   // null) keeps its record (its process's pid and start time, or its token;
   // its uid, gid and fixed tenant), so a restarted daemon finds it again
   // (server/state/); the record goes when the session ends, and stays when
-  // the daemon stops without ending it (a restart keeping its state); `start_ticks` is its process's start time
-  // (/proc/PID/stat), 0 for connection-bound sessions; `slot` is the record
+  // the daemon stops without ending it (a restart keeping its state);
+  // `start_ticks` is its process's start time (/proc/PID/stat), 0 for
+  // connection-bound sessions; `slot` is the record
   // a restore found it in (kNoSlot: a new session, recorded now).
   Session(uint64_t id, PeerCred cred, std::string token = "",
           state::DurableState* state = nullptr, uint64_t start_ticks = 0,
@@ -69,8 +70,9 @@ class Session {
   uint64_t start_ticks() const { return start_ticks_; }
 
   // The session's tenant: the one fixed earlier, or `resolve()`'s answer,
-  // which is fixed now (its first Allocate or slab export) if it is a tenant (a refusal is not kept: a later
-  // config may give the caller a tenant). FAILED_PRECONDITION once ended.
+  // which is fixed now (its first Allocate or slab export) if it is a
+  // tenant (a refusal is not kept: a later config may give the caller a
+  // tenant). FAILED_PRECONDITION once ended.
   absl::StatusOr<tenants::TenantRef> FixTenant(
       const std::function<absl::StatusOr<tenants::TenantRef>()>& resolve);
   // The tenant fixed so far, if any.
