@@ -1,33 +1,17 @@
 // ReflectionService: gRPC server reflection (grpc.reflection.v1 and
 // v1alpha ServerReflectionInfo, what grpcurl and buf curl ask), served by
-// the daemon itself from its completion queues.
+// the daemon itself from its completion queues, not by grpc::reflection's
+// plugin: that is a synchronous service, so every open reflection stream
+// would hold one of gRPC's few sync threads, and one client that opens
+// streams and never ends them could leave nobody able to list or describe
+// the daemon.
 //
-// Why not grpc::reflection's plugin: it is a synchronous service, so every
-// open reflection stream holds one of gRPC's sync threads, and the few the
-// ResourceQuota allows could all be held by one client that opens streams
-// and never ends them; then nobody could list or describe the daemon.
-//
-// What it answers, from the generated descriptor pool (every .proto linked
-// into the daemon): list_services (the services it is given that the pool
-// knows), file_by_filename, file_containing_symbol,
-// file_containing_extension (a file comes with those of its transitive
-// imports that were not yet sent on this stream), and
-// all_extension_numbers_of_type; an unknown name is an error_response
-// NOT_FOUND naming it, an empty request INVALID_ARGUMENT. v1alpha shares
-// v1's wire format, so both methods are served by the same code.
-//
-// What it guarantees:
-//  - No thread of its own: every stream lives on one of the daemon's
-//    queues (event_queues.h), its events handled by that queue's thread, so
-//    neither it nor the number of streams adds threads.
-//  - Bounded per uid (the kernel's, SO_PEERCRED through the PeerTable): at
-//    most `max_streams_per_uid` streams open at once, over every connection
-//    and both versions; one more is ended at once with RESOURCE_EXHAUSTED
-//    naming the limit.
-//  - Bounded in time: a stream that sends no request for `idle_timeout` is
-//    ended with DEADLINE_EXCEEDED naming it (cancelled if its client does
-//    not read the answer it is being sent), so a held stream costs its
-//    buffers for at most that long.
+// Invariants: no thread of its own (every stream lives on one of the
+// daemon's queues, event_queues.h, its events handled by that queue's
+// thread, so neither it nor the number of streams adds threads); streams
+// are bounded per uid (the kernel's, SO_PEERCRED through the PeerTable) and
+// in time (ReflectionLimits). v1alpha shares v1's wire format, so both
+// methods are served by the same code.
 #ifndef GPUMEMD_SERVER_SERVICE_REFLECTION_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_REFLECTION_SERVICE_H_
 
@@ -48,7 +32,13 @@
 namespace gpumem {
 
 struct ReflectionLimits {
+  // Streams open at once per uid, over every connection and both versions;
+  // one more is ended at once with RESOURCE_EXHAUSTED naming the limit.
   int max_streams_per_uid = 4;
+  // A stream that sends no request for this long is ended with
+  // DEADLINE_EXCEEDED naming it (cancelled if its client does not read the
+  // answer it is being sent), so a held stream costs its buffers for at
+  // most that long.
   absl::Duration idle_timeout = absl::Seconds(10);
 };
 
@@ -56,6 +46,13 @@ class ReflectionService {
  public:
   // `peers` outlives this object. `services`: the full names of the
   // services the server serves (listed when the descriptor pool has them).
+  // Answers come from the generated descriptor pool (every .proto linked
+  // into the daemon): list_services (the services given that the pool
+  // knows), file_by_filename, file_containing_symbol,
+  // file_containing_extension (a file comes with those of its transitive
+  // imports that were not yet sent on this stream), and
+  // all_extension_numbers_of_type; an unknown name is an error_response
+  // NOT_FOUND naming it, an empty request INVALID_ARGUMENT.
   ReflectionService(const PeerTable* peers, std::vector<std::string> services,
                     ReflectionLimits limits = {});
   ~ReflectionService();
