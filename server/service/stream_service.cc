@@ -2,19 +2,6 @@
 // completion queue (accepted, read done, write done, finish done, call done);
 // all of a Call's events arrive on one queue, drained by one thread. Tags
 // are CqEvents (cq_event.h), so other async services may share the queues.
-//
-// Invariants of a Call:
-//  - at most one Read and one Write outstanding (gRPC's rule); Finish only
-//    when neither is, and once;
-//  - outbox_ holds the answers not yet written, oldest first; while writing_
-//    its front is the one being written; in_flight_ holds the request ids of
-//    exactly the answers in outbox_;
-//  - offloads_ counts the requests a worker or admission still owes an
-//    answer (waiting ones included); waits_ holds the cancels of the wait_ms
-//    Allocates among them, until their answers reach OnOffloaded or the
-//    stream's end cancels them all (CancelWaits);
-//  - deleted only when its accept failed, or when Finish completed, the done
-//    event arrived and nothing is outstanding.
 #include "server/service/stream_service.h"
 
 #include <deque>
@@ -38,6 +25,18 @@
 
 namespace gpumem {
 
+// Invariants of a Call:
+//  - at most one Read and one Write outstanding (gRPC's rule); Finish only
+//    when neither is, and once;
+//  - outbox_ holds the answers not yet written, oldest first; while writing_
+//    its front is the one being written; in_flight_ holds the request ids of
+//    exactly the answers in outbox_;
+//  - offloads_ counts the requests a worker or admission still owes an
+//    answer (waiting ones included); waits_ holds the cancels of the wait_ms
+//    Allocates among them, until their answers reach OnOffloaded or the
+//    stream's end cancels them all (CancelWaits);
+//  - deleted only when its accept failed, or when Finish completed, the done
+//    event arrived and nothing is outstanding.
 class StreamService::Call {
   // A tag handed to gRPC: which call, which event. Passed as CqEvent*.
   enum class Event { kAccepted, kRead, kWritten, kFinished, kDone, kPush, kOffloaded };
