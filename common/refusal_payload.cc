@@ -38,6 +38,23 @@ RefusalReason RefusalReasonOf(const absl::Status& status) {
   }
 }
 
+v1::DeviceRefusal DeviceRefusalOf(const Refusal& refusal) {
+  v1::DeviceRefusal d;
+  d.set_device_index(refusal.device);
+  switch (refusal.reason) {
+    case RefusalReason::kCapacity: d.set_reason(v1::DeviceRefusal::REASON_CAPACITY); break;
+    case RefusalReason::kFragmentation:
+      d.set_reason(v1::DeviceRefusal::REASON_FRAGMENTATION);
+      break;
+    case RefusalReason::kQuota: d.set_reason(v1::DeviceRefusal::REASON_QUOTA); break;
+    case RefusalReason::kOther: d.set_reason(v1::DeviceRefusal::REASON_UNSPECIFIED); break;
+  }
+  d.set_free_bytes(refusal.free_bytes);
+  d.set_largest_free_bytes(refusal.largest_free_bytes);
+  d.set_detail(refusal.detail);
+  return d;
+}
+
 std::string RefusalLabel(const absl::Status& status) {
   switch (RefusalReasonOf(status)) {
     case RefusalReason::kCapacity: return "capacity";

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/refusal.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 
 namespace gpumem {
@@ -29,11 +30,16 @@ std::optional<v1::PlacementRefusal> RefusalFromStatus(const absl::Status& status
 // fragmentation, quota; excluded devices and devices holding another shard
 // do not vote; a tie goes to the first in that order), or kOther for any
 // other error.
-enum class RefusalReason { kCapacity, kFragmentation, kQuota, kOther };
+// (RefusalReason is common/refusal.h's.)
 RefusalReason RefusalReasonOf(const absl::Status& status);
 // "capacity", "fragmentation", "quota"; for kOther the status code in
 // lower case ("invalid_argument", "unavailable", ...).
 std::string RefusalLabel(const absl::Status& status);
+
+// The wire's DeviceRefusal for `refusal`: its device, reason, figures and
+// detail (the device's UUID is the caller's). The one place a Refusal
+// becomes the payload; RefusalReasonOf reads it back.
+v1::DeviceRefusal DeviceRefusalOf(const Refusal& refusal);
 
 }  // namespace gpumem
 

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/refusal.h"
 
 namespace gpumem {
 namespace placement {
@@ -29,21 +30,6 @@ struct CarvedBlock {
   uint64_t id = 0;  // carver-assigned; e.g. the allocation id
   uint64_t slab_id = 0;
   uint64_t offset = 0;
-};
-
-// Why a device refused a block.
-struct CarveRefusal {
-  enum class Reason {
-    kCapacity,       // fewer free bytes than asked for
-    kFragmentation,  // enough free bytes in total, no range holds the block
-    kQuota,          // the tenant may not use more here
-  };
-  // Set by TryCarve when it refuses; a failure without it is an error.
-  bool refused = false;
-  Reason reason = Reason::kCapacity;
-  uint64_t free_bytes = 0;
-  uint64_t largest_free_bytes = 0;
-  std::string detail;  // optional words, e.g. which quota refused
 };
 
 class DeviceCarver {
@@ -63,7 +49,7 @@ class DeviceCarver {
   // it is never reported as capacity or fragmentation).
   virtual absl::StatusOr<CarvedBlock> TryCarve(uint32_t device, uint64_t size,
                                                uint64_t alignment,
-                                               CarveRefusal* refusal) = 0;
+                                               Refusal* refusal) = 0;
 
   // Undoes a TryCarve that succeeded, exactly once, restoring the device to
   // what it would be had the block never been carved.

@@ -4,6 +4,7 @@
 #include <numeric>
 #include <utility>
 
+#include "common/refusal_payload.h"
 #include "server/placement/policy_order.h"
 #include "server/placement/refusal.h"
 
@@ -13,18 +14,6 @@ namespace {
 
 using ::gpumem::v1::DeviceRefusal;
 using ::gpumem::v1::PlacementRefusal;
-
-DeviceRefusal::Reason ToProto(CarveRefusal::Reason reason) {
-  switch (reason) {
-    case CarveRefusal::Reason::kCapacity:
-      return DeviceRefusal::REASON_CAPACITY;
-    case CarveRefusal::Reason::kFragmentation:
-      return DeviceRefusal::REASON_FRAGMENTATION;
-    case CarveRefusal::Reason::kQuota:
-      return DeviceRefusal::REASON_QUOTA;
-  }
-  return DeviceRefusal::REASON_UNSPECIFIED;
-}
 
 PlacementResult Fail(absl::Status status) {
   PlacementResult result;
@@ -84,10 +73,10 @@ PlacementResult Placer::Place(const PreparedRequest& request,
   for (size_t shard : shard_order) {
     const uint64_t size = plan.sizes[shard];
     // Refusals for this shard, by device.
-    std::vector<std::pair<uint32_t, CarveRefusal>> refusals;
+    std::vector<Refusal> refusals;
     for (uint32_t device : candidates) {
       if (holder[device].has_value()) continue;
-      CarveRefusal refusal;
+      Refusal refusal;
       absl::StatusOr<CarvedBlock> block =
           carver_->TryCarve(device, size, plan.alignment, &refusal);
       if (block.ok()) {
@@ -99,7 +88,8 @@ PlacementResult Placer::Place(const PreparedRequest& request,
         release_all();
         return Fail(block.status());
       }
-      refusals.emplace_back(device, std::move(refusal));
+      refusal.device = device;
+      refusals.push_back(std::move(refusal));
     }
     if (blocks[shard].has_value()) continue;
 
@@ -122,11 +112,10 @@ PlacementResult Placer::Place(const PreparedRequest& request,
       devices.push_back(std::move(d));
       return &devices.back();
     };
-    for (const auto& [index, refusal] : refusals) {
-      DeviceRefusal* d = add(index, ToProto(refusal.reason));
-      d->set_free_bytes(refusal.free_bytes);
-      d->set_largest_free_bytes(refusal.largest_free_bytes);
-      d->set_detail(refusal.detail);
+    for (const Refusal& refusal : refusals) {
+      DeviceRefusal d = DeviceRefusalOf(refusal);
+      d.set_device_uuid(snapshot.devices[refusal.device].uuid);
+      devices.push_back(std::move(d));
     }
     for (uint32_t index = 0; index < holder.size(); ++index) {
       if (!holder[index].has_value()) continue;

@@ -76,7 +76,7 @@ void DevicePools::ReleaseAll() {
 }
 
 absl::StatusOr<placement::CarvedBlock> PoolCarver::TryCarve(
-    uint32_t device, uint64_t size, uint64_t alignment, placement::CarveRefusal* refusal) {
+    uint32_t device, uint64_t size, uint64_t alignment, Refusal* refusal) {
   SlabPool& pool = pools_->pool(device);
   const CarveResult r = mode_ == Mode::kMayCallBackend
                             ? pool.Carve(size, alignment, tenant_, kind_)
@@ -92,22 +92,8 @@ absl::StatusOr<placement::CarvedBlock> PoolCarver::TryCarve(
           "device ", device, ": serving this request needs backend work (a new slab "
           "or releasing empty ones), which this call may not do"));
     case CarveResult::Kind::kRefused:
-      refusal->refused = true;
-      refusal->free_bytes = r.refusal.free_bytes;
-      refusal->largest_free_bytes = r.refusal.largest_free_bytes;
-      switch (r.refusal.reason) {
-        case PoolRefusal::Reason::kCapacity:
-          refusal->reason = placement::CarveRefusal::Reason::kCapacity;
-          break;
-        case PoolRefusal::Reason::kFragmentation:
-          refusal->reason = placement::CarveRefusal::Reason::kFragmentation;
-          break;
-        case PoolRefusal::Reason::kFootprint:  // the tenant's quota, in slabs
-          refusal->reason = placement::CarveRefusal::Reason::kQuota;
-          refusal->detail = r.refusal.message;
-          break;
-      }
-      return absl::ResourceExhaustedError(r.refusal.message);
+      *refusal = r.refusal;
+      return absl::ResourceExhaustedError(refusal->message);
     case CarveResult::Kind::kBlock:
       break;
   }

@@ -84,7 +84,7 @@ class PoolCarver final : public placement::DeviceCarver {
 
   absl::StatusOr<placement::CarvedBlock> TryCarve(uint32_t device, uint64_t size,
                                                   uint64_t alignment,
-                                                  placement::CarveRefusal* refusal) override;
+                                                  Refusal* refusal) override;
   void Release(const placement::CarvedBlock& block) override;
 
   // The pool block behind a carved block that is still pending.

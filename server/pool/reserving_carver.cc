@@ -30,7 +30,7 @@ std::vector<uint32_t> DevicesThatCouldHold(const DevicePools& pools, uint32_t te
 }
 
 absl::StatusOr<placement::CarvedBlock> ReservingCarver::TryCarve(
-    uint32_t device, uint64_t size, uint64_t alignment, placement::CarveRefusal* refusal) {
+    uint32_t device, uint64_t size, uint64_t alignment, Refusal* refusal) {
   const bool reserved =
       std::find(room_.devices.begin(), room_.devices.end(), device) != room_.devices.end();
   if (!reserved || device >= pools_->size()) {
@@ -46,12 +46,15 @@ absl::StatusOr<placement::CarvedBlock> ReservingCarver::TryCarve(
   inner_->Release(*block);
   ++refused_;
   refusal->refused = true;
-  refusal->reason = placement::CarveRefusal::Reason::kCapacity;
+  refusal->reason = RefusalReason::kCapacity;
+  refusal->device = device;
+  refusal->asked_bytes = size;
   refusal->free_bytes = before >= room_.bytes ? before - room_.bytes : 0;
   refusal->largest_free_bytes = refusal->free_bytes;
   refusal->detail = absl::StrCat("held for ", room_.what, ", which waits for ",
                                  FormatBytes(room_.bytes), " here and is served first");
-  return absl::ResourceExhaustedError(refusal->detail);
+  refusal->message = refusal->detail;
+  return absl::ResourceExhaustedError(refusal->message);
 }
 
 }  // namespace gpumem

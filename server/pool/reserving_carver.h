@@ -60,7 +60,7 @@ class ReservingCarver : public placement::DeviceCarver {
   // is made after carving, against the pool as it is then.
   absl::StatusOr<placement::CarvedBlock> TryCarve(uint32_t device, uint64_t size,
                                                   uint64_t alignment,
-                                                  placement::CarveRefusal* refusal) override;
+                                                  Refusal* refusal) override;
   void Release(const placement::CarvedBlock& block) override { inner_->Release(block); }
 
   // Carves this adaptor refused (tests, counters).

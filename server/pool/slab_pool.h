@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/alloc/offset_allocator.h"
+#include "common/refusal.h"
 #include "server/backend/backend.h"
 #include "server/pool/slab_budget.h"
 #include "server/pool/slab_keeper.h"
@@ -68,25 +69,19 @@ struct PoolBlock {
   HandleKind kind = HandleKind::kMemfd;
 };
 
-// Why the pool could not carve a block for a tenant, with the figures the
-// tenant could reach at that moment.
-struct PoolRefusal {
-  // kFootprint: the tenant's budget (its quota) allows no slab that could
-  // hold the block (its own slabs have no room for it).
-  enum class Reason { kCapacity, kFragmentation, kFootprint };
-  Reason reason = Reason::kCapacity;
-  uint64_t free_bytes = 0;          // the tenant's reachable free bytes
-  uint64_t largest_free_bytes = 0;  // the largest block it could get
-  std::string message;              // the same in words, naming the device
-};
-
 // What Carve did: exactly one of block (ok), refusal (refused), error, or
 // (TryCarve only) that serving it needs backend work.
 struct CarveResult {
   enum class Kind { kBlock, kRefused, kError, kNeedsBackendWork };
   Kind kind = Kind::kError;
   PoolBlock block;
-  PoolRefusal refusal;
+  // Why the pool could not carve a block for a tenant (common/refusal.h),
+  // with the figures the tenant could reach at that moment: its reachable
+  // free bytes, the largest block it could get, and the same in words
+  // naming the device. kQuota is its footprint: the tenant's budget (its
+  // quota) allows no slab that could hold the block (its own slabs have no
+  // room for it); only then are the words its detail too.
+  Refusal refusal;
   absl::Status error;
 };
 
@@ -312,7 +307,7 @@ class SlabPool {
   static bool Releasable(const SlabEntry& e);
   // Bytes of releasable slabs (of any tenant).
   uint64_t ReleasableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  PoolRefusal RefuseLocked(uint64_t size, uint64_t alignment, uint32_t tenant) const
+  Refusal RefuseLocked(uint64_t size, uint64_t alignment, uint32_t tenant) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t LargestCarvableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t RoundUp(uint64_t v) const;

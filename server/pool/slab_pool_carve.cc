@@ -258,8 +258,8 @@ CarveResult SlabPool::CarveIn(uint64_t size, uint64_t alignment, uint32_t tenant
   return r;
 }
 
-PoolRefusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
-                                   uint32_t tenant) const {
+Refusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
+                               uint32_t tenant) const {
   // What this tenant could reach: free space in its own slabs, plus a new
   // slab of unpooled capacity and empty slabs nobody holds, as far as its
   // budget allows.
@@ -272,7 +272,10 @@ PoolRefusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
   const uint64_t device_fresh = FreeBytesLocked();
   const uint64_t budget_fresh = BudgetFreeLocked(tenant);
   const uint64_t fresh = std::min(device_fresh, budget_fresh);
-  PoolRefusal p;
+  Refusal p;
+  p.refused = true;
+  p.device = device_;
+  p.asked_bytes = size;
   p.free_bytes = own_free + fresh;
   p.largest_free_bytes = std::max(own_largest, fresh);
   // Its own slabs could not hold the block (or RefuseLocked would not be
@@ -282,12 +285,13 @@ PoolRefusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
     if (budget_->TryTake(tenant, device_, RoundUp(size), options_.granularity, &why)) {
       budget_->Give(tenant, device_, RoundUp(size));  // room came meanwhile
     }
-    p.reason = PoolRefusal::Reason::kFootprint;
+    p.reason = RefusalReason::kQuota;  // the tenant's quota, in slabs
     p.message = absl::StrCat("device ", device_, ": footprint: ", FormatBytes(size),
                              " asked needs a new ", FormatBytes(RoundUp(size)),
                              " slab beyond ", why);
+    p.detail = p.message;
   } else if (p.free_bytes < size) {
-    p.reason = PoolRefusal::Reason::kCapacity;
+    p.reason = RefusalReason::kCapacity;
     p.message = absl::StrCat("device ", device_, ": capacity: ",
                              FormatBytes(p.free_bytes), " free, ", FormatBytes(size),
                              " asked",
@@ -296,7 +300,7 @@ PoolRefusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
                                                 " retained by live sessions)")
                                  : "");
   } else {
-    p.reason = PoolRefusal::Reason::kFragmentation;
+    p.reason = RefusalReason::kFragmentation;
     p.message = absl::StrCat(
         "device ", device_, ": fragmentation: ", FormatBytes(p.free_bytes),
         " free but the largest range is ", FormatBytes(p.largest_free_bytes), ", ",

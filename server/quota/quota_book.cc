@@ -1,6 +1,8 @@
 #include "server/quota/quota_book.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
@@ -32,7 +34,7 @@ void QuotaBook::SetRetainedSource(RetainedSource source) {
 }
 
 bool QuotaBook::TryCharge(uint32_t tenant, const std::string& tenant_name,
-                          uint32_t device, uint64_t bytes, QuotaRefusal* refusal) {
+                          uint32_t device, uint64_t bytes, Refusal* refusal) {
   absl::MutexLock lock(&mu_);
   TenantHoldings& h = HoldingsLocked(tenant);
   auto q = quotas_.find(tenant);
@@ -62,25 +64,33 @@ bool QuotaBook::TryCharge(uint32_t tenant, const std::string& tenant_name,
       headroom = *quota.total_bytes > held_all ? *quota.total_bytes - held_all : 0;
     }
     if (dev_limit) headroom = std::min<uint64_t>(headroom, *dev_limit > held_here ? *dev_limit - held_here : 0);
-    if (quota.max_allocations && h.allocations + 1 > *quota.max_allocations) {
-      refusal->headroom_bytes = 0;
-      refusal->detail = absl::StrCat(who, "max_allocations ", *quota.max_allocations,
-                                     ": ", h.allocations, " held");
+    // The quota's headroom is what the tenant could reach here; the words
+    // are the status message and the wire's detail both.
+    auto refuse = [&](uint64_t headroom_bytes, std::string words) {
+      refusal->refused = true;
+      refusal->reason = RefusalReason::kQuota;
+      refusal->device = device;
+      refusal->asked_bytes = bytes;
+      refusal->free_bytes = headroom_bytes;
+      refusal->largest_free_bytes = headroom_bytes;
+      refusal->message = words;
+      refusal->detail = std::move(words);
       return false;
+    };
+    if (quota.max_allocations && h.allocations + 1 > *quota.max_allocations) {
+      return refuse(0, absl::StrCat(who, "max_allocations ", *quota.max_allocations, ": ",
+                                    h.allocations, " held"));
     }
     if (quota.total_bytes && bytes > *quota.total_bytes - std::min(held_all, *quota.total_bytes)) {
-      refusal->headroom_bytes = headroom;
-      refusal->detail = absl::StrCat(who, "total_bytes ", FormatBytes(*quota.total_bytes), ": ",
-                                     held_words(held_all, retained_all), ", ",
-                                     FormatBytes(bytes), " asked");
-      return false;
+      return refuse(headroom, absl::StrCat(who, "total_bytes ", FormatBytes(*quota.total_bytes),
+                                           ": ", held_words(held_all, retained_all), ", ",
+                                           FormatBytes(bytes), " asked"));
     }
     if (dev_limit && bytes > *dev_limit - std::min(held_here, *dev_limit)) {
-      refusal->headroom_bytes = headroom;
-      refusal->detail = absl::StrCat(who, "on device ", device, " ", FormatBytes(*dev_limit),
-                                     ": ", held_words(held_here, retained_here), ", ",
-                                     FormatBytes(bytes), " asked");
-      return false;
+      return refuse(headroom, absl::StrCat(who, "on device ", device, " ",
+                                           FormatBytes(*dev_limit), ": ",
+                                           held_words(held_here, retained_here), ", ",
+                                           FormatBytes(bytes), " asked"));
     }
   }
   h.total_bytes += bytes;

@@ -20,6 +20,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/refusal.h"
 #include "server/quota/footprint_book.h"
 #include "server/tenants/tenant.h"
 
@@ -39,15 +40,6 @@ struct TenantHoldings {
   // undone with Uncharge (the carve failed, or the request placed none of
   // its blocks) never counts, so a refused request does not raise the peak.
   uint64_t peak_total_bytes = 0;
-};
-
-// Why a charge was refused.
-struct QuotaRefusal {
-  // What the quota still allows on the device asked for (the smaller of the
-  // total and the per-device headroom; 0 when the count limit refused).
-  uint64_t headroom_bytes = 0;
-  // E.g. "tenant \"ml\" quota total_bytes 8.00 GiB: 7.50 GiB held, 1.00 GiB asked".
-  std::string detail;
 };
 
 class QuotaBook {
@@ -73,9 +65,13 @@ class QuotaBook {
   tenants::Quota GetQuota(uint32_t tenant) const;
 
   // Charges `bytes` and one allocation on `device` to `tenant`, or refuses
-  // (false, *refusal filled) when a limit would be passed.
+  // (false, *refusal filled) when a limit would be passed: reason kQuota,
+  // free and largest free bytes what the quota still allows on the device
+  // (the smaller of the total and the per-device headroom; 0 when the count
+  // limit refused), message and detail the same words, e.g.
+  // "tenant \"ml\" quota total_bytes 8.00 GiB: 7.50 GiB held, 1.00 GiB asked".
   bool TryCharge(uint32_t tenant, const std::string& tenant_name, uint32_t device,
-                 uint64_t bytes, QuotaRefusal* refusal);
+                 uint64_t bytes, Refusal* refusal);
   // Undoes a charge that was never committed (quota_carver.h's undo).
   void Uncharge(uint32_t tenant, uint32_t device, uint64_t bytes);
   // `bytes` of the tenant's charges now belong to committed allocations.

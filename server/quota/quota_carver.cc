@@ -8,15 +8,9 @@ namespace gpumem {
 namespace quota {
 
 absl::StatusOr<placement::CarvedBlock> QuotaCarver::TryCarve(
-    uint32_t device, uint64_t size, uint64_t alignment, placement::CarveRefusal* refusal) {
-  QuotaRefusal why;
-  if (!book_->TryCharge(tenant_, tenant_name_, device, size, &why)) {
-    refusal->refused = true;
-    refusal->reason = placement::CarveRefusal::Reason::kQuota;
-    refusal->free_bytes = why.headroom_bytes;
-    refusal->largest_free_bytes = why.headroom_bytes;
-    refusal->detail = why.detail;
-    return absl::ResourceExhaustedError(why.detail);
+    uint32_t device, uint64_t size, uint64_t alignment, Refusal* refusal) {
+  if (!book_->TryCharge(tenant_, tenant_name_, device, size, refusal)) {
+    return absl::ResourceExhaustedError(refusal->message);
   }
   absl::StatusOr<placement::CarvedBlock> block =
       inner_->TryCarve(device, size, alignment, refusal);

@@ -26,12 +26,12 @@ class QuotaCarver : public placement::DeviceCarver {
   // QuotaBook (atomically with the limit check), then asks the inner
   // carver; if the inner carver refuses or fails, the charge is undone
   // (QuotaBook::Uncharge). A quota refusal is RESOURCE_EXHAUSTED with
-  // refusal->refused set, CarveRefusal::Reason::kQuota, the quota's headroom
+  // refusal->refused set, RefusalReason::kQuota, the quota's headroom
   // as free bytes and the quota's figures in `detail`; placement then tries
   // the next device.
   absl::StatusOr<placement::CarvedBlock> TryCarve(uint32_t device, uint64_t size,
                                                   uint64_t alignment,
-                                                  placement::CarveRefusal* refusal) override;
+                                                  Refusal* refusal) override;
   // Hands the block back to the inner carver and undoes the charge
   // (QuotaBook::Uncharge).
   void Release(const placement::CarvedBlock& block) override;

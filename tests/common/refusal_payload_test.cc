@@ -59,5 +59,34 @@ TEST(GrpcStatus, RefusalSurvivesTheRoundTripAndOtherStatusesKeepCodeAndMessage) 
             absl::StatusCode::kInternal);
 }
 
+// A Refusal becomes the wire's DeviceRefusal in one place, and its reason
+// reads back as the same RefusalReason.
+TEST(DeviceRefusalOf, CarriesTheFiguresAndTheReasonReadsBack) {
+  Refusal r;
+  r.refused = true;
+  r.reason = RefusalReason::kFragmentation;
+  r.device = 3;
+  r.asked_bytes = 100;
+  r.free_bytes = 90;
+  r.largest_free_bytes = 40;
+  r.message = "device 3: fragmentation";
+  r.detail = "words";
+  const v1::DeviceRefusal d = DeviceRefusalOf(r);
+  EXPECT_EQ(d.device_index(), 3u);
+  EXPECT_EQ(d.reason(), v1::DeviceRefusal::REASON_FRAGMENTATION);
+  EXPECT_EQ(d.free_bytes(), 90u);
+  EXPECT_EQ(d.largest_free_bytes(), 40u);
+  EXPECT_EQ(d.detail(), "words");
+  for (RefusalReason reason :
+       {RefusalReason::kCapacity, RefusalReason::kFragmentation, RefusalReason::kQuota}) {
+    r.reason = reason;
+    v1::PlacementRefusal refusal;
+    *refusal.add_devices() = DeviceRefusalOf(r);
+    absl::Status status = absl::ResourceExhaustedError("refused");
+    status.SetPayload(kPlacementRefusalTypeUrl, absl::Cord(refusal.SerializeAsString()));
+    EXPECT_EQ(RefusalReasonOf(status), reason);
+  }
+}
+
 }  // namespace
 }  // namespace gpumem

@@ -100,7 +100,7 @@ class FakeCarver : public DeviceCarver {
 
   absl::StatusOr<CarvedBlock> TryCarve(uint32_t device, uint64_t size,
                                        uint64_t alignment,
-                                       CarveRefusal* refusal) override {
+                                       Refusal* refusal) override {
     tried_.push_back(device);
     if (device >= devices_.size()) {
       return absl::InternalError(absl::StrFormat("no device %d", device));
@@ -112,7 +112,7 @@ class FakeCarver : public DeviceCarver {
     refusal->largest_free_bytes = d.largest_free();
     if (size > d.quota - d.charged) {
       refusal->refused = true;
-      refusal->reason = CarveRefusal::Reason::kQuota;
+      refusal->reason = RefusalReason::kQuota;
       refusal->detail =
           absl::StrFormat("quota leaves %d bytes", d.quota - d.charged);
       return absl::ResourceExhaustedError("quota");
@@ -139,8 +139,8 @@ class FakeCarver : public DeviceCarver {
     if (!found) found = fits(start, d.total, &at);
     if (!found) {
       refusal->refused = true;
-      refusal->reason = free >= size ? CarveRefusal::Reason::kFragmentation
-                                     : CarveRefusal::Reason::kCapacity;
+      refusal->reason = free >= size ? RefusalReason::kFragmentation
+                                     : RefusalReason::kCapacity;
       return absl::ResourceExhaustedError("does not fit");
     }
     d.live[at] = size;

@@ -125,7 +125,7 @@ TEST(SlabFootprintTest, QuotaBoundsSlabsEvenWithHugeAlignment) {
   pool0.SetBudget(&book);
   pool1.SetBudget(&book);
   int blocks = 0;
-  std::optional<PoolRefusal> refused;
+  std::optional<::gpumem::Refusal> refused;
   for (int i = 0; i < 64; ++i) {
     SlabPool& pool = i % 2 == 0 ? pool0 : pool1;
     CarveResult r = pool.Carve(256, kGiB, 7);
@@ -141,7 +141,7 @@ TEST(SlabFootprintTest, QuotaBoundsSlabsEvenWithHugeAlignment) {
   EXPECT_GE(blocks, 1);
   EXPECT_LE(blocks, static_cast<int>((kMiB + kGran) / kGran));
   ASSERT_TRUE(refused.has_value());
-  EXPECT_EQ(refused->reason, PoolRefusal::Reason::kFootprint);
+  EXPECT_EQ(refused->reason, RefusalReason::kQuota);
   EXPECT_THAT(refused->message, HasSubstr("footprint"));
   EXPECT_THAT(refused->message, HasSubstr("total_bytes"));
   // What it pins: within its quota plus one granule (on all devices).
@@ -168,7 +168,7 @@ TEST(SlabFootprintTest, PerDeviceQuotaBoundsThatDevice) {
   for (int i = 0; i < 64; ++i) {
     CarveResult r = pool0.Carve(kMiB, 256, 3);
     if (r.kind != CarveResult::Kind::kBlock) {
-      EXPECT_EQ(r.refusal.reason, PoolRefusal::Reason::kFootprint) << r.refusal.message;
+      EXPECT_EQ(r.refusal.reason, RefusalReason::kQuota) << r.refusal.message;
       EXPECT_THAT(r.refusal.message, HasSubstr("device 0"));
       break;
     }
@@ -256,7 +256,7 @@ TEST(SlabFootprintTest, AdoptedSlabsCountWhateverTheLimit) {
   EXPECT_EQ(pool.Carve(kMiB, 256, 6).kind, CarveResult::Kind::kBlock);
   CarveResult big = pool.Carve(128 * kMiB, 256, 6);
   EXPECT_EQ(big.kind, CarveResult::Kind::kRefused);
-  EXPECT_EQ(big.refusal.reason, PoolRefusal::Reason::kFootprint);
+  EXPECT_EQ(big.refusal.reason, RefusalReason::kQuota);
 }
 
 TEST(SlabFootprintTest, ConcurrentCarvesOnTwoDevicesNeverPassTheQuota) {

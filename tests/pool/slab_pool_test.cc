@@ -59,8 +59,8 @@ uint64_t RoundUp(uint64_t v, uint64_t g) { return (v + g - 1) / g * g; }
 
 // Checks what every refusal promises: the reason agrees with the figures and
 // the message, and the message names the device.
-void CheckRefusal(const PoolRefusal& p, uint64_t size) {
-  const bool capacity = p.reason == PoolRefusal::Reason::kCapacity;
+void CheckRefusal(const ::gpumem::Refusal& p, uint64_t size) {
+  const bool capacity = p.reason == RefusalReason::kCapacity;
   EXPECT_EQ(capacity, p.free_bytes < size)
       << "free " << p.free_bytes << ", asked " << size << ": " << p.message;
   EXPECT_LE(p.largest_free_bytes, p.free_bytes) << p.message;
@@ -92,7 +92,7 @@ absl::StatusOr<PoolBlock> Carve(SlabPool& pool, uint64_t size, uint64_t alignmen
 }
 
 // A refused Carve's refusal (fails the test for anything else).
-std::optional<PoolRefusal> Refusal(SlabPool& pool, uint64_t size, uint64_t alignment,
+std::optional<::gpumem::Refusal> Refusal(SlabPool& pool, uint64_t size, uint64_t alignment,
                                    uint32_t tenant) {
   CarveResult r = pool.Carve(size, alignment, tenant);
   EXPECT_EQ(r.kind, CarveResult::Kind::kRefused)
@@ -366,7 +366,7 @@ TEST(SlabPoolTest, NewSlabsFitTheRoomTheDeviceHas) {
   EXPECT_EQ(backend.refreshes(), refreshes);
   CarveResult r = pool.Carve(kSlab, kGran, 1, kind);
   ASSERT_EQ(r.kind, CarveResult::Kind::kRefused);
-  EXPECT_EQ(r.refusal.reason, PoolRefusal::Reason::kCapacity);
+  EXPECT_EQ(r.refusal.reason, RefusalReason::kCapacity);
   EXPECT_EQ(r.refusal.free_bytes, kSlab / 2);
   CheckRefusal(r.refusal, kSlab);
   EXPECT_GT(backend.refreshes(), refreshes);
@@ -491,9 +491,9 @@ TEST(SlabPoolTest, HeldEmptySlabIsNeverHandedToAnotherTenant) {
   memset(old_map.data(), 0xAB, kSlab);
   pool.Release(*a);
 
-  std::optional<PoolRefusal> r = Refusal(pool, kMiB, kGran, /*tenant=*/2);
+  std::optional<::gpumem::Refusal> r = Refusal(pool, kMiB, kGran, /*tenant=*/2);
   ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(r->reason, PoolRefusal::Reason::kCapacity);
+  EXPECT_EQ(r->reason, RefusalReason::kCapacity);
   EXPECT_EQ(r->free_bytes, 0u);
   EXPECT_EQ(r->largest_free_bytes, 0u);
   EXPECT_TRUE(pool.HasSlab(slab_a));
@@ -799,9 +799,9 @@ TEST(SlabPoolTest, PooledBytesNeverExceedTheDevice) {
   absl::StatusOr<PoolBlock> none = Carve(pool, 1, 1, 1);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(none.status().message(), HasSubstr("capacity"));
-  std::optional<PoolRefusal> r = Refusal(pool, 1, 1, 1);
+  std::optional<::gpumem::Refusal> r = Refusal(pool, 1, 1, 1);
   ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(r->reason, PoolRefusal::Reason::kCapacity);
+  EXPECT_EQ(r->reason, RefusalReason::kCapacity);
   EXPECT_EQ(r->free_bytes, 0u);
   EXPECT_EQ(r->largest_free_bytes, 0u);
   EXPECT_EQ(pool.largest_carvable(), 0u);
@@ -817,9 +817,9 @@ TEST(SlabPoolTest, RefusalSaysCapacityWhenFreeBytesAreShort) {
   ASSERT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(b.status().message(), HasSubstr("capacity"));
   EXPECT_THAT(b.status().message(), Not(HasSubstr("fragmentation")));
-  std::optional<PoolRefusal> r = Refusal(pool, 2 * kMiB, 1, 1);
+  std::optional<::gpumem::Refusal> r = Refusal(pool, 2 * kMiB, 1, 1);
   ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(r->reason, PoolRefusal::Reason::kCapacity);
+  EXPECT_EQ(r->reason, RefusalReason::kCapacity);
   EXPECT_EQ(r->free_bytes, kMiB);  // the dedicated slab has no slack
   EXPECT_EQ(r->largest_free_bytes, kMiB);
   // Too big for the device at all.
@@ -863,15 +863,15 @@ TEST(SlabPoolTest, RefusalSaysFragmentationWhenNoRangeHoldsTheBlock) {
   ASSERT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(b.status().message(), HasSubstr("capacity"));
   // The structured refusal carries the figures tenant 1 could reach.
-  std::optional<PoolRefusal> r = Refusal(pool, 9 * kMiB, 1, 1);
+  std::optional<::gpumem::Refusal> r = Refusal(pool, 9 * kMiB, 1, 1);
   ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(r->reason, PoolRefusal::Reason::kFragmentation);
+  EXPECT_EQ(r->reason, RefusalReason::kFragmentation);
   EXPECT_EQ(r->free_bytes, 128 * kMiB);
   EXPECT_EQ(r->largest_free_bytes, 8 * kMiB);
   // Tenant 1's free ranges are not tenant 2's: for it the device is full.
   r = Refusal(pool, 1, 1, 2);
   ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(r->reason, PoolRefusal::Reason::kCapacity);
+  EXPECT_EQ(r->reason, RefusalReason::kCapacity);
   EXPECT_EQ(r->free_bytes, 0u);
   EXPECT_EQ(r->largest_free_bytes, 0u);
   // 8 MiB still fits.
@@ -890,9 +890,9 @@ TEST(SlabPoolTest, AlignmentCanCauseFragmentationRefusal) {
   absl::StatusOr<PoolBlock> b = Carve(pool, 8 * kMiB, 8 * kMiB, 1);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->offset, 8 * kMiB);
-  std::optional<PoolRefusal> c = Refusal(pool, 4 * kMiB, 8 * kMiB, 1);
+  std::optional<::gpumem::Refusal> c = Refusal(pool, 4 * kMiB, 8 * kMiB, 1);
   ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(c->reason, PoolRefusal::Reason::kFragmentation);
+  EXPECT_EQ(c->reason, RefusalReason::kFragmentation);
   EXPECT_THAT(c->message, HasSubstr("alignment"));
   EXPECT_EQ(c->free_bytes, 8 * kMiB - kGran);
   EXPECT_EQ(c->largest_free_bytes, 8 * kMiB - kGran);
@@ -978,10 +978,10 @@ TEST(SlabPoolTest, StatsMatchHandComputedFigures) {
   // slab of the unpooled capacity; other tenants' free space is not theirs.
   // (A refusal with no empty slab changes nothing.)
   for (uint32_t tenant : {1u, 2u, 3u}) {
-    std::optional<PoolRefusal> r = Refusal(pool, kDevice + 1, 1, tenant);
+    std::optional<::gpumem::Refusal> r = Refusal(pool, kDevice + 1, 1, tenant);
     ASSERT_TRUE(r.has_value());
     const uint64_t own = tenant == 1 ? 12 * kMiB : tenant == 2 ? 14 * kMiB : 0;
-    EXPECT_EQ(r->reason, PoolRefusal::Reason::kCapacity);
+    EXPECT_EQ(r->reason, RefusalReason::kCapacity);
     EXPECT_EQ(r->free_bytes, own + kDevice - 32 * kMiB) << "tenant " << tenant;
     EXPECT_EQ(r->largest_free_bytes, kDevice - 32 * kMiB) << "tenant " << tenant;
   }
@@ -1350,9 +1350,9 @@ TEST(SlabPoolTest, RetainedBytesCountAgainstCapacity) {
   EXPECT_NE(b->slab_id, a->slab_id);
   EXPECT_EQ(pool.largest_carvable(), 0u);
   // Tenant 3 (tenant 1 could carve its own retained slab again).
-  std::optional<PoolRefusal> r = Refusal(pool, 1, 1, 3);
+  std::optional<::gpumem::Refusal> r = Refusal(pool, 1, 1, 3);
   ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(r->reason, PoolRefusal::Reason::kCapacity);
+  EXPECT_EQ(r->reason, RefusalReason::kCapacity);
   EXPECT_EQ(r->free_bytes, 0u);
   EXPECT_THAT(r->message, HasSubstr("retained"));
   EXPECT_TRUE(FindSlab(pool.Slabs(), a->slab_id)->retained);

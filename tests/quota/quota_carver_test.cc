@@ -16,7 +16,7 @@ namespace gpumem {
 namespace quota {
 namespace {
 
-using placement::CarveRefusal;
+using ::gpumem::Refusal;
 using placement::testing::FakeCarver;
 using placement::testing::kMiB;
 using placement::testing::Used;
@@ -32,14 +32,14 @@ TEST(QuotaCarverTest, RefusesBeyondTotalWithFigures) {
   QuotaBook book(2);
   book.SetQuota(1, TotalQuota(100 * kMiB));
   QuotaCarver carver(&pool, &book, 1, "ml");
-  CarveRefusal refusal;
+  Refusal refusal;
   auto a = carver.TryCarve(0, 60 * kMiB, 256, &refusal);
   ASSERT_TRUE(a.ok());
   auto b = carver.TryCarve(1, 60 * kMiB, 256, &refusal);
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(refusal.refused);
-  EXPECT_EQ(refusal.reason, CarveRefusal::Reason::kQuota);
+  EXPECT_EQ(refusal.reason, RefusalReason::kQuota);
   EXPECT_EQ(refusal.free_bytes, 40 * kMiB);
   EXPECT_NE(refusal.detail.find("tenant \"ml\" quota total_bytes 100.00 MiB"), std::string::npos)
       << refusal.detail;
@@ -57,7 +57,7 @@ TEST(QuotaCarverTest, PerDeviceAndCountLimits) {
   q.max_allocations = 3;
   book.SetQuota(7, q);
   QuotaCarver carver(&pool, &book, 7, "t");
-  CarveRefusal refusal;
+  Refusal refusal;
   EXPECT_FALSE(carver.TryCarve(0, 11 * kMiB, 256, &refusal).ok());
   EXPECT_NE(refusal.detail.find("on device 0"), std::string::npos) << refusal.detail;
   EXPECT_TRUE(carver.TryCarve(1, 11 * kMiB, 256, &refusal).ok());
@@ -72,9 +72,9 @@ TEST(QuotaCarverTest, InnerRefusalCreditsTheCharge) {
   QuotaBook book(1);
   book.SetQuota(1, TotalQuota(100 * kMiB));
   QuotaCarver carver(&pool, &book, 1, "ml");
-  CarveRefusal refusal;
+  Refusal refusal;
   EXPECT_FALSE(carver.TryCarve(0, 20 * kMiB, 256, &refusal).ok());
-  EXPECT_EQ(refusal.reason, CarveRefusal::Reason::kCapacity);
+  EXPECT_EQ(refusal.reason, RefusalReason::kCapacity);
   EXPECT_EQ(book.Holdings(1).total_bytes, 0u);
   EXPECT_EQ(book.Holdings(1).allocations, 0u);
 }
@@ -91,7 +91,7 @@ TEST(QuotaCarverTest, RetainedBytesCountAgainstTheQuota) {
     return tenant == 1 ? retained[device] : 0;
   });
   QuotaCarver carver(&pool, &book, 1, "ml");
-  CarveRefusal refusal;
+  Refusal refusal;
   // Device 1: 20 MiB retained + 31 asked > 50.
   EXPECT_FALSE(carver.TryCarve(1, 31 * kMiB, 256, &refusal).ok());
   EXPECT_NE(refusal.detail.find("20.00 MiB held (20.00 MiB of it retained)"), std::string::npos)
@@ -125,7 +125,7 @@ TEST(QuotaCarverTest, ConcurrentChargesNeverPassTheQuota) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&] {
-      QuotaRefusal why;
+      Refusal why;
       for (int i = 0; i < 20000; ++i) {
         if (!book.TryCharge(1, "ml", 0, 3 * kMiB, &why)) continue;
         uint64_t now = held += 3 * kMiB;
@@ -149,7 +149,7 @@ TEST(QuotaCarverTest, ConcurrentChargesNeverPassTheQuota) {
 // The book alone: the peak is the most ever held in committed charges.
 TEST(QuotaBookPeak, IsTheMostEverHeldInCommittedCharges) {
   QuotaBook book(2);
-  QuotaRefusal why;
+  Refusal why;
   ASSERT_TRUE(book.TryCharge(1, "t", 0, 10, &why));
   book.Commit(1, 10);
   ASSERT_TRUE(book.TryCharge(1, "t", 1, 30, &why));
@@ -187,7 +187,7 @@ TEST(QuotaBookPeak, TheCarverCommitsWhatItKept) {
     // A sharded request: two blocks placed, then the request fails (its
     // session ended, a backend error): both released, nothing committed.
     QuotaCarver carver(&pool, &book, 1, "ml");
-    CarveRefusal refusal;
+    Refusal refusal;
     auto a = carver.TryCarve(0, 40 * kMiB, 256, &refusal);
     auto b = carver.TryCarve(1, 40 * kMiB, 256, &refusal);
     ASSERT_TRUE(a.ok() && b.ok());
@@ -198,7 +198,7 @@ TEST(QuotaBookPeak, TheCarverCommitsWhatItKept) {
     EXPECT_EQ(book.Holdings(1).peak_total_bytes, 0u);
   }
   QuotaCarver carver(&pool, &book, 1, "ml");
-  CarveRefusal refusal;
+  Refusal refusal;
   auto a = carver.TryCarve(0, 30 * kMiB, 256, &refusal);
   ASSERT_TRUE(a.ok());
   EXPECT_FALSE(carver.TryCarve(1, 80 * kMiB, 256, &refusal).ok());  // refused: quota
