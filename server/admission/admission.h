@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 #include "server/admission/waiter_queue.h"
+#include "server/backend/backend.h"
 
 namespace gpumem {
 namespace admission {
@@ -42,11 +43,11 @@ namespace admission {
 using Answer = absl::StatusOr<v1::AllocateResponse>;
 
 // What a waiting request needs, for fair waiting: a block of `bytes` on one
-// of `devices`, carved for `tenant` (of handle kind `kind`, the core's
-// HandleKind as an int). `what` names it in refusals of others.
+// of `devices`, carved for `tenant` (of handle kind `kind`). `what` names
+// it in refusals of others.
 struct Claim {
   uint32_t tenant = 0;
-  int kind = 0;
+  HandleKind kind = HandleKind::kMemfd;
   std::vector<uint32_t> devices;
   uint64_t bytes = 0;
   std::string what;

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,11 @@ const char* HandleKindName(HandleKind kind);
 // Parses one of those names.
 absl::StatusOr<HandleKind> ParseHandleKind(const std::string& name);
 inline bool HandleKindUsesFd(HandleKind kind) { return kind != HandleKind::kCudaIpc; }
+// A HandleKind as a persisted record stores it (state::SlabRecord::kind),
+// and back: the one place that integer becomes a kind, nullopt for a value
+// no kind has.
+inline uint8_t HandleKindToRecord(HandleKind kind) { return static_cast<uint8_t>(kind); }
+std::optional<HandleKind> HandleKindFromRecord(uint8_t value);
 
 // What identifies a slab's handle, so that a handle met again after a
 // restart (from systemd's fd store, or given back by a client) can be told

@@ -24,6 +24,13 @@ absl::StatusOr<HandleKind> ParseHandleKind(const std::string& name) {
       "unknown handle kind '", name, "' (known: memfd, cuda_vmm_fd, cuda_ipc)"));
 }
 
+std::optional<HandleKind> HandleKindFromRecord(uint8_t value) {
+  for (HandleKind k : {HandleKind::kMemfd, HandleKind::kCudaVmmFd, HandleKind::kCudaIpc}) {
+    if (value == HandleKindToRecord(k)) return k;
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<std::unique_ptr<Slab>> Backend::AdoptSlab(uint32_t, uint64_t, HandleKind kind,
                                                         int fd, const SlabIdentity&) {
   if (fd >= 0) close(fd);

@@ -564,7 +564,7 @@ admission::Claim MemoryBroker::ClaimOf(const Prepared& prepared,
                                        const tenants::TenantRef& tenant) const {
   admission::Claim claim;
   claim.tenant = tenant.id;
-  claim.kind = static_cast<int>(prepared.kind);
+  claim.kind = prepared.kind;
   for (const std::vector<uint32_t>& stage : prepared.placement.placement.stages) {
     claim.devices.insert(claim.devices.end(), stage.begin(), stage.end());
   }
@@ -587,7 +587,7 @@ MemoryBroker::Placed MemoryBroker::Place(const PeerCred& caller, Session& sessio
   if (ahead != nullptr) {
     ReservedRoom room;
     room.tenant = ahead->claim.tenant;
-    room.kind = static_cast<HandleKind>(ahead->claim.kind);
+    room.kind = ahead->claim.kind;
     room.devices = ahead->claim.devices;
     room.bytes = ahead->claim.bytes;
     room.what = ahead->claim.what;

@@ -123,7 +123,7 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
       fd = it->second;
       slab_fds.erase(it);
     }
-    const HandleKind kind = static_cast<HandleKind>(r.kind);
+    const std::optional<HandleKind> recorded_kind = HandleKindFromRecord(r.kind);
     auto drop = [&](const std::string& why) {
       if (fd >= 0) close(fd);
       out.dropped_slabs.push_back(r.slab_id);
@@ -135,6 +135,11 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
       drop(absl::StrCat("device ", r.device, " is gone"));
       continue;
     }
+    if (!recorded_kind.has_value()) {
+      drop(absl::StrCat("its handle kind ", static_cast<int>(r.kind), " is unknown"));
+      continue;
+    }
+    const HandleKind kind = *recorded_kind;
     if (kind == HandleKind::kCudaIpc) {
       drop("legacy CUDA IPC memory dies with the daemon that exported it");
       continue;

@@ -36,7 +36,7 @@ void DurableSlabKeeper::Record(const SlabFacts& f, const SlabIdentity& identity)
   r.handle_dev = identity.dev;
   r.device = f.device;
   r.tenant = f.tenant;
-  r.kind = static_cast<uint8_t>(f.kind);
+  r.kind = HandleKindToRecord(f.kind);
   r.dedicated = f.dedicated;
   r.reserved = f.reserved;
   r.retained = f.retained;

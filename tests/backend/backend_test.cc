@@ -91,5 +91,14 @@ TEST(CudaBackendTest, WithoutADriverCreateSaysSoInOneActionableLine) {
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
 }
 
+// A record's integer becomes a kind in one place, and only a kind's own.
+TEST(HandleKindRecord, RoundTripsEveryKindAndRefusesOthers) {
+  for (HandleKind k : {HandleKind::kMemfd, HandleKind::kCudaVmmFd, HandleKind::kCudaIpc}) {
+    EXPECT_EQ(HandleKindFromRecord(HandleKindToRecord(k)), k) << HandleKindName(k);
+  }
+  EXPECT_EQ(HandleKindFromRecord(3), std::nullopt);
+  EXPECT_EQ(HandleKindFromRecord(255), std::nullopt);
+}
+
 }  // namespace
 }  // namespace gpumem
