@@ -8,7 +8,7 @@
 // counted, not carvable but by its own tenant) until each such session ends
 // or closes it; a slab has one HandleKind for life; slabs are sized per
 // tenant and, with a budget (slab_budget.h), a tenant's footprint on the
-// device stays within it plus one granule (else kFootprint); live slab bytes
+// device stays within it plus one granule (else a kQuota refusal naming the footprint); live slab bytes
 // never exceed the device's capacity nor Backend::NewSlabRoom; a failed
 // Carve leaves the pool as it was, and TryCarve never calls the backend.
 // Every method may be called from any thread: one mutex guards the books,
