@@ -81,7 +81,7 @@ if os.environ.get("GPUMEMD_PKGTEST_NS") != "1":
 T0 = time.monotonic()
 work = tempfile.mkdtemp(prefix="/tmp/gpumemd-pkgtest-")
 os.chmod(work, 0o755)  # the unprivileged runs reach their programs
-made = {"user": False, "group": False, "run_systemd": False}
+made = {"user": False, "group": False}
 runner = None
 holders = []
 
@@ -245,9 +245,7 @@ for deb in cur_debs:
     shutil.rmtree(tree)
 
 # --- systemd's stand-in ----------------------------------------------------------
-if not os.path.isdir("/run/systemd"):
-    os.mkdir("/run/systemd")
-    made["run_systemd"] = True
+os.makedirs("/run/systemd", exist_ok=True)
 run(["mount", "-t", "tmpfs", "-o", "mode=0755", "fake-systemd", "/run/systemd"])
 os.mkdir("/run/systemd/system")
 open("/run/systemd/real-systemctl", "w").close()
