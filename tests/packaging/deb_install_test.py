@@ -1,38 +1,15 @@
 #!/usr/bin/python3
-"""The Debian packages, installed on this machine as an operator would:
-
-  build     tools/package-deb from this build's binaries, lintian clean
-            (not for a sanitizer build); the previous version (0.1.0~prev1)
-            is the same packages relabelled with dpkg-deb
-  install   apt-get install ./*.deb of the previous version: user and group,
-            units enabled, the config a conffile, the library's soname; the
-            postinst starts the service (fake_systemd.py plays systemd, which
-            is not PID 1 here), which on a machine without a GPU fails
-            saying so; the operator switches the config to the sim backend
-            and restarts it
-  consumers the installed examples built outside the repository, a C one
-            with pkg-config and a C++ one with CMake, run against the
-            installed daemon (as root, and as a user in group gpumem; one
-            outside it is refused); python3 -c 'import gpumem' of
-            python3-gpumem
-  upgrade   a client holds a block; apt-get install of this version: the
-            postinst's restart is the planned one (SIGUSR2, exit 75), the new
-            daemon takes the block back, its bytes are intact, the ledger and
-            the config are kept
-  bad input a config the new daemon refuses, then a reinstall: the upgrade
-            stops and says why, the running daemon keeps serving; fixed and
-            `dpkg --configure -a`, it restarts and the block is still there;
-            freed normally
-  remove    keeps the config, the ledger and the restart state; purge
-            removes them, the enablement links and the packages
-
-Needs root (apt, users, /run): skipped by name otherwise. Runs in a mount
-namespace of its own, where /run/systemd is a private tmpfs (so
-deb-systemd-invoke believes systemd runs), /usr/bin/systemctl is
-fake_systemctl.py and policy-rc.d allows starts; nothing outside it sees
-them. Whatever happens, it ends with nothing of gpumemd installed or running
-and the user and directories it made removed. It refuses to run where
-gpumemd is installed already (it would purge it).
+"""The Debian packages, installed on this machine as an operator would: built
+with tools/package-deb (lintian clean; a copy relabelled 0.1.0~prev1 is the
+previous version); installed (user, units enabled, conffile, soname); the
+installed examples built outside the repository (C with pkg-config, C++ with
+CMake) and python3-gpumem run against the installed daemon; upgraded while a
+client holds a block (planned restart, block intact, ledger, config and
+socket kept); upgraded over a config the new daemon refuses (stops, says
+why, the daemon keeps serving; dpkg --configure -a finishes); removed (state
+kept), purged (all gone). fake_systemd.py plays systemd, in a mount
+namespace of the test's own. Root only (skipped by name otherwise); refuses
+to run where gpumemd is installed; leaves nothing installed or running.
 
 argv: tools/package-deb, hold_block.c, fake_systemd.py, fake_systemctl.py,
 then gpumemd, gpumemctl, gpumemd_probe, gpumemd-dra, libgpumem.so.

@@ -1,27 +1,18 @@
 #!/usr/bin/python3
-"""A stand-in for systemd as PID 1, for one machine without it: it runs the
-*installed* gpumemd.service and gpumemd.socket units the way systemd 252 does
-the parts gpumemd relies on, and answers the `systemctl` calls of the
-packages' maintainer scripts (fake_systemctl.py forwards them here).
+"""A stand-in for systemd as PID 1 on a machine without it: runs the installed
+gpumemd.service and gpumemd.socket as systemd 252 does the parts gpumemd
+relies on, and answers fake_systemctl.py. Played: the socket unit's
+ListenStream= with its owner and mode, passed with the fd store as
+LISTEN_FDS/LISTEN_FDNAMES; NOTIFY_SOCKET (READY, STOPPING, STATUS, FDSTORE,
+FDSTOREREMOVE) and WATCHDOG_USEC; User=, Group=, UMask=, RuntimeDirectory=,
+StateDirectory=; KillSignal= then SIGKILL after TimeoutStopSec=; a restart
+keeps the fd store, a stop drops it; Restart=on-failure,
+RestartForceExitStatus=, SuccessExitStatus=, the start limit; start/restart
+return once ready or failed; is-enabled from the enablement links. Not
+played: activation on a first connection, the watchdog's kill, sandboxing,
+cgroups, journald (output goes to LOG_DIR/UNIT.log).
 
-What it does as systemd does: the socket unit's ListenStream= bound with
-SocketUser=/SocketGroup=/SocketMode=, passed as LISTEN_FDS with the fd store
-(LISTEN_FDNAMES, LISTEN_PID); NOTIFY_SOCKET (READY=1, STOPPING=1, STATUS=,
-FDSTORE=1 with FDNAME=, FDSTOREREMOVE=1) and WATCHDOG_USEC; User=, Group=
-with the user's groups, UMask=, RuntimeDirectory=, StateDirectory= (created,
-owned by User=); KillSignal= on stop and restart, TimeoutStopSec= then
-SIGKILL; a restart keeps the fd store, a stop drops it; Restart=on-failure,
-RestartForceExitStatus=, SuccessExitStatus=, RestartSec= and the default
-start limit (5 starts in 10 s). `systemctl start/restart` return when the
-service is ready (Type=notify) or failed. is-enabled reads the enablement
-symlinks deb-systemd-helper made.
-
-Not played: socket activation on a first connection, the watchdog's kill,
-sandboxing (Protect*=, SystemCallFilter=, ...), cgroups, journald (the
-service's output goes to LOG_DIR/UNIT.log).
-
-Usage: fake_systemd.py CONTROL_SOCKET LOG_DIR (runs until SIGTERM; then
-kills the service with SIGKILL, as a machine losing power would).
+Usage: fake_systemd.py CONTROL_SOCKET LOG_DIR; SIGTERM kills the service.
 """
 import array
 import grp

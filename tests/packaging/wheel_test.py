@@ -1,14 +1,11 @@
 #!/usr/bin/python3
-"""The wheel, installed as a Python user installs things: tools/package-wheel
-builds it from this build's libgpumem.so; its name, tag and metadata are
-checked (version = gpumem._version = deploy/debian/changelog's, the library
-inside with its soname); `pip install --no-index` puts it in a fresh virtual
-environment (no system site packages); that environment's python imports
-gpumem from the environment and allocates, writes, reads and frees against a
-running daemon, and `gpumem stats` (the console script) answers. Then
-`pip install ./client/python` (what a developer types, GPUMEM_LIBRARY naming
-the library) into a second environment, offline (--no-build-isolation, with
-Debian's setuptools and wheel from the system site packages).
+"""The wheel as a Python user installs it: tools/package-wheel from this
+build's libgpumem.so; its name, tag and metadata (the version is
+deploy/debian/changelog's, the library inside); `pip install --no-index`
+into a fresh virtual environment, whose python imports gpumem from there and
+allocates, writes, reads and frees against a daemon, and whose `gpumem`
+console script answers; then `pip install ./client/python` (GPUMEM_LIBRARY
+naming the library) offline into a second environment.
 
 argv: tools/package-wheel, libgpumem.so, gpumemd, deploy/debian/changelog,
 client/python/pyproject.toml.

@@ -1,24 +1,14 @@
 #!/usr/bin/python3
-"""deploy/grafana and deploy/prometheus, run for real: Debian's Prometheus
-(2.42) on loopback scrapes a loaded gpumemd every second and evaluates the
-shipped alert rules; every query of every panel of the dashboard (and its
-device variable) is then evaluated through Prometheus' HTTP API, and each
-must return series carrying the labels its legend and grouping name; each
-alert rule must fire.
-
-The load, so that every panel and rule has something to show: blocks held on
-both devices across a planned restart (SIGUSR2, exit 75, the same metrics
-port), device 0 filled then freed in holes, refusals for fragmentation,
-capacity, quota and a bad placement (invalid_argument), a request that waits
-(gpumemctl alloc --wait) until a Free makes room, a quota with a per-device
-limit, device 0 filled again (nearly full), a ledger whose file may not grow
-(--ledger_max_pages: its commits fail and events pile up), and at the end
-the daemon stopped (GpumemdDown).
-
-Alert rules fire here with their `for:` set to 0s (a copy of the file): the
-expressions are the shipped ones against real series; the durations are
-checked by promtool's unit tests (deploy/prometheus/gpumemd-alerts_test.yml),
-run here too, after `promtool check rules`.
+"""deploy/grafana and deploy/prometheus run for real: Debian's Prometheus on
+loopback scrapes a loaded gpumemd every second; every panel query (and the
+device variable) is evaluated through its HTTP API and must return series
+with the labels its legend and grouping name; every alert rule must fire.
+The load: blocks held across a planned restart, refusals for fragmentation,
+capacity, quota and a bad device, a request that waits until a Free, quotas,
+device 0 full, a ledger that cannot write (--ledger_max_pages=1), and at the
+end the daemon stopped. Rules fire with `for: 0s` (a copy): the shipped
+expressions against real series; their durations are promtool's unit tests
+(run here, after `promtool check rules`).
 
 argv: gpumemd, gpumemctl, libgpumem.so, the gpumem package's __init__.py,
 the dashboard JSON, the rules file, the rules' unit tests.
