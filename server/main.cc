@@ -123,6 +123,9 @@ ABSL_FLAG(std::optional<int>, max_reflection_streams_per_uid, std::nullopt,
           "after 10 s");
 ABSL_FLAG(std::optional<std::string>, grpc_memory_limit, std::nullopt,
           "the memory gRPC's buffers may take in all (its ResourceQuota), e.g. 256MiB");
+ABSL_FLAG(bool, check_config, false,
+          "read the config file and flags as a start would, say what is wrong "
+          "(FILE:LINE:COLUMN) or \"config ok\", and exit (1 or 0) without starting");
 ABSL_FLAG(bool, mutex_deadlock_detection, false,
           "Abseil's lock-order checking on every absl::Mutex (gRPC's own locks "
           "included): a debugging aid that costs a global lock per acquisition in "
@@ -188,6 +191,10 @@ int Run() {
   if (!file.ok()) return Fail(file.status());
   absl::StatusOr<Settings> settings = ResolveSettings(flags, path, *file);
   if (!settings.ok()) return Fail(settings.status());
+  if (absl::GetFlag(FLAGS_check_config)) {
+    std::cout << "gpumemd: config ok" << (path.empty() ? "" : ": ") << path << std::endl;
+    return 0;
+  }
 
   // Signals are handled by sigwait below; every thread inherits the mask.
   sigset_t signals;

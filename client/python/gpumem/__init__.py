@@ -37,12 +37,13 @@ import threading
 import weakref
 
 from . import _lib
+from ._version import __version__
 
 __all__ = [
     "connect", "Client", "Block", "Error", "InvalidArgument", "NotFound",
     "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Internal",
     "Unavailable", "ForeignPointer", "DoubleFree", "Lost", "Closed", "Forked",
-    "library_path",
+    "library_path", "__version__",
 ]
 
 
