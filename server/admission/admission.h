@@ -36,6 +36,7 @@
 #include "proto/gpumem/v1/gpumem.pb.h"
 #include "server/admission/waiter_queue.h"
 #include "server/backend/backend.h"
+#include "server/defaults/defaults.h"
 
 namespace gpumem {
 namespace admission {
@@ -133,7 +134,7 @@ class Waiter {
 };
 
 struct AdmissionOptions {
-  uint32_t max_waiting_per_tenant = 1024;
+  uint32_t max_waiting_per_tenant = defaults::kMaxWaitingRequests;
   // The bytes one tenant's waiters may hold at once (Waiter::held_bytes);
   // 0: no limit. The daemon's is --max_waiting_bytes_per_tenant.
   uint64_t max_waiting_bytes_per_tenant = 0;
@@ -163,8 +164,8 @@ struct AdmissionOptions {
   //    others are tried at once. So a request behind it is held back by it
   //    at most `reserve_for` at a time, with at least `bypass_limit` others
   //    served between two reservations of the same waiter.
-  uint32_t bypass_limit = 8;
-  absl::Duration reserve_for = absl::Seconds(2);
+  uint32_t bypass_limit = defaults::kWaitBypassLimit;
+  absl::Duration reserve_for = defaults::kWaitReserve;
 };
 
 class Admission {

@@ -2,7 +2,6 @@
 // apply, describe. The fallible ones go first.
 #include "server/config/reloadable.h"
 
-#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -125,30 +124,6 @@ absl::StatusOr<ReloadOutcome> ApplyReloadableConfig(
       absl::ToInt64Milliseconds(settings.wait_reserve.value), " (",
       SourceName(settings.wait_reserve.source), ")"));
   return out;
-}
-
-std::vector<std::string> RestartOnlyChanges(const Settings& running, const Settings& next) {
-  // The files' fields, as written: an edit of a restart-only field is
-  // reported even where a flag overrides it now.
-  const v1::DaemonConfig& a = running.file;
-  const v1::DaemonConfig& b = next.file;
-  std::vector<std::string> changed;
-  if (a.backend() != b.backend()) changed.push_back("backend");
-  if (a.socket() != b.socket()) changed.push_back("socket");
-  if (a.tenant_socket_dir() != b.tenant_socket_dir()) changed.push_back("tenant_socket_dir");
-  if (a.sim_devices() != b.sim_devices()) changed.push_back("sim_devices");
-  if (a.sim_topology() != b.sim_topology()) changed.push_back("sim_topology");
-  if (!std::equal(a.handle_kinds().begin(), a.handle_kinds().end(), b.handle_kinds().begin(),
-                  b.handle_kinds().end())) {
-    changed.push_back("handle_kinds");
-  }
-  if (a.pool().slab_size() != b.pool().slab_size()) changed.push_back("pool.slab_size");
-  if (a.ledger() != b.ledger()) changed.push_back("ledger");
-  if (a.state() != b.state()) changed.push_back("state");
-  if (a.restore_grace_seconds() != b.restore_grace_seconds()) {
-    changed.push_back("restore_grace_seconds");
-  }
-  return changed;
 }
 
 }  // namespace gpumem

@@ -46,10 +46,14 @@ struct ReloadOutcome {
   std::vector<std::string> restart_only;
 };
 
-// Reloadable: admin_group, pool.empty_slab_release_seconds, reclaim_wait_ms,
-// wait_bypass_limit, wait_reserve_ms, and the tenant section (tenants, their
+// Applies the reloadable rows of the settings table (setting_table.h) that
+// reach the broker (admin_group, pool.empty_slab_release_seconds,
+// reclaim_wait_ms, wait_bypass_limit, wait_reserve_ms; the connection limits
+// reach the listener, server/daemon) and the tenant section (tenants, their
 // uids/gids, priorities, quotas, limits on waiting requests and sessions,
-// default_tenant). Restart-only (RestartOnlyChanges): the rest.
+// default_tenant). Restart-only rows: RestartOnlyChanges and
+// KeepRestartOnly (settings.h); switching between no tenants and configured
+// tenants waits for a restart too (reported in restart_only below).
 //
 // All or nothing: what can still fail at apply time (building the new
 // tenant directory, whose errors name FILE:LINE; the admin group, if it
@@ -86,18 +90,6 @@ struct ReloadOutcome {
 absl::StatusOr<ReloadOutcome> ApplyReloadableConfig(
     const Settings& settings, const google::protobuf::TextFormat::ParseInfoTree* locations,
     const ReloadTargets& targets, bool at_start);
-
-// Names of restart-only fields whose value differs between the two configs
-// files (the tenant mode switch is ApplyReloadableConfig's to report: it
-// depends on the directory in force). Restart-only: backend, socket,
-// tenant_socket_dir, sim_devices, sim_topology, handle_kinds,
-// pool.slab_size (devices, the listening sockets, handle kinds and slab
-// geometry are fixed for the daemon's life), ledger, state,
-// restore_grace_seconds, and switching between no tenants (each uid its own
-// tenant, id = uid) and configured tenants (ids 1..N), whose ids could
-// collide: then the whole tenant section waits for a restart (it is still
-// checked).
-std::vector<std::string> RestartOnlyChanges(const Settings& running, const Settings& next);
 
 // What a reload does to the tenants, e.g. `3 tenant(s): kept "a" (id 1);
 // added "c" (id 4); removed "b" (id 2; its live allocations stay charged to

@@ -37,6 +37,7 @@
 #include "server/core/allocation_table.h"
 #include "server/core/daemon_counters.h"
 #include "server/core/stats_view.h"
+#include "server/defaults/defaults.h"
 #include "server/ledger/tenant_ledger.h"
 #include "server/placement/placer.h"
 #include "server/pool/device_pools.h"
@@ -57,7 +58,7 @@ struct BrokerOptions {
   uint64_t default_alignment = 256;
   // A larger AllocateRequest.alignment is refused INVALID_ARGUMENT (a block
   // aligned past its slab's size would take a slab of its own).
-  uint64_t max_alignment = uint64_t{2} << 20;
+  uint64_t max_alignment = defaults::kMaxAlignment;
   // How often idle slabs are looked for.
   absl::Duration maintenance_interval = absl::Seconds(1);
   admission::AdmissionOptions admission;
@@ -67,9 +68,9 @@ struct BrokerOptions {
   SlabKeeper* slab_keeper = nullptr;
   // How long after a restart clients have to come back (rebind a
   // connection-bound session, give back a slab's handle).
-  absl::Duration restore_grace = absl::Seconds(30);
+  absl::Duration restore_grace = defaults::kRestoreGrace;
   // Reclaim before refusing (SetReclaimSender); zero: off.
-  absl::Duration reclaim_wait = absl::Milliseconds(300);
+  absl::Duration reclaim_wait = defaults::kReclaimWait;
   // Tenants (the directory in force, replaced by reloads), quotas and the
   // ledger; each may be null (each uid its own tenant, no quota, no
   // ledger). They must outlive the broker. With a QuotaBook, carving goes

@@ -545,7 +545,9 @@ absl::Status Daemon::Reload() {
   if (next.ok()) {
     ReloadTargets targets{p.broker.get(), &p.broker->devices(), &p.directory, p.quotas.get(),
                           p.ledger.get()};
-    next->tenant_socket_dir = settings_.tenant_socket_dir;  // restart-only
+    // What waits for a restart keeps its running value (the table's
+    // restart-only rows), so `next` says what is in force.
+    KeepRestartOnly(settings_, &*next);
     outcome = ApplyReloadableConfig(*next, locations.get(), targets, /*at_start=*/false);
     if (outcome.ok()) {  // the config's tenant sockets follow the directory
       for (const std::string& line : p.tenant_admin->SyncConfigSockets()) {
@@ -561,49 +563,15 @@ absl::Status Daemon::Reload() {
               << result.message() << "\n";
   } else {
     std::vector<std::string> restart_only = RestartOnlyChanges(settings_, *next);
-    if (next->max_concurrent_streams.value != settings_.max_concurrent_streams.value) {
-      restart_only.push_back("max_concurrent_streams");
-    }
-    if (next->max_receive_message_size.value != settings_.max_receive_message_size.value) {
-      restart_only.push_back("max_receive_message_size");
-    }
-    if (next->grpc_memory_limit.value != settings_.grpc_memory_limit.value) {
-      restart_only.push_back("grpc_memory_limit");
-    }
-    if (next->max_reflection_streams_per_uid.value !=
-        settings_.max_reflection_streams_per_uid.value) {
-      restart_only.push_back("max_reflection_streams_per_uid");
-    }
     restart_only.insert(restart_only.end(), outcome->restart_only.begin(),
                         outcome->restart_only.end());
     if (!restart_only.empty()) {
       std::cerr << "gpumemd: reload: " << absl::StrJoin(restart_only, ", ")
                 << " changed; these take effect at the next start\n";
     }
-    // The settings in force: the reloaded ones, but those that wait for a
-    // restart keep their running values.
-    Settings running = *std::move(next);
-    running.backend = settings_.backend;
-    running.sim_devices = settings_.sim_devices;
-    running.sim_device_sizes = settings_.sim_device_sizes;
-    running.sim_topology = settings_.sim_topology;
-    running.sim_links = settings_.sim_links;
-    running.socket = settings_.socket;
-    running.tenant_socket_dir = settings_.tenant_socket_dir;
-    running.handle_kinds = settings_.handle_kinds;
-    running.slab_size = settings_.slab_size;
-    running.min_slab_size = settings_.min_slab_size;
-    running.max_alignment = settings_.max_alignment;
-    running.ledger = settings_.ledger;
-    running.state = settings_.state;
-    running.restore_grace = settings_.restore_grace;
-    running.max_concurrent_streams = settings_.max_concurrent_streams;
-    running.max_receive_message_size = settings_.max_receive_message_size;
-    running.grpc_memory_limit = settings_.grpc_memory_limit;
-    running.max_reflection_streams_per_uid = settings_.max_reflection_streams_per_uid;
-    p.listener->SetConnectionLimits(ConnectionLimitsOf(running));
-    outcome->applied.push_back(ConnectionLimitsLine(running));
-    settings_ = std::move(running);
+    p.listener->SetConnectionLimits(ConnectionLimitsOf(*next));
+    outcome->applied.push_back(ConnectionLimitsLine(*next));
+    settings_ = *std::move(next);
     locations_ = std::move(locations);
     std::cerr << "gpumemd: reloaded " << settings_.config_path << ": "
               << absl::StrJoin(outcome->applied, "; ") << "\n";

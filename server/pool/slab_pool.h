@@ -31,6 +31,7 @@
 #include "common/alloc/offset_allocator.h"
 #include "common/refusal.h"
 #include "server/backend/backend.h"
+#include "server/defaults/defaults.h"
 #include "server/pool/slab_budget.h"
 #include "server/pool/slab_keeper.h"
 
@@ -40,15 +41,15 @@ namespace gpumem {
 inline constexpr uint32_t kNoTenant = UINT32_MAX;
 
 struct PoolOptions {
-  uint64_t slab_size = uint64_t{1} << 30;
+  uint64_t slab_size = defaults::kSlabSize;
   // The smallest new slab (rounded up to the granularity, at most
   // slab_size): a tenant's first slab on a device, for a small block.
-  uint64_t min_slab_size = uint64_t{2} << 20;
+  uint64_t min_slab_size = defaults::kMinSlabSize;
   // Slab sizes are rounded up to this (CUDA VMM granularity is 2 MiB).
   uint64_t granularity = uint64_t{2} << 20;
-  absl::Duration empty_release_after = absl::Seconds(30);
+  absl::Duration empty_release_after = defaults::kEmptySlabRelease;
   // Fraction of the device taken as slabs at start and kept (0 = none).
-  double reserve_fraction = 0.0;
+  double reserve_fraction = defaults::kReserveFraction;
 };
 
 // A carved block. `handle` is the allocator's, for O(1) release;

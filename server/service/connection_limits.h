@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/time/time.h"
+#include "server/defaults/defaults.h"
 #include "server/session/peer_credentials.h"
 
 namespace gpumem {
@@ -30,14 +31,14 @@ struct ConnectionLimitSettings {
   // (max_connections_per_uid); root and the admin group are not counted
   // against it. A caller through a tenant socket is never an administrator
   // (admin_group.h), so it is always counted.
-  uint32_t per_uid = 256;
+  uint32_t per_uid = defaults::kMaxConnectionsPerUid;
   // Per tenant socket, whoever its callers are
   // (max_connections_per_tenant_socket).
-  uint32_t per_tenant_socket = 1024;
+  uint32_t per_tenant_socket = defaults::kMaxConnectionsPerTenantSocket;
   // A connection is refused when fewer than this many descriptors would be
   // left free under RLIMIT_NOFILE; root and the admin group only when fewer
   // than half of it would be.
-  uint32_t fd_reserve = 256;
+  uint32_t fd_reserve = defaults::kFdReserve;
 };
 
 class ConnectionLimits {

@@ -26,6 +26,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/defaults/defaults.h"
 #include "server/service/cq_event.h"
 #include "server/session/peer_credentials.h"
 
@@ -34,7 +35,7 @@ namespace gpumem {
 struct ReflectionLimits {
   // Streams open at once per uid, over every connection and both versions;
   // one more is ended at once with RESOURCE_EXHAUSTED naming the limit.
-  int max_streams_per_uid = 4;
+  int max_streams_per_uid = defaults::kMaxReflectionStreamsPerUid;
   // A stream that sends no request for this long is ended with
   // DEADLINE_EXCEEDED naming it (cancelled if its client does not read the
   // answer it is being sent), so a held stream costs its buffers for at

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "server/defaults/defaults.h"
 
 namespace gpumem {
 namespace tenants {
@@ -58,7 +59,7 @@ struct TenantRef {
 inline constexpr uint32_t kFirstRuntimeTenantId = uint32_t{1} << 31;
 
 // The daemon's max_waiting_requests when the config sets none.
-inline constexpr uint32_t kDefaultMaxWaitingRequests = 1024;
+inline constexpr uint32_t kDefaultMaxWaitingRequests = defaults::kMaxWaitingRequests;
 
 // The name of uid `uid`'s own tenant when no tenants are configured
 // ("uid-1000"), and the uid such a name stands for.
