@@ -35,6 +35,31 @@ std::string RestoreOutcome::Summary() const {
 
 Restorer::Restorer(Rooms rooms, absl::Duration grace) : rooms_(std::move(rooms)), grace_(grace) {}
 
+// One Restore's working state: what each step adopted, for the steps after
+// it, and what the window will keep once all are done.
+struct Restorer::Pass {
+  struct Adopted {
+    uint32_t device = 0;
+    uint32_t tenant = 0;
+    std::string tenant_name;
+  };
+
+  const state::Snapshot& previous;
+  RestoreOutcome& out;
+  const std::shared_ptr<const tenants::TenantDirectory> dir;
+  // Ids given here to tenants the directory no longer has, by name.
+  uint32_t next_restored_id = kRestoredTenantIds;
+  absl::flat_hash_map<std::string, uint32_t> retired;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions;  // by record id
+  absl::flat_hash_map<uint64_t, Adopted> slabs;                      // by slab id
+  absl::flat_hash_map<uint64_t, std::string> slab_dropped_why;
+  // For the window.
+  absl::flat_hash_map<uint64_t, AwaitingSlab> awaiting;
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> awaiting_held;
+  absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> unconfirmed;
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>> keys;
+};
+
 // Sessions first (a process-bound one only if the very same process still
 // runs), then slabs (each adopted from its kept handle, which the backend
 // checks is that slab's, or left waiting for a client to give the handle
@@ -45,79 +70,86 @@ Restorer::Restorer(Rooms rooms, absl::Duration grace) : rooms_(std::move(rooms))
 RestoreOutcome Restorer::Restore(const state::Snapshot& previous,
                                  std::map<uint64_t, int> slab_fds) {
   RestoreOutcome out;
-  DevicePools& pools = *rooms_.pools;
-  const std::shared_ptr<const tenants::TenantDirectory> dir = rooms_.directory->Get();
-  uint32_t next_restored_id = kRestoredTenantIds;
-  absl::flat_hash_map<std::string, uint32_t> retired;  // name -> id given here
-  // The tenant a record's name is now: the same name in the directory in
-  // force, or (a tenant the config no longer has) an id of its own here.
-  auto tenant_of = [&](const std::string& name) -> std::optional<tenants::TenantRef> {
-    if (name.empty()) return std::nullopt;
-    // A listed tenant (configured, or a socket tenant in either mode).
-    if (const tenants::Tenant* t = dir->Find(name)) {
-      return tenants::TenantRef{t->id, name, t->priority, t->max_waiting_requests,
-                                t->max_sessions};
-    }
-    if (!dir->configured()) {
-      std::optional<uint32_t> uid = tenants::UidOfTenantName(name);
-      if (!uid.has_value()) return std::nullopt;
-      return dir->Resolve(*uid, *uid).value_or(tenants::TenantRef{*uid, name});
-    }
-    if (std::optional<uint32_t> id = dir->IdOf(name)) {
-      const tenants::Tenant* t = dir->FindId(*id);
-      return tenants::TenantRef{*id, name, t->priority, t->max_waiting_requests,
-                                t->max_sessions};
-    }
-    auto [it, fresh] = retired.try_emplace(name, next_restored_id);
-    if (fresh) {
-      ++next_restored_id;
-      absl::MutexLock lock(&mu_);
-      restored_names_[it->second] = name;
-      any_restored_names_.store(true, std::memory_order_release);
-    }
-    return tenants::TenantRef{it->second, name, 0, tenants::kDefaultMaxWaitingRequests};
-  };
-  auto close_record = [&](const state::AllocationRecordData& r, const std::string& why) {
-    out.closed[r.id] = why;
-    ++out.allocations_closed;
-    if (rooms_.state != nullptr) rooms_.state->RemoveAllocation(r.slot);
-  };
+  Pass pass{previous, out, rooms_.directory->Get()};
+  RestoreSessions(pass);
+  RestoreSlabs(pass, std::move(slab_fds));
+  RestoreAllocations(pass);
+  RestoreHolders(pass);
 
-  // 1. Sessions.
-  absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions;
+  absl::MutexLock lock(&mu_);
+  for (auto& [session, ids] : pass.unconfirmed) unconfirmed_[session].merge(ids);
+  for (auto& [key, ids] : pass.keys) {
+    std::vector<uint64_t>& all = restored_keys_[key];
+    all.insert(all.end(), ids.begin(), ids.end());
+    std::sort(all.begin(), all.end());
+  }
+  any_restored_keys_.store(!restored_keys_.empty(), std::memory_order_release);
+  awaiting_.merge(pass.awaiting);
+  for (auto& [session, held] : pass.awaiting_held) {
+    std::vector<uint64_t>& all = awaiting_held_[session];
+    all.insert(all.end(), held.begin(), held.end());
+  }
+  closed_ = out.closed;
+  deadline_ = absl::Now() + grace_;
+  return out;
+}
+
+// The same name in the directory in force, or (a tenant the config no
+// longer has) an id of its own here.
+std::optional<tenants::TenantRef> Restorer::TenantNamed(Pass& pass, const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  const tenants::TenantDirectory& dir = *pass.dir;
+  // A listed tenant (configured, or a socket tenant in either mode).
+  if (const tenants::Tenant* t = dir.Find(name)) {
+    return tenants::TenantRef{t->id, name, t->priority, t->max_waiting_requests, t->max_sessions};
+  }
+  if (!dir.configured()) {
+    std::optional<uint32_t> uid = tenants::UidOfTenantName(name);
+    if (!uid.has_value()) return std::nullopt;
+    return dir.Resolve(*uid, *uid).value_or(tenants::TenantRef{*uid, name});
+  }
+  if (std::optional<uint32_t> id = dir.IdOf(name)) {
+    const tenants::Tenant* t = dir.FindId(*id);
+    return tenants::TenantRef{*id, name, t->priority, t->max_waiting_requests, t->max_sessions};
+  }
+  auto [it, fresh] = pass.retired.try_emplace(name, pass.next_restored_id);
+  if (fresh) {
+    ++pass.next_restored_id;
+    absl::MutexLock lock(&mu_);
+    restored_names_[it->second] = name;
+    any_restored_names_.store(true, std::memory_order_release);
+  }
+  return tenants::TenantRef{it->second, name, 0, tenants::kDefaultMaxWaitingRequests};
+}
+
+void Restorer::RestoreSessions(Pass& pass) {
   uint64_t max_session = 0;
-  for (const state::SessionRecord& r : previous.sessions) {
+  for (const state::SessionRecord& r : pass.previous.sessions) {
     max_session = std::max(max_session, r.id);
     std::optional<tenants::TenantRef> tenant;
-    if (r.tenant_fixed) tenant = tenant_of(r.tenant_name_string());
+    if (r.tenant_fixed) tenant = TenantNamed(pass, r.tenant_name_string());
     if (r.via_socket) {
       // Through a tenant's socket: that tenant must still be one with a
       // socket (socket tenants are back in the directory before this).
-      const tenants::Tenant* t = tenant.has_value() ? dir->FindId(tenant->id) : nullptr;
+      const tenants::Tenant* t = tenant.has_value() ? pass.dir->FindId(tenant->id) : nullptr;
       if (t == nullptr || t->socket.empty()) tenant.reset();
     }
     absl::StatusOr<std::shared_ptr<Session>> s = rooms_.sessions->Restore(r, tenant);
     if (!s.ok()) {
-      ++out.sessions_gone;
+      ++pass.out.sessions_gone;
       if (rooms_.state != nullptr) rooms_.state->RemoveSession(r.slot);
       continue;
     }
-    sessions[r.id] = *s;
-    ++out.sessions;
+    pass.sessions[r.id] = *s;
+    ++pass.out.sessions;
   }
   rooms_.sessions->AdvanceIdsPast(max_session);
+}
 
-  // 2. Slabs, with their handles where they were kept.
-  struct Adopted {
-    uint32_t device = 0;
-    uint32_t tenant = 0;
-    std::string tenant_name;
-  };
-  absl::flat_hash_map<uint64_t, Adopted> slabs;
-  absl::flat_hash_map<uint64_t, std::string> slab_dropped_why;
-  absl::flat_hash_map<uint64_t, AwaitingSlab> awaiting;
+void Restorer::RestoreSlabs(Pass& pass, std::map<uint64_t, int> slab_fds) {
+  RestoreOutcome& out = pass.out;
   uint64_t max_slab = 0;
-  for (const state::SlabRecord& r : previous.slabs) {
+  for (const state::SlabRecord& r : pass.previous.slabs) {
     max_slab = std::max(max_slab, r.slab_id);
     int fd = -1;
     if (auto it = slab_fds.find(r.slab_id); it != slab_fds.end()) {
@@ -128,11 +160,11 @@ RestoreOutcome Restorer::Restore(const state::Snapshot& previous,
     auto drop = [&](const std::string& why) {
       if (fd >= 0) close(fd);
       out.dropped_slabs.push_back(r.slab_id);
-      slab_dropped_why[r.slab_id] = why;
+      pass.slab_dropped_why[r.slab_id] = why;
       ++out.slabs_dropped;
       out.notes.push_back(absl::StrCat("slab ", r.slab_id, " dropped: ", why));
     };
-    if (r.device >= pools.size()) {
+    if (r.device >= rooms_.pools->size()) {
       drop(absl::StrCat("device ", r.device, " is gone"));
       continue;
     }
@@ -157,7 +189,7 @@ RestoreOutcome Restorer::Restore(const state::Snapshot& previous,
     f.tenant = kNoTenant;
     std::string tenant_name;
     if (r.tenant != kNoTenant) {
-      std::optional<tenants::TenantRef> t = tenant_of(r.tenant_name_string());
+      std::optional<tenants::TenantRef> t = TenantNamed(pass, r.tenant_name_string());
       if (!t.has_value()) {
         drop(absl::StrCat("its tenant \"", r.tenant_name_string(), "\" cannot be named"));
         continue;
@@ -180,15 +212,15 @@ RestoreOutcome Restorer::Restore(const state::Snapshot& previous,
       }
     }
     const bool awaits = slab == nullptr;
-    if (absl::Status s = pools.pool(r.device).AdoptSlab(f, std::move(slab)); !s.ok()) {
+    if (absl::Status s = rooms_.pools->pool(r.device).AdoptSlab(f, std::move(slab)); !s.ok()) {
       drop(std::string(s.message()));
       continue;
     }
-    slabs[r.slab_id] = Adopted{r.device, f.tenant, tenant_name};
+    pass.slabs[r.slab_id] = Pass::Adopted{r.device, f.tenant, tenant_name};
     ++out.slabs;
     if (awaits) {
       ++out.slabs_awaiting_handle;
-      awaiting[r.slab_id].device = r.device;
+      pass.awaiting[r.slab_id].device = r.device;
     }
   }
   for (const auto& [id, fd] : slab_fds) {
@@ -197,29 +229,35 @@ RestoreOutcome Restorer::Restore(const state::Snapshot& previous,
                                      " matches no recorded slab: dropped"));
   }
   SlabPool::AdvanceSlabIdsPast(max_slab);
+}
 
-  // 3. Allocations, each in its exact place (in increasing offset order,
-  // which AllocateAt restores in O(1) each).
+// Each in its exact place, in increasing offset order (which AllocateAt
+// restores in O(1) each), and unconfirmed until a client claims it.
+void Restorer::RestoreAllocations(Pass& pass) {
+  RestoreOutcome& out = pass.out;
+  auto close_record = [&](const state::AllocationRecordData& r, const std::string& why) {
+    out.closed[r.id] = why;
+    ++out.allocations_closed;
+    if (rooms_.state != nullptr) rooms_.state->RemoveAllocation(r.slot);
+  };
   std::vector<const state::AllocationRecordData*> allocations;
-  for (const state::AllocationRecordData& r : previous.allocations) allocations.push_back(&r);
+  for (const state::AllocationRecordData& r : pass.previous.allocations) allocations.push_back(&r);
   std::sort(allocations.begin(), allocations.end(), [](const auto* a, const auto* b) {
     return std::tie(a->slab_id, a->offset) < std::tie(b->slab_id, b->offset);
   });
-  absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> unconfirmed;
-  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>> keys;
   uint64_t max_id = 0;
   for (const state::AllocationRecordData* rp : allocations) {
     const state::AllocationRecordData& r = *rp;
     max_id = std::max(max_id, r.id);
-    auto s = sessions.find(r.session);
-    if (s == sessions.end()) {
+    auto s = pass.sessions.find(r.session);
+    if (s == pass.sessions.end()) {
       close_record(r, "its process ended while the daemon was down");
       continue;
     }
-    auto slab = slabs.find(r.slab_id);
-    if (slab == slabs.end()) {
-      auto why = slab_dropped_why.find(r.slab_id);
-      close_record(r, why != slab_dropped_why.end()
+    auto slab = pass.slabs.find(r.slab_id);
+    if (slab == pass.slabs.end()) {
+      auto why = pass.slab_dropped_why.find(r.slab_id);
+      close_record(r, why != pass.slab_dropped_why.end()
                           ? absl::StrCat("its slab did not survive the restart: ", why->second)
                           : "its slab did not survive the restart (no record of it)");
       continue;
@@ -228,7 +266,8 @@ RestoreOutcome Restorer::Restore(const state::Snapshot& previous,
       close_record(r, "its record disagrees with its slab's device");
       continue;
     }
-    absl::StatusOr<PoolBlock> block = pools.pool(r.device).AdoptBlock(r.slab_id, r.offset, r.size);
+    SlabPool& pool = rooms_.pools->pool(r.device);
+    absl::StatusOr<PoolBlock> block = pool.AdoptBlock(r.slab_id, r.offset, r.size);
     if (!block.ok()) {
       close_record(r, absl::StrCat("inconsistent with its slab: ", block.status().message()));
       continue;
@@ -243,7 +282,7 @@ RestoreOutcome Restorer::Restore(const state::Snapshot& previous,
     a.state_slot = r.slot;
     a.request_key = r.request_key;
     if (absl::Status t = rooms_.table->Restore(r.id, a, *s->second); !t.ok()) {
-      pools.pool(r.device).Release(*block);
+      pool.Release(*block);
       close_record(r, std::string(t.message()));
       continue;
     }
@@ -260,43 +299,25 @@ RestoreOutcome Restorer::Restore(const state::Snapshot& previous,
     e.allocation_id = r.id;
     out.survivors.push_back(std::move(e));
     ++out.allocations;
-    unconfirmed[r.session].insert(r.id);
-    if (r.request_key != 0) keys[{r.session, r.request_key}].push_back(r.id);
-    if (auto w = awaiting.find(r.slab_id); w != awaiting.end()) {
+    pass.unconfirmed[r.session].insert(r.id);
+    if (r.request_key != 0) pass.keys[{r.session, r.request_key}].push_back(r.id);
+    if (auto w = pass.awaiting.find(r.slab_id); w != pass.awaiting.end()) {
       w->second.allocations.push_back(r.id);
     }
   }
   rooms_.table->AdvanceIdsPast(max_id);
-  for (auto& [key, ids] : keys) std::sort(ids.begin(), ids.end());
+}
 
-  // 4. Who holds which slab's handle.
-  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> awaiting_held;
-  for (const state::HolderRecord& r : previous.holders) {
-    auto slab = slabs.find(r.slab_id);
-    if (slab == slabs.end() || !sessions.contains(r.session)) {
-      out.dropped_holders.emplace_back(r.slab_id, r.session);
+void Restorer::RestoreHolders(Pass& pass) {
+  for (const state::HolderRecord& r : pass.previous.holders) {
+    auto slab = pass.slabs.find(r.slab_id);
+    if (slab == pass.slabs.end() || !pass.sessions.contains(r.session)) {
+      pass.out.dropped_holders.emplace_back(r.slab_id, r.session);
       continue;
     }
-    pools.pool(slab->second.device).AdoptHolder(r.slab_id, r.session);
-    if (awaiting.contains(r.slab_id)) awaiting_held[r.session].push_back(r.slab_id);
+    rooms_.pools->pool(slab->second.device).AdoptHolder(r.slab_id, r.session);
+    if (pass.awaiting.contains(r.slab_id)) pass.awaiting_held[r.session].push_back(r.slab_id);
   }
-
-  absl::MutexLock lock(&mu_);
-  for (auto& [session, ids] : unconfirmed) unconfirmed_[session].merge(ids);
-  for (auto& [key, ids] : keys) {
-    std::vector<uint64_t>& all = restored_keys_[key];
-    all.insert(all.end(), ids.begin(), ids.end());
-    std::sort(all.begin(), all.end());
-  }
-  any_restored_keys_.store(!restored_keys_.empty(), std::memory_order_release);
-  awaiting_.merge(awaiting);
-  for (auto& [session, held] : awaiting_held) {
-    std::vector<uint64_t>& all = awaiting_held_[session];
-    all.insert(all.end(), held.begin(), held.end());
-  }
-  closed_ = out.closed;
-  deadline_ = absl::Now() + grace_;
-  return out;
 }
 
 absl::StatusOr<v1::ResumeResponse> Restorer::Resume(const PeerCred& caller,

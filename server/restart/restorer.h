@@ -139,6 +139,15 @@ class Restorer {
     std::vector<uint64_t> allocations;
   };
 
+  // Restore's steps, in dependency order, over one Pass (restorer.cc).
+  struct Pass;
+  void RestoreSessions(Pass& pass);
+  void RestoreSlabs(Pass& pass, std::map<uint64_t, int> slab_fds);
+  void RestoreAllocations(Pass& pass);
+  void RestoreHolders(Pass& pass);
+  // The tenant a record names, as the directory in force numbers it now.
+  std::optional<tenants::TenantRef> TenantNamed(Pass& pass, const std::string& name);
+
   const Rooms rooms_;
   const absl::Duration grace_;
 
