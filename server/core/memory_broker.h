@@ -212,21 +212,16 @@ class MemoryBroker {
   // not exist.
   absl::StatusOr<v1::FreeResponse> Free(const PeerCred& caller, const v1::FreeRequest& request);
 
-  // Memory pressure. When an Allocate is refused for capacity (placement
-  // found no room; quota refusals are the tenant's own affair), `sender` is
-  // called once for each other session whose last UsageReport shows idle
-  // leased bytes (leased > in use) and that holds memory on a refused
-  // device, on the refused caller's thread with no broker lock held. It
-  // answers whether the request reached the session (a live stream of it),
-  // so that only sessions that can answer hold the request. Set it before
-  // any call is served; it must not call back into the broker.
-  // Reclaim before refusing: when free plus the leased bytes of the sessions
-  // asked reach the request's size on a refused device, the request waits
-  // in admission (given a callback, with or without wait_ms) until those
-  // sessions have answered (ReclaimAnswered) or ended and it was tried once
-  // more, or at most reclaim_wait (SetReclaimWait) after it came; then it is
-  // placed or refused as usual (a longer wait_ms waits that long).
-  // Whom it asks: admission/reclaim_targets.h.
+  // Memory pressure. When an Allocate is refused for room, `sender` asks
+  // other sessions to give back idle leases (whom: admission/
+  // reclaim_targets.h), on the refused caller's thread with no broker lock
+  // held. Set it before any call is served; it must not call back into the
+  // broker. Reclaim before refusing: when what the sessions asked could give
+  // back would serve it, the request waits in admission (given a callback,
+  // with or without wait_ms) until those sessions have answered
+  // (ReclaimAnswered) or ended and it was tried once more, or at most
+  // reclaim_wait (SetReclaimWait) after it came; then it is placed or
+  // refused as usual (a longer wait_ms waits that long).
   using ReclaimSender = admission::ReclaimSender;
   void SetReclaimSender(ReclaimSender sender) { reclaim_sender_ = std::move(sender); }
   // The caller answered a reclaim (StreamRequest.reclaimed): requests held
@@ -270,16 +265,10 @@ class MemoryBroker {
   const std::vector<HandleKind>& handle_kinds() const { return options_.handle_kinds; }
   // The tenant the directory in force gives a caller (PERMISSION_DENIED
   // when the config gives it none): what a new session of it is charged to.
-  // Without configured tenants each call is charged to its caller's uid.
-  // With them, a session's tenant is fixed the first time the session needs
-  // one (its first Allocate or slab export), from the directory in force
-  // then, and kept for the session's life: a reload that moves the uid to
-  // another tenant, or removes its tenant, changes nothing for a live
-  // session. A waiting Allocate queues with its tenant's priority in the
-  // directory in force when it queues. Each request reads the directory once
-  // (a snapshot; no lock is held across placement or backend work). A
-  // caller through a tenant's socket (PeerCred::socket_tenant) is that
-  // tenant at once, whatever its uid, and never root nor an administrator.
+  // What a session is charged to for its life: session/session_tenants.h.
+  // Each request reads the directory once (a snapshot; no lock is held
+  // across placement or backend work); a waiting Allocate queues with its
+  // tenant's priority in the directory in force when it queues.
   absl::StatusOr<tenants::TenantRef> TenantOf(const PeerCred& caller) const;
   // Quotas changed (SetQuota, a reload): waiting requests are tried again.
   void QuotasChanged() { admission_.Kick(); }

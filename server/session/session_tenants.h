@@ -4,11 +4,14 @@
 // Without configured tenants each call is charged to its caller's uid. With
 // them, a session's tenant is fixed the first time the session needs one
 // (its first Allocate or slab export), from the directory in force then, and
-// kept for the session's life (Session::FixTenant); a caller through a
-// tenant's socket is that tenant at once. Invariants: a session counts once,
-// toward the first tenant it is charged to, from then until Ended; a tenant
-// never has more than its max_sessions counted at once; an ended session is
-// never counted. Thread-safe.
+// kept for the session's life (Session::FixTenant): a reload that moves the
+// uid to another tenant, or removes its tenant, changes nothing for a live
+// session. A caller through a tenant's socket is that tenant at once,
+// whatever its uid, and never root nor an administrator.
+//
+// Invariants: a session counts once, toward the first tenant it is charged
+// to, from then until Ended; a tenant never has more than its max_sessions
+// counted at once; an ended session is never counted. Thread-safe.
 #ifndef GPUMEMD_SERVER_SESSION_SESSION_TENANTS_H_
 #define GPUMEMD_SERVER_SESSION_SESSION_TENANTS_H_
 
