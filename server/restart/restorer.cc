@@ -76,19 +76,14 @@ RestoreOutcome Restorer::Restore(const state::Snapshot& previous,
   RestoreAllocations(pass);
   RestoreHolders(pass);
 
+  for (auto& [key, ids] : pass.keys) std::sort(ids.begin(), ids.end());
+  // The window opens (a restorer restores once: what it had is replaced).
   absl::MutexLock lock(&mu_);
-  for (auto& [session, ids] : pass.unconfirmed) unconfirmed_[session].merge(ids);
-  for (auto& [key, ids] : pass.keys) {
-    std::vector<uint64_t>& all = restored_keys_[key];
-    all.insert(all.end(), ids.begin(), ids.end());
-    std::sort(all.begin(), all.end());
-  }
+  unconfirmed_ = std::move(pass.unconfirmed);
+  restored_keys_ = std::move(pass.keys);
   any_restored_keys_.store(!restored_keys_.empty(), std::memory_order_release);
-  awaiting_.merge(pass.awaiting);
-  for (auto& [session, held] : pass.awaiting_held) {
-    std::vector<uint64_t>& all = awaiting_held_[session];
-    all.insert(all.end(), held.begin(), held.end());
-  }
+  awaiting_ = std::move(pass.awaiting);
+  awaiting_held_ = std::move(pass.awaiting_held);
   closed_ = out.closed;
   deadline_ = absl::Now() + grace_;
   return out;

@@ -86,9 +86,9 @@ class Restorer {
   Restorer(const Restorer&) = delete;
   Restorer& operator=(const Restorer&) = delete;
 
-  // Before serving: takes back what `previous` recorded, with the slab
-  // handles of `slab_fds` (taken: each is adopted or closed), and starts the
-  // grace time.
+  // Once, before serving: takes back what `previous` recorded, with the
+  // slab handles of `slab_fds` (taken: each is adopted or closed), and
+  // starts the grace time.
   RestoreOutcome Restore(const state::Snapshot& previous, std::map<uint64_t, int> slab_fds);
 
   // A client re-presents what it held (proto ResumeRequest): each claim is

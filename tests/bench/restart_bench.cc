@@ -231,6 +231,7 @@ bool RunOnce(const std::string& binary, const std::string& label, int blocks, Fi
   std::atomic<bool> stop{false};
   std::atomic<int64_t> longest_ns{0};
   std::atomic<uint64_t> failures{0};
+  std::atomic<uint64_t> calls_done{0};
   std::thread caller([&] {
     while (!stop.load()) {
       const absl::Time t = absl::Now();
@@ -241,6 +242,7 @@ bool RunOnce(const std::string& binary, const std::string& label, int blocks, Fi
       int64_t cur = longest_ns.load();
       while (ns > cur && !longest_ns.compare_exchange_weak(cur, ns)) {
       }
+      ++calls_done;
     }
   });
 
@@ -249,6 +251,7 @@ bool RunOnce(const std::string& binary, const std::string& label, int blocks, Fi
   for (int n = 1; n <= restarts; ++n) {
     absl::SleepFor(absl::Milliseconds(100));
     longest_ns.store(0);
+    const uint64_t done_at_kill = calls_done.load();
     systemd.Kill(SIGKILL);
     if (systemd.Wait() != -SIGKILL || !systemd.Start(args, socket)) {
       fprintf(stderr, "restart_bench: restart %d failed:\n%s", n, systemd.Log().c_str());
@@ -258,7 +261,11 @@ bool RunOnce(const std::string& binary, const std::string& label, int blocks, Fi
     }
     start_ms.push_back(Ms(systemd.last_start()));
     while (client.restarts() < static_cast<uint64_t>(n)) absl::SleepFor(absl::Milliseconds(1));
-    absl::SleepFor(absl::Milliseconds(50));  // the caller's next call lands
+    // The call in flight at the kill has landed, and one after it.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (calls_done.load() < done_at_kill + 2 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
     pause_ms.push_back(static_cast<double>(longest_ns.load()) / 1e6);
   }
   stop.store(true);
