@@ -20,9 +20,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/byte_size.h"
-#include "common/refusal_payload.h"
 #include "server/pool/reserving_carver.h"
 #include "server/quota/quota_carver.h"
+#include "server/session/free_permission.h"
 
 namespace gpumem {
 
@@ -76,20 +76,6 @@ absl::Status CheckUsage(const v1::UsageReport& usage) {
 
 UsageFigures FiguresOf(const v1::UsageReport& usage) {
   return UsageFigures{usage.leased_bytes(), usage.in_use_bytes()};
-}
-
-// Whether a refusal names a device refused for room (capacity or
-// fragmentation): what reclaims and fair waiting can help with.
-bool RefusedForRoom(const absl::Status& refusal) {
-  std::optional<v1::PlacementRefusal> why = RefusalFromStatus(refusal);
-  if (!why.has_value()) return false;
-  for (const v1::DeviceRefusal& d : why->devices()) {
-    if (d.reason() == v1::DeviceRefusal::REASON_CAPACITY ||
-        d.reason() == v1::DeviceRefusal::REASON_FRAGMENTATION) {
-      return true;
-    }
-  }
-  return false;
 }
 
 }  // namespace
@@ -161,7 +147,7 @@ class MemoryBroker::RequestWaiter final : public admission::Waiter {
         ->Place(caller_, *session_, tenant_ref_, prepared_, PoolCarver::Mode::kMayCallBackend,
                 ahead)
         .answer;
-    wants_room_ = IsRefusal(answer) && RefusedForRoom(answer.status());
+    wants_room_ = IsRefusal(answer) && admission::RefusedForRoom(answer.status());
     return answer;
   }
 
@@ -198,6 +184,7 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
       table_(options_.ledger, [this](uint32_t tenant) { return TenantName(tenant); },
              options_.state),
       admission_(options_.admission),
+      session_tenants_(tenants_),
       reclaim_wait_ms_(absl::ToInt64Milliseconds(options_.reclaim_wait)) {
   if (options_.slab_keeper != nullptr) {
     for (uint32_t d = 0; d < pools_.size(); ++d) pools_.pool(d).SetKeeper(options_.slab_keeper);
@@ -214,6 +201,18 @@ MemoryBroker::MemoryBroker(Backend* backend, BrokerOptions options)
         OnSessionEnd(session, std::move(ids));
       },
       options_.state);
+  Restorer::Rooms rooms;
+  rooms.backend = backend_;
+  rooms.pools = &pools_;
+  rooms.sessions = sessions_.get();
+  rooms.session_tenants = &session_tenants_;
+  rooms.admins = &admins_;
+  rooms.table = &table_;
+  rooms.directory = tenants_;
+  rooms.quotas = options_.quotas;
+  rooms.state = options_.state;
+  rooms.give_back = [this](const std::vector<AllocationRecord>& records) { Return(records); };
+  restorer_ = std::make_unique<Restorer>(std::move(rooms), options_.restore_grace);
   if (options_.quotas != nullptr) {  // quotas count retained bytes, and bound slabs
     pools_.SetBudget(&options_.quotas->footprint());
     options_.quotas->SetRetainedSource([this](uint32_t tenant, uint32_t device) {
@@ -282,15 +281,7 @@ void MemoryBroker::Maintain() {
     if (stopping_) break;
     const absl::Time now = absl::Now();
     pools_.ReleaseIdleSlabs(now);
-    bool finish = false;
-    {
-      absl::MutexLock lock(&restore_mu_);
-      if (now >= restore_deadline_) {
-        restore_deadline_ = absl::InfiniteFuture();
-        finish = true;
-      }
-    }
-    if (finish) {
+    if (restorer_->GraceOver(now)) {
       stop_mu_.Unlock();  // FinishRestore takes the gate, as every call does
       FinishRestore();
       stop_mu_.Lock();
@@ -448,7 +439,7 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
         prepared.size_bytes = request.size_bytes();
         prepared.request_key = request.request_key();
         if (request.has_usage()) prepared.usage = FiguresOf(request.usage());
-        tenant = TenantOfSession(**session, caller);
+        tenant = session_tenants_.Charge(**session, caller);
         if (!tenant.ok()) checked = tenant.status();
       }
     }
@@ -474,8 +465,11 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
   }
   if (placed.answer.ok()) admission_.NoteServed(tenant->priority);
   const bool was_refused = IsRefusal(placed.answer);
-  ReclaimAsked asked;
-  if (was_refused) asked = RequestReclaim(**session, request.size_bytes(), placed.answer.status());
+  admission::ReclaimAsked asked;
+  if (was_refused) {
+    asked = admission::AskForReclaims(reclaim_sender_, *sessions_, (*session)->id(),
+                                      request.size_bytes(), placed.answer.status());
+  }
   const absl::Duration reclaim_wait = absl::Milliseconds(reclaim_wait_ms_.load());
   // Held while the sessions asked give back what could serve it.
   const bool hold = asked.could_cover && reclaim_wait > absl::ZeroDuration();
@@ -488,7 +482,7 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
   auto waiter = std::make_unique<RequestWaiter>(
       this, caller, *session, *tenant, prepared,
       hold ? std::max(own_deadline, now + reclaim_wait) : own_deadline, std::move(on_waited));
-  waiter->set_wants_room(RefusedForRoom(placed.answer.status()));
+  waiter->set_wants_room(admission::RefusedForRoom(placed.answer.status()));
   waiter->set_claim(ClaimOf(prepared, *tenant));
   if (hold) waiter->HoldForReclaim(std::move(asked.sessions), own_deadline);
   waiter->set_held_bytes(waiter->HeldBytes(request));
@@ -511,53 +505,6 @@ MemoryBroker::AllocateOutcome MemoryBroker::Serve(const PeerCred& caller,
 
 absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOf(const PeerCred& caller) const {
   return tenants_->Get()->ResolveCaller(caller.uid, caller.gid, caller.socket_tenant);
-}
-
-absl::StatusOr<tenants::TenantRef> MemoryBroker::TenantOfSession(Session& session,
-                                                                 const PeerCred& caller) {
-  const std::shared_ptr<const tenants::TenantDirectory> dir = tenants_->Get();
-  // Without configured tenants each uid is its own tenant, call by call
-  // (a process that changes uid acts as its new uid; nothing to fix). A
-  // caller through a tenant's socket is that tenant, fixed at once.
-  if (!dir->configured() && caller.socket_tenant == 0) {
-    absl::StatusOr<tenants::TenantRef> own = dir->Resolve(caller.uid, caller.gid);
-    if (!own.ok()) return own;
-    if (absl::Status counted = CountSession(session, *own); !counted.ok()) return counted;
-    return own;
-  }
-  absl::StatusOr<tenants::TenantRef> fixed = session.FixTenant(
-      [&] { return dir->ResolveCaller(caller.uid, caller.gid, caller.socket_tenant); });
-  if (!fixed.ok()) return fixed;
-  // Its priority and limits now, if the directory in force still has the
-  // tenant (a removed tenant keeps those it had).
-  if (const tenants::Tenant* t = dir->FindId(fixed->id)) {
-    fixed->priority = t->priority;
-    fixed->max_waiting_requests = t->max_waiting_requests;
-    fixed->max_sessions = t->max_sessions;
-  }
-  if (absl::Status counted = CountSession(session, *fixed); !counted.ok()) return counted;
-  return fixed;
-}
-
-absl::Status MemoryBroker::CountSession(const Session& session,
-                                        const tenants::TenantRef& tenant) {
-  absl::MutexLock lock(&session_count_mu_);
-  if (counted_sessions_.contains(session.id())) return absl::OkStatus();
-  // An ended session is not counted: its end (OnSessionEnd, which takes
-  // this lock after the session was marked ended) may have uncounted it.
-  if (session.ended()) return absl::OkStatus();
-  uint32_t& live = sessions_per_tenant_[tenant.id];
-  if (tenant.max_sessions > 0 && live >= tenant.max_sessions) {
-    const uint32_t now = live;
-    if (live == 0) sessions_per_tenant_.erase(tenant.id);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant \"", tenant.name, "\" has ", now,
-        " live sessions already, its limit (max_sessions ", tenant.max_sessions,
-        "); retry once one of its processes has exited"));
-  }
-  ++live;
-  counted_sessions_[session.id()] = tenant.id;
-  return absl::OkStatus();
 }
 
 admission::Claim MemoryBroker::ClaimOf(const Prepared& prepared,
@@ -677,10 +624,8 @@ void MemoryBroker::Describe(uint64_t id, const AllocationRecord& r, v1::Allocati
 }
 
 std::string MemoryBroker::TenantName(uint32_t id) const {
-  {
-    absl::MutexLock lock(&restore_mu_);
-    auto it = restored_names_.find(id);
-    if (it != restored_names_.end()) return it->second;
+  if (std::optional<std::string> restored = restorer_->RestoredTenantName(id)) {
+    return *std::move(restored);
   }
   return tenants_->Get()->NameOf(id);
 }
@@ -727,22 +672,10 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::FreeIn(const PeerCred& caller,
   absl::StatusOr<AllocationRecord> taken = table_.Take(
       request.id(),
       [&](const AllocationRecord& r) -> absl::Status {
-        if (caller.socket_tenant != 0) {
-          // Through a tenant's socket: that tenant's allocations only, and
-          // nothing said of anyone else's.
-          if (r.tenant != caller.socket_tenant) {
-            not_callers = absl::NotFoundError(absl::StrCat(
-                "no allocation ", request.id(), " of this socket's tenant"));
-            return *not_callers;
-          }
-        } else if (caller.uid != 0 &&
-                   (caller.uid != r.uid || r.session->cred().socket_tenant != 0)) {
-          not_callers = absl::PermissionDeniedError(absl::StrCat(
-              "allocation ", request.id(), " belongs to ",
-              r.session->cred().socket_tenant != 0 ? "a socket tenant"
-                                                    : absl::StrCat("uid ", r.uid),
-              "; uid ", caller.uid, " may not free it"));
-          return *not_callers;
+        if (absl::Status may = MayFree(caller, request.id(), r.uid, r.tenant, r.session->cred());
+            !may.ok()) {
+          not_callers = may;
+          return may;
         }
         // A dedicated slab goes back to the backend with its block.
         if (needs_backend_work != nullptr && r.block.dedicated) {
@@ -767,59 +700,6 @@ absl::StatusOr<v1::FreeResponse> MemoryBroker::FreeIn(const PeerCred& caller,
   return response;
 }
 
-MemoryBroker::ReclaimAsked MemoryBroker::RequestReclaim(const Session& requester,
-                                                        uint64_t bytes_wanted,
-                                                        const absl::Status& refusal) {
-  ReclaimAsked asked;
-  if (!reclaim_sender_) return asked;
-  std::optional<v1::PlacementRefusal> why = RefusalFromStatus(refusal);
-  if (!why.has_value()) return asked;
-  const uint64_t wanted = why->size_bytes() != 0 ? why->size_bytes() : bytes_wanted;
-  v1::ReclaimRequest reclaim;
-  reclaim.set_bytes_wanted(wanted);
-  // Refused device -> bytes the requester could reach there now, then plus
-  // the idle leases of the sessions asked.
-  absl::flat_hash_map<uint32_t, uint64_t> reachable;
-  for (const v1::DeviceRefusal& d : why->devices()) {
-    // Only room can be given back: a device refused for quota (or excluded)
-    // gains nothing from another session's leases.
-    if (d.reason() == v1::DeviceRefusal::REASON_CAPACITY ||
-        d.reason() == v1::DeviceRefusal::REASON_FRAGMENTATION) {
-      reachable[d.device_index()] = d.free_bytes();
-      reclaim.add_devices(d.device_index());
-    }
-  }
-  if (reachable.empty()) return asked;
-  std::vector<std::pair<uint64_t, Session::Figures>> targets;
-  for (const std::shared_ptr<Session>& s : sessions_->List()) {
-    if (s->id() == requester.id()) continue;
-    Session::Figures f = s->figures();
-    if (!f.usage.has_value() || f.usage->leased_bytes <= f.usage->in_use_bytes) continue;
-    for (const auto& [device, bytes] : f.device_bytes) {
-      if (reachable.contains(device)) {
-        targets.emplace_back(s->id(), std::move(f));
-        break;
-      }
-    }
-  }
-  for (const auto& [session, f] : targets) {
-    if (!reclaim_sender_(session, reclaim)) continue;  // no stream: cannot answer
-    asked.sessions.push_back(session);
-    // What it could give back on each device: its leases, at most what it
-    // holds there. (Its leased bytes, not leased - in use: a caching pool
-    // reports with each lease it takes or gives back, so the blocks its
-    // program freed since are counted in use still.)
-    for (const auto& [device, bytes] : f.device_bytes) {
-      auto it = reachable.find(device);
-      if (it != reachable.end()) it->second += std::min(f.usage->leased_bytes, bytes);
-    }
-  }
-  for (const auto& [device, bytes] : reachable) {
-    if (!asked.sessions.empty() && bytes >= wanted) asked.could_cover = true;
-  }
-  return asked;
-}
-
 void MemoryBroker::ReclaimAnswered(const PeerCred& caller) {
   std::shared_ptr<Session> session = sessions_->Find(caller);
   if (session != nullptr) admission_.ReclaimAnswered(session->id());
@@ -835,15 +715,7 @@ void MemoryBroker::OnSessionEnd(const std::shared_ptr<Session>& session,
     pools_.ForgetSession(session->id());
   }
   admission_.SessionEnded(session->id());  // its waiters are answered now
-  absl::MutexLock lock(&session_count_mu_);
-  auto counted = counted_sessions_.find(session->id());
-  if (counted != counted_sessions_.end()) {
-    auto live = sessions_per_tenant_.find(counted->second);
-    if (live != sessions_per_tenant_.end() && --live->second == 0) {
-      sessions_per_tenant_.erase(live);
-    }
-    counted_sessions_.erase(counted);
-  }
+  session_tenants_.Ended(session->id());
 }
 
 absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {
@@ -875,7 +747,7 @@ absl::StatusOr<SlabFd> MemoryBroker::ExportSlab(const PeerCred& caller, uint64_t
   if (shut_down_) return ShuttingDown();
   absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Attach(caller);
   if (!session.ok()) return session.status();
-  absl::StatusOr<tenants::TenantRef> tenant = TenantOfSession(**session, caller);
+  absl::StatusOr<tenants::TenantRef> tenant = session_tenants_.Charge(**session, caller);
   if (!tenant.ok()) return tenant.status();
   for (uint32_t d = 0; d < pools_.size(); ++d) {
     SlabPool& pool = pools_.pool(d);
@@ -936,6 +808,62 @@ void MemoryBroker::EndConnection(uint64_t session_id) {
 absl::StatusOr<uint64_t> MemoryBroker::ResolveSessionToken(absl::string_view token,
                                                            const PeerCred& caller) const {
   return sessions_->ResolveToken(token, caller);
+}
+
+// ---- A restart: the Restorer answers, inside the call gate ----
+
+MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previous,
+                                                   std::map<uint64_t, int> slab_fds) {
+  absl::ReaderMutexLock gate(&gate_);
+  return restorer_->Restore(previous, std::move(slab_fds));
+}
+
+absl::StatusOr<v1::ResumeResponse> MemoryBroker::Resume(const PeerCred& caller,
+                                                        const v1::ResumeRequest& request) {
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return ShuttingDown();
+  return restorer_->Resume(caller, request);
+}
+
+absl::Status MemoryBroker::AcceptSlabHandle(const PeerCred& caller, uint64_t slab_id, int fd) {
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) {
+    close(fd);
+    return ShuttingDown();
+  }
+  return restorer_->AcceptSlabHandle(caller, slab_id, fd);
+}
+
+absl::StatusOr<std::shared_ptr<Session>> MemoryBroker::RebindConnection(
+    const PeerCred& caller, absl::string_view token) {
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return ShuttingDown();
+  return restorer_->RebindConnection(caller, token);
+}
+
+std::optional<v1::AllocateResponse> MemoryBroker::RetakeByKey(const Session& session,
+                                                             const Prepared& prepared) {
+  std::optional<std::vector<std::pair<uint64_t, AllocationRecord>>> taken =
+      restorer_->RetakeByKey(session, prepared.request_key, prepared.placement.plan.sizes,
+                             prepared.kind, prepared.placement.plan.alignment);
+  if (!taken.has_value()) return std::nullopt;
+  v1::AllocateResponse response;
+  for (const auto& [id, r] : *taken) Describe(id, r, response.add_allocations());
+  return response;
+}
+
+void MemoryBroker::FinishRestore() {
+  {
+    absl::ReaderMutexLock gate(&gate_);
+    if (shut_down_) return;
+    restorer_->CloseSlabsWithoutHandle();
+  }
+  // Without the gate: each session's end takes it (OnSessionEnd); taken
+  // again by a thread that holds it shared, it deadlocks once a writer
+  // (Shutdown) waits between the two.
+  restorer_->EndUnboundSessions();
+  absl::ReaderMutexLock gate(&gate_);
+  if (!shut_down_) restorer_->FreeUnclaimed();
 }
 
 absl::StatusOr<MemoryBroker::TenantEnded> MemoryBroker::EndTenant(

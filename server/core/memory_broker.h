@@ -9,7 +9,9 @@
 //
 // It composes the slab pools (pool/), placement (placement/) through the
 // quota adaptor (quota/), the allocation table, sessions (session/), the
-// tenant directory (tenants/) and the ledger (ledger/). Invariants: every
+// tenant directory (tenants/), the ledger (ledger/) and, after a restart,
+// the restore window (restart/restorer.h); what it does itself is commit
+// allocations and order the checks of each call. Invariants: every
 // allocation belongs to exactly one session and is counted in exactly one
 // pool until it returns; every caller is charged to exactly one tenant; a
 // slab belongs to one tenant for life. Any method may be called from any thread.
@@ -25,14 +27,13 @@
 #include <thread>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/fd_channel.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 #include "server/admission/admission.h"
+#include "server/admission/reclaim_targets.h"
 #include "server/backend/backend.h"
 #include "server/core/allocation_table.h"
 #include "server/core/daemon_counters.h"
@@ -42,8 +43,10 @@
 #include "server/placement/placer.h"
 #include "server/pool/device_pools.h"
 #include "server/quota/quota_book.h"
+#include "server/restart/restorer.h"
 #include "server/session/admin_group.h"
 #include "server/session/session_registry.h"
+#include "server/session/session_tenants.h"
 #include "server/state/durable_state.h"
 #include "server/tenants/tenant_directory.h"
 
@@ -116,44 +119,15 @@ class MemoryBroker {
   // slab_keeper hold is left as it is for the next daemon. Idempotent.
   void ShutdownForRestart();
 
-  // ---- A restart (memory_broker_restore.cc) ----
-  // A restart loses nothing: Restore takes back what a previous daemon kept
-  // (its sessions whose processes still run, its slabs with their handles
-  // from systemd's fd store or waiting for a client to give one back, every
-  // allocation of those in its exact place and charge, with its id) before
-  // anything is served. Clients confirm with Resume; what cannot survive
-  // (legacy IPC memory, a slab whose handle never comes back within
-  // restore_grace, a session whose process is gone) is closed, saying why.
-  // An Allocate retried with the request_key of one the previous daemon
-  // carried out but whose answer was lost gets that allocation back
-  // (RetakeByKey), never a second one.
-  struct RestoreOutcome {
-    size_t sessions = 0, sessions_gone = 0;
-    size_t slabs = 0, slabs_awaiting_handle = 0, slabs_dropped = 0;
-    size_t allocations = 0, allocations_closed = 0;
-    std::vector<uint64_t> dropped_slabs;  // their records (and stored fds) go
-    std::vector<std::pair<uint64_t, uint64_t>> dropped_holders;  // (slab, session)
-    std::vector<uint64_t> refused_handles;  // kept handles the backend refused
-    // For the ledger (TenantLedger::Resume): the allocations that survived,
-    // as ALLOCATE events at their own time, and why the others were closed.
-    std::vector<ledger::LedgerEvent> survivors;
-    std::map<uint64_t, std::string> closed;
-    std::vector<std::string> notes;  // what was dropped and why, a line each
-    std::string Summary() const;
-  };
-  // Before serving, after Start: takes back what `previous` recorded, with
-  // the slab handles of `slab_fds` (taken: each is adopted or closed).
+  // ---- A restart: the Restorer's calls (restart/restorer.h), each in the
+  // call gate, so none runs once Shutdown has begun ----
+  using RestoreOutcome = gpumem::RestoreOutcome;
+  // Before serving, after Start: Restorer::Restore.
   RestoreOutcome Restore(const state::Snapshot& previous, std::map<uint64_t, int> slab_fds);
-  // A client re-presents what it held (proto ResumeRequest).
   absl::StatusOr<v1::ResumeResponse> Resume(const PeerCred& caller,
                                             const v1::ResumeRequest& request);
-  // A client gives back the handle of a slab waiting for it (`fd` taken).
-  // Accepted only from a session of the slab's tenant that the last daemon
-  // gave the slab's handle to, and only if it is that slab's handle
-  // (Backend::AdoptSlab checks).
+  // `fd` is taken, whatever the answer.
   absl::Status AcceptSlabHandle(const PeerCred& caller, uint64_t slab_id, int fd);
-  // A client of a restored connection-bound session binds its new slab
-  // channel to it with the session's token.
   absl::StatusOr<std::shared_ptr<Session>> RebindConnection(const PeerCred& caller,
                                                             absl::string_view token);
   // The name of tenant `id` (restored tenants the config no longer has
@@ -213,8 +187,9 @@ class MemoryBroker {
   //    and the session is recorded as given the slab's handle, as with an
   //    exported fd.
   //  - At most the tenant's max_sessions sessions are charged to a tenant
-  //    at once: the first Allocate or slab export of one more is
-  //    RESOURCE_EXHAUSTED naming the tenant and the limit, until one ends.
+  //    at once (session/session_tenants.h).
+  //  - A retry (request_key) of an Allocate a previous daemon carried out
+  //    gets those allocations back (Restorer::RetakeByKey), never new ones.
   AllocateOutcome TryAllocate(const PeerCred& caller, const v1::AllocateRequest& request,
                               AllocateCallback on_waited = nullptr);
   // The same, calling the backend where needed (never kNeedsBackendWork).
@@ -233,29 +208,22 @@ class MemoryBroker {
   // nothing was changed.
   std::optional<absl::StatusOr<v1::FreeResponse>> TryFree(const PeerCred& caller,
                                                           const v1::FreeRequest& request);
-  // Allowed to the owning session, any process of the same uid, and root;
-  // otherwise PERMISSION_DENIED. The uid rule does not reach allocations
-  // made through a tenant's own socket (only root's does); a caller through
-  // a tenant's socket may free only that tenant's allocations (another's id
-  // is NOT_FOUND, saying nothing of its owner).
+  // Who may free what: session/free_permission.h. To a caller that is not
+  // an administrator, another's allocation is NOT_FOUND, as an id that does
+  // not exist.
   absl::StatusOr<v1::FreeResponse> Free(const PeerCred& caller, const v1::FreeRequest& request);
 
-  // Memory pressure. When an Allocate is refused for capacity (placement
-  // found no room; quota refusals are the tenant's own affair), `sender` is
-  // called once for each other session whose last UsageReport shows idle
-  // leased bytes (leased > in use) and that holds memory on a refused
-  // device, on the refused caller's thread with no broker lock held. It
-  // answers whether the request reached the session (a live stream of it),
-  // so that only sessions that can answer hold the request. Set it before
-  // any call is served; it must not call back into the broker.
-  // Reclaim before refusing: when free plus the leased bytes of the sessions
-  // asked reach the request's size on a refused device, the request waits
-  // in admission (given a callback, with or without wait_ms) until those
-  // sessions have answered (ReclaimAnswered) or ended and it was tried once
-  // more, or at most reclaim_wait (SetReclaimWait) after it came; then it is
-  // placed or refused as usual (a longer wait_ms waits that long).
-  using ReclaimSender =
-      std::function<bool(uint64_t session_id, const v1::ReclaimRequest& request)>;
+  // Memory pressure. When an Allocate is refused for room, `sender` asks
+  // other sessions to give back idle leases (whom: admission/
+  // reclaim_targets.h), on the refused caller's thread with no broker lock
+  // held. Set it before any call is served; it must not call back into the
+  // broker. Reclaim before refusing: when what the sessions asked could give
+  // back would serve it, the request waits in admission (given a callback,
+  // with or without wait_ms) until those sessions have answered
+  // (ReclaimAnswered) or ended and it was tried once more, or at most
+  // reclaim_wait (SetReclaimWait) after it came; then it is placed or
+  // refused as usual (a longer wait_ms waits that long).
+  using ReclaimSender = admission::ReclaimSender;
   void SetReclaimSender(ReclaimSender sender) { reclaim_sender_ = std::move(sender); }
   // The caller answered a reclaim (StreamRequest.reclaimed): requests held
   // for it are tried once more now rather than at the end of their hold.
@@ -298,16 +266,10 @@ class MemoryBroker {
   const std::vector<HandleKind>& handle_kinds() const { return options_.handle_kinds; }
   // The tenant the directory in force gives a caller (PERMISSION_DENIED
   // when the config gives it none): what a new session of it is charged to.
-  // Without configured tenants each call is charged to its caller's uid.
-  // With them, a session's tenant is fixed the first time the session needs
-  // one (its first Allocate or slab export), from the directory in force
-  // then, and kept for the session's life: a reload that moves the uid to
-  // another tenant, or removes its tenant, changes nothing for a live
-  // session. A waiting Allocate queues with its tenant's priority in the
-  // directory in force when it queues. Each request reads the directory once
-  // (a snapshot; no lock is held across placement or backend work). A
-  // caller through a tenant's socket (PeerCred::socket_tenant) is that
-  // tenant at once, whatever its uid, and never root nor an administrator.
+  // What a session is charged to for its life: session/session_tenants.h.
+  // Each request reads the directory once (a snapshot; no lock is held
+  // across placement or backend work); a waiting Allocate queues with its
+  // tenant's priority in the directory in force when it queues.
   absl::StatusOr<tenants::TenantRef> TenantOf(const PeerCred& caller) const;
   // Quotas changed (SetQuota, a reload): waiting requests are tried again.
   void QuotasChanged() { admission_.Kick(); }
@@ -363,9 +325,6 @@ class MemoryBroker {
   absl::StatusOr<v1::FreeResponse> FreeIn(const PeerCred& caller,
                                           const v1::FreeRequest& request,
                                           bool* needs_backend_work);
-  // The tenant `session` is charged to (fixed at its first call), with its
-  // priority as the directory in force says.
-  absl::StatusOr<tenants::TenantRef> TenantOfSession(Session& session, const PeerCred& caller);
   // Places and commits one request: the body of Allocate, and of serving a
   // waiter.
   // `ahead`: the reservation of a waiting request ahead of this one, if any.
@@ -374,40 +333,25 @@ class MemoryBroker {
                const admission::Reservation* ahead);
   // What a waiting request reserves, if it comes to that (admission::Claim).
   admission::Claim ClaimOf(const Prepared& prepared, const tenants::TenantRef& tenant) const;
-  // A retry after a restart (request_key set): the restored allocations of
-  // `session` that an Allocate with this key made before the restart, not
-  // claimed yet and just as `prepared` asks (shard count, each shard's
-  // size, handle kind, alignment), are claimed and answered, charged
-  // nothing more and with no ledger event; nullopt (nothing changed) when
-  // there are none or they do not match.
-  std::optional<v1::AllocateResponse> RetakeByKey(Session& session, const Prepared& prepared);
   // The answer's entry for allocation `id`.
   void Describe(uint64_t id, const AllocationRecord& r, v1::Allocation* a) const;
+  // A retry after a restart (request_key set), answered with what the
+  // first attempt made (Restorer::RetakeByKey); nullopt, nothing changed,
+  // otherwise.
+  std::optional<v1::AllocateResponse> RetakeByKey(const Session& session,
+                                                  const Prepared& prepared);
   // Gives taken records' blocks back to their pools and credits their
   // quotas; room may have appeared for waiters.
   void Return(const std::vector<AllocationRecord>& records);
-  // Sends reclaims for a refused request (see SetReclaimSender): the
-  // sessions the reclaim reached, and whether free bytes plus their leases
-  // on some refused device reach what the request needs.
-  struct ReclaimAsked {
-    std::vector<uint64_t> sessions;
-    bool could_cover = false;
-  };
-  ReclaimAsked RequestReclaim(const Session& requester, uint64_t bytes_wanted,
-                              const absl::Status& refusal);
-  // Counts `session` as one of `tenant`'s live sessions the first time it is
-  // charged to it: RESOURCE_EXHAUSTED when the tenant has max_sessions.
-  absl::Status CountSession(const Session& session, const tenants::TenantRef& tenant);
   void OnSessionEnd(const std::shared_ptr<Session>& session, std::vector<uint64_t> ids);
   void Maintain();
-  // The grace time after a restart is over: slabs whose handle did not come
-  // back lose their blocks; connection-bound sessions nobody rebound end.
+  // The grace time after a restart is over: the Restorer's three steps,
+  // each outside the gate or in it as it needs.
   void FinishRestore();
-  // Its first step, under the gate: the blocks of slabs whose handle did not
-  // come back are closed, the slabs dropped.
-  void FinishRestoreSlabs() ABSL_SHARED_LOCKS_REQUIRED(gate_);
 
-  Backend* backend_;
+  // Constant after construction (options_.handle_kinds: after Start, before
+  // serving), or thread-safe rooms, each with its own lock.
+  Backend* const backend_;
   BrokerOptions options_;
   // The directory in force (options_.tenants, or one of uid tenants).
   std::unique_ptr<tenants::TenantDirectoryHolder> own_tenants_;
@@ -420,43 +364,20 @@ class MemoryBroker {
   DevicePools pools_;
   AllocationTable table_;
   admission::Admission admission_;
+  SessionTenants session_tenants_;
+  ReclaimSender reclaim_sender_;  // set before serving, then read only
+  std::atomic<int64_t> reclaim_wait_ms_;
+  std::unique_ptr<SessionRegistry> sessions_;
+  std::unique_ptr<Restorer> restorer_;
 
-  // Every call holds this shared for its duration; Shutdown takes it
-  // exclusively, so it waits for calls in flight and none starts after.
+  // The call gate: every call holds it shared for its duration; Shutdown
+  // takes it exclusively, so it waits for calls in flight and none starts
+  // after (EndTenant too, as a barrier).
   mutable absl::Mutex gate_;
   bool shut_down_ ABSL_GUARDED_BY(gate_) = false;
   std::atomic<bool> restarting_{false};  // shut down by ShutdownForRestart
 
-  ReclaimSender reclaim_sender_;  // set before serving, then read only
-  std::atomic<int64_t> reclaim_wait_ms_;
-
-  // Live sessions counted per tenant (CountSession), by session.
-  absl::Mutex session_count_mu_;
-  absl::flat_hash_map<uint64_t, uint32_t> counted_sessions_
-      ABSL_GUARDED_BY(session_count_mu_);
-  absl::flat_hash_map<uint32_t, uint32_t> sessions_per_tenant_
-      ABSL_GUARDED_BY(session_count_mu_);
-
-  std::unique_ptr<SessionRegistry> sessions_;
-
-  // After a Restore: names of restored tenants the directory no longer has
-  // (ids of their own), why closed allocations were closed, and the
-  // restored allocations of each session not yet confirmed by its Resume.
-  mutable absl::Mutex restore_mu_;
-  absl::flat_hash_map<uint32_t, std::string> restored_names_ ABSL_GUARDED_BY(restore_mu_);
-  std::map<uint64_t, std::string> closed_ ABSL_GUARDED_BY(restore_mu_);
-  absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> unconfirmed_
-      ABSL_GUARDED_BY(restore_mu_);
-  // Restored allocations with a request_key, by (session, key), ids in
-  // increasing order (a sharded request's shards in shard order): what a
-  // retried Allocate may claim (RetakeByKey) while they are unconfirmed.
-  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>> restored_keys_
-      ABSL_GUARDED_BY(restore_mu_);
-  // Whether restored_keys_ may be non-empty: read without restore_mu_ so
-  // that an Allocate, which always carries a key from the client library,
-  // takes that lock only while a restore's keys are still unclaimed.
-  std::atomic<bool> any_restored_keys_{false};
-  absl::Time restore_deadline_ ABSL_GUARDED_BY(restore_mu_) = absl::InfiniteFuture();
+  // The maintenance thread's clock, and its stop.
   absl::Mutex stop_mu_;
   bool stopping_ ABSL_GUARDED_BY(stop_mu_) = false;
   std::thread maintenance_;

@@ -20,6 +20,7 @@
 #include <map>
 #include <utility>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -159,6 +160,8 @@ class SlabPool {
   //    (INVALID_ARGUMENT, nothing taken, if it overlaps another or lies
   //    outside);
   //  - AdoptHolder: a live session was given the slab's handle;
+  //  - FindSlab: a slab as it is now, and whether its handle has yet to
+  //    come back;
   //  - CompleteSlab: a client gave back the handle of a slab adopted
   //    without one (checked by the caller to be that slab's);
   //  - DropAwaitingSlab: a slab whose handle never came back and that holds
@@ -170,8 +173,13 @@ class SlabPool {
   void AdoptHolder(uint64_t slab_id, uint64_t session, bool record = false);
   // Whether `session` was given slab `slab_id`'s handle.
   bool IsHolder(uint64_t slab_id, uint64_t session) const;
+  struct SlabState {
+    SlabFacts facts;
+    bool awaiting_handle = false;  // adopted without its handle, not given back yet
+  };
+  // Slab `slab_id` (carvable or retained); nullopt when the pool has none.
+  std::optional<SlabState> FindSlab(uint64_t slab_id) const;
   absl::Status CompleteSlab(uint64_t slab_id, std::unique_ptr<Slab> slab);
-  std::vector<SlabFacts> SlabsAwaitingHandles() const;
   void DropAwaitingSlab(uint64_t slab_id);
   // Slab ids are unique for the daemon's life and across restarts.
   static void AdvanceSlabIdsPast(uint64_t id);

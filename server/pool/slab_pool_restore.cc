@@ -6,6 +6,7 @@
 // from nor exported until CompleteSlab, or dropped if it never comes back.
 #include "server/pool/slab_pool.h"
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -103,13 +104,11 @@ absl::Status SlabPool::CompleteSlab(uint64_t slab_id, std::unique_ptr<Slab> slab
   return absl::OkStatus();
 }
 
-std::vector<SlabFacts> SlabPool::SlabsAwaitingHandles() const {
-  std::vector<SlabFacts> out;
+std::optional<SlabPool::SlabState> SlabPool::FindSlab(uint64_t slab_id) const {
   absl::MutexLock lock(&mu_);
-  for (const auto& [id, e] : slabs_) {
-    if (e.slab == nullptr) out.push_back(FactsLocked(id, e));
-  }
-  return out;
+  auto it = slabs_.find(slab_id);
+  if (it == slabs_.end()) return std::nullopt;
+  return SlabState{FactsLocked(slab_id, it->second), it->second.slab == nullptr};
 }
 
 void SlabPool::DropAwaitingSlab(uint64_t slab_id) {
