@@ -41,11 +41,12 @@ CallDispatch::Dispatched CallDispatch::Allocate(const absl::StatusOr<PeerCred>& 
     return {};
   }
   // A request the broker holds is answered from admission's thread.
-  MemoryBroker::AllocateCallback waited = [this, arrived,
-                                           done](MemoryBroker::AllocateAnswer answer) {
-    AnswerAllocate(std::move(answer), arrived, Delivery::kLater, done);
+  auto waited = [this, arrived, done] {
+    return MemoryBroker::AllocateCallback([this, arrived, done](MemoryBroker::AllocateAnswer a) {
+      AnswerAllocate(std::move(a), arrived, Delivery::kLater, done);
+    });
   };
-  MemoryBroker::AllocateOutcome now = p_.broker->TryAllocate(*caller, request, waited);
+  MemoryBroker::AllocateOutcome now = p_.broker->TryAllocate(*caller, request, waited());
   switch (now.kind) {
     case MemoryBroker::AllocateOutcome::Kind::kAnswered:
       AnswerAllocate(std::move(now.answer), arrived, Delivery::kInline, done);
@@ -63,7 +64,7 @@ CallDispatch::Dispatched CallDispatch::Allocate(const absl::StatusOr<PeerCred>& 
   std::shared_ptr<WaitCancel> cancel = CancelFor(request);
   const bool submitted = p_.backend_workers->Submit(
       [this, caller = *caller, request, arrived, done, waited, cancel] {
-        MemoryBroker::AllocateOutcome r = p_.broker->Allocate(caller, request, waited);
+        MemoryBroker::AllocateOutcome r = p_.broker->Allocate(caller, request, waited());
         if (r.kind == MemoryBroker::AllocateOutcome::Kind::kWaiting) {
           // `waited` answers it, maybe already: only `cancel` is touched.
           if (cancel != nullptr) cancel->Waiting(p_.broker, r.wait_ticket);
