@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
+#include "server/session/session.h"
 
 namespace gpumem {
 namespace admission {
@@ -347,7 +348,7 @@ void Admission::Run() {
     for (auto& w : stopped) Answer(std::move(w), stop_answer);
     if (stop) return;
     for (auto& w : exited) {
-      Answer(std::move(w), absl::FailedPreconditionError("the waiting process has exited"));
+      Answer(std::move(w), CallerExitedError());
     }
     for (auto& w : cancelled) {
       Answer(std::move(w), absl::CancelledError("the waiting caller went away"));

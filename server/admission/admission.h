@@ -211,10 +211,10 @@ class Admission {
   std::optional<Reservation> ReservationAhead(int32_t priority) const;
   // Config reload.
   void SetFairness(uint32_t bypass_limit, absl::Duration reserve_for);
-  // Answers every waiter with `answer` (FAILED_PRECONDITION "gpumemd is
-  // shutting down" by default), refuses new ones, and joins the thread.
-  // Idempotent.
-  void Stop(absl::Status answer = absl::FailedPreconditionError("gpumemd is shutting down"));
+  // Answers every waiter with `answer` (the broker passes its own words for
+  // why; FAILED_PRECONDITION by default), refuses new ones, and joins the
+  // thread. Idempotent.
+  void Stop(absl::Status answer = absl::FailedPreconditionError("waiting has stopped"));
 
   // Requests waiting now, in all and per tenant id.
   uint64_t waiting() const;

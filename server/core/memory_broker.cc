@@ -234,7 +234,7 @@ absl::Status MemoryBroker::SetAdminGroup(const std::string& group) {
 
 void MemoryBroker::BeginDrain() { draining_.store(true); }
 
-void MemoryBroker::StopWaiting() { admission_.Stop(); }
+void MemoryBroker::StopWaiting() { admission_.Stop(ShuttingDown()); }
 
 bool MemoryBroker::WaitUntilNoAllocations(absl::Duration timeout) {
   // Polled: a drain waits seconds, so 10 ms steps cost nothing, and no
@@ -295,7 +295,7 @@ void MemoryBroker::Shutdown() {
     stopping_ = true;
   }
   if (maintenance_.joinable()) maintenance_.join();
-  admission_.Stop();  // waiters' attempts hold the gate shared
+  admission_.Stop(ShuttingDown());  // waiters' attempts hold the gate shared
   absl::WriterMutexLock gate(&gate_);
   if (shut_down_) return;
   shut_down_ = true;
@@ -311,8 +311,7 @@ void MemoryBroker::ShutdownForRestart() {
   }
   if (maintenance_.joinable()) maintenance_.join();
   restarting_.store(true);
-  admission_.Stop(absl::UnavailableError(
-      "gpumemd is restarting: send the request again once it is back"));
+  admission_.Stop(ShuttingDown());  // restarting_ is set: "gpumemd is restarting"
   // Once no call is in flight (every answer given was recorded), what is
   // kept stays as it is now, for the next daemon: no event, no release.
   absl::WriterMutexLock gate(&gate_);

@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include <grpcpp/server_context.h>
@@ -50,12 +51,10 @@ class UnaryCall {
   grpc::ServerContext* ctx() { return &ctx_; }
   const Request& request() const { return request_; }
   absl::Time arrived() const { return arrived_; }
-  // A waiting Allocate's cancellation (made on first use, on the queue
-  // thread, before anyone else can see it).
-  const std::shared_ptr<WaitCancel>& wait_cancel() {
-    if (wait_cancel_ == nullptr) wait_cancel_ = std::make_shared<WaitCancel>();
-    return wait_cancel_;
-  }
+  // A waiting Allocate's cancellation (CallDispatch::Dispatched::cancel),
+  // used if the call is cancelled. On the queue thread, which alone deletes
+  // the call, so the call is still there even if it was answered already.
+  void set_wait_cancel(std::shared_ptr<WaitCancel> cancel) { wait_cancel_ = std::move(cancel); }
 
   // Answers the call. From any thread, once; the call may be deleted by the
   // time this returns.
@@ -152,70 +151,29 @@ void GpuMemoryService::Start(const std::vector<EventQueue*>& queues) {
   }
 }
 
-void GpuMemoryService::ReplyAllocate(AllocateCall* call, MemoryBroker::AllocateAnswer answer) {
-  if (p_.observer != nullptr) {
-    p_.observer->OnAllocate(answer.status(), answer.ok() ? *answer : v1::AllocateResponse(),
-                            absl::Now() - call->arrived());
-  }
-  call->Reply(answer);  // last: the call may be gone after
-}
-
-void GpuMemoryService::ReplyFree(FreeCall* call, absl::StatusOr<v1::FreeResponse> answer) {
-  if (p_.observer != nullptr) p_.observer->OnFree(answer.status());
-  call->Reply(answer);
-}
-
 void GpuMemoryService::Handle(AllocateCall* call) {
-  absl::StatusOr<PeerCred> caller = CallerOf(call->ctx(), *p_.peers, *p_.broker);
-  if (!caller.ok()) return ReplyAllocate(call, caller.status());
-  std::shared_ptr<WaitCancel> cancel =
-      call->request().wait_ms() != 0 ? call->wait_cancel() : nullptr;
-  auto waited = [this, call](MemoryBroker::AllocateAnswer answer) {
-    ReplyAllocate(call, std::move(answer));
-  };
-  MemoryBroker::AllocateOutcome o = p_.broker->TryAllocate(*caller, call->request(), waited);
-  switch (o.kind) {
-    case MemoryBroker::AllocateOutcome::Kind::kAnswered:
-      return ReplyAllocate(call, std::move(o.answer));
-    case MemoryBroker::AllocateOutcome::Kind::kWaiting:
-      // Without wait_ms: held briefly for reclaims (no cancel needed).
-      if (cancel != nullptr) cancel->Waiting(p_.broker, o.wait_ticket);
-      return;
-    case MemoryBroker::AllocateOutcome::Kind::kNeedsBackendWork:
-      break;
-  }
-  // A new slab, or releasing empty ones: not on this thread, which serves
-  // every call of the queue.
-  const bool submitted = p_.backend_workers->Submit([this, call, caller = *caller, cancel,
-                                                     waited] {
-    MemoryBroker::AllocateOutcome done = p_.broker->Allocate(caller, call->request(), waited);
-    if (done.kind == MemoryBroker::AllocateOutcome::Kind::kWaiting) {
-      // `call` may already be answered and gone: only `cancel` is used.
-      if (cancel != nullptr) cancel->Waiting(p_.broker, done.wait_ticket);
-    } else {
-      ReplyAllocate(call, std::move(done.answer));
-    }
-  });
-  if (!submitted) ReplyAllocate(call, MemoryBroker::StoppingError());
+  CallDispatch::Dispatched d = dispatch_.Allocate(
+      CallerOf(call->ctx(), *p_.peers, *p_.broker), call->request(), call->arrived(),
+      [call](MemoryBroker::AllocateAnswer answer, CallDispatch::Delivery) {
+        call->Reply(answer);
+      });
+  if (d.cancel != nullptr) call->set_wait_cancel(std::move(d.cancel));
 }
 
 void GpuMemoryService::Handle(FreeCall* call) {
-  absl::StatusOr<PeerCred> caller = CallerOf(call->ctx(), *p_.peers, *p_.broker);
-  if (!caller.ok()) return ReplyFree(call, caller.status());
-  std::optional<absl::StatusOr<v1::FreeResponse>> now =
-      p_.broker->TryFree(*caller, call->request());
-  if (now.has_value()) return ReplyFree(call, *std::move(now));
-  // The block's dedicated slab goes back to the backend: not here.
-  const bool submitted = p_.backend_workers->Submit([this, call, caller = *caller] {
-    ReplyFree(call, p_.broker->Free(caller, call->request()));
-  });
-  if (!submitted) ReplyFree(call, p_.broker->Free(*caller, call->request()));
+  dispatch_.Free(CallerOf(call->ctx(), *p_.peers, *p_.broker), call->request(),
+                 [call](absl::StatusOr<v1::FreeResponse> answer, CallDispatch::Delivery) {
+                   call->Reply(answer);
+                 });
 }
 
 template <typename Call, typename Fn>
 void GpuMemoryService::Query(Call* call, Fn query) {
-  auto run = [call, query] { call->Reply(query()); };
-  if (!p_.query_workers->Submit(run)) run();
+  using Response = typename std::decay_t<decltype(query())>::value_type;
+  dispatch_.Query<Response>(std::move(query),
+                            [call](absl::StatusOr<Response> answer, CallDispatch::Delivery) {
+                              call->Reply(answer);
+                            });
 }
 
 void GpuMemoryService::Handle(GetStatsCall* call) {

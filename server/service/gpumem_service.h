@@ -5,7 +5,8 @@
 // holds up no other call of the queue; each handler finds its caller's
 // kernel credentials (caller.h) and maps absl statuses to gRPC statuses one
 // to one (common/grpc_status.h): a placement refusal travels as binary
-// error details. Thread policy, decided here: see the handlers.
+// error details. What runs where is CallDispatch's (call_dispatch.h), the
+// same for the Stream.
 #ifndef GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
 #define GPUMEMD_SERVER_SERVICE_GPUMEM_SERVICE_H_
 
@@ -15,6 +16,7 @@
 #include "server/core/memory_broker.h"
 #include "server/ledger/tenant_ledger.h"
 #include "server/service/async_service.h"
+#include "server/service/call_dispatch.h"
 #include "server/service/call_observer.h"
 #include "server/service/cq_event.h"
 #include "server/service/tenant_admin.h"
@@ -43,7 +45,9 @@ class GpuMemoryService {
     CallObserver* observer = nullptr;  // may be null
   };
   // Everything in `parts` must outlive the service.
-  explicit GpuMemoryService(Parts parts) : p_(parts) {}
+  explicit GpuMemoryService(Parts parts)
+      : p_(parts),
+        dispatch_({parts.broker, parts.backend_workers, parts.query_workers, parts.observer}) {}
   GpuMemoryService(const GpuMemoryService&) = delete;
   GpuMemoryService& operator=(const GpuMemoryService&) = delete;
 
@@ -62,21 +66,16 @@ class GpuMemoryService {
   using DeleteTenantCall = UnaryCall<v1::DeleteTenantRequest, v1::DeleteTenantResponse>;
   using ResumeCall = UnaryCall<v1::ResumeRequest, v1::ResumeResponse>;
 
-  // The handlers, on the queue's thread, each answering its call once.
-  //  - Allocate and Free run on the queue's thread through the core's Try*
-  //    calls, which never call the backend; a request that needs backend
-  //    work (a new slab, a dedicated slab given back) runs on
-  //    `backend_workers` instead.
-  //  - An Allocate with wait_ms that must wait is held by admission (the
-  //    core's), not by a thread: its answer comes from admission's thread
-  //    through a callback. If the caller goes away (the call is cancelled),
-  //    the wait is cancelled with it.
+  // The handlers, on the queue's thread, each answering its call once,
+  // through the dispatch:
+  //  - Allocate and Free inline, on a backend worker, or (Allocate) waiting
+  //    in admission (CallDispatch::Allocate, Free). A waiting Allocate whose
+  //    call is cancelled (the caller went away) is cancelled with it.
   //  - GetStats, GetUsage, GetLedger, SetQuota, PutTenant, DeleteTenant and
-  //    Resume run on `query_workers` (they read the disk or walk every
-  //    session or allocation). GetStats answers with what the broker shows
-  //    the caller (its visibility rules) and the ledger writer's state
-  //    (every caller sees it).
-  //  - GetSession runs on the queue's thread.
+  //    Resume as queries (CallDispatch::Query). GetStats answers with what
+  //    the broker shows the caller (its visibility rules) and the ledger
+  //    writer's state (every caller sees it).
+  //  - GetSession inline.
   void Handle(AllocateCall* call);
   void Handle(FreeCall* call);
   void Handle(GetStatsCall* call);
@@ -91,13 +90,12 @@ class GpuMemoryService {
   MemoryBroker* broker() const { return p_.broker; }
 
  private:
-  void ReplyAllocate(AllocateCall* call, MemoryBroker::AllocateAnswer answer);
-  void ReplyFree(FreeCall* call, absl::StatusOr<v1::FreeResponse> answer);
-  // Runs `query` on the query workers (inline once they stop) and replies.
+  // Runs `query` through the dispatch and replies with its answer.
   template <typename Call, typename Fn>
   void Query(Call* call, Fn query);
 
   const Parts p_;
+  CallDispatch dispatch_;
 };
 
 }  // namespace gpumem

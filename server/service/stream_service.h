@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/core/memory_broker.h"
 #include "server/service/async_service.h"
+#include "server/service/call_dispatch.h"
 #include "server/service/call_observer.h"
 #include "server/service/cq_event.h"
 #include "server/service/worker_pool.h"
@@ -39,17 +40,15 @@ struct StreamServiceOptions {
   size_t max_queued_replies = 64;
 };
 
-// Thread policy: broker calls run inline on the queue's thread through the
-// core's Try* calls, which never call the backend; an Allocate or Free that
-// needs backend work (a new slab; a dedicated slab given back) is answered
-// kNeedsBackendWork with nothing changed, and runs on the backend WorkerPool
-// instead; its answer comes back to the queue thread through a grpc::Alarm.
-// An Allocate the broker holds (a wait_ms request that waits for memory, or
-// a hold for reclaims, memory_broker.h) holds no thread: it is answered from
-// admission's thread through the same alarm. Waiting is the unary
-// Allocate's: the same limits and refusals. A stream that ends (cancelled,
-// client gone) or fails while requests of it wait cancels them: their
-// places are freed at once.
+// What runs where is CallDispatch's (call_dispatch.h), as for the unary
+// RPCs: Allocate and Free inline on the queue's thread when they need no
+// backend work, otherwise on the backend WorkerPool; an Allocate the broker
+// holds (a wait_ms request that waits for memory, or a hold for reclaims,
+// memory_broker.h) holds no thread and is answered from admission's thread.
+// Waiting is the unary Allocate's: the same limits and refusals. An answer
+// made on another thread comes back to the queue thread through a
+// grpc::Alarm. A stream that ends (cancelled, client gone) or fails while
+// requests of it wait cancels them: their places are freed at once.
 //
 // A stream whose caller cannot be established ends with that status. A
 // request id reused while its request is in flight (answer not yet
@@ -86,8 +85,7 @@ class StreamService {
   MemoryBroker* broker_;
   const PeerTable* peers_;
   AsyncGpuMemory* service_;
-  WorkerPool* workers_;
-  CallObserver* observer_;
+  CallDispatch dispatch_;
   StreamServiceOptions options_;
   // Live streams by session, for pushes. A Call registers once accepted and
   // unregisters before it is deleted.

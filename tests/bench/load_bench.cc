@@ -32,7 +32,8 @@
 // "daemon" is followed by the same row against it ("baseline"), so a change
 // is measured side by side in one run; the summary gives after/before for
 // the 4-client stream pairs/s ratio to the floor and the 1-client stream
-// p50 ratio.
+// p50 ratio. --baseline_first runs each baseline row before its daemon row
+// (alternate it between runs so that neither side always goes first).
 // --ledger_compare: instead of the above, the ledger's cost side by side: a
 // second gpumemd with --ledger=none beside the first (ledger on, its file
 // in the daemon's private directory), and for each client count
@@ -104,6 +105,8 @@ ABSL_FLAG(std::string, daemon_flags, "",
           "extra gpumemd flags for the load rows, space-separated (e.g. --ledger=none)");
 ABSL_FLAG(std::string, baseline_daemon, "",
           "another gpumemd binary to measure beside this one (rows \"baseline\")");
+ABSL_FLAG(bool, baseline_first, false,
+          "with --baseline_daemon: each baseline row before its daemon row");
 ABSL_FLAG(bool, ledger_compare, false,
           "measure ledger on against --ledger=none instead (see the file's comment)");
 ABSL_FLAG(int, ledger_rounds, 3, "--ledger_compare: rounds per client count");
@@ -815,14 +818,23 @@ int RunDriver() {
   // The row against the daemon, and the same against the baseline.
   auto daemon_rows = [&](const std::string& section, const char* transport, int n) {
     std::vector<Row> out;
-    Row d = driver.RunPhase("daemon", daemon.socket(), daemon.pid(), transport, n, seconds);
-    d.section = section;
-    out.push_back(d);
-    if (baseline != nullptr) {
-      Row b = driver.RunPhase("baseline", baseline->socket(), baseline->pid(), transport, n,
-                              seconds);
-      b.section = section;
-      out.push_back(b);
+    auto run_daemon = [&] {
+      out.push_back(
+          driver.RunPhase("daemon", daemon.socket(), daemon.pid(), transport, n, seconds));
+      out.back().section = section;
+    };
+    auto run_baseline = [&] {
+      if (baseline == nullptr) return;
+      out.push_back(driver.RunPhase("baseline", baseline->socket(), baseline->pid(), transport,
+                                    n, seconds));
+      out.back().section = section;
+    };
+    if (absl::GetFlag(FLAGS_baseline_first)) {
+      run_baseline();
+      run_daemon();
+    } else {
+      run_daemon();
+      run_baseline();
     }
     return out;
   };

@@ -34,6 +34,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using testing::ChildProcess;
+
+// A hang guard, not a property: a client that stops reading stalls once
+// tens of thousands of answers fill the HTTP/2 windows, which a TSan build
+// on two loaded cores was seen to take over 30 s to serve.
+constexpr int kStallGuardMs = 180000;
 using testing::DaemonClientTest;
 using testing::PollUntil;
 
@@ -55,6 +60,24 @@ class StreamTest : public DaemonClientTest {
       if (s.pid() == pid) return s.allocation_count();
     }
     return 0;
+  }
+
+  // A stalled client's live allocations once they hold still for a second.
+  // "stalled" is the client's view (its writes stopped getting through); the
+  // daemon may still be working through what it had read (seconds, under
+  // TSan), and no daemon-side figure says the stream is throttled. At most
+  // 100,000: past that the stream is not throttled at all.
+  uint64_t SettledAllocationsOf(pid_t pid) {
+    uint64_t held = AllocationsOf(pid);
+    int still = 0;
+    EXPECT_TRUE(PollUntil([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const uint64_t now = AllocationsOf(pid);
+      still = now == held ? still + 1 : 0;
+      held = now;
+      return still >= 5 || held >= 100000;
+    })) << "the stalled client's allocations still grow after 60 s: " << held;
+    return held;
   }
 
   // Median microseconds of 200 Allocate+Free pairs of this test's client.
@@ -255,22 +278,10 @@ TEST_F(StreamTest, GarbageEndsTheStreamWithInvalidArgument) {
 TEST_F(StreamTest, ClientThatStopsReadingIsThrottledAlone) {
   const double baseline = PairMedianUs();
   auto abuser = Abuser("stop_reading");
-  ASSERT_EQ(abuser->ReadLine(30000), "stalled");
+  ASSERT_EQ(abuser->ReadLine(kStallGuardMs), "stalled");
   // The daemon stopped taking its requests: far fewer than it sent
-  // (1,000,000) were carried out, and the count no longer grows. "stalled"
-  // is the abuser's view (its writes stopped getting through); the daemon
-  // may still be working through what it had read (seconds, under TSan):
-  // wait for the count to hold still for a second (no daemon-side figure
-  // says the stream is throttled), then check it stays so.
-  uint64_t held = AllocationsOf(abuser->pid());
-  int still = 0;
-  EXPECT_TRUE(PollUntil([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    const uint64_t now = AllocationsOf(abuser->pid());
-    still = now == held ? still + 1 : 0;
-    held = now;
-    return still >= 5 || held >= 100000;
-  })) << "the abuser's allocations still grow after 60 s: " << held;
+  // (1,000,000) were carried out, and the count no longer grows.
+  const uint64_t held = SettledAllocationsOf(abuser->pid());
   EXPECT_LT(held, 100000u);
   ExpectOthersServed(baseline);
   EXPECT_EQ(AllocationsOf(abuser->pid()), held);
@@ -281,8 +292,8 @@ TEST_F(StreamTest, StreamClosedMidRequestFreesUndeliveredAnswers) {
   const double baseline = PairMedianUs();
   const std::string go = daemon_->dir() + "/cancel-now";
   auto abuser = Abuser("close_mid_request", go);
-  ASSERT_EQ(abuser->ReadLine(30000), "stalled");
-  const uint64_t before = AllocationsOf(abuser->pid());
+  ASSERT_EQ(abuser->ReadLine(kStallGuardMs), "stalled");
+  const uint64_t before = SettledAllocationsOf(abuser->pid());
   std::ofstream(go).put('\n');
   ASSERT_EQ(abuser->ReadLine(), "cancelled");
   EXPECT_EQ(abuser->ReadLine(), "holding");

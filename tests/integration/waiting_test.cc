@@ -1,5 +1,6 @@
 // Waiting requests (AllocateRequest.wait_ms) against a real gpumemd: they
-// hold no daemon thread, are served by tenant priority when room appears,
+// hold no daemon thread, are served by tenant priority when room appears
+// (unary and Stream requests in one queue),
 // are refused by name past their tenant's limit, and leave nothing behind
 // when their processes are killed or their callers give up.
 //
@@ -100,6 +101,16 @@ class WaitingTest : public ::testing::Test {
     return clients_.back().get();
   }
 
+  // The same requests over one raw Stream of the client's.
+  ChildProcess* StreamWaiters(uid_t uid, int requests, uint64_t size) {
+    clients_.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{binary_, "--socket=" + daemon_->socket(), "--stream",
+                                 "--requests=" + std::to_string(requests),
+                                 "--size=" + std::to_string(size), "--wait_ms=60000"},
+        uid));
+    return clients_.back().get();
+  }
+
   v1::GetStatsResponse Stats() {
     absl::StatusOr<v1::GetStatsResponse> s = client_->GetStats();
     EXPECT_TRUE(s.ok()) << s.status();
@@ -178,6 +189,41 @@ TEST_F(WaitingTest, AThousandWaitersHoldNoThreadAndAreServedByPriority) {
            now.sessions_size() == sessions_before;
   }, std::chrono::seconds(20)));
   EXPECT_LE(Threads(daemon_->pid()), before + 4);
+}
+
+// Waiting requests on the Stream and unary ones wait in one queue, served by
+// tenant priority whatever their transport: the low tenant's (unary and
+// stream) came first, and the room that appears goes to the high tenant's
+// (stream and unary) alone.
+TEST_F(WaitingTest, StreamAndUnaryWaitersAreServedByPriorityAlike) {
+  v1::AllocateRequest r;
+  r.set_size_bytes(64 * kMiB);
+  absl::StatusOr<v1::AllocateResponse> whole = client_->AllocateRaw(r);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  std::vector<ChildProcess*> low = {Waiters(kLow, 2, 16 * kMiB),
+                                    StreamWaiters(kLow, 2, 16 * kMiB)};
+  for (ChildProcess* c : low) ASSERT_EQ(c->ReadLine(60000), "sent 2");
+  ASSERT_TRUE(WaitFor([&] { return Waiting() == 4; })) << Waiting() << " waiting";
+  std::vector<ChildProcess*> high = {StreamWaiters(kHigh, 2, 16 * kMiB),
+                                     Waiters(kHigh, 2, 16 * kMiB)};
+  for (ChildProcess* c : high) ASSERT_EQ(c->ReadLine(60000), "sent 2");
+  ASSERT_TRUE(WaitFor([&] { return Waiting() == 8; })) << Waiting() << " waiting";
+
+  // Room for four: the high tenant's four.
+  ASSERT_TRUE(client_->Free(whole->allocations(0).id()).ok());
+  for (ChildProcess* c : high) {
+    for (int i = 0; i < 2; ++i) {
+      const std::string line = c->ReadLine(30000);
+      EXPECT_TRUE(absl::StartsWith(line, "alloc ")) << line;
+    }
+  }
+  for (ChildProcess* c : low) EXPECT_EQ(c->ReadLine(20), "");
+  const v1::GetStatsResponse s = Stats();
+  ASSERT_NE(Tenant(s, "high"), nullptr);
+  ASSERT_NE(Tenant(s, "low"), nullptr);
+  EXPECT_EQ(Tenant(s, "high")->used_bytes(), 64 * kMiB);
+  EXPECT_EQ(Tenant(s, "low")->used_bytes(), 0u);
+  EXPECT_EQ(s.counters().waiting_requests(), 4u);
 }
 
 // Past its tenant's limit a waiting request is refused at once, by name;
