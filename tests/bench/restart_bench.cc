@@ -30,7 +30,7 @@
 #include "absl/flags/parse.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/restart/fake_systemd.h"
 

@@ -21,7 +21,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 
 ABSL_FLAG(std::string, socket, "", "daemon socket");
 ABSL_FLAG(int, requests, 10, "requests sent at once");
