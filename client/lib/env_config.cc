@@ -51,7 +51,10 @@ absl::StatusOr<PoolOptions> PoolOptionsFromEnv(absl::string_view socket_path) {
   absl::Status s = ReadBytes("GPUMEM_LEASE_SIZE", &o.lease_bytes);
   if (s.ok()) s = ReadBytes("GPUMEM_CACHE_MAX", &o.cache_max_request);
   if (s.ok()) s = ReadMs("GPUMEM_IDLE_RELEASE_MS", &o.idle_release_ms);
-  if (s.ok()) s = ReadMs("GPUMEM_RECONNECT_MS", &o.reconnect_ms);
+  // The client library reads it itself (Client::Connect); a bad value is
+  // refused here, at connect, like the others.
+  int64_t reconnect_ms = 0;
+  if (s.ok()) s = ReadMs("GPUMEM_RECONNECT_MS", &reconnect_ms);
   if (!s.ok()) return s;
   return o;
 }

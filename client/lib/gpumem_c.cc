@@ -19,7 +19,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "client/lib/c_handle.h"
+#include "client/lib/device_uuids.h"
 #include "client/lib/env_config.h"
+#include "client/lib/pool/library_error.h"
 #include "client/lib/tenant_budget.h"
 
 namespace gpumem {
@@ -120,6 +122,8 @@ absl::Status ParseRequest(const char* method, const char* json,
 
 absl::StatusOr<std::string> CallJson(CachingPool* pool, const std::string& method,
                                      const char* json) {
+  absl::StatusOr<Client*> daemon = pool->Daemon();
+  if (!daemon.ok()) return daemon.status();
   if (method == "GetStats") {
     v1::GetStatsRequest req;
     if (absl::Status s = ParseRequest("GetStats", json, &req); !s.ok()) return s;
@@ -127,22 +131,22 @@ absl::StatusOr<std::string> CallJson(CachingPool* pool, const std::string& metho
       return absl::InvalidArgumentError(
           "GetStats: include_slabs is not offered here (gpumemctl stats --slabs shows them)");
     }
-    return JsonOf(pool->DaemonStats());
+    return JsonOf((*daemon)->GetStats(false));
   }
   if (method == "GetSession") {
     v1::GetSessionRequest req;
     if (absl::Status s = ParseRequest("GetSession", json, &req); !s.ok()) return s;
-    return JsonOf(pool->DaemonSession());
+    return JsonOf((*daemon)->GetSession());
   }
   if (method == "GetUsage") {
     v1::GetUsageRequest req;
     if (absl::Status s = ParseRequest("GetUsage", json, &req); !s.ok()) return s;
-    return JsonOf(pool->DaemonUsage());
+    return JsonOf((*daemon)->GetUsage());
   }
   if (method == "GetLedger") {
     v1::GetLedgerRequest req;
     if (absl::Status s = ParseRequest("GetLedger", json, &req); !s.ok()) return s;
-    return JsonOf(pool->DaemonLedger(req));
+    return JsonOf((*daemon)->GetLedger(req));
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "method \"", method, "\" is not one gpumem_call_json makes (GetStats, GetSession, "
@@ -281,7 +285,7 @@ int gpumem_device_count(gpumem_client* c) {
     SetError(pool.status());
     return -1;
   }
-  absl::StatusOr<std::vector<std::string>> uuids = (*pool)->DeviceUuids();
+  absl::StatusOr<std::vector<std::string>> uuids = gpumem::client::DeviceUuids(*pool);
   if (!uuids.ok()) {
     SetError(uuids.status());
     return -1;
@@ -344,7 +348,9 @@ int gpumem_stats_json(gpumem_client* c, char** json) {
                           i ? "," : "", r.device, r.bytes, r.used_bytes, r.live_blocks);
   }
   out += "]";
-  absl::StatusOr<gpumem::v1::GetStatsResponse> daemon = (*pool)->DaemonStats();
+  absl::StatusOr<gpumem::client::Client*> connection = (*pool)->Daemon();
+  if (!connection.ok()) return SetError(connection.status());
+  absl::StatusOr<gpumem::v1::GetStatsResponse> daemon = (*connection)->GetStats(false);
   if (!daemon.ok()) return SetError(daemon.status());
   std::string dj;
   google::protobuf::util::JsonPrintOptions opts;

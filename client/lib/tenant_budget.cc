@@ -68,11 +68,13 @@ absl::StatusOr<MemInfo> TenantMemInfo(const v1::GetStatsResponse& stats,
 }
 
 absl::StatusOr<MemInfo> PoolMemInfo(CachingPool* pool, uint32_t device) {
-  absl::StatusOr<v1::Session> session = pool->DaemonSession();
+  absl::StatusOr<Client*> daemon = pool->Daemon();
+  if (!daemon.ok()) return daemon.status();
+  absl::StatusOr<v1::Session> session = (*daemon)->GetSession();
   if (!session.ok()) return session.status();
-  absl::StatusOr<v1::GetUsageResponse> usage = pool->DaemonUsage();
+  absl::StatusOr<v1::GetUsageResponse> usage = (*daemon)->GetUsage();
   if (!usage.ok()) return usage.status();
-  absl::StatusOr<v1::GetStatsResponse> stats = pool->DaemonStats();
+  absl::StatusOr<v1::GetStatsResponse> stats = (*daemon)->GetStats(false);
   if (!stats.ok()) return stats.status();
   uint64_t idle = 0;
   for (const PoolStats::LeaseRow& r : pool->Stats().rows) {

@@ -20,11 +20,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "client/lib/c_handle.h"
-#include "client/lib/slabs/cuda_device_context.h"
+#include "client/lib/device_uuids.h"
 #include "client/lib/env_config.h"
 #include "client/lib/include/gpumem.h"
-#include "common/cuda_driver.h"
+#include "client/lib/pool/library_error.h"
+#include "client/lib/slabs/cuda_device_context.h"
 #include "client/lib/tenant_budget.h"
+#include "common/cuda_driver.h"
 
 namespace gpumem {
 namespace client {
@@ -96,7 +98,7 @@ absl::StatusOr<std::string> UuidOfOrdinalWithoutDriver(const std::vector<std::st
 // or a GPU-/MIG- UUID or unique prefix of one) or, without it, taken as the
 // daemon's device d.
 absl::StatusOr<std::string> UuidOfOrdinal(CachingPool* pool, int d) {
-  absl::StatusOr<std::vector<std::string>> uuids = pool->DeviceUuids();
+  absl::StatusOr<std::vector<std::string>> uuids = DeviceUuids(pool);
   if (!uuids.ok()) return uuids.status();
   absl::StatusOr<const CudaDriver*> driver = LoadCudaDriver();
   if (!driver.ok()) {
@@ -177,7 +179,7 @@ absl::StatusOr<MemInfo> TorchMemInfo(int d) {
   }
   absl::StatusOr<std::string> uuid = UuidOfOrdinal(pool, d);
   if (!uuid.ok()) return uuid.status();
-  absl::StatusOr<std::vector<std::string>> uuids = pool->DeviceUuids();
+  absl::StatusOr<std::vector<std::string>> uuids = DeviceUuids(pool);
   if (!uuids.ok()) return uuids.status();
   for (size_t i = 0; i < uuids->size(); ++i) {
     if ((*uuids)[i] == *uuid) return PoolMemInfo(pool, static_cast<uint32_t>(i));

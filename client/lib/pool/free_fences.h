@@ -1,9 +1,9 @@
-// FreeFences: when memory freed on the host may be reused, for memory that
-// device work queued before the free may still be using. A GPU runs work
-// later than the host queues it; PyTorch frees a tensor as soon as the last
-// kernel that uses it is queued, so the memory must not be handed to its
-// next owner (or unmapped) until that work has run. A Fence is taken at
-// free time and says when.
+// FenceSource, and FreeFences (the CUDA driver's): when memory freed on the
+// host may be reused, for memory that device work queued before the free
+// may still be using. A GPU runs work later than the host queues it;
+// PyTorch frees a tensor as soon as the last kernel that uses it is queued,
+// so the memory must not be handed to its next owner (or unmapped) until
+// that work has run. A Fence is taken at free time and says when.
 //
 // Invariants: a fence passes only once the work it stands for has
 // completed, or its device failed (the context broken, the device lost:
@@ -27,35 +27,48 @@
 namespace gpumem {
 namespace client {
 
-class FreeFences {
+// Where a FreeQueue gets its fences (an interface so that the queue's rules
+// can be driven without a GPU).
+class FenceSource {
  public:
   struct Fence {
-    int device = -1;          // index into devices_
+    int device = -1;          // the source's index of the device
     CUevent event = nullptr;  // AfterStream
     uint64_t ticket = 0;      // AfterDevice: syncs started before it
   };
 
-  explicit FreeFences(const CudaDriver* driver) : d_(driver) {}
-  ~FreeFences();
-  FreeFences(const FreeFences&) = delete;
-  FreeFences& operator=(const FreeFences&) = delete;
-
+  virtual ~FenceSource() = default;
   // Passes once the work queued on `stream` (a CUstream of the device's
   // primary context; null: its legacy NULL stream) before now has
   // completed: an event recorded now on that stream.
-  absl::StatusOr<Fence> AfterStream(const std::string& uuid, CUstream stream);
+  virtual absl::StatusOr<Fence> AfterStream(const std::string& uuid, CUstream stream) = 0;
   // Passes once all the work this process queued on the device's primary
   // context before now has completed: the next cuCtxSynchronize of the
   // device that starts after now.
-  absl::StatusOr<Fence> AfterDevice(const std::string& uuid);
+  virtual absl::StatusOr<Fence> AfterDevice(const std::string& uuid) = 0;
   // Without blocking (cuEventQuery, or "has such a synchronize finished").
-  bool Passed(const Fence& f);
+  virtual bool Passed(const Fence& f) = 0;
   // Blocks until `f` has passed (cuEventSynchronize, or a cuCtxSynchronize
   // of its own); the driver's error if waiting failed (the fence then counts
   // as passed).
-  absl::Status Wait(const Fence& f);
+  virtual absl::Status Wait(const Fence& f) = 0;
   // Gives a passed fence's event back for reuse.
-  void Release(Fence& f);
+  virtual void Release(Fence& f) = 0;
+};
+
+// The CUDA driver's fences.
+class FreeFences : public FenceSource {
+ public:
+  explicit FreeFences(const CudaDriver* driver) : d_(driver) {}
+  ~FreeFences() override;
+  FreeFences(const FreeFences&) = delete;
+  FreeFences& operator=(const FreeFences&) = delete;
+
+  absl::StatusOr<Fence> AfterStream(const std::string& uuid, CUstream stream) override;
+  absl::StatusOr<Fence> AfterDevice(const std::string& uuid) override;
+  bool Passed(const Fence& f) override;
+  absl::Status Wait(const Fence& f) override;
+  void Release(Fence& f) override;
 
  private:
   struct Device {
