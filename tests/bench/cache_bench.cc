@@ -29,8 +29,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "client/client.h"
-#include "client/gpumem.h"
+#include "client/lib/cpp/client.h"
+#include "client/lib/include/gpumem.h"
 #include "tests/integration/daemon_fixture.h"
 
 ABSL_FLAG(int, rounds, 7, "interleaved rounds per series");

@@ -44,9 +44,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "client/client.h"
-#include "client/gpumem.h"
-#include "client/slab_mapper.h"
+#include "client/lib/cpp/client.h"
+#include "client/lib/include/gpumem.h"
+#include "client/lib/slabs/slab_mapper.h"
 #include "common/cuda_driver.h"
 
 ABSL_FLAG(std::string, driver, "libcuda.so.1", "the CUDA driver library to dlopen");

@@ -85,7 +85,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "client/stream_transport.h"
+#include "client/lib/cpp/stream_transport.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "server/ledger/usage_account.h"
 #include "tests/bench/floor_server.h"

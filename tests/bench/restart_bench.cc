@@ -47,7 +47,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/restart/fake_systemd.h"

@@ -30,7 +30,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "tests/integration/daemon_fixture.h"
 
 ABSL_FLAG(int, rounds, 20, "rounds; each times --per_round operations of each kind");

@@ -22,9 +22,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
-#include "client/gpumemctl_top.h"
-#include "client/top_view.h"
+#include "client/lib/cpp/client.h"
+#include "client/ctl/gpumemctl_top.h"
+#include "client/ctl/top_view.h"
 #include "tests/integration/daemon_fixture.h"
 
 ABSL_FLAG(int, devices, 64, "sim devices");

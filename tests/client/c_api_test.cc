@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/gpumem.h"
+#include "client/lib/include/gpumem.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
 

@@ -1,6 +1,6 @@
 // The library's environment variables and placement text: values parse, and
 // every malformed one is INVALID_ARGUMENT naming the variable or flag.
-#include "client/env_config.h"
+#include "client/lib/env_config.h"
 
 #include <stdlib.h>
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "client/client.h"
-#include "client/gpumem.h"
+#include "client/lib/cpp/client.h"
+#include "client/lib/include/gpumem.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
 

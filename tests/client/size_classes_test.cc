@@ -1,7 +1,7 @@
 // Size classes of the caching pool: every size maps to the smallest class
 // that holds it, classes are 256-byte multiples, and above 2 KiB a class
 // wastes at most 1/8 of itself.
-#include "client/size_classes.h"
+#include "client/lib/pool/size_classes.h"
 
 #include <cstdint>
 

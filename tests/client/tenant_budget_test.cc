@@ -1,6 +1,6 @@
-// TenantMemInfo (client/tenant_budget.h): what mem_get_info answers from the
+// TenantMemInfo (client/lib/tenant_budget.h): what mem_get_info answers from the
 // daemon's GetStats, GetUsage and GetSession, on made-up answers.
-#include "client/tenant_budget.h"
+#include "client/lib/tenant_budget.h"
 
 #include "gtest/gtest.h"
 

@@ -1,9 +1,9 @@
-// TopView (client/top_view.h) and the plain refresh loop of gpumemctl top
-// (client/gpumemctl_top.h) on made-up GetStats answers: sizes are kept,
+// TopView (client/ctl/top_view.h) and the plain refresh loop of gpumemctl top
+// (client/ctl/gpumemctl_top.h) on made-up GetStats answers: sizes are kept,
 // rates come from counter differences over the daemon's uptime, a restart,
 // an unreachable daemon and a failing ledger are said, not shown as figures,
 // sections are cut with a count, and each refresh costs exactly one GetStats.
-#include "client/top_view.h"
+#include "client/ctl/top_view.h"
 
 #include <sstream>
 #include <string>
@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/gpumemctl_top.h"
+#include "client/ctl/gpumemctl_top.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

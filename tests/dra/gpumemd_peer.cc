@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "tests/dra/fake_gpumemd.h"
 #include "tests/integration/daemon_fixture.h"

@@ -1,4 +1,4 @@
-// Fuzzes sequences of C ABI calls (client/gpumem.h) against a real daemon
+// Fuzzes sequences of C ABI calls (client/lib/include/gpumem.h) against a real daemon
 // run in this process (server/daemon's Daemon, sim backend, on a private
 // socket): mallocs of any size and placement text, sharded mallocs, frees of
 // live blocks, double frees, interior pointers, random pointers and NULL,
@@ -31,7 +31,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/gpumem.h"
+#include "client/lib/include/gpumem.h"
 #include "server/config/settings.h"
 #include "server/daemon/daemon.h"
 

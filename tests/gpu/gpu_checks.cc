@@ -48,9 +48,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/client.h"
-#include "client/cuda_device_context.h"
-#include "client/gpumem.h"
+#include "client/lib/cpp/client.h"
+#include "client/lib/slabs/cuda_device_context.h"
+#include "client/lib/include/gpumem.h"
 #include "common/cuda_driver.h"
 
 ABSL_FLAG(std::string, socket, "", "the daemon's socket");

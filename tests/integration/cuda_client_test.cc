@@ -33,9 +33,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/client.h"
-#include "client/gpumem.h"
-#include "client/slab_mapper.h"
+#include "client/lib/cpp/client.h"
+#include "client/lib/include/gpumem.h"
+#include "client/lib/slabs/slab_mapper.h"
 #include "common/cuda_driver.h"
 #include "common/fd_channel.h"
 #include "gtest/gtest.h"

@@ -23,7 +23,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "common/cuda_driver.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"

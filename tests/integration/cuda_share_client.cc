@@ -22,8 +22,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/escaping.h"
-#include "client/client.h"
-#include "client/slab_mapper.h"
+#include "client/lib/cpp/client.h"
+#include "client/lib/slabs/slab_mapper.h"
 #include "common/fd_channel.h"
 
 ABSL_FLAG(std::string, socket, "", "daemon socket");

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
 

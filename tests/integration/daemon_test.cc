@@ -12,7 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_client_test.h"
 #include "tests/integration/daemon_fixture.h"

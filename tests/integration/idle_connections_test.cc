@@ -20,7 +20,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "common/fd_channel.h"
 #include "gtest/gtest.h"
 #include "tests/common/poll_until.h"

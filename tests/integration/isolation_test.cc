@@ -20,7 +20,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "gtest/gtest.h"
 #include "tests/common/poll_until.h"
 #include "tests/integration/daemon_client_test.h"

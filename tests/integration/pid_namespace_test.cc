@@ -17,7 +17,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "gtest/gtest.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "tests/integration/daemon_fixture.h"

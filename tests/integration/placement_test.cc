@@ -3,7 +3,7 @@
 // between 0-1 and 2-3.
 #include <set>
 
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_client_test.h"
 

@@ -59,7 +59,7 @@ class ReclaimTest : public DaemonClientTest {
 
   // gpumemctl alloc 1GiB as another user: its exit status and wall time.
   int AllocOneGiB(double* ms, std::string* out, const std::string& wait = "") {
-    std::vector<std::string> argv = {Copy("client/gpumemctl"), "--socket=" + daemon_->socket(),
+    std::vector<std::string> argv = {Copy("client/ctl/gpumemctl"), "--socket=" + daemon_->socket(),
                                      "alloc", "1GiB"};
     if (!wait.empty()) argv.push_back("--wait=" + wait);
     const auto start = std::chrono::steady_clock::now();
@@ -108,7 +108,7 @@ TEST_F(ReclaimTest, SessionThatNeverAnswersDelaysOthersByTheBoundOnly) {
   // room even with every lease back) is answered at once.
   double quick_ms = 0;
   std::string out;
-  std::vector<std::string> argv = {Copy("client/gpumemctl"), "--socket=" + daemon_->socket(),
+  std::vector<std::string> argv = {Copy("client/ctl/gpumemctl"), "--socket=" + daemon_->socket(),
                                    "alloc", "3GiB"};
   {
     const auto start = std::chrono::steady_clock::now();

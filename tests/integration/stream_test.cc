@@ -18,8 +18,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/match.h"
-#include "client/client.h"
-#include "client/stream_transport.h"
+#include "client/lib/cpp/client.h"
+#include "client/lib/cpp/stream_transport.h"
 #include "gtest/gtest.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "tests/common/poll_until.h"

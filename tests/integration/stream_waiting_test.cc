@@ -16,7 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "gtest/gtest.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "tests/common/poll_until.h"

@@ -49,7 +49,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "common/fd_channel.h"
 #include "gtest/gtest.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"

@@ -50,7 +50,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/strings/str_split.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "common/fd_channel.h"
 

@@ -25,7 +25,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 
 ABSL_FLAG(std::string, socket, "", "daemon socket");

@@ -25,7 +25,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "gtest/gtest.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
 #include "tests/integration/daemon_fixture.h"

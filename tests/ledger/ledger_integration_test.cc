@@ -21,7 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "gtest/gtest.h"
 #include "tests/common/poll_until.h"
 #include "tests/integration/daemon_fixture.h"

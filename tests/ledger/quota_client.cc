@@ -20,7 +20,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 
 ABSL_FLAG(std::string, socket, "", "daemon socket");
 ABSL_FLAG(bool, race, false, "allocate and free in a loop");

@@ -36,7 +36,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 
 ABSL_FLAG(std::string, socket, "", "daemon socket");
 ABSL_FLAG(int, flood, 0, "raw HTTP/2 connections to open");

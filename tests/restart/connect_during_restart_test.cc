@@ -25,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "common/fd_channel.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"

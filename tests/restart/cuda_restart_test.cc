@@ -17,8 +17,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
-#include "client/gpumem.h"
+#include "client/lib/cpp/client.h"
+#include "client/lib/include/gpumem.h"
 #include "common/cuda_driver.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"

@@ -33,7 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 
 ABSL_FLAG(std::string, socket, "", "daemon socket");
 ABSL_FLAG(std::string, mode, "work", "work | fill");

@@ -3,7 +3,7 @@
 // closing a slab it had open must leave the slab held for another Client
 // that still maps it: after a kill -9 of the daemon that one gives the
 // handle back and its block survives, byte for byte, and frees normally.
-// Before client/process_open_slabs.h the first Client's close made the
+// Before client/lib/cpp/process_open_slabs.h the first Client's close made the
 // daemon forget the process held the slab; the restarted daemon then
 // refused the other's handle (PERMISSION_DENIED: "was never given slab
 // ...'s handle") and closed the block at the end of the grace time.
@@ -16,7 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "gtest/gtest.h"
 #include "tests/common/poll_until.h"
 #include "tests/integration/daemon_fixture.h"

@@ -77,7 +77,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
+#include "client/lib/cpp/client.h"
 #include "server/state/durable_state.h"
 #include "tests/soak/ledger_check.h"
 

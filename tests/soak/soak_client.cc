@@ -62,8 +62,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
-#include "client/gpumem.h"
+#include "client/lib/cpp/client.h"
+#include "client/lib/include/gpumem.h"
 #include "common/fd_channel.h"
 
 ABSL_FLAG(std::string, socket, "", "daemon socket");

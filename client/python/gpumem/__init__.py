@@ -7,7 +7,7 @@
         print(b.device, c.stats()["daemon"]["devices"][b.device]["used_bytes"])
         b.free()
 
-A thin layer over libgpumem.so.1 (the C ABI, client/gpumem.h) through ctypes,
+A thin layer over libgpumem.so.1 (the C ABI, client/lib/include/gpumem.h) through ctypes,
 so allocations go through the library's in-process caching pool: a small
 block costs two C calls, no RPC. What it guarantees, besides what gpumem.h
 does:
@@ -48,7 +48,7 @@ __all__ = [
 
 
 class Error(Exception):
-    """A gpumem failure: `code` (client/gpumem.h), `name` and the message."""
+    """A gpumem failure: `code` (client/lib/include/gpumem.h), `name` and the message."""
 
     def __init__(self, code, name, message):
         super().__init__("%s: %s" % (name, message))

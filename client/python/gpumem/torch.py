@@ -15,7 +15,7 @@ enable() does two things:
     with mem_get_info() below, so code that sizes itself from it (vLLM's KV
     cache, "total * utilization - used") sees what the tenant may take: total
     is the device capped by the tenant's quotas, free what is left under
-    them and on the device (client/tenant_budget.h has the rule). Code that
+    them and on the device (client/lib/tenant_budget.h has the rule). Code that
     did `from torch.cuda import mem_get_info` before enable() keeps the old
     function: call enable() first.
 

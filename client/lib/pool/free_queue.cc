@@ -1,0 +1,176 @@
+#include "client/lib/pool/free_queue.h"
+
+#include <utility>
+
+#include "common/cuda_driver.h"
+
+namespace gpumem {
+namespace client {
+
+namespace {
+absl::StatusOr<std::unique_ptr<FenceSource>> DriverFences() {
+  // The mapper that opened the block loaded the driver already.
+  absl::StatusOr<const CudaDriver*> d = LoadCudaDriver();
+  if (!d.ok()) return d.status();
+  return std::unique_ptr<FenceSource>(new FreeFences(*d));
+}
+}  // namespace
+
+FreeQueue::FreeQueue(BlockResource* upstream, Options options)
+    : upstream_(upstream), options_(std::move(options)) {}
+
+FreeQueue::~FreeQueue() = default;
+
+FenceSource* FreeQueue::Fences() {
+  absl::call_once(fences_once_, [this] {
+    absl::StatusOr<std::unique_ptr<FenceSource>> f =
+        options_.make_fences ? options_.make_fences() : DriverFences();
+    if (!f.ok()) return;  // frees then wait for nothing
+    fences_owner_ = *std::move(f);
+    fences_.store(fences_owner_.get(), std::memory_order_release);
+  });
+  return fences_.load(std::memory_order_acquire);
+}
+
+absl::StatusOr<Block> FreeQueue::Allocate(uint64_t size, const Arena& arena) {
+  absl::StatusOr<Block> out = absl::UnknownError("not tried");
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Collect();
+    out = upstream_->Allocate(size, arena);
+    // The daemon has no memory left: blocks freed while device work used
+    // them will do once that work is done.
+    if (out.ok() || out.status().code() != absl::StatusCode::kResourceExhausted || Empty()) {
+      break;
+    }
+    WaitAll();
+  }
+  return out;
+}
+
+absl::Status FreeQueue::Free(Block block, const ReuseAfter& after) {
+  if (!OnDevice(block)) return upstream_->Free(std::move(block), after);
+  Waiting w;
+  if (FenceSource* fences = Fences()) {
+    const std::string& uuid = DeviceUuid(block);
+    absl::StatusOr<FenceSource::Fence> f =
+        after.stream_ordered ? fences->AfterStream(uuid, static_cast<CUstream>(after.stream))
+                             : fences->AfterDevice(uuid);
+    // A stream this library cannot record on (another context's): the
+    // device's work, which covers it when it is of the primary context.
+    if (!f.ok() && after.stream_ordered) f = fences->AfterDevice(uuid);
+    if (f.ok()) {
+      w.fence = *f;
+      w.fenced = true;
+    }
+  }
+  w.device_rule = w.fenced && w.fence.event == nullptr;
+  const uint64_t bytes = block.bytes;
+  w.block = std::move(block);
+  bool over;
+  {
+    absl::MutexLock lock(&mu_);
+    bytes_ += bytes;
+    ++count_;
+    if (w.device_rule) {
+      device_rule_bytes_ += bytes;
+      ++device_rule_count_;
+      const size_t dev = static_cast<size_t>(w.fence.device);
+      if (device_queues_.size() <= dev) device_queues_.resize(dev + 1);
+      device_queues_[dev].push_back(std::move(w));
+    } else {
+      stream_queue_.push_back(std::move(w));
+    }
+    over = device_rule_bytes_ > options_.max_device_rule_bytes ||
+           device_rule_count_ > options_.max_device_rule_blocks;
+  }
+  // Free()'s blocks are bounded: past the limits, one synchronize of their
+  // devices gives them all back.
+  if (over) Wait(/*device_rule_only=*/true);
+  return absl::OkStatus();
+}
+
+bool FreeQueue::Empty() {
+  absl::MutexLock lock(&mu_);
+  return count_ == 0;
+}
+
+void FreeQueue::Collect() {
+  std::vector<Waiting> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (count_ == 0) return;
+    FenceSource* fences = fences_.load(std::memory_order_acquire);
+    auto passed = [&](const Waiting& w) {
+      return !w.fenced || fences == nullptr || fences->Passed(w.fence);
+    };
+    auto take = [&](Waiting& w) {
+      bytes_ -= w.block.bytes;
+      --count_;
+      if (w.device_rule) {
+        device_rule_bytes_ -= w.block.bytes;
+        --device_rule_count_;
+      }
+      if (w.fenced && fences != nullptr) fences->Release(w.fence);
+      ready.push_back(std::move(w));
+    };
+    // A device's queue is in fence order: what passed is a prefix.
+    for (std::deque<Waiting>& q : device_queues_) {
+      while (!q.empty() && passed(q.front())) {
+        take(q.front());
+        q.pop_front();
+      }
+    }
+    // Events of different streams pass in any order: look at the oldest few.
+    std::deque<Waiting> keep;
+    int looked = 0;
+    while (!stream_queue_.empty() && looked++ < 64) {
+      Waiting& w = stream_queue_.front();
+      if (passed(w)) {
+        take(w);
+      } else {
+        keep.push_back(std::move(w));
+      }
+      stream_queue_.pop_front();
+    }
+    while (!keep.empty()) {
+      stream_queue_.push_front(std::move(keep.back()));
+      keep.pop_back();
+    }
+  }
+  for (Waiting& w : ready) {
+    // Nobody is told: a block of a lost lease, or a daemon that is gone,
+    // needs nothing more from here.
+    upstream_->Free(std::move(w.block), ReuseAfter::DeviceWork()).IgnoreError();
+  }
+}
+
+void FreeQueue::Wait(bool device_rule_only) {
+  std::vector<FenceSource::Fence> wait;
+  FenceSource* fences = fences_.load(std::memory_order_acquire);
+  {
+    absl::MutexLock lock(&mu_);
+    // The oldest fence of each device: waiting for it synchronizes the
+    // device, which covers every fence taken before that began.
+    for (const std::deque<Waiting>& q : device_queues_) {
+      if (!q.empty()) wait.push_back(q.front().fence);
+    }
+    if (!device_rule_only) {
+      for (const Waiting& w : stream_queue_) {
+        if (w.fenced) wait.push_back(w.fence);
+      }
+    }
+  }
+  for (const FenceSource::Fence& f : wait) {
+    if (fences != nullptr) fences->Wait(f).IgnoreError();  // failed: counts as passed
+  }
+  // Everything waited for has passed now, whatever the order.
+  for (int round = 0; round < 1 + static_cast<int>(wait.size() / 64); ++round) Collect();
+}
+
+FreeQueue::Figures FreeQueue::Stats() {
+  absl::MutexLock lock(&mu_);
+  return {count_, bytes_};
+}
+
+}  // namespace client
+}  // namespace gpumem

@@ -1,0 +1,102 @@
+// FreeQueue: when a freed block is safe to reuse. A GPU runs work later than
+// the host queues it, and PyTorch frees a tensor as soon as the last kernel
+// that uses it is queued, so freed device memory waits here until a fence
+// taken at the free (free_fences.h) has passed; then it goes upstream. Host
+// memory (memfd, the sim backend) passes upstream at once.
+//
+// Invariants: a block goes upstream only once its fence has passed, or its
+// device failed (nothing will run there any more); blocks under Free()'s
+// rule go up per device in fence order. Thread-safe; mu_ is never held
+// while a block goes upstream or a fence is waited for.
+#ifndef GPUMEMD_CLIENT_LIB_POOL_FREE_QUEUE_H_
+#define GPUMEMD_CLIENT_LIB_POOL_FREE_QUEUE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/base/call_once.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/lib/pool/block_resource.h"
+#include "client/lib/pool/free_fences.h"
+
+namespace gpumem {
+namespace client {
+
+class FreeQueue final : public BlockResource {
+ public:
+  struct Options {
+    uint64_t max_device_rule_bytes = 128ull << 20;
+    uint64_t max_device_rule_blocks = 8192;
+    // Makes the fences, on the first free of device memory (default: the
+    // CUDA driver's, FreeFences). A failure leaves frees unfenced.
+    std::function<absl::StatusOr<std::unique_ptr<FenceSource>>()> make_fences;
+  };
+
+  // `upstream` must outlive the queue.
+  FreeQueue(BlockResource* upstream, Options options);
+  ~FreeQueue() override;  // blocks still waiting are dropped: WaitAll() first
+  FreeQueue(const FreeQueue&) = delete;
+  FreeQueue& operator=(const FreeQueue&) = delete;
+
+  // Collects what has passed, then asks upstream; when upstream has no
+  // memory left and blocks are waiting, waits for them and asks once more.
+  absl::StatusOr<Block> Allocate(uint64_t size, const Arena& arena) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Free()'s rule (ReuseAfter::DeviceWork: all the device's work before the
+  // free) waits for the next cuCtxSynchronize of the device: one is run
+  // here when the blocks waiting under it exceed max_device_rule_bytes or
+  // max_device_rule_blocks, when the daemon has no memory left for an
+  // allocation, and by WaitAll(). FreeAfterStream()'s rule is an event on
+  // the stream, polled by Collect() (every allocation that reaches this
+  // layer, and GiveBack's ticks).
+  absl::Status Free(Block block, const ReuseAfter& after) override ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Passes upstream the blocks whose fences have passed (without blocking).
+  void Collect() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits for every waiting block's fence, then collects.
+  void WaitAll() ABSL_LOCKS_EXCLUDED(mu_) { Wait(/*device_rule_only=*/false); }
+
+  struct Figures {
+    uint64_t blocks = 0, bytes = 0;
+  };
+  Figures Stats() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Waiting {
+    Block block;
+    FenceSource::Fence fence;
+    bool fenced = false;       // false: nothing to wait for (the device failed)
+    bool device_rule = false;  // Free()'s rule, not FreeAfterStream()'s
+  };
+  FenceSource* Fences();
+  void Wait(bool device_rule_only) ABSL_LOCKS_EXCLUDED(mu_);
+  bool Empty() ABSL_LOCKS_EXCLUDED(mu_);
+
+  BlockResource* const upstream_;
+  const Options options_;
+  absl::once_flag fences_once_;
+  std::unique_ptr<FenceSource> fences_owner_;  // made once, under fences_once_
+  std::atomic<FenceSource*> fences_{nullptr};
+
+  absl::Mutex mu_;
+  // Free()'s blocks by device (the fence's device index), each in fence
+  // order; FreeAfterStream()'s in the order freed.
+  std::vector<std::deque<Waiting>> device_queues_ ABSL_GUARDED_BY(mu_);
+  std::deque<Waiting> stream_queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t device_rule_count_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t device_rule_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace client
+}  // namespace gpumem
+
+#endif  // GPUMEMD_CLIENT_LIB_POOL_FREE_QUEUE_H_
