@@ -655,12 +655,15 @@ void Daemon::Stop() {
   if (p.broker != nullptr) p.broker->StopWaiting();  // nobody answers waiters after
   // Everything is released: the next daemon starts afresh, on a new socket.
   if (p.listener_stored) p.fd_store.Remove(kStoredListenName);
-  if (p.listener != nullptr) p.listener->Stop();
+  // Connected clients hear gRPC's shutdown through the listener: it stops
+  // only after.
+  if (p.listener != nullptr) p.listener->StopAccepting();
   if (p.server != nullptr) {
     // In-flight calls are sub-millisecond; idle client connections would
     // otherwise hold Shutdown until the deadline.
     p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
   }
+  if (p.listener != nullptr) p.listener->Stop();
   p.metrics.reset();  // no scrape may reach the broker after this
   // Tasks still queued run now: their answers go to queues still drained.
   if (p.backend_workers != nullptr) p.backend_workers->Shutdown();
@@ -689,11 +692,12 @@ void Daemon::StopKeeping(bool quiet) {
   // First, while every call is answered and recorded: from now on nothing
   // kept changes (no release, no event, no record removed).
   if (p.broker != nullptr) p.broker->ShutdownForRestart();
-  if (p.listener != nullptr) {
-    p.listener->StopForRestart();  // the socket lives on in the fd store
-  }
+  if (p.listener != nullptr) p.listener->StopAccepting();
   if (p.server != nullptr) {
     p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
+  }
+  if (p.listener != nullptr) {
+    p.listener->StopForRestart();  // the socket lives on in the fd store
   }
   p.metrics.reset();
   if (p.backend_workers != nullptr) p.backend_workers->Shutdown();
