@@ -83,6 +83,7 @@ ConnectionLimitSettings ConnectionLimitsOf(const Settings& s) {
   l.per_uid = s.max_connections_per_uid.value;
   l.per_tenant_socket = s.max_connections_per_tenant_socket.value;
   l.fd_reserve = s.fd_reserve.value;
+  l.streams_per_connection = s.max_concurrent_streams.value;
   return l;
 }
 

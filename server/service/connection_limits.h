@@ -25,7 +25,8 @@
 
 namespace gpumem {
 
-// Three limits, each refused by closing the new connection at once.
+// Three limits, each refused by closing the new connection at once, and
+// what one gRPC connection may do.
 struct ConnectionLimitSettings {
   // Per uid, over the main socket and every tenant socket together
   // (max_connections_per_uid); root and the admin group are not counted
@@ -39,6 +40,10 @@ struct ConnectionLimitSettings {
   // left free under RLIMIT_NOFILE; root and the admin group only when fewer
   // than half of it would be.
   uint32_t fd_reserve = 256;
+  // Streams a gRPC connection may have open at once: what gRPC advertises
+  // (max_concurrent_streams, fixed at start as gRPC's is); the listener's
+  // links hold clients to it.
+  uint32_t streams_per_connection = 100;
 };
 
 class ConnectionLimits {

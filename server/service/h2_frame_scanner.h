@@ -22,10 +22,17 @@
 namespace gpumem {
 
 // Frame types (RFC 9113, section 6) the daemon looks at.
+inline constexpr uint8_t kH2Data = 0x0;
 inline constexpr uint8_t kH2Headers = 0x1;
 inline constexpr uint8_t kH2RstStream = 0x3;
+inline constexpr uint8_t kH2Settings = 0x4;
 inline constexpr uint8_t kH2Goaway = 0x7;
-// The GOAWAY error code for a peer that makes the server do too much.
+// The END_STREAM flag of DATA and HEADERS; the ACK flag of SETTINGS.
+inline constexpr uint8_t kH2EndStream = 0x1;
+inline constexpr uint8_t kH2Ack = 0x1;
+// GOAWAY error codes: a peer that broke the protocol, one that makes the
+// server do too much.
+inline constexpr uint32_t kH2ProtocolError = 0x1;
 inline constexpr uint32_t kH2EnhanceYourCalm = 0xb;
 // The size of a frame header.
 inline constexpr size_t kH2FrameHeaderBytes = 9;

@@ -16,11 +16,9 @@
 namespace gpumem {
 namespace {
 
-constexpr absl::string_view kCalmReason = "too many stream resets";
-
-// GOAWAY(last_stream, ENHANCE_YOUR_CALM) with a reason a person can read.
-std::string CalmGoaway(uint32_t last_stream) {
-  const uint32_t length = 8 + kCalmReason.size();
+// GOAWAY(last_stream, code) with a reason a person can read.
+std::string Goaway(uint32_t last_stream, uint32_t code, absl::string_view reason) {
+  const uint32_t length = 8 + reason.size();
   std::string f;
   f.reserve(kH2FrameHeaderBytes + length);
   auto be32 = [&f](uint32_t v) {
@@ -33,8 +31,8 @@ std::string CalmGoaway(uint32_t last_stream) {
   f.push_back(0);  // flags
   be32(0);         // stream 0: the connection
   be32(last_stream);
-  be32(kH2EnhanceYourCalm);
-  f.append(kCalmReason.data(), kCalmReason.size());
+  be32(code);
+  f.append(reason.data(), reason.size());
   return f;
 }
 
@@ -46,8 +44,9 @@ std::string BudgetWords() {
 
 }  // namespace
 
-H2Guard::H2Guard(int epoll_fd, OnEnd on_end, Note note)
+H2Guard::H2Guard(int epoll_fd, uint32_t max_streams, OnEnd on_end, Note note)
     : epoll_fd_(epoll_fd),
+      max_streams_(max_streams),
       on_end_(std::move(on_end)),
       note_(std::move(note)),
       chunk_(new char[kChunkBytes]) {}
@@ -111,7 +110,7 @@ void H2Guard::OnEvent(int fd, uint32_t events) {
     }
   }
   if (out != Outcome::kGoOn) {
-    End(l, out == Outcome::kEndCalm);
+    End(l, out);
     return;
   }
   Interest(l);
@@ -129,13 +128,39 @@ H2Guard::Outcome H2Guard::Pump(Linked& l, bool up, absl::Time now) {
   if (n == 0) return Outcome::kEnd;  // that side closed: so does the link
   const absl::string_view read(chunk_.get(), static_cast<size_t>(n));
   size_t pass = read.size();
+  Outcome stop = Outcome::kGoOn;
   if (up) {
     pass = flow.scanner.Scan(read, [&](const H2Frame& f) {
-      if (f.type == kH2Headers) l.last_stream = std::max(l.last_stream, f.stream_id);
-      return f.type != kH2RstStream || budget_.Spend(l.cred, now);
+      if (f.type == kH2Headers && f.stream_id > l.last_stream) {  // opens a stream
+        const uint32_t limit =
+            l.settings_acked ? max_streams_ : max_streams_ * kUnsettledStreamsFactor;
+        if (l.open.size() >= limit) {
+          stop = Outcome::kEndStreams;
+          return false;
+        }
+        l.open.insert(f.stream_id);
+        l.last_stream = f.stream_id;
+      } else if (f.type == kH2Settings && (f.flags & kH2Ack) != 0) {
+        l.settings_acked = true;
+      } else if (f.type == kH2RstStream) {
+        l.open.erase(f.stream_id);
+        if (!budget_.Spend(l.cred, now)) {
+          stop = Outcome::kEndResets;
+          return false;
+        }
+      }
+      return true;
     });
   } else {
-    flow.scanner.Scan(read, [](const H2Frame&) { return true; });
+    // What gRPC ends no longer counts (a stream it ended while the client
+    // still sends still counts for the client: the count errs low).
+    flow.scanner.Scan(read, [&](const H2Frame& f) {
+      if (f.type == kH2RstStream ||
+          ((f.type == kH2Headers || f.type == kH2Data) && (f.flags & kH2EndStream) != 0)) {
+        l.open.erase(f.stream_id);
+      }
+      return true;
+    });
   }
   size_t sent = 0;
   while (sent < pass) {
@@ -151,16 +176,24 @@ H2Guard::Outcome H2Guard::Pump(Linked& l, bool up, absl::Time now) {
     }
   }
   if (sent < pass) flow.waiting.assign(read.data() + sent, pass - sent);
-  if (flow.scanner.stopped()) {
-    if (flow.scanner.bad_preface()) return Outcome::kEnd;
-    const std::string who = ResetBudget::PrincipalName(l.cred);
+  if (!flow.scanner.stopped()) return Outcome::kGoOn;
+  if (flow.scanner.bad_preface()) return Outcome::kEnd;
+  const std::string who = ResetBudget::PrincipalName(l.cred);
+  if (stop == Outcome::kEndResets) {
     note_(absl::StrCat("resets ", who), "gRPC connection(s) ended",
           absl::StrCat(who, " reset more streams than it may (", BudgetWords(),
                        "; HTTP/2 rapid reset): GOAWAY ENHANCE_YOUR_CALM"),
           now);
-    return Outcome::kEndCalm;
+  } else {
+    budget_.SpendAll(l.cred, now);
+    note_(absl::StrCat("streams ", who), "gRPC connection(s) ended",
+          absl::StrCat(who, " opened more than ", max_streams_,
+                       " concurrent streams on one connection (--max_concurrent_streams, "
+                       "DaemonConfig.max_concurrent_streams, SETTINGS_MAX_CONCURRENT_STREAMS): "
+                       "GOAWAY PROTOCOL_ERROR; its new connections wait a second"),
+          now);
   }
-  return Outcome::kGoOn;
+  return stop;
 }
 
 H2Guard::Outcome H2Guard::Flush(Flow& flow, int to) {
@@ -203,12 +236,17 @@ void H2Guard::Interest(Linked& l) {
   }
 }
 
-void H2Guard::End(Linked& l, bool calm) {
+void H2Guard::End(Linked& l, Outcome why) {
   // What the client still has coming (gRPC's last frames, a GOAWAY), as far
   // as its socket takes it now; what gRPC has not taken is dropped.
   Flush(l.down, l.client_fd);
-  if (calm && l.down.waiting.empty() && l.down.scanner.at_frame_boundary()) {
-    const std::string goaway = CalmGoaway(l.last_stream);
+  if ((why == Outcome::kEndResets || why == Outcome::kEndStreams) && l.down.waiting.empty() &&
+      l.down.scanner.at_frame_boundary()) {
+    const std::string goaway =
+        why == Outcome::kEndResets
+            ? Goaway(l.last_stream, kH2EnhanceYourCalm, "too many stream resets")
+            : Goaway(l.last_stream, kH2ProtocolError,
+                     absl::StrCat("more than ", max_streams_, " concurrent streams"));
     (void)!send(l.client_fd, goaway.data(), goaway.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   }
   const int client_fd = l.client_fd;
@@ -231,11 +269,11 @@ void H2Guard::EndTenant(uint32_t tenant) {
   for (const auto& [fd, l] : links_) {
     if (l->cred.socket_tenant == tenant) doomed.push_back(l.get());
   }
-  for (Linked* l : doomed) End(*l, /*calm=*/false);
+  for (Linked* l : doomed) End(*l, Outcome::kEnd);
 }
 
 void H2Guard::EndAll() {
-  while (!links_.empty()) End(*links_.begin()->second, /*calm=*/false);
+  while (!links_.empty()) End(*links_.begin()->second, Outcome::kEnd);
 }
 
 int H2Guard::Sweep(absl::Time now) {

@@ -11,7 +11,13 @@
 // principal's resets (reset_budget.h); the frame that finds none left is not
 // passed on: the link ends, with GOAWAY ENHANCE_YOUR_CALM when a frame can
 // be written whole, and the principal's new gRPC connections are not served
-// until a second's worth of resets has come back.
+// until a second's worth of resets has come back. The streams a client has
+// open are counted too (a stream ends with gRPC's END_STREAM or a reset
+// either way): gRPC advertises SETTINGS_MAX_CONCURRENT_STREAMS but does not
+// hold clients to it, so the HEADERS that opens one stream too many is not
+// passed on, the link ends with GOAWAY PROTOCOL_ERROR, and the principal
+// spends all its resets. Until a client acknowledged gRPC's SETTINGS it
+// cannot know the limit: it may open kUnsettledStreamsFactor times as many.
 //
 // Invariants: bytes pass unchanged and in order until a link ends; a
 // direction holds at most one read's worth that its receiver has not taken,
@@ -27,6 +33,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/service/h2_frame_scanner.h"
@@ -39,6 +46,9 @@ class H2Guard {
  public:
   // Bytes read from a side at a time.
   static constexpr size_t kChunkBytes = 64 << 10;
+  // Before a client's SETTINGS ACK, the streams it may open at once are
+  // this many times max_streams.
+  static constexpr uint32_t kUnsettledStreamsFactor = 4;
 
   // A link ended: its client's fd (closed by now) is no longer counted.
   using OnEnd = std::function<void(int client_fd)>;
@@ -47,7 +57,8 @@ class H2Guard {
                                   const std::string& why, absl::Time now)>;
 
   // `epoll_fd`: the loop's; the guard adds and removes its links' fds.
-  H2Guard(int epoll_fd, OnEnd on_end, Note note);
+  // `max_streams`: what gRPC advertises (SETTINGS_MAX_CONCURRENT_STREAMS).
+  H2Guard(int epoll_fd, uint32_t max_streams, OnEnd on_end, Note note);
   H2Guard(const H2Guard&) = delete;
   H2Guard& operator=(const H2Guard&) = delete;
   ~H2Guard() { EndAll(); }
@@ -88,20 +99,24 @@ class H2Guard {
     Flow up{H2FrameScanner::Direction::kFromClient};    // client -> gRPC
     Flow down{H2FrameScanner::Direction::kFromServer};  // gRPC -> client
     uint32_t last_stream = 0;                           // highest stream passed up
+    absl::flat_hash_set<uint32_t> open;                 // streams the client opened, not ended
+    bool settings_acked = false;                        // it knows max_streams
     uint32_t client_interest = 0;
     uint32_t grpc_interest = 0;
   };
-  enum class Outcome { kGoOn, kEnd, kEndCalm };
+  enum class Outcome { kGoOn, kEnd, kEndResets, kEndStreams };
 
   // Reads once from `from` and passes on what may pass.
   Outcome Pump(Linked& l, bool up, absl::Time now);
   // Writes what waits in `flow` to `to`.
   Outcome Flush(Flow& flow, int to);
   void Interest(Linked& l);
-  // Ends `l` (destroyed); with `calm`, tells the client why first.
-  void End(Linked& l, bool calm);
+  // Ends `l` (destroyed); for kEndResets and kEndStreams, tells the
+  // client why first.
+  void End(Linked& l, Outcome why);
 
   const int epoll_fd_;
+  const uint32_t max_streams_;
   const OnEnd on_end_;
   const Note note_;
   std::unique_ptr<char[]> chunk_;  // the read buffer, shared by all links

@@ -35,6 +35,12 @@ bool ResetBudget::Spend(const PeerCred& cred, absl::Time now) {
   return true;
 }
 
+void ResetBudget::SpendAll(const PeerCred& cred, absl::Time now) {
+  Bucket& b = buckets_[Key(cred)];
+  b.tokens = 0;
+  b.at = now;
+}
+
 bool ResetBudget::Admits(const PeerCred& cred, absl::Time now) const {
   auto it = buckets_.find(Key(cred));
   return it == buckets_.end() || TokensAt(it->second, now) >= kPerSecond;

@@ -33,6 +33,9 @@ class ResetBudget {
   // Spends one reset of `cred`'s principal at `now`: false when none was
   // left (nothing is spent then).
   bool Spend(const PeerCred& cred, absl::Time now);
+  // Spends everything `cred`'s principal has left (a connection of it broke
+  // the protocol): its new connections wait a second.
+  void SpendAll(const PeerCred& cred, absl::Time now);
   // Whether a new connection of `cred`'s principal may be served at `now`:
   // not while it has less than a second's worth of resets (kPerSecond)
   // left, so that one that spent its budget waits a second.

@@ -175,7 +175,8 @@ absl::Status SocketListener::Start(grpc::Server* server) {
   ev.data.fd = task_fd_;
   if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, task_fd_, &ev) != 0) return Errno("epoll_ctl");
   guard_ = std::make_unique<H2Guard>(
-      epoll_fd_, [this](int client_fd) { limits_.Closed(client_fd); },
+      epoll_fd_, limits_.limits().streams_per_connection,
+      [this](int client_fd) { limits_.Closed(client_fd); },
       [this](const std::string& key, const char* what, const std::string& why, absl::Time now) {
         limits_.Refuse(key, what, why, now);
       });

@@ -32,6 +32,8 @@ std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::strin
 }
 
 std::string Headers(uint32_t stream) { return Frame(kH2Headers, 0x4, stream, "\x88\x83\x86"); }
+// gRPC's trailers: the stream's end.
+std::string Trailers(uint32_t stream) { return Frame(kH2Headers, 0x5, stream, "\x88"); }
 std::string Reset(uint32_t stream) { return Frame(kH2RstStream, 0, stream, std::string("\0\0\0\x08", 4)); }
 
 PeerCred Uid(uid_t uid) {
@@ -47,7 +49,7 @@ class H2GuardTest : public ::testing::Test {
     epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
     ASSERT_GE(epoll_fd_, 0);
     guard_ = std::make_unique<H2Guard>(
-        epoll_fd_, [this](int fd) { ended_.push_back(fd); },
+        epoll_fd_, kMaxStreams, [this](int fd) { ended_.push_back(fd); },
         [this](const std::string& key, const char* what, const std::string& why, absl::Time) {
           notes_.push_back(key + ": " + what + ": " + why);
         });
@@ -111,6 +113,7 @@ class H2GuardTest : public ::testing::Test {
     }
   }
 
+  static constexpr uint32_t kMaxStreams = 10;
   int epoll_fd_ = -1;
   std::unique_ptr<H2Guard> guard_;
   std::vector<int> ended_;
@@ -122,9 +125,9 @@ TEST_F(H2GuardTest, PassesBytesBothWaysUnchangedThroughFullSockets) {
   auto [client, grpc] = Connect(Uid(1001));
   // More than the socket buffers hold, read only after it was all written:
   // both directions must hold back and lose nothing.
-  std::string up(kH2ClientPreface);
-  for (uint32_t s = 1; up.size() < (3u << 20); s += 2) {
-    up += Headers(s) + Frame(0, 0x1, s, std::string(16000, static_cast<char>('a' + s % 26)));
+  std::string up = std::string(kH2ClientPreface) + Headers(1);
+  for (int i = 0; up.size() < (3u << 20); ++i) {
+    up += Frame(kH2Data, 0, 1, std::string(16000, static_cast<char>('a' + i % 26)));
   }
   std::string got_up;
   size_t sent = 0;
@@ -132,6 +135,7 @@ TEST_F(H2GuardTest, PassesBytesBothWaysUnchangedThroughFullSockets) {
     const ssize_t w = send(client, up.data() + sent, std::min<size_t>(up.size() - sent, 70000),
                            MSG_NOSIGNAL);
     if (w > 0) sent += w;
+    ASSERT_TRUE(w > 0 || errno == EAGAIN) << strerror(errno);
     Run(1);
     if (w < 0) got_up += Drain(grpc);  // the receiver reads only when all is full
   }
@@ -145,6 +149,7 @@ TEST_F(H2GuardTest, PassesBytesBothWaysUnchangedThroughFullSockets) {
   while (sent < down.size()) {
     const ssize_t w = send(grpc, down.data() + sent, down.size() - sent, MSG_NOSIGNAL);
     if (w > 0) sent += w;
+    ASSERT_TRUE(w > 0 || errno == EAGAIN) << strerror(errno);
     Run(1);
     if (w < 0) got_down += Drain(client);
   }
@@ -158,6 +163,7 @@ TEST_F(H2GuardTest, ResetsPastTheBudgetEndTheLinkWithGoawayAndRefuseThatPrincipa
   auto [client, grpc] = Connect(Uid(65534));
   auto [other_client, other_grpc] = Connect(Uid(1001));
   const int budget = static_cast<int>(ResetBudget::kBurst);
+  static_assert(kMaxStreams >= 2, "each reset stream ends before the next opens");
   std::string allowed(kH2ClientPreface);
   for (int i = 0; i < budget; ++i) allowed += Headers(2 * i + 1) + Reset(2 * i + 1);
   const uint32_t last = 2 * budget + 1;
@@ -191,6 +197,56 @@ TEST_F(H2GuardTest, ResetsPastTheBudgetEndTheLinkWithGoawayAndRefuseThatPrincipa
   Send(other_client, std::string(kH2ClientPreface) + Headers(1) + Reset(1));
   EXPECT_EQ(Drain(other_grpc), std::string(kH2ClientPreface) + Headers(1) + Reset(1));
   EXPECT_EQ(guard_->links(), 1u);
+}
+
+TEST_F(H2GuardTest, AStreamPastTheConcurrentLimitEndsTheLinkWhileEndedOnesDoNotCount) {
+  auto [client, grpc] = Connect(Uid(65534));
+  // Before it acknowledged gRPC's SETTINGS a client may open more.
+  std::string up(kH2ClientPreface);
+  uint32_t s = 1;
+  const uint32_t unsettled = kMaxStreams * H2Guard::kUnsettledStreamsFactor;
+  for (; s < 2 * unsettled; s += 2) up += Headers(s);
+  Send(client, up);
+  EXPECT_EQ(Drain(grpc), up);
+  std::string ends;
+  for (uint32_t e = 1; e < 2 * unsettled; e += 2) ends += Trailers(e);
+  Send(grpc, ends);
+  EXPECT_EQ(Drain(client), ends);
+  // Then kMaxStreams.
+  up = Frame(kH2Settings, kH2Ack, 0, "");
+  const uint32_t first = s;
+  for (; s < first + 2 * kMaxStreams; s += 2) up += Headers(s);
+  Send(client, up);
+  EXPECT_EQ(Drain(grpc), up);
+  // gRPC ends half of them (trailers, or a reset): as many may open again.
+  std::string down;
+  for (uint32_t e = first; e < first + kMaxStreams; e += 2) {
+    down += e % 4 == 1 ? Trailers(e) : Frame(kH2RstStream, 0, e, std::string("\0\0\0\0", 4));
+  }
+  Send(grpc, down);
+  EXPECT_EQ(Drain(client), down);
+  std::string more;
+  for (uint32_t i = 0; i < kMaxStreams / 2; ++i, s += 2) more += Headers(s);
+  Send(client, more);
+  EXPECT_EQ(Drain(grpc), more);
+  EXPECT_TRUE(ended_.empty());
+
+  // One more than the limit: that HEADERS is not passed on.
+  const absl::Time before = absl::Now();
+  Send(client, Headers(s) + Headers(s + 2));
+  bool grpc_eof = false;
+  EXPECT_EQ(Drain(grpc, &grpc_eof), "");
+  EXPECT_TRUE(grpc_eof);
+  const std::string goaway = Drain(client);
+  ASSERT_GE(goaway.size(), 17u);
+  EXPECT_EQ(static_cast<uint8_t>(goaway[3]), kH2Goaway);
+  EXPECT_EQ(goaway.substr(13, 4), std::string("\0\0\0\x01", 4)) << "PROTOCOL_ERROR";
+  EXPECT_NE(goaway.find("more than 10 concurrent streams"), std::string::npos);
+  ASSERT_EQ(notes_.size(), 1u);
+  EXPECT_NE(notes_[0].find("uid 65534 opened more than 10 concurrent streams"), std::string::npos)
+      << notes_[0];
+  // Its principal waits a second for a new connection.
+  EXPECT_FALSE(guard_->Admits(Uid(65534), before));
 }
 
 TEST_F(H2GuardTest, EitherSideClosingEndsTheLinkAndAWrongPrefaceIsNotPassed) {
