@@ -67,6 +67,11 @@ absl::StatusOr<int> H2Guard::Link(int client_fd, const PeerCred& cred) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot make a socket pair for a gRPC connection: ", strerror(errno)));
   }
+  // The kernel doubles what it is given; a Unix stream socket's queue is
+  // bounded by its sender's buffer.
+  const int sndbuf = static_cast<int>(kChunkBytes / 2);
+  setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+  setsockopt(pair[1], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
   auto l = std::make_unique<Linked>();
   l->client_fd = client_fd;
   l->grpc_fd = pair[0];

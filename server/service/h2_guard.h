@@ -44,8 +44,11 @@ namespace gpumem {
 
 class H2Guard {
  public:
-  // Bytes read from a side at a time.
-  static constexpr size_t kChunkBytes = 64 << 10;
+  // Bytes read from a side at a time, and each end of a link's socket pair
+  // holds about as much: a link adds little buffering to what the client's
+  // socket holds, so a client that stops reading (or dies with requests
+  // unread) is held back about as soon as without it.
+  static constexpr size_t kChunkBytes = 16 << 10;
   // Before a client's SETTINGS ACK, the streams it may open at once are
   // this many times max_streams.
   static constexpr uint32_t kUnsettledStreamsFactor = 4;
