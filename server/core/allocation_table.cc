@@ -3,6 +3,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/shrink_if_sparse.h"
 
 namespace gpumem {
 
@@ -86,6 +87,7 @@ AllocationRecord AllocationTable::EraseLocked(
   if (state_ != nullptr) state_->RemoveAllocation(r.state_slot);
   r.session->RemoveAllocation(SessionBlock{it->first, r.device, r.block.size});
   records_.erase(it);
+  ShrinkIfSparse(records_);  // what a burst of blocks grew is given back
   return r;
 }
 

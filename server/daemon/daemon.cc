@@ -6,6 +6,7 @@
 #include "server/daemon/daemon.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -83,6 +84,7 @@ ConnectionLimitSettings ConnectionLimitsOf(const Settings& s) {
   l.per_uid = s.max_connections_per_uid.value;
   l.per_tenant_socket = s.max_connections_per_tenant_socket.value;
   l.fd_reserve = s.fd_reserve.value;
+  l.streams_per_connection = s.max_concurrent_streams.value;
   return l;
 }
 
@@ -205,6 +207,12 @@ absl::Status Daemon::Start() {
 absl::Status Daemon::StartParts() {
   Parts& p = *parts_;
   const Settings& s = settings_;
+  // The heap, before any thread: glibc's arena per busy thread and an mmap
+  // threshold that rises with every large chunk freed leave what a burst of
+  // clients took spread over arenas that no trim empties; two arenas and a
+  // fixed threshold give it back once it is freed.
+  mallopt(M_ARENA_MAX, 2);
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);
 
   // What systemd passed (an activation socket, what the last daemon kept in
   // the fd store), taken before anything else can inherit or close it.
@@ -623,12 +631,15 @@ void Daemon::Stop() {
   if (p.broker != nullptr) p.broker->StopWaiting();  // nobody answers waiters after
   // Everything is released: the next daemon starts afresh, on a new socket.
   if (p.listener_stored) p.fd_store.Remove(kStoredListenName);
-  if (p.listener != nullptr) p.listener->Stop();
+  // Connected clients hear gRPC's shutdown through the listener: it stops
+  // only after.
+  if (p.listener != nullptr) p.listener->StopAccepting();
   if (p.server != nullptr) {
     // In-flight calls are sub-millisecond; idle client connections would
     // otherwise hold Shutdown until the deadline.
     p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
   }
+  if (p.listener != nullptr) p.listener->Stop();
   p.metrics.reset();  // no scrape may reach the broker after this
   // Tasks still queued run now: their answers go to queues still drained.
   if (p.backend_workers != nullptr) p.backend_workers->Shutdown();
@@ -657,11 +668,12 @@ void Daemon::StopKeeping(bool quiet) {
   // First, while every call is answered and recorded: from now on nothing
   // kept changes (no release, no event, no record removed).
   if (p.broker != nullptr) p.broker->ShutdownForRestart();
-  if (p.listener != nullptr) {
-    p.listener->StopForRestart();  // the socket lives on in the fd store
-  }
+  if (p.listener != nullptr) p.listener->StopAccepting();
   if (p.server != nullptr) {
     p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
+  }
+  if (p.listener != nullptr) {
+    p.listener->StopForRestart();  // the socket lives on in the fd store
   }
   p.metrics.reset();
   if (p.backend_workers != nullptr) p.backend_workers->Shutdown();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/shrink_if_sparse.h"
 
 #if defined(__SANITIZE_THREAD__)
 extern "C" void __tsan_ignore_thread_begin();
@@ -19,14 +20,11 @@ extern "C" void __tsan_ignore_thread_end();
 namespace gpumem {
 namespace {
 
-// The listener looks at fd numbers it no longer owns: connections handed to
-// gRPC (fstat, to see whether the number still names the same socket) and
-// /proc/self/fd (whose directory fd may take a number just closed). That
-// these race with the numbers' reuse is the design: dev and inode tell a
-// reused number apart. Under ThreadSanitizer, which is told to ignore what
-// gRPC does (its close() included, common/tsan_support.cc), those probes
-// would read as races on the fd with whoever opens that number next, so
-// they are not shown to it; nothing else of this thread is hidden.
+// Counting /proc/self/fd opens a directory whose fd may take a number gRPC
+// just closed. Under ThreadSanitizer, which is told to ignore what gRPC
+// does (its close() included, common/tsan_support.cc), that would read as
+// a race on the fd with gRPC, so the count is not shown to it; nothing else
+// of this thread is hidden.
 class FdProbe {
  public:
 #if defined(__SANITIZE_THREAD__)
@@ -38,12 +36,6 @@ class FdProbe {
   FdProbe(const FdProbe&) = delete;
   FdProbe& operator=(const FdProbe&) = delete;
 };
-
-// fstat of `fd` (0 or -1 as fstat).
-int ProbeFd(int fd, struct stat* st) {
-  FdProbe probe;
-  return fstat(fd, st);
-}
 
 // Fds open in this process now (-1 when they cannot be counted: then no fd
 // is left even for the directory).
@@ -71,21 +63,18 @@ ConnectionLimits::ConnectionLimits(std::function<bool(const PeerCred&)> is_admin
                                    std::function<void(const std::string&)> log)
     : is_admin_(std::move(is_admin)), log_(std::move(log)) {}
 
-bool ConnectionLimits::Gone(int fd, const Entry& e) const {
-  if (!e.grpc) return false;  // the listener says when it closes its own
-  struct stat st;
-  return ProbeFd(fd, &st) != 0 || st.st_dev != e.dev || st.st_ino != e.ino;
-}
-
 void ConnectionLimits::Forget(int fd) {
   auto it = entries_.find(fd);
   if (it == entries_.end()) return;
   const Entry e = it->second;
+  if (!e.settled) --unsettled_;
   entries_.erase(it);
+  ShrinkIfSparse(entries_);  // what a flood of connections grew is given back
   if (e.counted_for_uid) {
     auto u = by_uid_.find(e.uid);
     if (u != by_uid_.end()) {
       u->second.erase(fd);
+      ShrinkIfSparse(u->second);
       if (u->second.empty()) by_uid_.erase(u);
     }
   }
@@ -93,18 +82,10 @@ void ConnectionLimits::Forget(int fd) {
     auto t = by_tenant_.find(e.tenant);
     if (t != by_tenant_.end()) {
       t->second.erase(fd);
+      ShrinkIfSparse(t->second);
       if (t->second.empty()) by_tenant_.erase(t);
     }
   }
-}
-
-void ConnectionLimits::Reap(const absl::flat_hash_set<int>& fds) {
-  std::vector<int> gone;
-  for (int fd : fds) {
-    auto it = entries_.find(fd);
-    if (it != entries_.end() && Gone(fd, it->second)) gone.push_back(fd);
-  }
-  for (int fd : gone) Forget(fd);  // `fds` may be one of the sets changed here
 }
 
 int64_t ConnectionLimits::FreeFds(absl::Time now, bool rescan) {
@@ -113,8 +94,10 @@ int64_t ConnectionLimits::FreeFds(absl::Time now, bool rescan) {
     scanned_at_ = now;
     admitted_since_scan_ = 0;
     open_at_scan_ = open < 0 ? FdLimit() : open;
+    unsettled_at_scan_ = unsettled_;
   }
-  return FdLimit() - open_at_scan_ - admitted_since_scan_;
+  return FdLimit() - open_at_scan_ - unsettled_at_scan_ * (kFdsPerConnection - 1) -
+         admitted_since_scan_ * kFdsPerConnection;
 }
 
 bool ConnectionLimits::Admit(int fd, const PeerCred& cred, absl::Time now) {
@@ -128,8 +111,10 @@ bool ConnectionLimits::Admit(int fd, const PeerCred& cred, absl::Time now) {
 
   // The fd reserve.
   const int64_t reserve = limits_.fd_reserve;
-  int64_t free = FreeFds(now, /*rescan=*/scanned_at_ == absl::InfinitePast());
-  if (free < reserve) free = FreeFds(now, /*rescan=*/true);
+  // This connection's socket is open already; a link would add two more.
+  constexpr int64_t kLinkFds = kFdsPerConnection - 1;
+  int64_t free = FreeFds(now, /*rescan=*/scanned_at_ == absl::InfinitePast()) - kLinkFds;
+  if (free < reserve) free = FreeFds(now, /*rescan=*/true) - kLinkFds;
   if (free < reserve && !(free >= reserve / 2 && is_admin())) {
     Refuse("fds", "connection(s) refused",
            absl::StrCat(free < 0 ? 0 : free, " file descriptor(s) free under RLIMIT_NOFILE ",
@@ -142,10 +127,6 @@ bool ConnectionLimits::Admit(int fd, const PeerCred& cred, absl::Time now) {
   // The tenant socket's cap.
   if (cred.socket_tenant != 0) {
     auto t = by_tenant_.find(cred.socket_tenant);
-    if (t != by_tenant_.end() && t->second.size() >= limits_.per_tenant_socket) {
-      Reap(t->second);
-      t = by_tenant_.find(cred.socket_tenant);
-    }
     if (t != by_tenant_.end() && t->second.size() >= limits_.per_tenant_socket) {
       Refuse(absl::StrCat("tenant ", cred.socket_tenant), "connection(s) refused",
              absl::StrCat("tenant ", cred.socket_tenant, "'s socket holds ", t->second.size(),
@@ -162,10 +143,6 @@ bool ConnectionLimits::Admit(int fd, const PeerCred& cred, absl::Time now) {
   bool counted = !(cred.uid == 0 && cred.socket_tenant == 0);
   if (counted) {
     auto u = by_uid_.find(cred.uid);
-    if (u != by_uid_.end() && u->second.size() >= limits_.per_uid) {
-      Reap(u->second);
-      u = by_uid_.find(cred.uid);
-    }
     if (u != by_uid_.end() && u->second.size() >= limits_.per_uid) {
       if (is_admin()) {
         counted = false;
@@ -185,33 +162,23 @@ bool ConnectionLimits::Admit(int fd, const PeerCred& cred, absl::Time now) {
   e.tenant = cred.socket_tenant;
   e.counted_for_uid = counted;
   entries_[fd] = e;
+  ++unsettled_;
   if (counted) by_uid_[cred.uid].insert(fd);
   if (e.tenant != 0) by_tenant_[e.tenant].insert(fd);
   ++admitted_since_scan_;
   return true;
 }
 
-void ConnectionLimits::Closed(int fd) { Forget(fd); }
-
-void ConnectionLimits::HandedOff(int fd) {
+void ConnectionLimits::Settled(int fd) {
   auto it = entries_.find(fd);
-  if (it == entries_.end()) return;
-  struct stat st;
-  if (ProbeFd(fd, &st) != 0) {
-    Forget(fd);
-    return;
-  }
-  it->second.grpc = true;
-  it->second.dev = st.st_dev;
-  it->second.ino = st.st_ino;
+  if (it == entries_.end() || it->second.settled) return;
+  it->second.settled = true;
+  --unsettled_;
 }
 
-int ConnectionLimits::Sweep(absl::Time now) {
-  std::vector<int> gone;
-  for (const auto& [fd, e] : entries_) {
-    if (Gone(fd, e)) gone.push_back(fd);
-  }
-  for (int fd : gone) Forget(fd);
+void ConnectionLimits::Closed(int fd) { Forget(fd); }
+
+void ConnectionLimits::Sweep(absl::Time now) {
   std::vector<std::string> idle;
   for (auto& [key, r] : refusals_) {
     if (now - r.last_line < kLogEvery) continue;
@@ -222,7 +189,7 @@ int ConnectionLimits::Sweep(absl::Time now) {
     }
   }
   for (const std::string& key : idle) refusals_.erase(key);
-  return static_cast<int>(gone.size());
+  ShrinkIfSparse(refusals_);
 }
 
 void ConnectionLimits::AcceptFailed(int err, absl::Time now) {

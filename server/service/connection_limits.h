@@ -3,8 +3,9 @@
 // descriptor and the daemon always keeps some for its own work.
 //
 // Invariants: every connection the listener accepted is tracked from accept
-// to close, gRPC's too; a count is exact when it refuses, and a refusal is
-// never late (open fds are over-counted between scans, never under); root
+// to close, gRPC's too (the listener owns every client socket for its whole
+// life); counts are exact, and a refusal is never late (open fds are
+// over-counted between scans, never under); root
 // and the admin group keep a way in; refusals are logged, rate-limited,
 // saying how many were refused and which setting refused them. Not
 // thread-safe: the listener's loop thread owns it.
@@ -25,7 +26,8 @@
 
 namespace gpumem {
 
-// Three limits, each refused by closing the new connection at once.
+// Three limits, each refused by closing the new connection at once, and
+// what one gRPC connection may do.
 struct ConnectionLimitSettings {
   // Per uid, over the main socket and every tenant socket together
   // (max_connections_per_uid); root and the admin group are not counted
@@ -39,6 +41,10 @@ struct ConnectionLimitSettings {
   // left free under RLIMIT_NOFILE; root and the admin group only when fewer
   // than half of it would be.
   uint32_t fd_reserve = defaults::kFdReserve;
+  // Streams a gRPC connection may have open at once: what gRPC advertises
+  // (max_concurrent_streams, fixed at start as gRPC's is); the listener's
+  // links hold clients to it.
+  uint32_t streams_per_connection = 100;
 };
 
 class ConnectionLimits {
@@ -50,6 +56,9 @@ class ConnectionLimits {
   // per tenant socket, and for the reserve).
   static constexpr absl::Duration kRescanEvery = absl::Milliseconds(100);
   static constexpr absl::Duration kLogEvery = absl::Seconds(1);
+  // The fds one connection may hold: its socket and, once it is gRPC's, its
+  // link's socket pair (h2_guard.h). Each is counted so against the reserve.
+  static constexpr int kFdsPerConnection = 3;
 
   // `is_admin`: root or the admin group (called only when a limit is hit).
   // `log`: one line, without the "gpumemd: " prefix.
@@ -63,24 +72,21 @@ class ConnectionLimits {
   // from now on), false when the caller must close it (counted as refused,
   // and logged when its key's last line is old enough). `now` for the log.
   bool Admit(int fd, const PeerCred& cred, absl::Time now);
-  // The listener closed `fd` itself (a slab channel, a silent connection).
+  // `fd` is what it will stay: a slab channel, or a gRPC link (its pair
+  // open). Until then it is counted as if it might still open a link.
+  void Settled(int fd);
+  // The listener closed `fd`.
   void Closed(int fd);
-  // `fd` went to gRPC: from now on it is known closed when the number stops
-  // naming this socket. gRPC owns a handed-off connection's fd and says
-  // nothing when it closes it, so each such entry keeps the socket's
-  // identity (device and inode, as the kernel numbers sockets uniquely while
-  // they live): an entry whose fd number names another file (closed, or
-  // reused) is gone. That is checked for a uid's or a socket's entries only
-  // when they are at their cap, for a number the kernel hands out again at
-  // accept, and for all entries in Sweep (the listener's periodic tick).
-  void HandedOff(int fd);
-  // Drops every gRPC entry whose socket is gone, and writes the refusals
-  // not yet logged whose key's last line is old enough. Returns the number
-  // of gRPC connections found gone.
-  int Sweep(absl::Time now);
+  // Writes the refusals not yet logged whose key's last line is old enough.
+  void Sweep(absl::Time now);
   // accept() failed with EMFILE/ENFILE (errno `err`): logs it at most once a
   // second with how many there were.
   void AcceptFailed(int err, absl::Time now);
+  // Something refused or ended under `key` (e.g. "uid 1001"): logged now
+  // when the key's last line is at least kLogEvery old, else counted into
+  // its next line. `what`: "connection(s) refused"; `why` names the limit.
+  void Refuse(const std::string& key, const char* what, const std::string& why,
+              absl::Time now);
 
   // For tests and the log: connections counted for `uid` / `tenant` socket.
   size_t UidCount(uid_t uid) const;
@@ -92,9 +98,7 @@ class ConnectionLimits {
     uid_t uid = 0;
     uint32_t tenant = 0;
     bool counted_for_uid = true;  // false for root and the admin group
-    bool grpc = false;
-    dev_t dev = 0;
-    ino_t ino = 0;
+    bool settled = false;         // Settled: holds all the fds it will
   };
   // Refusals of one key not logged yet.
   struct Refusals {
@@ -105,14 +109,9 @@ class ConnectionLimits {
   };
 
   void Forget(int fd);
-  // Drops the gRPC entries among `fds` whose socket is gone.
-  void Reap(const absl::flat_hash_set<int>& fds);
-  bool Gone(int fd, const Entry& e) const;
   // Free fds after this connection, counted afresh when `rescan` and the
   // last count is older than kRescanEvery.
   int64_t FreeFds(absl::Time now, bool rescan);
-  void Refuse(const std::string& key, const char* what, const std::string& why,
-              absl::Time now);
   void Flush(Refusals& r, absl::Time now);
 
   std::function<bool(const PeerCred&)> is_admin_;
@@ -122,7 +121,9 @@ class ConnectionLimits {
   absl::flat_hash_map<uid_t, absl::flat_hash_set<int>> by_uid_;      // counted ones
   absl::flat_hash_map<uint32_t, absl::flat_hash_set<int>> by_tenant_;  // tenant sockets
   int64_t open_at_scan_ = 0;
+  int64_t unsettled_at_scan_ = 0;  // each may still open a link's two fds
   int64_t admitted_since_scan_ = 0;
+  int64_t unsettled_ = 0;  // entries not Settled
   absl::Time scanned_at_ = absl::InfinitePast();
   absl::flat_hash_map<std::string, Refusals> refusals_;
 };

@@ -174,6 +174,12 @@ absl::Status SocketListener::Start(grpc::Server* server) {
   if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) return Errno("epoll_ctl");
   ev.data.fd = task_fd_;
   if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, task_fd_, &ev) != 0) return Errno("epoll_ctl");
+  guard_ = std::make_unique<H2Guard>(
+      epoll_fd_, limits_.limits().streams_per_connection,
+      [this](int client_fd) { limits_.Closed(client_fd); },
+      [this](const std::string& key, const char* what, const std::string& why, absl::Time now) {
+        limits_.Refuse(key, what, why, now);
+      });
   {
     absl::MutexLock lock(&tasks_mu_);
     loop_started_ = true;
@@ -268,18 +274,10 @@ void SocketListener::DropTenantSocket(uint32_t tenant, bool close_connections) {
     if (conn.cred.socket_tenant == tenant) doomed.push_back(fd);
   }
   for (int fd : doomed) CloseConn(fd);  // ends their connection-bound sessions
-  // gRPC owns its connections' fds: shutting the socket down makes it see
-  // the end and close it. Through a duplicate checked to be the same socket
-  // (the number may have been closed and reused since it was recorded).
-  for (const ConnectionRef& ref : peers_->TakeTenant(tenant)) {
-    const int dup = fcntl(ref.fd, F_DUPFD_CLOEXEC, 0);
-    if (dup < 0) continue;
-    struct stat st;
-    if (fstat(dup, &st) == 0 && st.st_dev == ref.dev && st.st_ino == ref.ino) {
-      shutdown(dup, SHUT_RDWR);
-    }
-    close(dup);
-  }
+  // Calls still arriving on its gRPC connections find no credentials; the
+  // links end, and gRPC sees its ends of them close.
+  peers_->TakeTenant(tenant);
+  guard_->EndTenant(tenant);
 }
 
 std::map<uint32_t, std::string> SocketListener::TenantSockets() const {
@@ -314,6 +312,8 @@ void SocketListener::Loop() {
         AcceptAll(listen_fd_, 0);
       } else if (auto t = tenant_listen_fds_.find(fd); t != tenant_listen_fds_.end()) {
         AcceptAll(fd, t->second);
+      } else if (guard_->Owns(fd)) {
+        guard_->OnEvent(fd, events[i].events);
       } else {
         OnReadable(fd);
       }
@@ -326,15 +326,28 @@ void SocketListener::Loop() {
       // Connections gone: what gRPC held for them (a flood's streams and
       // buffers) is free in malloc's arenas but not given back to the
       // kernel; trimming returns it, so the daemon's RSS comes back down.
-      if (limits_.Sweep(now) > 0) malloc_trim(0);
+      limits_.Sweep(now);
+      if (guard_->Sweep(now) > 0) malloc_trim(0);
       next_sweep_ = now + kSweepEvery;
     }
   }
 }
 
+void SocketListener::StopAccepting() {
+  RunInLoop([this] {
+    accepting_stopped_ = true;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+    for (const auto& [fd, tenant] : tenant_listen_fds_) {
+      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    }
+    // Slab channels and new connections wait, unread, for Stop.
+    for (const auto& [fd, conn] : conns_) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  });
+}
+
 void SocketListener::PauseAccepting(absl::Time until) {
   accept_paused_until_ = until;
-  if (accept_paused_) return;
+  if (accept_paused_ || accepting_stopped_) return;
   accept_paused_ = true;
   struct epoll_event ev = {};  // no events: left alone until resumed
   ev.data.fd = listen_fd_;
@@ -347,6 +360,7 @@ void SocketListener::PauseAccepting(absl::Time until) {
 
 void SocketListener::ResumeAccepting() {
   accept_paused_ = false;
+  if (accepting_stopped_) return;
   struct epoll_event ev = {};
   ev.events = EPOLLIN;
   ev.data.fd = listen_fd_;
@@ -460,15 +474,28 @@ void SocketListener::OnReadable(int fd) {
   }
   if (preface == Preface::kGrpc) {
     const PeerCred cred = conn.cred;
+    if (!guard_->Admits(cred, absl::Now())) {
+      CloseConn(fd);  // its principal reset too many streams; noted by the guard
+      return;
+    }
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
     conns_.erase(it);
-    peers_->Set(fd, cred);
-    limits_.HandedOff(fd);  // counted until gRPC closes it
-    grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns fd now
+    absl::StatusOr<int> grpc_fd = guard_->Link(fd, cred);
+    if (!grpc_fd.ok()) {
+      limits_.Refuse("link", "gRPC connection(s) closed", std::string(grpc_fd.status().message()),
+                     absl::Now());
+      limits_.Closed(fd);
+      close(fd);
+      return;
+    }
+    limits_.Settled(fd);
+    peers_->Set(*grpc_fd, cred);
+    grpc::AddInsecureChannelFromFd(server_, *grpc_fd);  // gRPC owns its end now
     return;
   }
   if (preface == Preface::kSlabChannel) {
     conn.channel = true;  // no deadline from now on: it is a lifeline
+    limits_.Settled(fd);
     ServeRequests(fd, conn);
     return;
   }
@@ -549,6 +576,7 @@ void SocketListener::Stop() {
     tenant_sockets_.clear();  // each socket closed and its file removed
   }
   tenant_listen_fds_.clear();
+  if (guard_ != nullptr) guard_->EndAll();
   for (auto& [fd, conn] : conns_) {
     if (goodbye_ && conn.channel) SendGoodbye(fd);
     close(fd);

@@ -4,9 +4,9 @@
 // the listening sockets (the main one and socket tenants') and every
 // connection that is not gRPC's: at accept a connection's pid/uid/gid is
 // read with SO_PEERCRED, and its first four bytes decide what it is: a
-// gRPC connection, handed to the gRPC server with its credentials in the
-// PeerTable, or a slab-handle channel (common/fd_channel.h), served by
-// this loop for as long as it is open.
+// gRPC connection, linked to the gRPC server through H2Guard (h2_guard.h)
+// with its credentials in the PeerTable, or a slab-handle channel
+// (common/fd_channel.h), served by this loop for as long as it is open.
 //
 // Invariants: the thread count does not grow with clients (an idle
 // connection costs an fd, no thread); the socket file exists only while a
@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "server/core/memory_broker.h"
 #include "server/service/connection_limits.h"
+#include "server/service/h2_guard.h"
 #include "server/service/slab_channel.h"
 #include "server/service/tenant_socket_file.h"
 #include "server/service/tenant_socket_host.h"
@@ -42,11 +43,14 @@ class Server;
 namespace gpumem {
 
 // A new connection waits (in epoll, costing no thread) for its first four
-// bytes: "PRI " (the HTTP/2 preface) makes it a gRPC connection: the
-// credentials go into the PeerTable under the fd number and the fd is handed
-// to the gRPC server (grpc::AddInsecureChannelFromFd), which owns it from
-// then on. kFdChannelMagic makes it a slab-handle channel. Anything else is
-// closed, and so is a connection silent for kFirstBytesTimeout.
+// bytes: "PRI " (the HTTP/2 preface) makes it a gRPC connection: H2Guard
+// links it to one end of a socket pair whose other end goes to the gRPC
+// server (grpc::AddInsecureChannelFromFd), the credentials in the PeerTable
+// under that end's fd number; this loop relays the link for as long as it
+// lives. A caller whose principal has reset too many streams gets no new
+// link (the connection is closed). kFdChannelMagic makes it a slab-handle
+// channel. Anything else is closed, and so is a connection silent for
+// kFirstBytesTimeout.
 //
 // Slab channel requests are answered in the loop: open (an fd over
 // SCM_RIGHTS, recorded as held by the caller's session), close, and hello,
@@ -90,8 +94,12 @@ class SocketListener final : public TenantSocketHost {
   absl::Status Adopt(int fd, bool owns_path = false);
   // Starts the loop; gRPC connections go to `server`.
   absl::Status Start(grpc::Server* server);
+  // Stops accepting on every socket and reading slab channels; gRPC's links
+  // keep being relayed, so that gRPC's own shutdown reaches its clients.
+  // Then Stop() or StopForRestart(). No-op before Start.
+  void StopAccepting();
   // Closes the socket, removes its file (not an adopted socket's), removes
-  // the tenant sockets and ends the loop, closing channels.
+  // the tenant sockets and ends the loop, closing channels and gRPC's links.
   void Stop();
   // A stop for a restart: the socket file stays (the listening socket lives
   // on in systemd's fd store, or the next daemon replaces the file), and
@@ -181,8 +189,10 @@ class SocketListener final : public TenantSocketHost {
   std::deque<Pending> pending_;
   uint64_t next_generation_ = 1;
   ConnectionLimits limits_;
+  std::unique_ptr<H2Guard> guard_;  // made by Start
   absl::Time accept_paused_until_ = absl::InfinitePast();
   bool accept_paused_ = false;
+  bool accepting_stopped_ = false;  // StopAccepting
   absl::Time next_sweep_ = absl::InfinitePast();
 };
 

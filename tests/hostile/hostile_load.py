@@ -2,8 +2,11 @@
 """Hostile load against a live gpumemd (issue 33, "Targets").
 
 For each attack: a fresh daemon (sim backend, 2 devices of 4 GiB, a config
-with a few tenants, its own socket under a temp dir, metrics on loopback), a
-short warm-up by an unrelated uid, then the attack (uid 65534 unless said),
+with a few tenants, its own socket under a temp dir, metrics on loopback),
+ordinary traffic by an unrelated uid first (it holds WARM_BLOCKS blocks of
+64 KiB, frees them, then runs as a victim for half a second), so that
+"before" is a daemon that has served (its ledger's page cache, its state
+table's pages, its heap), then the attack (uid 65534 unless said),
 bounded in time (--seconds) and count, while two victims (uid 1001 and root)
 keep allocating, querying and freeing, and the daemon's RSS, threads and fds
 are read from /proc before, during and after. One table row per attack.
@@ -46,6 +49,9 @@ ATTACKER_UID = 65534
 SLAB_UIDS = (2001, 2002, 2003, 2004)  # attack a: one tenant each
 GREEDY_UID = 2005                     # attack f: the waiter that never fits
 ALL_ATTACKS = "abcdefgh"
+# Not run unless named: the victims alone, to tell the machine's own noise
+# from an attack's effect.
+CONTROL = "z"
 ATTACK_NAMES = {
     "a": "quota footprint (huge alignment, small holds)",
     "b": "connection flood (silent HTTP/2)",
@@ -55,6 +61,7 @@ ATTACK_NAMES = {
     "f": "waiters (huge placement, long wait, never fits)",
     "g": "slow metrics clients (half requests)",
     "h": "oracle probe (Free of another uid's id)",
+    "z": "control: no attack, the victims alone",
 }
 # Counts per form: every attack loop stops at its count or its time.
 SIZES = {
@@ -63,6 +70,9 @@ SIZES = {
     "full": dict(conn_procs=3, conns=7000, stream_conns=3, streams=40000, resets=300000,
                  reflect=32, waiters=100, placement=400000, slowloris=32, holds=4096),
 }
+# Ordinary traffic before "before": a tenant holding this many blocks at
+# once is an ordinary client (an inference server holds more).
+WARM_BLOCKS = 2000
 P99_TARGET_S = 0.200
 RSS_SLACK = 256 * MiB
 AFTER_S = 1.0
@@ -683,10 +693,12 @@ def attack_plan(name, sizes):
         return [(ATTACKER_UID, "g")]
     if name == "h":
         return [(ATTACKER_UID, "h")]
+    if name == CONTROL:
+        return [(ATTACKER_UID, "none")]
     raise ValueError(name)
 
 
-ATTACK_FUNCS = {"a_align": attack_a_align, "a_slab": attack_a_slab, "b": attack_b,
+ATTACK_FUNCS = {"none": lambda o, deadline: hold_until(deadline), "a_align": attack_a_align, "a_slab": attack_a_slab, "b": attack_b,
                 "c": attack_c, "d": attack_d, "e": attack_e, "f_big": attack_f_big,
                 "f_never": attack_f_never, "g": attack_g, "h": attack_h}
 
@@ -794,6 +806,25 @@ def victim_main(o):
         i += 1
         time.sleep(o.pause)
     json.dump(ops, sys.stdout)
+
+
+def warm_main(o):
+    """Ordinary traffic before the measurement: holds o.hold blocks of 64 KiB
+    (alternating devices), frees them, then runs as a victim until o.until
+    (which starts counting once the blocks are freed)."""
+    c = H2Client(o.socket, o.call_timeout)
+    ids = []
+    for i in range(o.hold):
+        st, _, resp = c.call(SVC + "Allocate", allocate_req(64 << 10, devices=[str(i % 2)]),
+                             o.call_timeout)
+        if st != 0:
+            break
+        ids.extend(allocation_ids(resp))
+    for aid in ids:
+        c.call(SVC + "Free", f_varint(1, aid), o.call_timeout)
+    c.close()
+    o.until = time.monotonic() + o.until
+    return victim_main(o)
 
 
 def holder_main(o):
@@ -969,10 +1000,15 @@ class Harness:
         d = Daemon(o, wd)
         alive = True
         try:
-            # Warm-up by an unrelated uid, so "before" includes ordinary use.
+            # Ordinary traffic by an unrelated uid, so that "before" is a
+            # daemon that has served, not one just started: what a tenant
+            # holding a few thousand blocks warms (the ledger's page cache,
+            # the state table's pages, slab metadata, malloc's heap) is there
+            # before the attack, not counted as what it left. --until is
+            # relative here: half a second of victim work after the frees.
             w = self.spawn(WARM_UID, self.common(d) + [
-                "--role=victim", "--until=%.6f" % (time.monotonic() + 0.5)])
-            self.collect(w, 30)
+                "--role=warm", "--hold=%d" % WARM_BLOCKS, "--until=0.5"])
+            self.collect(w, 60)
             extra = []
             holder = None
             if name == "h":
@@ -1138,7 +1174,8 @@ def parse_args(argv):
     p.add_argument("--form", choices=("short", "full"), default="short",
                    help="short: CI (2 s per attack, smaller counts); full: 30 s, the issue's counts")
     p.add_argument("--seconds", type=float, help="attack time (default 2 short, 30 full)")
-    p.add_argument("--attacks", default=",".join(ALL_ATTACKS))
+    p.add_argument("--attacks", default=",".join(ALL_ATTACKS),
+                   help="which to run, e.g. a,c (z: a control row, the victims alone)")
     p.add_argument("--expect-fail", default="", dest="expect_fail")
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--daemon_nofile", default="1024:524288",
@@ -1146,7 +1183,9 @@ def parse_args(argv):
     p.add_argument("--daemon_arg", action="append", default=[], help="extra daemon flag")
     p.add_argument("--call_timeout", type=float, default=5.0)
     # Children.
-    p.add_argument("--role", choices=("main", "victim", "attack", "holder"), default="main")
+    p.add_argument("--role", choices=("main", "victim", "attack", "holder", "warm"),
+                   default="main")
+    p.add_argument("--hold", type=int, default=0, help="warm: blocks held first")
     p.add_argument("--socket")
     p.add_argument("--metrics")
     p.add_argument("--until", type=float)
@@ -1170,6 +1209,8 @@ def main(argv):
         return victim_main(o)
     if o.role == "holder":
         return holder_main(o)
+    if o.role == "warm":
+        return warm_main(o)
     if o.role == "attack":
         json.dump(ATTACK_FUNCS[o.attack](o, o.until) or {}, sys.stdout)
         return 0
@@ -1191,8 +1232,9 @@ def main(argv):
     attacks = [a for a in o.attacks.split(",") if a]
     expect = set(a for a in o.expect_fail.split(",") if a)
     for a in attacks + list(expect):
-        if a not in ALL_ATTACKS:
-            print("FAIL: unknown attack %r (known: %s)" % (a, ",".join(ALL_ATTACKS)), file=sys.stderr)
+        if a not in ALL_ATTACKS + CONTROL:
+            print("FAIL: unknown attack %r (known: %s)" % (a, ",".join(ALL_ATTACKS + CONTROL)),
+                  file=sys.stderr)
             return 2
     h = Harness(o)
     rows, bad = [], []
