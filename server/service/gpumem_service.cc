@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "server/service/caller.h"
+#include "server/service/message_limits.h"
 #include "server/service/stats_proto.h"
 #include "server/service/wait_cancel.h"
 
@@ -90,6 +91,7 @@ class UnaryCall {
         }
         (new UnaryCall(owner_, service_, queue_, request_fn_))->Listen();
         arrived_ = absl::Now();
+        if (absl::Status big = CheckRequestSize(request_); !big.ok()) return Reply(big);
         owner_->Handle(this);  // replies now, or later from another thread
         return;                // `this` may be finished and deleted later only
       case Event::kFinished: {
@@ -214,7 +216,11 @@ void GpuMemoryService::Handle(FreeCall* call) {
 
 template <typename Call, typename Fn>
 void GpuMemoryService::Query(Call* call, Fn query) {
-  auto run = [call, query] { call->Reply(query()); };
+  // Held until the worker is done with it (the task's copy goes then).
+  absl::StatusOr<std::shared_ptr<QueryBudget::Hold>> held = TakeQueryBudget(
+      &query_budget_, *p_.peers, call->ctx()->peer(), call->request().ByteSizeLong());
+  if (!held.ok()) return call->Reply(held.status());
+  auto run = [call, query, held = *std::move(held)] { call->Reply(query()); };
   if (!p_.query_workers->Submit(run)) run();
 }
 

@@ -17,6 +17,7 @@
 #include "server/service/async_service.h"
 #include "server/service/call_observer.h"
 #include "server/service/cq_event.h"
+#include "server/service/query_budget.h"
 #include "server/service/tenant_admin.h"
 #include "server/service/worker_pool.h"
 #include "server/session/peer_credentials.h"
@@ -93,11 +94,13 @@ class GpuMemoryService {
  private:
   void ReplyAllocate(AllocateCall* call, MemoryBroker::AllocateAnswer answer);
   void ReplyFree(FreeCall* call, absl::StatusOr<v1::FreeResponse> answer);
-  // Runs `query` on the query workers (inline once they stop) and replies.
+  // Runs `query` on the query workers (inline once they stop) and replies;
+  // refused at once past the caller's query budget.
   template <typename Call, typename Fn>
   void Query(Call* call, Fn query);
 
   const Parts p_;
+  QueryBudget query_budget_;
 };
 
 }  // namespace gpumem
