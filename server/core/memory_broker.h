@@ -444,6 +444,9 @@ class MemoryBroker {
   mutable absl::Mutex restore_mu_;
   absl::flat_hash_map<uint32_t, std::string> restored_names_ ABSL_GUARDED_BY(restore_mu_);
   std::map<uint64_t, std::string> closed_ ABSL_GUARDED_BY(restore_mu_);
+  // The session each closed allocation was of: only it (or an admin) is
+  // told why, anyone else hears "no such allocation".
+  std::map<uint64_t, uint64_t> closed_session_ ABSL_GUARDED_BY(restore_mu_);
   absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> unconfirmed_
       ABSL_GUARDED_BY(restore_mu_);
   // Restored allocations with a request_key, by (session, key), ids in

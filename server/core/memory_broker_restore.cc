@@ -77,8 +77,10 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
     }
     return tenants::TenantRef{it->second, name, 0, tenants::kDefaultMaxWaitingRequests};
   };
+  std::map<uint64_t, uint64_t> closed_session;
   auto close_record = [&](const state::AllocationRecordData& r, const std::string& why) {
     out.closed[r.id] = why;
+    closed_session[r.id] = r.session;
     ++out.allocations_closed;
     if (options_.state != nullptr) options_.state->RemoveAllocation(r.slot);
   };
@@ -279,6 +281,7 @@ MemoryBroker::RestoreOutcome MemoryBroker::Restore(const state::Snapshot& previo
   {
     absl::MutexLock lock(&restore_mu_);
     closed_ = out.closed;
+    closed_session_ = std::move(closed_session);
     restore_deadline_ = absl::Now() + options_.restore_grace;
   }
   return out;
@@ -321,10 +324,21 @@ absl::StatusOr<v1::ResumeResponse> MemoryBroker::Resume(const PeerCred& caller,
                 r.block.offset == c->second->offset() &&
                 r.block.size == c->second->size_bytes();
   });
+  // Why a claimed allocation was closed at the restart, told only to its
+  // own session (and admins): to anyone else it is one the daemon has no
+  // record of.
   std::map<uint64_t, std::string> closed;
+  const bool told_all = IsAdmin(caller);
   {
     absl::MutexLock lock(&restore_mu_);
-    closed = closed_;
+    for (const auto& [id, a] : claims) {
+      auto why = closed_.find(id);
+      if (why == closed_.end()) continue;
+      auto owner = closed_session_.find(id);
+      if (told_all || (owner != closed_session_.end() && owner->second == s.id())) {
+        closed.emplace(id, why->second);
+      }
+    }
   }
   auto lost = [&out](uint64_t id, absl::Status why) {
     v1::LostAllocation* l = out.add_lost();

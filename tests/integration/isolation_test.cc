@@ -314,6 +314,51 @@ TEST_F(IsolationTest, AnotherUsersIdsAreAnsweredAsMissingOnes) {
   ask(isolated.socket(), /*want_token=*/true);
 }
 
+// After a restart that closed another uid's allocation (its process ended
+// while the daemon was down), a non-admin's Resume claiming it is answered
+// as for an id the daemon never had, not with why it was closed.
+TEST_F(IsolationTest, AnotherUsersAllocationClosedAtARestartIsAnsweredAsMissing) {
+  const std::string probe = daemon_->dir() + "/oracle_probe";
+  std::filesystem::copy_file(RunfilePath("tests/integration/oracle_probe"), probe,
+                             std::filesystem::copy_options::overwrite_existing);
+  chmod(probe.c_str(), 0755);
+  Client({});
+  const std::string client = daemon_->dir() + "/test_client";
+  const std::string kept = daemon_->dir() + "/kept";
+  ASSERT_EQ(mkdir(kept.c_str(), 0755), 0);
+  const std::vector<std::string> args = {"--sim_devices=1x64MiB", "--slab_size=16MiB",
+                                         "--min_slab_size=16MiB", "--state=" + kept + "/state",
+                                         "--ledger=" + kept + "/ledger.db"};
+  testing::DaemonProcess first(args);
+  ASSERT_TRUE(first.Start()) << first.Log();
+  auto holder = std::make_unique<ChildProcess>(
+      std::vector<std::string>{client, "--socket=" + first.socket(), "--size=1048576",
+                               "--count=1", "--then=hold"},
+      kUidB);
+  const std::string line = holder->ReadLine(kLineMs);
+  ASSERT_TRUE(absl::StartsWith(line, "alloc ")) << line;
+  ASSERT_EQ(holder->ReadLine(kLineMs), "ready");
+  const std::vector<std::string> f = absl::StrSplit(line, ' ');
+  ASSERT_EQ(f.size(), 6u);
+  kill(first.pid(), SIGKILL);
+  first.Stop();
+  holder.reset();  // its process ends while the daemon is down
+  testing::DaemonProcess second(args);
+  ASSERT_TRUE(second.Start()) << second.Log();
+  ChildProcess asker({probe, "--socket=" + second.socket(), "--alloc=" + f[1], "--slab=" + f[3],
+                      "--offset=" + f[4], "--size=" + f[5], "--tenant=uid-65533"},
+                     65532);
+  std::vector<std::string> lines;
+  for (std::string l = asker.ReadLine(kLineMs); !l.empty() && l != "done";
+       l = asker.ReadLine(kLineMs)) {
+    lines.push_back(l);
+  }
+  ASSERT_EQ(lines.size(), 8u) << absl::StrJoin(lines, "\n");
+  for (const std::string& l : lines) {
+    EXPECT_TRUE(absl::StartsWith(l, "same ") || l == "stats ok") << l << "\n" << second.Log();
+  }
+}
+
 TEST_F(IsolationTest, ThirtyTwoThreadsOfOneProcessMakeOneSession) {
   for (int round = 0; round < 5; ++round) {
     ChildProcess c(Client({"--session_race=32"}), kUidA);
