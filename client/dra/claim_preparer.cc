@@ -202,10 +202,7 @@ absl::StatusOr<v1::PutTenantResponse> ClaimPreparer::PutTenant(const PreparedCla
   return resp;
 }
 
-absl::Status ClaimPreparer::Make(PreparedClaim* c) {
-  // The claims directory is root's alone (0700): no one on the node reaches
-  // a claim's socket through it; a claim's containers get their own claim's
-  // directory through the CDI bind mount, which does not pass through it.
+absl::Status ClaimPreparer::CloseClaimsDir() const {
   struct stat st;
   if (lstat(config_.claims_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
       st.st_uid == geteuid() && (st.st_mode & 07777) != 0700 &&
@@ -214,6 +211,12 @@ absl::Status ClaimPreparer::Make(PreparedClaim* c) {
         "cannot make the claims directory ", config_.claims_dir, " mode 0700: ",
         std::strerror(errno)));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ClaimPreparer::Make(PreparedClaim* c) {
+  if (absl::Status closed = CloseClaimsDir(); !closed.ok()) return closed;
+  struct stat st;
   // The claim's socket directory: only its tenant's socket goes there, and
   // it is what the containers get mounted.
   if (mkdir(c->socket_dir.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -237,6 +240,7 @@ absl::Status ClaimPreparer::Make(PreparedClaim* c) {
 }
 
 absl::Status ClaimPreparer::Reassert(const PreparedClaim& c) {
+  if (absl::Status closed = CloseClaimsDir(); !closed.ok()) return closed;
   absl::StatusOr<v1::PutTenantResponse> put = PutTenant(c);
   if (!put.ok()) return put.status();
   if (put->created()) {

@@ -62,6 +62,14 @@ class ClaimPreparer {
   // prepared is not an error. On failure the record stays.
   absl::Status Unprepare(const ClaimRef& claim);
 
+  // The claims directory root's alone (0700), if this process owns it: no
+  // one on the node reaches a claim's socket through it; a claim's
+  // containers get their own claim's directory through the CDI bind mount,
+  // which does not pass through it. A hostPath the kubelet (re)made is 0755:
+  // this runs at start, and before every PutTenant (Prepare, and the
+  // re-assertion of a prepared claim after a node's reboot).
+  absl::Status CloseClaimsDir() const;
+
   const PreparerConfig& config() const { return config_; }
   // The CDI device id every device of a prepared claim carries.
   std::string CdiDeviceId(const std::string& uid) const;

@@ -181,6 +181,9 @@ int Main() {
   std::unique_ptr<v1::GpuMemory::Stub> gpumemd = v1::GpuMemory::NewStub(channel);
   ApiServer api(ac);
   ClaimPreparer preparer(pc, &api, gpumemd.get(), state->get());
+  if (absl::Status closed = preparer.CloseClaimsDir(); !closed.ok()) {
+    Log("warning: ", closed.message());
+  }
 
   PublisherConfig pub;
   pub.slice = slice;

@@ -113,6 +113,7 @@ absl::StatusOr<std::unique_ptr<ledger::TenantLedger>> OpenLedger(const std::stri
   options.defer_recovery = defer_recovery;
   options.max_page_count = max_pages;
   options.retain_events = static_cast<uint64_t>(retain_events);
+  options.churn_pairs_per_second = ledger::kChurnPairsPerSecond;
   if (path != "none") {
     options.path = path;
     const std::filesystem::path dir = std::filesystem::path(path).parent_path();

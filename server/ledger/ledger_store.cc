@@ -948,6 +948,7 @@ absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
     Exec("ROLLBACK").IgnoreError();
     chunks_.clear();
     chunk_of_.clear();
+    churn_folds_.clear();
     return status;
   };
   // An allocation made and ended within this batch never touches `live`:
@@ -988,6 +989,22 @@ absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
     if (fold_end_[i] == kFolded) continue;
     if (fold_end_[i] >= 0) {
       const LedgerEvent& end = events[fold_end_[i]];
+      if (churn_cap_ > 0) {
+        ChurnWindow& w = churn_[e.tenant];
+        const int64_t second = end.time_ns / 1000000000;
+        if (w.second != second) w = ChurnWindow{second, 0};
+        if (w.stored >= churn_cap_) {
+          for (const LedgerEvent* x : {&e, &end}) {
+            ChurnFold& f = churn_folds_[{x->tenant, std::string(KindName(x->kind))}];
+            f.first_ns = f.events == 0 ? x->time_ns : std::min(f.first_ns, x->time_ns);
+            f.last_ns = f.events == 0 ? x->time_ns : std::max(f.last_ns, x->time_ns);
+            ++f.events;
+            f.bytes += x->bytes;
+          }
+          continue;
+        }
+        ++w.stored;
+      }
       auto [at, made] = chunk_of_.try_emplace(e.tenant, chunks_.size());
       if (made) {
         chunks_.emplace_back();
@@ -1026,6 +1043,34 @@ absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
   }
   chunks_.clear();
   chunk_of_.clear();
+  uint64_t churn_pairs = 0;
+  if (!churn_folds_.empty()) {
+    Stmt q;
+    const std::string sql = absl::StrCat(
+        "INSERT INTO retained(tenant, kind, events, bytes, first_ns, last_ns) "
+        "VALUES(?1, ?2, ?3, ?4, ?5, ?6)", kFoldUpsert);
+    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &q.s, nullptr) != SQLITE_OK) {
+      churn_folds_.clear();
+      return fail(Error("folding churn"));
+    }
+    for (const auto& [key, f] : churn_folds_) {
+      sqlite3_reset(q.s);
+      BindText(q.s, 1, key.first);
+      BindText(q.s, 2, key.second);
+      sqlite3_bind_int64(q.s, 3, static_cast<int64_t>(f.events));
+      sqlite3_bind_int64(q.s, 4, static_cast<int64_t>(f.bytes));
+      sqlite3_bind_int64(q.s, 5, f.first_ns);
+      sqlite3_bind_int64(q.s, 6, f.last_ns);
+      if (sqlite3_step(q.s) != SQLITE_DONE) {
+        churn_folds_.clear();
+        return fail(Error("folding churn"));
+      }
+      churn_pairs += f.events;
+    }
+    churn_pairs /= 2;  // each pair is a start and an end
+    churn_folds_.clear();
+  }
+  if (churn_.size() > 4096) churn_.clear();  // tenants come and go: windows restart
   for (const auto& key : changed) {
     const UsageRow& row = usage.rows().at(key);
     sqlite3_stmt* u = upsert_usage_;
@@ -1053,11 +1098,23 @@ absl::Status LedgerStore::Commit(const std::vector<LedgerEvent>& events,
     if (s = Exec("COMMIT"); !s.ok()) return fail(s);
     id_reserved_ = reserved;
     last_seq_ = std::max(last_seq_, last_seq_commit_);
+    churn_folded_ += churn_pairs;
     return absl::OkStatus();
   }
   if (s = Exec("COMMIT"); !s.ok()) return fail(s);
   last_seq_ = std::max(last_seq_, last_seq_commit_);
+  churn_folded_ += churn_pairs;
   return absl::OkStatus();
+}
+
+void LedgerStore::SetChurnCap(uint64_t pairs_per_second) {
+  absl::MutexLock write(&write_mu_);
+  churn_cap_ = pairs_per_second;
+}
+
+uint64_t LedgerStore::churn_folded_pairs() const {
+  absl::MutexLock write(&write_mu_);
+  return churn_folded_;
 }
 
 absl::StatusOr<LedgerStore::RetainResult> LedgerStore::Retain(uint64_t keep_events,

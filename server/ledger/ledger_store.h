@@ -158,6 +158,19 @@ class LedgerStore {
   // Tests: changes the page limit of the write connection.
   void SetMaxPageCount(int64_t pages);
 
+  // The churn cap: of one tenant's pairs (an allocation made and ended in
+  // one commit: see Foldable) ending in one second, the first
+  // `pairs_per_second` are stored as events; the rest are folded at once
+  // into `retained` (per tenant and kind: events, bytes, first and last
+  // time, as retention folds), so one tenant's churn writes at most that
+  // many pairs a second, and pushes no one's history out of the retention
+  // window faster. Usage (current, peak, byte-seconds) is folded from every
+  // event before it reaches the store, so it stays exact; a pair nets to
+  // nothing in `live`. 0 (the default): every event is stored.
+  void SetChurnCap(uint64_t pairs_per_second);
+  // Pairs folded so far by the churn cap.
+  uint64_t churn_folded_pairs() const;
+
   // Opened on a full disk: Open read what recovery needs without writing
   // (in EXCLUSIVE locking mode, so with the WAL index in memory, when SQLite
   // cannot make its -shm); what it read is in recovery(), and every write
@@ -277,6 +290,21 @@ class LedgerStore {
   uint64_t last_seq_ = 0;         // the highest seq in the file
   uint64_t last_seq_commit_ = 0;  // of the commit in progress
   uint64_t retained_through_ = 0;  // meta retained_through
+  // The churn cap (SetChurnCap), under write_mu_: per tenant, the second
+  // its last stored pair ended in and how many it stored then; what one
+  // commit folds, per (tenant, kind).
+  struct ChurnWindow {
+    int64_t second = -1;
+    uint64_t stored = 0;
+  };
+  struct ChurnFold {
+    uint64_t events = 0, bytes = 0;
+    int64_t first_ns = 0, last_ns = 0;
+  };
+  uint64_t churn_cap_ = 0;
+  absl::flat_hash_map<std::string, ChurnWindow> churn_;
+  absl::flat_hash_map<std::pair<std::string, std::string>, ChurnFold> churn_folds_;
+  uint64_t churn_folded_ = 0;  // pairs, committed
 };
 
 }  // namespace ledger

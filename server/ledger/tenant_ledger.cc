@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<TenantLedger>> TenantLedger::Open(LedgerOptions o
         ledger->options_.defer_recovery);
     if (!store.ok()) return store.status();
     ledger->store_ = std::move(*store);
+    ledger->store_->SetChurnCap(ledger->options_.churn_pairs_per_second);
     const LedgerStore::Recovery& r = ledger->store_->recovery();
     ledger->first_allocation_id_ = r.first_allocation_id;
     ledger->restart_event_count_ = r.restart_events.size();
@@ -390,7 +391,10 @@ void TenantLedger::WriterLoop() {
       stats_.checkpoint_ns += checkpoint_ns;
       if (blocked) ++stats_.blocked_checkpoints;
     }
-    if (store_ != nullptr && s.ok()) stats_.wal_pages = wal_pages;
+    if (store_ != nullptr && s.ok()) {
+      stats_.wal_pages = wal_pages;
+      stats_.churn_folded_pairs = store_->churn_folded_pairs();
+    }
     stats_.writer_cpu_ns = ThreadCpuNs();
     stats_.failing = !s.ok();
     if (s.ok()) {

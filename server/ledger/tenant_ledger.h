@@ -80,6 +80,10 @@ struct LedgerOptions {
   // freed pages.
   uint64_t retain_events = 0;
   uint64_t retain_batch = 8192;
+  // The churn cap (LedgerStore::SetChurnCap): one tenant's pairs stored
+  // per second; the rest are folded into `retained` at once. 0: none. The
+  // daemon sets kChurnPairsPerSecond.
+  uint64_t churn_pairs_per_second = 0;
   // The daemon may carry on with what the last one left (server/restart/):
   // live allocations are not closed at Open but reconciled by Resume.
   bool defer_recovery = false;
@@ -104,7 +108,11 @@ struct WriterStats {
   int64_t wal_pages = 0;            // the WAL's pages after the last commit or checkpoint
   uint64_t retained_rows = 0;       // event and pair rows folded and deleted by retention
   uint64_t retained_through = 0;    // every row wholly at or below this seq is folded
+  uint64_t churn_folded_pairs = 0;  // pairs the churn cap folded, not stored as events
 };
+
+// The daemon's churn cap: pairs stored per tenant and second.
+inline constexpr uint64_t kChurnPairsPerSecond = 1000;
 
 class TenantLedger {
  public:

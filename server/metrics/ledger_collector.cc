@@ -48,6 +48,9 @@ std::vector<MetricFamily> LedgerCollector::FromStats(const ledger::WriterStats& 
           double(s.blocked_checkpoints)),
       One("gpumemd_ledger_writer_cpu_seconds_total", "CPU time of the ledger's writer thread",
           c, s.writer_cpu_ns / 1e9),
+      One("gpumemd_ledger_churn_folded_pairs_total",
+          "Allocate+free pairs past a tenant's churn cap, counted in `retained`, not stored",
+          c, double(s.churn_folded_pairs)),
   };
 }
 

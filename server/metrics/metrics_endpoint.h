@@ -1,19 +1,24 @@
-// MetricsEndpoint: the opt-in Prometheus pull endpoint (--metrics_listen),
-// prometheus-cpp's civetweb Exposer serving GET /metrics. Each scrape
-// collects the registered collectables at that moment. Invariants: it never
-// throws; slow clients cannot hold it (Options); destroying the endpoint
-// stops serving before the collectables go. The endpoint is plain HTTP
-// without authentication: bind it to loopback or a monitoring network only
-// (the figures include per-uid usage).
+// MetricsEndpoint: the opt-in Prometheus pull endpoint (--metrics_listen):
+// GET /metrics in Prometheus' text format, each scrape collecting the
+// registered collectables at that moment.
+//
+// Invariants: one thread serves every connection from one epoll loop and
+// never waits on a client, so slow clients cannot hold it: a connection
+// gets request_timeout_ms from its accept to send its request and take the
+// answer, then it is closed; at most max_connections are open, and one more
+// closes the oldest; a request is at most 8 KiB. It never throws;
+// destroying the endpoint stops serving before the collectables go. Plain
+// HTTP without authentication: bind it to loopback or a monitoring network
+// only (the figures include per-uid usage).
 #ifndef GPUMEMD_SERVER_METRICS_METRICS_ENDPOINT_H_
 #define GPUMEMD_SERVER_METRICS_METRICS_ENDPOINT_H_
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
 
 #include "absl/status/statusor.h"
 
@@ -21,35 +26,41 @@ namespace gpumem {
 
 class MetricsEndpoint {
  public:
-  // civetweb serves `threads` connections at once, and a connection that
-  // has not sent a whole request (or does not read the answer) within
-  // `request_timeout_ms` is closed, so clients that send half a request
-  // leave a worker free for the scrape while there are fewer of them than
-  // threads, and each of them is dropped after the timeout.
   struct Options {
-    int threads = 4;                 // civetweb worker threads (connections served at once)
-    int request_timeout_ms = 5000;   // a request not read (or answer not taken) by then: closed
+    int max_connections = 64;       // open at once; one more closes the oldest
+    int request_timeout_ms = 5000;  // from accept to the answer taken
   };
-  // Listens on `address` ("127.0.0.1:9464", "[::1]:9464"; port 0 picks a
-  // free port) or returns FAILED_PRECONDITION saying why (address in use,
-  // not an address).
+  // Listens on `address` ("127.0.0.1:9464", "[::1]:9464"; numeric; port 0
+  // picks a free port) or returns FAILED_PRECONDITION saying why (address
+  // in use, not an address), INVALID_ARGUMENT for bad options.
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
       const std::string& address,
       std::vector<std::shared_ptr<prometheus::Collectable>> collectables);
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
       const std::string& address,
       std::vector<std::shared_ptr<prometheus::Collectable>> collectables, Options options);
+  // Stops serving (its thread joined, every connection closed).
   ~MetricsEndpoint();
+  MetricsEndpoint(const MetricsEndpoint&) = delete;
+  MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
 
   // The TCP port actually listened on.
   int port() const { return port_; }
 
  private:
   MetricsEndpoint() = default;
+  void Serve();
+  // The text of a scrape: every collectable, collected now.
+  std::string Scrape() const;
 
+  // Constant after Start.
+  Options options_;
   std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  int listen_fd_ = -1;
+  int epoll_fd_ = -1;
+  int stop_fd_ = -1;  // an eventfd: the destructor's word to Serve
   int port_ = 0;
+  std::thread thread_;
 };
 
 }  // namespace gpumem

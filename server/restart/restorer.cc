@@ -58,6 +58,8 @@ struct Restorer::Pass {
   absl::flat_hash_map<uint64_t, std::vector<uint64_t>> awaiting_held;
   absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> unconfirmed;
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>> keys;
+  // The session each closed allocation was of.
+  std::map<uint64_t, uint64_t> closed_session;
 };
 
 // Sessions first (a process-bound one only if the very same process still
@@ -85,6 +87,7 @@ RestoreOutcome Restorer::Restore(const state::Snapshot& previous,
   awaiting_ = std::move(pass.awaiting);
   awaiting_held_ = std::move(pass.awaiting_held);
   closed_ = out.closed;
+  closed_session_ = std::move(pass.closed_session);
   deadline_ = absl::Now() + grace_;
   return out;
 }
@@ -232,6 +235,7 @@ void Restorer::RestoreAllocations(Pass& pass) {
   RestoreOutcome& out = pass.out;
   auto close_record = [&](const state::AllocationRecordData& r, const std::string& why) {
     out.closed[r.id] = why;
+    pass.closed_session[r.id] = r.session;
     ++out.allocations_closed;
     if (rooms_.state != nullptr) rooms_.state->RemoveAllocation(r.slot);
   };
@@ -348,6 +352,13 @@ absl::StatusOr<v1::ResumeResponse> Restorer::Resume(const PeerCred& caller,
     verdicts.emplace_back(id, v);
   }
 
+  // Why a claimed allocation was closed at the restart is told only to its
+  // own session (and admins): to anyone else it is one the daemon never had.
+  const bool told_all =
+      std::any_of(verdicts.begin(), verdicts.end(),
+                  [](const auto& v) { return v.second == Verdict::kNotLive; }) &&
+      rooms_.admins->IsAdmin(caller);
+
   // 2. The window's books, once: why the claims not live were closed, the
   // kept ones confirmed, and which of the slabs this session claims or holds
   // may still wait for their handle.
@@ -357,7 +368,12 @@ absl::StatusOr<v1::ResumeResponse> Restorer::Resume(const PeerCred& caller,
     absl::MutexLock lock(&mu_);
     for (const auto& [id, v] : verdicts) {
       if (v != Verdict::kNotLive) continue;
-      if (auto why = closed_.find(id); why != closed_.end()) closed_why[id] = why->second;
+      auto why = closed_.find(id);
+      if (why == closed_.end()) continue;
+      auto owner = closed_session_.find(id);
+      if (told_all || (owner != closed_session_.end() && owner->second == s.id())) {
+        closed_why[id] = why->second;
+      }
     }
     // Restored blocks of this session no Resume has claimed yet. Several
     // clients of one process share its session, each claiming its own; what

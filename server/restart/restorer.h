@@ -159,6 +159,9 @@ class Restorer {
   std::atomic<bool> any_restored_names_{false};
   // Why each allocation the restore closed was closed.
   std::map<uint64_t, std::string> closed_ ABSL_GUARDED_BY(mu_);
+  // The session each closed allocation was of: only it (or an admin) is
+  // told why; anyone else hears "no such allocation".
+  std::map<uint64_t, uint64_t> closed_session_ ABSL_GUARDED_BY(mu_);
   // The restored allocations of each session not yet claimed.
   absl::flat_hash_map<uint64_t, absl::flat_hash_set<uint64_t>> unconfirmed_
       ABSL_GUARDED_BY(mu_);

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "server/service/caller.h"
+#include "server/service/message_limits.h"
 #include "server/service/stats_proto.h"
 #include "server/service/wait_cancel.h"
 
@@ -89,6 +90,7 @@ class UnaryCall {
         }
         (new UnaryCall(owner_, service_, queue_, request_fn_))->Listen();
         arrived_ = absl::Now();
+        if (absl::Status big = CheckRequestSize(request_); !big.ok()) return Reply(big);
         owner_->Handle(this);  // replies now, or later from another thread
         return;                // `this` may be finished and deleted later only
       case Event::kFinished: {
@@ -170,10 +172,15 @@ void GpuMemoryService::Handle(FreeCall* call) {
 template <typename Call, typename Fn>
 void GpuMemoryService::Query(Call* call, Fn query) {
   using Response = typename std::decay_t<decltype(query())>::value_type;
-  dispatch_.Query<Response>(std::move(query),
-                            [call](absl::StatusOr<Response> answer, CallDispatch::Delivery) {
-                              call->Reply(answer);
-                            });
+  // Held until the answer is sent (the callback's copy goes then).
+  absl::StatusOr<std::shared_ptr<QueryBudget::Hold>> held = TakeQueryBudget(
+      &query_budget_, *p_.peers, call->ctx()->peer(), call->request().ByteSizeLong());
+  if (!held.ok()) return call->Reply(held.status());
+  dispatch_.Query<Response>(
+      std::move(query),
+      [call, held = *std::move(held)](absl::StatusOr<Response> answer, CallDispatch::Delivery) {
+        call->Reply(answer);
+      });
 }
 
 void GpuMemoryService::Handle(GetStatsCall* call) {

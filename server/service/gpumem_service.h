@@ -19,6 +19,7 @@
 #include "server/service/call_dispatch.h"
 #include "server/service/call_observer.h"
 #include "server/service/cq_event.h"
+#include "server/service/query_budget.h"
 #include "server/service/tenant_admin.h"
 #include "server/service/worker_pool.h"
 #include "server/session/peer_credentials.h"
@@ -90,12 +91,14 @@ class GpuMemoryService {
   MemoryBroker* broker() const { return p_.broker; }
 
  private:
-  // Runs `query` through the dispatch and replies with its answer.
+  // Runs `query` through the dispatch and replies with its answer; refused
+  // at once past the caller's query budget.
   template <typename Call, typename Fn>
   void Query(Call* call, Fn query);
 
   const Parts p_;
   CallDispatch dispatch_;
+  QueryBudget query_budget_;
 };
 
 }  // namespace gpumem

@@ -41,9 +41,12 @@ void RenderDevice(const DeviceStatsView& dv, v1::DeviceStats* ds) {
   for (PeerLink link : dv.peers) ds->add_peers(ToWire(link));
   for (size_t i = 0; i < dv.slabs.size(); ++i) {
     const SlabStats& slab = dv.slabs[i];
-    // Slab figures are device figures, but whose slab it is is not.
+    // Slab figures are device figures, but whose slab it is, and its id,
+    // are not: to a non-admin another tenant's slab has no id (0), so its
+    // id is answered as one no slab has.
+    const bool owner_visible = i < dv.slab_owner_visible.size() && dv.slab_owner_visible[i];
     v1::SlabStats* out = ds->add_slabs();
-    out->set_slab_id(slab.slab_id);
+    if (owner_visible) out->set_slab_id(slab.slab_id);
     out->set_size_bytes(slab.size);
     out->set_used_bytes(slab.used_bytes);
     out->set_free_bytes(slab.free_bytes);
@@ -53,7 +56,7 @@ void RenderDevice(const DeviceStatsView& dv, v1::DeviceStats* ds) {
     out->set_dedicated(slab.dedicated);
     out->set_reserved(slab.reserved);
     out->set_retained(slab.retained);
-    if (i < dv.slab_owner_visible.size() && dv.slab_owner_visible[i]) {
+    if (owner_visible) {
       out->set_tenant(slab.tenant);
       out->set_holders(slab.holders);
     }

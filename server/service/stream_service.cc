@@ -25,6 +25,7 @@
 #include "common/rpc_status.h"
 #include "server/service/caller.h"
 #include "server/service/cq_event.h"
+#include "server/service/message_limits.h"
 #include "server/service/stream_state.h"
 #include "server/service/wait_cancel.h"
 
@@ -184,6 +185,9 @@ class StreamService::Call {
       return;
     }
     ++messages_read_;
+    if (absl::Status big = CheckStreamMessageSize(messages_read_, incoming_.Length()); !big.ok()) {
+      return Fail(ToGrpcStatus(big));
+    }
     v1::StreamRequest request;
     if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::StreamRequest>(
              &incoming_, &request).ok()) {

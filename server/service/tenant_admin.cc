@@ -484,6 +484,13 @@ std::vector<std::string> TenantAdmin::RestoreSocketTenants() {
     const absl::Status named = tenants::CheckSocketTenantName(row.name);
     absl::StatusOr<std::string> path =
         tenants::ResolveSocketPath(row.socket, sockets_.socket_dir, row.name);
+    // A socket an earlier gpumemd made directly in tenant_socket_dir moves
+    // into a directory of its tenant's own (its file name kept).
+    const std::string moved_from = row.socket;
+    if (!path.ok() && tenants::SocketDirOf(row.socket) == sockets_.socket_dir) {
+      path = tenants::ResolveSocketPath(row.socket.substr(row.socket.rfind('/') + 1),
+                                        sockets_.socket_dir, row.name);
+    }
     const tenants::Tenant* clash = sockets_.directory->Get()->Find(row.name);
     if (clash != nullptr && clash->runtime) continue;  // put again already
     std::string why;
@@ -508,6 +515,15 @@ std::vector<std::string> TenantAdmin::RestoreSocketTenants() {
     if (!id.ok()) {
       lines.push_back(absl::StrCat("socket tenant \"", row.name, "\" is not restored: ",
                                    id.status().message()));
+    } else if (spec.socket != moved_from) {
+      ledger::SocketTenantRow moved = row;
+      moved.socket = spec.socket;
+      absl::Status kept = ledger_->PutSocketTenant(moved);
+      lines.push_back(absl::StrCat(
+          "socket tenant \"", row.name, "\": its socket moves from ", moved_from, " to ",
+          spec.socket, " (each tenant's socket has a directory of its own)",
+          kept.ok() ? "" : absl::StrCat("; the ledger keeps the old path until it can be "
+                                        "written: ", kept.message())));
     }
   }
   if (restored > 0) {

@@ -61,7 +61,9 @@ class TenantAdmin {
                                                 const v1::SetQuotaRequest& request);
   // Socket tenants (PutTenant, DeleteTenant; root and the admin group only,
   // never a caller through a tenant's socket): a tenant bound to a socket of
-  // its own inside tenant_socket_dir, so that every connection through it is
+  // its own, in a directory of its own inside tenant_socket_dir (the
+  // socket's owner and group, passable only by those the socket lets
+  // connect: SetTenantSocketAccess), so that every connection through it is
   // charged to it whatever the caller's uid or pid namespace. Tenants the
   // config defines are the config's: both refuse them (FAILED_PRECONDITION).
   //
@@ -102,7 +104,10 @@ class TenantAdmin {
   // Start: the ledger's socket tenants back in the directory, with their
   // quotas (before the broker restores what a previous daemon kept, whose
   // sessions may be theirs); their sockets are made by ServeRestoredSockets. One line per
-  // tenant not restored, saying why.
+  // tenant not restored, saying why, and per socket moved: one an earlier
+  // gpumemd made directly in tenant_socket_dir moves into its tenant's own
+  // directory (tenants::ResolveSocketPath of its file name), and its row
+  // says so.
   std::vector<std::string> RestoreSocketTenants();
   // Start, once the listener runs: the sockets of the socket tenants
   // RestoreSocketTenants listed. One line per socket that cannot be made

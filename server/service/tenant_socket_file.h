@@ -1,14 +1,16 @@
-// TenantSocketFile: a socket tenant's listening Unix socket, made at a path
-// inside the daemon's tenant_socket_dir, and removed again.
+// TenantSocketFile: a socket tenant's listening Unix socket, made in its
+// tenant's own directory inside the daemon's tenant_socket_dir, and removed
+// again.
 //
 // The path's text was checked already (server/tenants/socket_path.h: inside
-// the directory, no "." or ".." components); what is checked here is the
-// filesystem. Invariants: no symlink below the directory is ever followed
-// (each directory on the way is opened with O_NOFOLLOW from the one before,
-// and the socket is bound through the last one's fd, /proc/self/fd/N/NAME,
-// so a component swapped for a symlink meanwhile cannot send the socket
-// elsewhere); the socket is never open wider than asked; a failure leaves
-// nothing behind; nothing but a dead socket is ever replaced.
+// the directory, one directory below it at least, no "." or ".."
+// components); what is checked here is the filesystem. Invariants: no
+// symlink below the directory is ever followed (each directory on the way
+// is opened with O_NOFOLLOW from the one before, and the socket is bound
+// through the last one's fd, /proc/self/fd/N/NAME); the socket and its
+// directory are never open wider than asked; a failure leaves nothing
+// behind but a directory closed to everyone else; nothing but a dead
+// socket is ever replaced.
 #ifndef GPUMEMD_SERVER_SERVICE_TENANT_SOCKET_FILE_H_
 #define GPUMEMD_SERVER_SERVICE_TENANT_SOCKET_FILE_H_
 
@@ -24,11 +26,15 @@ namespace gpumem {
 
 class TenantSocketFile {
  public:
-  // `socket_dir` is made (0711) if missing; `path` is inside it. A missing
-  // directory on the way is made, mode 0711 (others may pass through, never
-  // list or change it); one writable by group or others is refused
-  // FAILED_PRECONDITION, since whoever may write there could swap the
-  // socket. What may already be at the path:
+  // `socket_dir` is made (0711) if missing; `path` is at least one
+  // directory below it. Directories on the way that are missing are made,
+  // mode 0711 (others may pass through, never list or change them); one
+  // writable by group or others is refused FAILED_PRECONDITION, since
+  // whoever may write there could swap the socket. The socket's own
+  // directory (the last one) is its tenant's: made 0700 if missing, and
+  // one found there (made by the DRA plugin, or left by a previous daemon)
+  // is taken over: the daemon's own, 0700, until SetTenantSocketAccess
+  // opens it. What may already be at the path:
   //  - nothing: the socket is made;
   //  - a socket nobody serves (left by a daemon that died): replaced;
   //  - a socket something serves: ALREADY_EXISTS;
@@ -43,7 +49,8 @@ class TenantSocketFile {
   static absl::StatusOr<std::unique_ptr<TenantSocketFile>> Make(const std::string& socket_dir,
                                                                 const std::string& path);
   // Closes the socket and removes its file (if the file is still this
-  // socket) and the directories it made, if empty.
+  // socket; its directory taken back first if the daemon may not work in
+  // it) and the directories it made, if empty.
   ~TenantSocketFile();
   TenantSocketFile(const TenantSocketFile&) = delete;
   TenantSocketFile& operator=(const TenantSocketFile&) = delete;
@@ -71,10 +78,15 @@ class TenantSocketFile {
 };
 
 // Owner `uid`, group `gid`, mode `mode` (checked by the caller:
-// tenants::CheckSocketMode) for the socket at `path` inside `socket_dir`;
-// uid or gid 0 stands for the daemon's own (the same when it runs as root).
-// Another owner or group needs CAP_CHOWN when the daemon is not root. Goes
-// through the same O_NOFOLLOW walk as Make, and changes only a socket.
+// tenants::CheckSocketMode) for the socket at `path` inside `socket_dir`,
+// and the same owner and group for its directory, with
+// tenants::SocketDirMode (only those the socket lets connect may pass
+// through it); uid or gid 0 stands for the daemon's own (the same when it
+// runs as root). Another owner or group needs CAP_CHOWN when the daemon is
+// not root; so does changing a socket or directory another uid owns (the
+// daemon takes it back first: it is closed to everyone while it changes).
+// Nothing is changed when both are as asked already. Goes through the same
+// O_NOFOLLOW walk as Make, and changes only a socket and its directory.
 // INVALID_ARGUMENT for a symlink on the way or at the path,
 // FAILED_PRECONDITION when it is no socket or cannot be changed.
 absl::Status SetTenantSocketAccess(const std::string& socket_dir, const std::string& path,

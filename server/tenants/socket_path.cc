@@ -1,6 +1,7 @@
 #include "server/tenants/socket_path.h"
 
 #include <cctype>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -44,18 +45,24 @@ absl::StatusOr<std::string> ResolveSocketPath(absl::string_view requested,
                                               absl::string_view socket_dir,
                                               absl::string_view tenant_name) {
   std::string path;
-  if (requested.empty()) {
-    path = absl::StrCat(socket_dir, "/", tenant_name, ".sock");
-  } else if (!absl::StrContains(requested, '/')) {
-    const std::string bad = BadComponent(requested);
+  if (requested.empty() || !absl::StrContains(requested, '/')) {
+    const absl::string_view file = requested.empty() ? kDefaultSocketFile : requested;
+    std::string bad = BadComponent(file);
     if (!bad.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("socket path \"", requested, "\" ", bad));
     }
-    path = absl::StrCat(socket_dir, "/", requested);
+    // The tenant's name is its socket's directory: it must be one.
+    bad = absl::StrContains(tenant_name, '/') ? "has a '/'" : BadComponent(tenant_name);
+    if (!bad.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tenant name \"", tenant_name, "\" ", bad, ", so it cannot name its socket's "
+          "directory; give the socket as an absolute path inside ", socket_dir));
+    }
+    path = absl::StrCat(socket_dir, "/", tenant_name, "/", file);
   } else if (requested[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(
         "socket path \"", requested, "\" is relative: give a bare file name (made in ",
-        socket_dir, ") or an absolute path inside ", socket_dir));
+        socket_dir, "/", tenant_name, ") or an absolute path inside ", socket_dir));
   } else {
     const std::string prefix = absl::StrCat(socket_dir, "/");
     if (!absl::StartsWith(requested, prefix) || requested.size() == prefix.size()) {
@@ -69,6 +76,13 @@ absl::StatusOr<std::string> ResolveSocketPath(absl::string_view requested,
         return absl::InvalidArgumentError(absl::StrCat("socket path \"", requested, "\" ", bad));
       }
     }
+    if (!absl::StrContains(requested.substr(prefix.size()), '/')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "socket path \"", requested, "\" is directly in tenant_socket_dir ", socket_dir,
+          ": each tenant's socket has a directory of its own there (",
+          socket_dir, "/", tenant_name, "/", requested.substr(prefix.size()),
+          ", or give the bare file name)"));
+    }
     path = std::string(requested);
   }
   if (path.size() > kMaxSocketPath) {
@@ -77,6 +91,18 @@ absl::StatusOr<std::string> ResolveSocketPath(absl::string_view requested,
         kMaxSocketPath));
   }
   return path;
+}
+
+absl::string_view SocketDirOf(absl::string_view socket_path) {
+  const size_t slash = socket_path.rfind('/');
+  return slash == absl::string_view::npos ? absl::string_view() : socket_path.substr(0, slash);
+}
+
+bool SocketDirsOverlap(absl::string_view a, absl::string_view b) {
+  absl::string_view da = SocketDirOf(a), db = SocketDirOf(b);
+  if (da.size() > db.size()) std::swap(da, db);
+  // da is db, or an ancestor of it.
+  return absl::StartsWith(db, da) && (db.size() == da.size() || db[da.size()] == '/');
 }
 
 absl::Status CheckSocketMode(uint32_t mode, absl::string_view what) {
@@ -122,6 +148,13 @@ SocketAccess DefaultSocketAccess(const std::vector<uid_t>& uids, const std::vect
     a.mode = 0660;
   }
   return a;
+}
+
+uint32_t SocketDirMode(const SocketAccess& access, bool owner_is_daemon) {
+  uint32_t mode = owner_is_daemon ? 0700 : 0100;
+  if ((access.mode & 060) != 0) mode |= 010;
+  if ((access.mode & 006) != 0) mode |= 001;
+  return mode;
 }
 
 absl::Status CheckSocketTenantName(absl::string_view name) {

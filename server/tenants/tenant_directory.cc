@@ -39,6 +39,15 @@ const TextFormat::ParseInfoTree* Nested(const TextFormat::ParseInfoTree* tree,
   return tree->GetTreeForNested(Field(m, name), index);
 }
 
+// The words after a socket's path when its directory and that of tenant
+// `other`'s socket `other_socket` overlap (SocketDirsOverlap).
+std::string DirClash(absl::string_view other_socket, absl::string_view other) {
+  return absl::StrCat(" would share a directory with tenant \"", other, "\"'s socket ",
+                      other_socket, " (", SocketDirOf(other_socket),
+                      "): each tenant's socket has a directory of its own, neither inside "
+                      "another's nor holding one");
+}
+
 }  // namespace
 
 absl::StatusOr<uint32_t> ResolveDeviceSelector(
@@ -156,12 +165,18 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
         return absl::InvalidArgumentError(
             absl::StrCat(sat, "tenant \"", t.name, "\": ", socket.status().message()));
       }
-      auto [owner, fresh] = socket_owner.emplace(*socket, t.name);
-      if (!fresh) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            sat, "tenant \"", t.name, "\": socket ", *socket, " is tenant \"", owner->second,
-            "\"'s already"));
+      for (const auto& [other_socket, other] : socket_owner) {
+        if (other_socket == *socket) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              sat, "tenant \"", t.name, "\": socket ", *socket, " is tenant \"", other,
+              "\"'s already"));
+        }
+        if (SocketDirsOverlap(other_socket, *socket)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              sat, "tenant \"", t.name, "\": socket ", *socket, DirClash(other_socket, other)));
+        }
       }
+      socket_owner.emplace(*socket, t.name);
       t.socket = *std::move(socket);
       t.socket_access = DefaultSocketAccess(
           t.uids, t.gids,
@@ -219,11 +234,14 @@ absl::StatusOr<TenantDirectory> TenantDirectory::Build(
             "\" is a socket tenant made at run time (PutTenant): remove it with DeleteTenant "
             "first, or give the config's tenant another name"));
       }
-      if (auto owner = socket_owner.find(old.socket); owner != socket_owner.end()) {
+      for (const auto& [socket, owner] : socket_owner) {
+        if (!SocketDirsOverlap(socket, old.socket)) continue;
         return absl::InvalidArgumentError(absl::StrCat(
-            Where(path, locations, config, "tenant", by_name.at(owner->second)), "tenant \"",
-            owner->second, "\": socket ", old.socket, " is the socket of tenant \"", old.name,
-            "\" (made at run time by PutTenant)"));
+            Where(path, locations, config, "tenant", by_name.at(owner)), "tenant \"", owner,
+            "\": socket ", socket,
+            socket == old.socket ? absl::StrCat(" is the socket of tenant \"", old.name, "\"")
+                                 : DirClash(old.socket, old.name),
+            " (made at run time by PutTenant)"));
       }
       dir.tenants_.push_back(old);
       dir.tenants_.back().max_waiting_requests = dir.max_waiting_requests_;
@@ -313,6 +331,9 @@ absl::StatusOr<TenantDirectory> TenantDirectory::WithSocketTenant(
     } else if (!t.socket.empty() && t.socket == spec.socket) {
       return absl::AlreadyExistsError(absl::StrCat(
           "socket ", spec.socket, " is tenant \"", t.name, "\"'s"));
+    } else if (!t.socket.empty() && SocketDirsOverlap(t.socket, spec.socket)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("socket ", spec.socket, DirClash(t.socket, t.name)));
     }
   }
   if (same != nullptr) {

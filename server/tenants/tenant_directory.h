@@ -7,7 +7,8 @@
 // no lock; a directory that builds has a valid tenant section; tenant ids
 // (what slabs, the quota book and GetStats key on; the ledger keys on
 // names) are for this daemon's life and never reused, not even when a
-// removed tenant's name comes back; no two tenants share a socket path; a
+// removed tenant's name comes back; no two tenants share a socket or its
+// directory, nor has one's directory inside another's; a
 // caller through a tenant's socket is that tenant, whatever its uid, and the
 // main socket never resolves to a tenant made at run time.
 #ifndef GPUMEMD_SERVER_TENANTS_TENANT_DIRECTORY_H_
@@ -100,7 +101,8 @@ class TenantDirectory {
   // the same).
   // FAILED_PRECONDITION when the config defines a tenant of that name or
   // the existing one has another socket; ALREADY_EXISTS when another
-  // tenant has that socket; RESOURCE_EXHAUSTED when no id is left.
+  // tenant has that socket, or its socket's directory is the same as, or
+  // inside or around, this one's; RESOURCE_EXHAUSTED when no id is left.
   absl::StatusOr<TenantDirectory> WithSocketTenant(const SocketTenantSpec& spec) const;
   // This directory without the runtime tenant `id` (remembered as retired,
   // so its name stays known). Unchanged if it has no such runtime tenant.

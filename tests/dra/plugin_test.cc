@@ -247,10 +247,17 @@ TEST_F(DraPluginTest, RestartKeepsPreparedClaims) {
   // be down when the plugin comes back): the record answers.
   EXPECT_EQ(StopPlugin(/*kill9=*/true), -SIGKILL);
   api_->RemoveClaim(c.ns, c.name);
+  // As after a node's reboot: the kubelet made the claims' hostPath again,
+  // 0755. Before the claim's socket is asserted again, it is 0700.
+  const std::string claims_dir = SocketDir(c).substr(0, SocketDir(c).rfind('/'));
+  ASSERT_EQ(chmod(claims_dir.c_str(), 0755), 0);
   StartPlugin();
   absl::StatusOr<drapb::NodePrepareResourcesResponse> after = kubelet_.Prepare({c});
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_TRUE(MessageDifferencer::Equals(*before, *after)) << Text(*after);
+  struct stat st;
+  ASSERT_EQ(stat(claims_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u) << "the claims directory was left open";
   // The slice's generation only grows across restarts.
   ASSERT_TRUE(api_->WaitFor(
       [&] {

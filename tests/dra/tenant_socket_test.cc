@@ -67,13 +67,17 @@ class TenantSocketTest : public DraPluginFixture {
 TEST_F(TenantSocketTest, ChargedToTheClaimsTenantAndRefusedPastItsQuota) {
   const ClaimRef a = Prepared("a", "1Gi");
   // Who reaches it: the claims directory is root's alone (0700); the
-  // claim's directory (what CDI mounts) and its socket are open to the
-  // containers' uids (0755, 0666).
+  // claim's directory (what CDI mounts) lets any uid pass but not list
+  // (0711: gpumemd gives a claim's socket directory its socket's access),
+  // and its socket is open to the containers' uids (0666).
   struct stat st;
   const std::string claim_dir = SocketDir(a);
   const std::string claims_dir = claim_dir.substr(0, claim_dir.rfind('/'));
   ASSERT_EQ(stat(claims_dir.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0700u) << claims_dir;
+  ASSERT_EQ(stat(claim_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0711u) << claim_dir;
+  EXPECT_EQ(st.st_uid, 0u) << claim_dir;
   ASSERT_EQ(lstat(Socket(a).c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 07777, 0666u);

@@ -9,6 +9,9 @@
 //  - a client that unmaps (the library sends a close) leaves nothing retained,
 //    while it still lives;
 //  - what GetStats shows an unprivileged caller, and an admin-group member;
+//  - no oracles: to a non-admin, another uid's allocation, slab and session
+//    token are answered exactly as ones that do not exist, by every method
+//    that takes one (oracle_probe);
 //  - 32 threads of one fresh process make exactly one session.
 #include <signal.h>
 #include <sys/stat.h>
@@ -16,9 +19,12 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/lib/cpp/client.h"
 #include "gtest/gtest.h"
@@ -243,6 +249,114 @@ TEST_F(IsolationTest, UnprivilegedCallersSeeDevicesAndOnlyTheirOwnSessions) {
   // uid A's primary group is the admin group: everything.
   ChildProcess a(Client({"--stats"}), kUidA);
   EXPECT_EQ(a.ReadLine(kLineMs), "sessions 3 uids 0,65534 tenants 0,65534 devices 1");
+}
+
+// uid 65533 holds a block (and a connection-bound session); uid 65532, no
+// administrator, asks about them and about ids nobody has, in pairs: every
+// pair is answered alike (ids masked), and GetStats shows it none of them.
+// Against the fixture's daemon (sessions bound to processes: no token to
+// ask about), and against one in a pid namespace of its own, which sees
+// every client as pid 0, so every session is bound to its connection and
+// has a token.
+TEST_F(IsolationTest, AnotherUsersIdsAreAnsweredAsMissingOnes) {
+  const std::string probe = daemon_->dir() + "/oracle_probe";
+  std::filesystem::copy_file(RunfilePath("tests/integration/oracle_probe"), probe,
+                             std::filesystem::copy_options::overwrite_existing);
+  chmod(probe.c_str(), 0755);
+  Client({});  // copies test_client beside the socket
+  const std::string client = daemon_->dir() + "/test_client";
+  auto ask = [&](const std::string& socket, bool want_token) {
+    ChildProcess holder({client, "--socket=" + socket, "--size=1048576", "--count=1",
+                         "--then=hold"},
+                        kUidB);
+    const std::string line = holder.ReadLine(kLineMs);
+    ASSERT_TRUE(absl::StartsWith(line, "alloc ")) << line;
+    ASSERT_EQ(holder.ReadLine(kLineMs), "ready");
+    // "alloc ID DEVICE SLAB OFFSET SIZE"
+    const std::vector<std::string> f = absl::StrSplit(line, ' ');
+    ASSERT_EQ(f.size(), 6u);
+    ChildProcess pod({probe, "--socket=" + socket, "--hello"}, kUidB);
+    const std::string token_line = pod.ReadLine(kLineMs);
+    ASSERT_TRUE(absl::StartsWith(token_line, "token")) << token_line;
+    const std::string token = token_line.size() > 6 ? token_line.substr(6) : "";
+    EXPECT_EQ(!token.empty(), want_token) << token_line;
+    ChildProcess asker({probe, "--socket=" + socket, "--alloc=" + f[1], "--slab=" + f[3],
+                        "--offset=" + f[4], "--size=" + f[5], "--tenant=uid-65533",
+                        "--token=" + token},
+                       65532);
+    std::vector<std::string> lines;
+    for (std::string l = asker.ReadLine(kLineMs); !l.empty() && l != "done";
+         l = asker.ReadLine(kLineMs)) {
+      lines.push_back(l);
+    }
+    ASSERT_EQ(lines.size(), token.empty() ? 8u : 10u) << absl::StrJoin(lines, "\n");
+    for (const std::string& l : lines) {
+      EXPECT_TRUE(absl::StartsWith(l, "same ") || l == "stats ok") << l;
+    }
+    // Nothing of it changed: the block is still held.
+    absl::StatusOr<std::unique_ptr<client::Client>> root = client::Client::Connect(socket);
+    ASSERT_TRUE(root.ok()) << root.status();
+    auto stats = (*root)->GetStats(/*include_slabs=*/false);
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->devices(0).used_bytes(), 1u << 20);
+  };
+  ask(daemon_->socket(), /*want_token=*/false);
+
+  const std::string wrapper = daemon_->dir() + "/gpumemd-in-its-own-pid-namespace";
+  std::ofstream(wrapper) << "#!/bin/sh\nexec /usr/bin/unshare --pid --fork --kill-child "
+                         << RunfilePath("server/gpumemd") << " \"$@\"\n";
+  chmod(wrapper.c_str(), 0755);
+  testing::DaemonProcess isolated({"--sim_devices=1x64MiB", "--slab_size=16MiB",
+                                   "--min_slab_size=16MiB", "--state=none"});
+  isolated.SetBinary(wrapper);
+  ASSERT_TRUE(isolated.Start()) << isolated.Log();
+  chmod(isolated.dir().c_str(), 0755);
+  ask(isolated.socket(), /*want_token=*/true);
+}
+
+// After a restart that closed another uid's allocation (its process ended
+// while the daemon was down), a non-admin's Resume claiming it is answered
+// as for an id the daemon never had, not with why it was closed.
+TEST_F(IsolationTest, AnotherUsersAllocationClosedAtARestartIsAnsweredAsMissing) {
+  const std::string probe = daemon_->dir() + "/oracle_probe";
+  std::filesystem::copy_file(RunfilePath("tests/integration/oracle_probe"), probe,
+                             std::filesystem::copy_options::overwrite_existing);
+  chmod(probe.c_str(), 0755);
+  Client({});
+  const std::string client = daemon_->dir() + "/test_client";
+  const std::string kept = daemon_->dir() + "/kept";
+  ASSERT_EQ(mkdir(kept.c_str(), 0755), 0);
+  const std::vector<std::string> args = {"--sim_devices=1x64MiB", "--slab_size=16MiB",
+                                         "--min_slab_size=16MiB", "--state=" + kept + "/state",
+                                         "--ledger=" + kept + "/ledger.db"};
+  testing::DaemonProcess first(args);
+  ASSERT_TRUE(first.Start()) << first.Log();
+  auto holder = std::make_unique<ChildProcess>(
+      std::vector<std::string>{client, "--socket=" + first.socket(), "--size=1048576",
+                               "--count=1", "--then=hold"},
+      kUidB);
+  const std::string line = holder->ReadLine(kLineMs);
+  ASSERT_TRUE(absl::StartsWith(line, "alloc ")) << line;
+  ASSERT_EQ(holder->ReadLine(kLineMs), "ready");
+  const std::vector<std::string> f = absl::StrSplit(line, ' ');
+  ASSERT_EQ(f.size(), 6u);
+  kill(first.pid(), SIGKILL);
+  first.Stop();
+  holder.reset();  // its process ends while the daemon is down
+  testing::DaemonProcess second(args);
+  ASSERT_TRUE(second.Start()) << second.Log();
+  ChildProcess asker({probe, "--socket=" + second.socket(), "--alloc=" + f[1], "--slab=" + f[3],
+                      "--offset=" + f[4], "--size=" + f[5], "--tenant=uid-65533"},
+                     65532);
+  std::vector<std::string> lines;
+  for (std::string l = asker.ReadLine(kLineMs); !l.empty() && l != "done";
+       l = asker.ReadLine(kLineMs)) {
+    lines.push_back(l);
+  }
+  ASSERT_EQ(lines.size(), 8u) << absl::StrJoin(lines, "\n");
+  for (const std::string& l : lines) {
+    EXPECT_TRUE(absl::StartsWith(l, "same ") || l == "stats ok") << l << "\n" << second.Log();
+  }
 }
 
 TEST_F(IsolationTest, ThirtyTwoThreadsOfOneProcessMakeOneSession) {

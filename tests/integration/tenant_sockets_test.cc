@@ -4,9 +4,12 @@
 // own (unshare --pid --fork: SO_PEERCRED gives the daemon pid 0, as for a
 // pod without hostPID).
 //  - PutTenant answers the resolved absolute path, makes a mode 0666
-//    socket, and is idempotent; bad names and paths (outside the directory,
-//    "..", symlinks, an existing file, another tenant's or a live socket)
-//    get precise statuses and leave nothing behind.
+//    socket in a directory of the tenant's own, and is idempotent; bad
+//    names and paths (outside the directory, directly in it, "..",
+//    symlinks, an existing file, another tenant's socket or directory, a
+//    live socket) get precise statuses and leave nothing behind.
+//  - A socket's directory lets through only those its socket is for: any
+//    other uid can neither connect, nor look the socket up, nor list it.
 //  - Only root and the admin group administer: not another uid, and not a
 //    uid 0 through a tenant's socket (which also sees only its tenant);
 //    root with pid 0 (a container without hostPID) does.
@@ -18,12 +21,14 @@
 //    sees EOF; a gRPC client's next call fails).
 //  - Tenants made at run time come back with their sockets after a restart
 //    on the same ledger (SIGTERM, and kill -9 with stale socket files); a
-//    deleted one does not.
+//    deleted one does not; one an earlier daemon kept directly in
+//    tenant_socket_dir moves into a directory of its own.
 //  - A config tenant's socket survives a reload (same socket, connections
 //    and charges kept), follows the config when it moves or goes, and a
 //    reload that takes a runtime tenant's name is refused.
 // Needs root and unshare (skipped otherwise).
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -49,10 +54,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "client/lib/cpp/client.h"
 #include "common/fd_channel.h"
 #include "gtest/gtest.h"
 #include "proto/gpumem/v1/gpumem.grpc.pb.h"
+#include "server/ledger/ledger_store.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace gpumem {
@@ -76,25 +83,61 @@ bool Connectable(const std::string& path) {
   return ok;
 }
 
-// connect() to `path` from a child process of uid and gid `uid` (no
-// supplementary groups): 0, or the errno.
-int ConnectErrnoAs(uid_t uid, const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) return ENAMETOOLONG;
-  memcpy(addr.sun_path, path.data(), path.size());
+// What `op` returns (0, or an errno) in a child process of uid `uid`, gid
+// `gid` and no supplementary groups.
+template <typename Op>
+int ErrnoAs(uid_t uid, gid_t gid, Op op) {
   const pid_t pid = fork();
   if (pid == 0) {
-    if (setgroups(0, nullptr) != 0 || setresgid(uid, uid, uid) != 0 ||
+    if (setgroups(0, nullptr) != 0 || setresgid(gid, gid, gid) != 0 ||
         setresuid(uid, uid, uid) != 0) {
       _exit(250);
     }
-    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    _exit(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 ? 0 : errno);
+    _exit(op());
   }
   int status = 0;
   waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 251;
+}
+
+// connect() to `path` from a child process of uid and gid `uid` (no
+// supplementary groups; `gid` for another group): 0, or the errno.
+int ConnectErrnoAs(uid_t uid, const std::string& path, gid_t gid = static_cast<gid_t>(-1)) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return ENAMETOOLONG;
+  memcpy(addr.sun_path, path.data(), path.size());
+  return ErrnoAs(uid, gid == static_cast<gid_t>(-1) ? uid : gid, [&] {
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    return connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 ? 0 : errno;
+  });
+}
+
+// lstat() of `path` as uid and gid `uid`: 0, or the errno.
+int StatErrnoAs(uid_t uid, const std::string& path) {
+  return ErrnoAs(uid, uid, [&] {
+    struct stat st;
+    return lstat(path.c_str(), &st) == 0 ? 0 : errno;
+  });
+}
+
+// opendir() of `dir` as uid and gid `uid`: 0, or the errno.
+int ListErrnoAs(uid_t uid, const std::string& dir) {
+  return ErrnoAs(uid, uid, [&] {
+    const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    return fd >= 0 ? 0 : errno;
+  });
+}
+
+std::string DirOf(const std::string& path) { return path.substr(0, path.rfind('/')); }
+
+// Owner, group and mode of `path`, as "uid gid 0mode".
+std::string Access(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return "missing";
+  char mode[8];
+  snprintf(mode, sizeof(mode), "%04o", st.st_mode & 07777);
+  return absl::StrCat(st.st_uid, " ", st.st_gid, " ", mode);
 }
 
 // Polls `done` every 10 ms for up to `ms`.
@@ -261,7 +304,11 @@ TEST_F(TenantSocketsTest, PutTenantSetsWhoMayConnect) {
   struct stat dir_st;
   ASSERT_EQ(stat(sockets_.c_str(), &dir_st), 0);
   EXPECT_EQ(dir_st.st_mode & 07777, 0711u) << "tenant_socket_dir, made by the daemon";
+  EXPECT_EQ(path, sockets_ + "/owned/owned.sock");
+  EXPECT_EQ(Access(DirOf(path)), "4242 0 0100") << "its directory: only uid 4242 passes";
   EXPECT_EQ(ConnectErrnoAs(65534, path), EACCES);
+  EXPECT_EQ(StatErrnoAs(65534, path), EACCES) << "another uid cannot even look it up";
+  EXPECT_EQ(ListErrnoAs(65534, DirOf(path)), EACCES);
   EXPECT_EQ(ConnectErrnoAs(4242, path), 0);
   // An update without access keeps it.
   ASSERT_TRUE(Put("owned", "", 8 * kMiB).ok());
@@ -273,7 +320,9 @@ TEST_F(TenantSocketsTest, PutTenantSetsWhoMayConnect) {
   ASSERT_EQ(lstat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, 0u);
   EXPECT_EQ(st.st_mode & 07777, 0666u);
+  EXPECT_EQ(Access(DirOf(path)), "0 0 0711") << "others pass, nobody lists";
   EXPECT_EQ(ConnectErrnoAs(65534, path), 0);
+  EXPECT_EQ(ListErrnoAs(65534, DirOf(path)), EACCES);
   // No fields: root's, 0666 (a claim's socket, reached through its mount).
   absl::StatusOr<v1::PutTenantResponse> plain = Put("plain", "plain.sock");
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -283,7 +332,58 @@ TEST_F(TenantSocketsTest, PutTenantSetsWhoMayConnect) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "socket_mode 0777")) << bad.status();
-  EXPECT_NE(lstat((sockets_ + "/bad.sock").c_str(), &st), 0) << "nothing made for a refusal";
+  EXPECT_NE(lstat((sockets_ + "/bad").c_str(), &st), 0) << "nothing made for a refusal";
+}
+
+// A socket for a group: its directory is the group's too (root, the group,
+// 0710): a uid of the group connects, any other uid (the socket's owner
+// group aside) can neither connect, nor look the socket up, nor list its
+// directory, and so cannot read anything through it. Two tenants' sockets
+// never share a directory.
+TEST_F(TenantSocketsTest, OnlyTheSocketsUsersPassThroughItsDirectory) {
+  StartDaemon();
+  ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
+  v1::PutTenantRequest req;
+  req.set_name("grp");
+  req.set_socket_gid(4343);
+  v1::PutTenantResponse grp;
+  ASSERT_TRUE(stub_->PutTenant(Ctx().get(), req, &grp).ok());
+  const std::string path = grp.socket_path();
+  EXPECT_EQ(path, sockets_ + "/grp/gpumemd.sock");
+  EXPECT_EQ(Access(path), "0 4343 0660");
+  EXPECT_EQ(Access(DirOf(path)), "0 4343 0710");
+  EXPECT_EQ(ConnectErrnoAs(5000, path, 4343), 0) << "a uid of the group";
+  for (uid_t other : {65534u, 4242u}) {
+    EXPECT_EQ(ConnectErrnoAs(other, path), EACCES) << other;
+    EXPECT_EQ(StatErrnoAs(other, path), EACCES) << other;
+    EXPECT_EQ(ListErrnoAs(other, DirOf(path)), EACCES) << other;
+  }
+  // Reading through it needs a connection: another uid's client fails to
+  // connect, while the main socket still serves it.
+  ChildProcess reader({NobodysClient(), "--socket=" + path, absl::StrCat("--size=", kMiB),
+                       "--count=1", "--then=exit"},
+                      65534);
+  const std::string line = reader.ReadLine();
+  EXPECT_TRUE(absl::StartsWith(line, "error 14")) << line;
+  // Another tenant cannot put its socket in grp's directory, nor below it.
+  for (const std::string& p : {sockets_ + "/grp/mine.sock", sockets_ + "/grp/sub/mine.sock"}) {
+    absl::StatusOr<v1::PutTenantResponse> r = Put("intruder", p);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists) << p;
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "directory of its own")) << r.status();
+  }
+  EXPECT_EQ(Access(DirOf(path)), "0 4343 0710") << "a refusal changed grp's directory";
+  // A reload of the access changes the directory with the socket.
+  req.clear_socket_gid();
+  req.set_socket_uid(4242);
+  req.set_socket_mode(0600);
+  ASSERT_TRUE(stub_->PutTenant(Ctx().get(), req, &grp).ok());
+  EXPECT_EQ(Access(path), "4242 0 0600");
+  EXPECT_EQ(Access(DirOf(path)), "4242 0 0100");
+  EXPECT_EQ(ConnectErrnoAs(5000, path, 4343), EACCES);
+  EXPECT_EQ(ConnectErrnoAs(4242, path), 0);
+  // DeleteTenant removes the directory it made.
+  ASSERT_TRUE(Delete("grp", true).ok());
+  EXPECT_FALSE(Exists(DirOf(path)));
 }
 
 TEST_F(TenantSocketsTest, PutTenantAnswersTheResolvedSocketAndIsIdempotent) {
@@ -298,7 +398,7 @@ TEST_F(TenantSocketsTest, PutTenantAnswersTheResolvedSocketAndIsIdempotent) {
   v1::PutTenantResponse first, second;
   ASSERT_TRUE(stub_->PutTenant(Ctx().get(), req, &first).ok());
   EXPECT_EQ(first.name(), "team");
-  EXPECT_EQ(first.socket_path(), sockets_ + "/team.sock");
+  EXPECT_EQ(first.socket_path(), sockets_ + "/team/gpumemd.sock");
   EXPECT_TRUE(first.created());
   EXPECT_GE(first.tenant(), uint32_t{1} << 31);
   ASSERT_EQ(first.quota().devices_size(), 1);
@@ -330,10 +430,11 @@ TEST_F(TenantSocketsTest, PutTenantAnswersTheResolvedSocketAndIsIdempotent) {
       Put("claim-1", sockets_ + "/claim-1/gpumemd.sock", 8 * kMiB);
   ASSERT_TRUE(claim.ok()) << claim.status();
   EXPECT_EQ(claim->socket_path(), sockets_ + "/claim-1/gpumemd.sock");
+  EXPECT_EQ(Access(sockets_ + "/claim-1"), "0 0 0711") << "the directory found is the tenant's";
   EXPECT_NE(claim->tenant(), first.tenant());
   absl::StatusOr<v1::PutTenantResponse> bare = Put("bare", "bare-name.sock");
   ASSERT_TRUE(bare.ok()) << bare.status();
-  EXPECT_EQ(bare->socket_path(), sockets_ + "/bare-name.sock");
+  EXPECT_EQ(bare->socket_path(), sockets_ + "/bare/bare-name.sock");
   EXPECT_TRUE(Connectable(bare->socket_path()));
   // GetStats lists them while they hold nothing.
   ASSERT_NE(Tenant("claim-1"), nullptr);
@@ -343,18 +444,22 @@ TEST_F(TenantSocketsTest, PutTenantAnswersTheResolvedSocketAndIsIdempotent) {
 TEST_F(TenantSocketsTest, BadNamesAndPathsArePreciseAndLeaveNothing) {
   StartDaemon();
   ASSERT_TRUE(Put("owner", "owned.sock").ok());
+  const std::string owned = sockets_ + "/owner/owned.sock";
   ASSERT_EQ(mkdir(sockets_.c_str(), 0755) == 0 || errno == EEXIST, true);
-  // A symlink inside the directory to a directory outside it.
+  // A symlink inside the directory to a directory outside it, and one in a
+  // tenant's directory.
   const std::string outside = dir_ + "/outside";
   ASSERT_EQ(mkdir(outside.c_str(), 0755), 0);
   ASSERT_EQ(symlink(outside.c_str(), (sockets_ + "/link").c_str()), 0);
-  ASSERT_EQ(symlink((outside + "/x.sock").c_str(), (sockets_ + "/link.sock").c_str()), 0);
+  for (const char* d : {"/t6", "/t7", "/t9"}) ASSERT_EQ(mkdir((sockets_ + d).c_str(), 0755), 0);
+  ASSERT_EQ(symlink((outside + "/x.sock").c_str(), (sockets_ + "/t6/link.sock").c_str()), 0);
   std::ofstream(sockets_ + "/file.sock") << "not a socket\n";
+  std::ofstream(sockets_ + "/t7/file.sock") << "not a socket\n";
   // A live socket nobody told the daemon about.
   const int live = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  const std::string live_path = sockets_ + "/live.sock";
+  const std::string live_path = sockets_ + "/t9/live.sock";
   memcpy(addr.sun_path, live_path.data(), live_path.size());
   ASSERT_EQ(bind(live, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   ASSERT_EQ(listen(live, 1), 0);
@@ -370,12 +475,16 @@ TEST_F(TenantSocketsTest, BadNamesAndPathsArePreciseAndLeaveNothing) {
       {"t3", sockets_ + "/../t3.sock", absl::StatusCode::kInvalidArgument, "\"..\""},
       {"t4", "sub/t4.sock", absl::StatusCode::kInvalidArgument, "relative"},
       {"t5", sockets_ + "/link/t5.sock", absl::StatusCode::kInvalidArgument, "symlink"},
-      {"t6", sockets_ + "/link.sock", absl::StatusCode::kInvalidArgument, "symlink"},
+      {"t6", "link.sock", absl::StatusCode::kInvalidArgument, "symlink"},
       {"t7", "file.sock", absl::StatusCode::kAlreadyExists, "not a socket"},
-      {"t8", "owned.sock", absl::StatusCode::kAlreadyExists, "\"owner\""},
+      {"t8", owned, absl::StatusCode::kAlreadyExists, "\"owner\""},
+      {"t8", sockets_ + "/owner/other.sock", absl::StatusCode::kAlreadyExists,
+       "directory of its own"},
       {"t9", "live.sock", absl::StatusCode::kAlreadyExists, "serving"},
       {"t10", sockets_ + "/file.sock/t10.sock", absl::StatusCode::kInvalidArgument,
        "not a directory"},
+      {"t11", sockets_ + "/t11.sock", absl::StatusCode::kInvalidArgument,
+       "directly in tenant_socket_dir"},
       {"uid-0", "", absl::StatusCode::kInvalidArgument, "uid tenant"},
       {"a/b", "", absl::StatusCode::kInvalidArgument, "letters, digits"},
       {std::string(64, 'n'), "", absl::StatusCode::kInvalidArgument, "63"},
@@ -397,16 +506,19 @@ TEST_F(TenantSocketsTest, BadNamesAndPathsArePreciseAndLeaveNothing) {
     EXPECT_EQ(stub_->PutTenant(Ctx().get(), req, &resp).error_code(),
               grpc::StatusCode::INVALID_ARGUMENT);
   }
-  // Nothing was made: outside, the file, the links and the directory are
-  // as they were.
+  // Nothing was made: outside, the files, the links and the directories
+  // are as they were.
   EXPECT_TRUE(std::filesystem::is_empty(outside));
   EXPECT_EQ(Slurp(sockets_ + "/file.sock"), "not a socket\n");
+  EXPECT_EQ(Slurp(sockets_ + "/t7/file.sock"), "not a socket\n");
   std::vector<std::string> entries;
   for (const auto& e : std::filesystem::directory_iterator(sockets_)) {
     entries.push_back(e.path().filename().string());
   }
   std::sort(entries.begin(), entries.end());
-  EXPECT_EQ(absl::StrJoin(entries, " "), "file.sock link link.sock live.sock owned.sock");
+  EXPECT_EQ(absl::StrJoin(entries, " "), "file.sock link owner t6 t7 t9");
+  EXPECT_EQ(Access(sockets_ + "/owner"), "0 0 0711");
+  EXPECT_TRUE(Connectable(owned));
   EXPECT_TRUE(Connectable(live_path));
   close(live);
   // A socket nobody serves any more (left by a dead daemon) is replaced.
@@ -419,7 +531,7 @@ TEST_F(TenantSocketsTest, OnlyAdministratorsAndNeverThroughATenantSocket) {
   StartDaemon();
   ASSERT_TRUE(Put("team", "team.sock").ok());
   ASSERT_TRUE(Put("other", "other.sock").ok());
-  const std::string team = sockets_ + "/team.sock";
+  const std::string team = sockets_ + "/team/team.sock";
   for (const std::string rpc : {"put", "delete", "set_quota"}) {
     // uid 0 in its own pid namespace, through a tenant's socket: refused.
     auto pod = Client(team, {"--tenant_rpc=" + rpc, "--tenant=other"});
@@ -572,6 +684,37 @@ TEST_F(TenantSocketsTest, RuntimeTenantsComeBackAfterARestart) {
   EXPECT_FALSE(Exists(claim->socket_path()));
 }
 
+// A ledger an earlier gpumemd wrote, with a socket tenant whose socket it
+// made directly in tenant_socket_dir: the tenant is restored with its
+// socket in a directory of its own (same file name), the log says where it
+// moved, and the ledger keeps the new path (the next start says nothing).
+TEST_F(TenantSocketsTest, ASocketKeptDirectlyInTheDirectoryMovesIntoOneOfItsOwn) {
+  {
+    absl::StatusOr<std::unique_ptr<ledger::LedgerStore>> store =
+        ledger::LedgerStore::Open(ledger_, absl::GetCurrentTimeNanos());
+    ASSERT_TRUE(store.ok()) << store.status();
+    ledger::SocketTenantRow row;
+    row.name = "old";
+    row.socket = sockets_ + "/old.sock";
+    row.total_bytes = 8 * kMiB;
+    row.source = "PutTenant by uid 0";
+    ASSERT_TRUE((*store)->PutSocketTenant(row).ok());
+  }
+  StartDaemon();
+  const std::string moved = sockets_ + "/old/old.sock";
+  ASSERT_TRUE(Eventually([&] { return Connectable(moved); })) << daemon_->Log();
+  EXPECT_FALSE(Exists(sockets_ + "/old.sock"));
+  EXPECT_TRUE(absl::StrContains(daemon_->Log(),
+                                absl::StrCat("moves from ", sockets_, "/old.sock to ", moved)))
+      << daemon_->Log();
+  ASSERT_NE(Tenant("old"), nullptr);
+  EXPECT_EQ(Tenant("old")->quota().total_bytes(), 8 * kMiB);
+  EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
+  StartDaemon();
+  ASSERT_TRUE(Eventually([&] { return Connectable(moved); })) << daemon_->Log();
+  EXPECT_FALSE(absl::StrContains(daemon_->Log(), "moves from")) << daemon_->Log();
+}
+
 // kill -9 under a client in its own pid namespace (a connection-bound
 // session) that holds a block through a tenant's socket: the next daemon
 // lists the tenant again before it restores, the client rebinds its
@@ -608,8 +751,10 @@ TEST_F(TenantSocketsTest, ABlockHeldThroughATenantSocketSurvivesKillNine) {
 TEST_F(TenantSocketsTest, AConfigTenantsSocketSurvivesAReloadAndFollowsTheConfig) {
   WriteConfig(R"(tenant { name: "team" uids: 4242 socket: "team.sock" quota { total_bytes: "32MiB" } })");
   StartDaemon();
-  const std::string team = sockets_ + "/team.sock";
+  const std::string team = sockets_ + "/team/team.sock";
   ASSERT_TRUE(Eventually([&] { return Connectable(team); })) << daemon_->Log();
+  EXPECT_TRUE(Eventually([&] { return Access(DirOf(team)) == "4242 0 0100"; }))
+      << "owner uid 4242 alone passes: " << Access(DirOf(team));
   struct stat before;
   ASSERT_EQ(lstat(team.c_str(), &before), 0);
   const uint32_t id = Tenant("team")->tenant();
@@ -624,7 +769,7 @@ TEST_F(TenantSocketsTest, AConfigTenantsSocketSurvivesAReloadAndFollowsTheConfig
     tenant { name: "other" uids: 4243 socket: "other.sock" }
   )");
   kill(daemon_->pid(), SIGHUP);
-  ASSERT_TRUE(Eventually([&] { return Connectable(sockets_ + "/other.sock"); })) << daemon_->Log();
+  ASSERT_TRUE(Eventually([&] { return Connectable(sockets_ + "/other/other.sock"); })) << daemon_->Log();
   ASSERT_TRUE(Eventually([&] { return Tenant("team")->quota().total_bytes() == 48 * kMiB; }));
   struct stat after;
   ASSERT_EQ(lstat(team.c_str(), &after), 0);
@@ -634,7 +779,7 @@ TEST_F(TenantSocketsTest, AConfigTenantsSocketSurvivesAReloadAndFollowsTheConfig
   auto more = Client(team, {absl::StrCat("--size=", 40 * kMiB), "--count=1", "--then=free"});
   Hold(*more);  // 4 + 40 MiB: within the new quota
   EXPECT_EQ(more->ReadLine(), "freed");
-  EXPECT_TRUE(Connectable(sockets_ + "/claim-1.sock")) << "a runtime tenant lost its socket";
+  EXPECT_TRUE(Connectable(sockets_ + "/claim-1/claim-1.sock")) << "a runtime tenant lost its socket";
 
   // A reload that takes a runtime tenant's name: refused, nothing changes.
   WriteConfig(R"(
@@ -644,7 +789,7 @@ TEST_F(TenantSocketsTest, AConfigTenantsSocketSurvivesAReloadAndFollowsTheConfig
   kill(daemon_->pid(), SIGHUP);
   ASSERT_TRUE(Eventually([&] { return absl::StrContains(daemon_->Log(), "reload refused"); }));
   EXPECT_TRUE(absl::StrContains(daemon_->Log(), "made at run time")) << daemon_->Log();
-  EXPECT_TRUE(Connectable(sockets_ + "/other.sock"));
+  EXPECT_TRUE(Connectable(sockets_ + "/other/other.sock"));
   EXPECT_EQ(Tenant("team")->quota().total_bytes(), 48 * kMiB);
 
   // team's socket leaves the config: the file goes; the tenant and its
@@ -655,6 +800,7 @@ TEST_F(TenantSocketsTest, AConfigTenantsSocketSurvivesAReloadAndFollowsTheConfig
   )");
   kill(daemon_->pid(), SIGHUP);
   ASSERT_TRUE(Eventually([&] { return !Exists(team); })) << daemon_->Log();
+  EXPECT_FALSE(Exists(DirOf(team))) << "the directory made for it stays";
   EXPECT_EQ(Used("team"), 4 * kMiB);
   holder->Kill(SIGKILL);
   EXPECT_TRUE(Eventually([&] { return Used("team") == 0; }));

@@ -3,6 +3,7 @@
 // and writes them with a LEDGER_GAP once the disk takes them (the page limit
 // is the "disk full" seam); retention folds old events into per-tenant
 // summaries, keeps usage exact and stops the file growing under churn; the
+// churn cap folds what a tenant churns past its pairs a second; the
 // files are 0600 whatever the umask, and wider ones are tightened.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -201,6 +202,70 @@ TEST(LedgerDiskTest, RetentionFoldsOldEventsAndTheFileStopsGrowing) {
     o.path = fold_path;
     auto l = Open(o);
     EXPECT_GT(l->first_allocation_id(), kPairs + 1);
+  }
+}
+
+// The churn cap: a tenant that makes 5,000 allocate+free pairs within one
+// second has 100 of them stored as events (the cap here) and the rest
+// counted in `retained`; a quiet tenant beside it keeps every event; the
+// next second stores 100 again; usage stays exact; every event is listed
+// or counted. Without the cap every pair is stored.
+TEST(LedgerDiskTest, AChurningTenantStoresAtMostItsCapOfPairsASecond) {
+  for (uint64_t cap : {uint64_t{100}, uint64_t{0}}) {
+    const std::string path = TempDir() + "/ledger.db";
+    LedgerOptions o;
+    o.path = path;
+    o.writer_idle = false;
+    o.churn_pairs_per_second = cap;
+    auto l = Open(o);
+    uint64_t id = 1;
+    for (int64_t second = 0; second < 2; ++second) {
+      for (int i = 0; i < 5000; ++i, ++id) {
+        const int64_t t = kT0 + second * kSec + i * 1000;
+        LedgerEvent a = Alloc(id, 0, 4096, t, "busy");
+        l->Append(a);
+        l->Append(Free(a, t + 500));
+        if (i % 500 == 0) {
+          LedgerEvent q = Alloc(1000000 + id, 1, 64, t, "quiet");
+          l->Append(q);
+          l->Append(Free(q, t + 500));
+        }
+      }
+      ASSERT_TRUE(l->Flush().ok());
+    }
+    const LedgerEvent held = Alloc(2000000, 0, 1 << 20, kT0 + 3 * kSec, "busy");
+    l->Append(held);
+    ASSERT_TRUE(l->Flush().ok());
+    const int64_t busy = SqlInt(path, "SELECT COUNT(*) FROM events WHERE tenant = 'busy'");
+    const int64_t quiet = SqlInt(path, "SELECT COUNT(*) FROM events WHERE tenant = 'quiet'");
+    const int64_t folded = SqlInt(path, "SELECT COALESCE(SUM(events), 0) FROM retained");
+    std::printf("churn cap %llu: busy's events stored %lld, folded %lld; quiet's %lld\n",
+                static_cast<unsigned long long>(cap), static_cast<long long>(busy),
+                static_cast<long long>(folded), static_cast<long long>(quiet));
+    EXPECT_EQ(quiet, 40) << "the quiet tenant lost events";
+    if (cap > 0) {
+      // 100 pairs a second and the held block; a pair a commit boundary
+      // splits is two single events, not a pair (a few: commits are 4,096
+      // events).
+      EXPECT_GE(busy, 2 * 2 * 100 + 1);
+      EXPECT_LE(busy, 2 * 2 * 100 + 1 + 2 * 16);
+      EXPECT_EQ(busy + folded, 2 * 2 * 5000 + 1) << "every event listed or counted";
+      const int64_t pairs = folded / 2;
+      EXPECT_EQ(SqlInt(path, "SELECT events FROM retained WHERE tenant = 'busy' AND kind = "
+                             "'ALLOCATE'"), pairs);
+      EXPECT_EQ(SqlInt(path, "SELECT bytes FROM retained WHERE tenant = 'busy' AND kind = "
+                             "'FREE'"), pairs * 4096);
+      EXPECT_EQ(l->stats().churn_folded_pairs, static_cast<uint64_t>(pairs));
+    } else {
+      EXPECT_EQ(busy, 2 * 2 * 5000 + 1);
+      EXPECT_EQ(folded, 0);
+    }
+    // Usage is exact either way, and the replay holds: `live` is the held block.
+    EXPECT_EQ(l->Usage().at({"busy", 0}).current_bytes, 1u << 20);
+    EXPECT_EQ(l->Usage().at({"busy", 0}).peak_bytes, (1u << 20) + 0u);
+    EXPECT_EQ(SqlInt(path, "SELECT COUNT(*) FROM live"), 1);
+    EXPECT_EQ(SqlInt(path, "SELECT current_bytes FROM usage WHERE tenant = 'busy' AND device = 0"),
+              1 << 20);
   }
 }
 

@@ -43,7 +43,8 @@ TEST(LedgerMetricsTest, AFullDiskReadsFailingWithItsHeldAndDroppedEvents) {
   ASSERT_TRUE(l.ok()) << l.status();
   ASSERT_TRUE((*l)->Flush().ok());
   std::map<std::string, double> v = Values(**l);
-  EXPECT_EQ(v.size(), 9u);
+  EXPECT_EQ(v.size(), 10u);
+  EXPECT_EQ(v["gpumemd_ledger_churn_folded_pairs_total"], 0);
   EXPECT_EQ(v["gpumemd_ledger_failing"], 0);
   (*l)->SetMaxPageCountForTest(1);
   for (uint64_t i = 0; i < 300; ++i) (*l)->Append(Alloc((*l)->first_allocation_id() + i));

@@ -312,7 +312,7 @@ tenant { name: "t1" uids: 4242 socket: "t1.sock" quota { total_bytes: "8MiB" } }
 TEST_F(TenantReloadTest, SocketTenantsOutliveReloads) {
   ASSERT_NO_FATAL_FAILURE(Start(kSocketsOne));
   ASSERT_NE(holder_->Get()->Find("t1"), nullptr);
-  EXPECT_EQ(holder_->Get()->Find("t1")->socket, "/run/t/t1.sock");
+  EXPECT_EQ(holder_->Get()->Find("t1")->socket, "/run/t/t1/t1.sock");
   // A tenant made at run time, as PutTenant does (its quota in the book).
   tenants::TenantDirectory::SocketTenantSpec spec;
   spec.name = "claim-1";
@@ -340,7 +340,7 @@ TEST_F(TenantReloadTest, SocketTenantsOutliveReloads) {
   ASSERT_NE(dir->Find("t1"), nullptr);
   ASSERT_NE(dir->Find("t2"), nullptr);
   EXPECT_EQ(dir->Find("t1")->id, 1u);
-  EXPECT_EQ(dir->Find("t1")->socket, "/run/t/t1.sock");
+  EXPECT_EQ(dir->Find("t1")->socket, "/run/t/t1/t1.sock");
   EXPECT_EQ(dir->Find("t2")->socket, "/run/t/t2/s");
   ASSERT_NE(dir->Find("claim-1"), nullptr);
   EXPECT_EQ(dir->Find("claim-1")->id, claim);

@@ -1,6 +1,7 @@
 // Socket tenants' socket paths and names, by their text alone
-// (server/tenants/socket_path.h): what resolves where, and every way out of
-// tenant_socket_dir refused with INVALID_ARGUMENT.
+// (server/tenants/socket_path.h): what resolves where (a directory of the
+// tenant's own), every way out of tenant_socket_dir and every shared
+// directory refused with INVALID_ARGUMENT, and the directories' modes.
 #include "server/tenants/socket_path.h"
 
 #include <string>
@@ -26,8 +27,9 @@ void ExpectRefused(const std::string& requested, const std::string& words) {
 }
 
 TEST(SocketPathTest, EmptyBareAndInsideResolveToOneAbsolutePath) {
-  EXPECT_EQ(Resolved(""), "/run/gpumemd/tenants/team.sock");
-  EXPECT_EQ(Resolved("gpumemd.sock"), "/run/gpumemd/tenants/gpumemd.sock");
+  // In a directory of the tenant's own; the main socket's file name by default.
+  EXPECT_EQ(Resolved(""), "/run/gpumemd/tenants/team/gpumemd.sock");
+  EXPECT_EQ(Resolved("team.sock"), "/run/gpumemd/tenants/team/team.sock");
   // The DRA plugin's form: a file inside a directory it made there.
   EXPECT_EQ(Resolved("/run/gpumemd/tenants/claim-5f0c/gpumemd.sock"),
             "/run/gpumemd/tenants/claim-5f0c/gpumemd.sock");
@@ -52,10 +54,42 @@ TEST(SocketPathTest, EveryWayOutIsRefused) {
   ExpectRefused("../x.sock", "relative");
   ExpectRefused(std::string("a\0b.sock", 8), "control byte");
   ExpectRefused("/run/gpumemd/tenants/a\nb/x.sock", "control byte");
-  ExpectRefused("/run/gpumemd/tenants/" + std::string(100, 'x'), "at most 107");
+  ExpectRefused("/run/gpumemd/tenants/d/" + std::string(100, 'x'), "at most 107");
   // 107 bytes exactly fit.
-  const std::string fits = "/run/gpumemd/tenants/" + std::string(107 - 21, 'y');
+  const std::string fits = "/run/gpumemd/tenants/d/" + std::string(107 - 23, 'y');
   EXPECT_EQ(Resolved(fits), fits);
+  ExpectRefused(std::string(100, 'x'), "at most 107");
+}
+
+TEST(SocketPathTest, EachSocketHasADirectoryOfItsOwn) {
+  ExpectRefused("/run/gpumemd/tenants/x.sock", "directly in tenant_socket_dir");
+  ExpectRefused("/run/gpumemd/tenants/x.sock", "/run/gpumemd/tenants/team/x.sock");
+  // The tenant's name becomes a directory: it must be one.
+  for (const char* name : {"..", ".", "a/b", "a\nb"}) {
+    absl::StatusOr<std::string> p = ResolveSocketPath("", kDir, name);
+    ASSERT_FALSE(p.ok()) << name << " resolved to " << *p;
+    EXPECT_NE(p.status().message().find("cannot name its socket's directory"), std::string::npos)
+        << p.status();
+  }
+  EXPECT_EQ(*ResolveSocketPath("/run/gpumemd/tenants/a/b", kDir, ".."), "/run/gpumemd/tenants/a/b");
+
+  EXPECT_EQ(SocketDirOf("/run/t/a/s"), "/run/t/a");
+  EXPECT_TRUE(SocketDirsOverlap("/run/t/a/s", "/run/t/a/t"));     // one directory
+  EXPECT_TRUE(SocketDirsOverlap("/run/t/a/s", "/run/t/a/b/t"));   // one inside the other
+  EXPECT_TRUE(SocketDirsOverlap("/run/t/a/b/t", "/run/t/a/s"));
+  EXPECT_FALSE(SocketDirsOverlap("/run/t/a/s", "/run/t/ab/s"));   // a name's prefix only
+  EXPECT_FALSE(SocketDirsOverlap("/run/t/a/s", "/run/t/b/s"));
+  EXPECT_FALSE(SocketDirsOverlap("/run/t/x/a/s", "/run/t/x/b/s"));  // siblings
+}
+
+// Only those the socket lets connect may pass through its directory.
+TEST(SocketPathTest, SocketDirModes) {
+  EXPECT_EQ(SocketDirMode(SocketAccess{0, 0, 0600}, true), 0700u);
+  EXPECT_EQ(SocketDirMode(SocketAccess{4242, 0, 0600}, false), 0100u);
+  EXPECT_EQ(SocketDirMode(SocketAccess{0, 50, 0660}, true), 0710u);
+  EXPECT_EQ(SocketDirMode(SocketAccess{7, 50, 0660}, false), 0110u);
+  EXPECT_EQ(SocketDirMode(SocketAccess{0, 0, 0666}, true), 0711u);
+  EXPECT_EQ(SocketDirMode(SocketAccess{0, 0, 0606}, true), 0701u);
 }
 
 TEST(SocketPathTest, SocketDirMustBeNormalized) {

@@ -234,7 +234,7 @@ TEST(TenantDirectoryTest, ConfigTenantSocketsResolveInsideTheSocketDir) {
     tenant { name: "c" uids: 1001 }
   )");
   ASSERT_TRUE(dir.ok()) << dir.status();
-  EXPECT_EQ(dir->Find("a")->socket, "/run/t/a.sock");
+  EXPECT_EQ(dir->Find("a")->socket, "/run/t/a/a.sock") << "in a directory of its own";
   EXPECT_EQ(dir->Find("b")->socket, "/run/t/b/gpumemd.sock");
   EXPECT_EQ(dir->Find("c")->socket, "");
   // Through a's socket, any uid is a; through the main socket the uid rules.
@@ -256,8 +256,25 @@ TEST(TenantDirectoryTest, ConfigSocketErrorsNameTheLine) {
               "t.textproto:4:", "relative");
   ExpectError(std::string(kSockets) +
                   "tenant { name: \"a\" socket: \"x.sock\" }\n"
-                  "tenant {\n name: \"b\"\n socket: \"/run/t/x.sock\"\n}\n",
+                  "tenant {\n name: \"b\"\n socket: \"/run/t/a/x.sock\"\n}\n",
               "t.textproto:5:", "is tenant \"a\"'s already");
+  // Each tenant's socket has a directory of its own: not tenant_socket_dir
+  // itself, not another's, not one inside or around another's.
+  ExpectError(std::string(kSockets) + "tenant {\n name: \"a\"\n socket: \"/run/t/x.sock\"\n}\n",
+              "t.textproto:4:", "directly in tenant_socket_dir /run/t");
+  for (const char* other : {"/run/t/a/y.sock", "/run/t/a/sub/y.sock"}) {
+    ExpectError(std::string(kSockets) + "tenant { name: \"a\" socket: \"x.sock\" }\n" +
+                    "tenant {\n name: \"b\"\n socket: \"" + other + "\"\n}\n",
+                "t.textproto:5:", "would share a directory with tenant \"a\"'s socket");
+  }
+  ExpectError(std::string(kSockets) + "tenant { name: \"b\" socket: \"/run/t/a/sub/y.sock\" }\n" +
+                  "tenant {\n name: \"a\"\n socket: \"x.sock\"\n}\n",
+              "t.textproto:5:", "would share a directory with tenant \"b\"'s socket");
+  // A name that is no file name cannot be its socket's directory.
+  ExpectError(std::string(kSockets) + "tenant {\n name: \"..\"\n socket: \"x.sock\"\n}\n",
+              "t.textproto:4:", "cannot name its socket's directory");
+  ExpectError(std::string(kSockets) + "tenant {\n name: \"a/b\"\n socket: \"x.sock\"\n}\n",
+              "t.textproto:4:", "cannot name its socket's directory");
   ExpectError("tenant {\n name: \"a\"\n socket: \"a.sock\"\n}\n", "t.textproto:",
               "tenant_socket_dir is not set");
 }
@@ -317,11 +334,22 @@ TEST(TenantDirectoryTest, SocketTenantsMadeAtRunTime) {
   EXPECT_EQ(*v3->Find("claim-1")->quota.total_bytes, 2u << 20);
   EXPECT_EQ(v3->tenants().size(), 2u);
   // Refused: moving its socket, another tenant's socket, a config name.
-  EXPECT_EQ(v3->WithSocketTenant(Spec("claim-1", "/run/t/elsewhere")).status().code(),
+  EXPECT_EQ(v3->WithSocketTenant(Spec("claim-1", "/run/t/e/elsewhere")).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(v3->WithSocketTenant(Spec("claim-2", "/run/t/c1/s")).status().code(),
             absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(v3->WithSocketTenant(Spec("claim-2", "/run/t/a.sock")).status().code(),
+  EXPECT_EQ(v3->WithSocketTenant(Spec("claim-2", "/run/t/a/a.sock")).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  // Nor a directory another tenant's socket is in, or one inside or around it.
+  for (const char* shared : {"/run/t/c1/t", "/run/t/c1/sub/t", "/run/t/a/b/c"}) {
+    absl::StatusOr<TenantDirectory> refused = v3->WithSocketTenant(Spec("claim-2", shared));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists) << shared;
+    EXPECT_NE(refused.status().message().find("directory of its own"), std::string::npos)
+        << refused.status();
+  }
+  absl::StatusOr<TenantDirectory> around = v3->WithSocketTenant(Spec("claim-2", "/run/t/x/s"));
+  ASSERT_TRUE(around.ok()) << "a sibling directory is its own: " << around.status();
+  EXPECT_EQ(around->WithSocketTenant(Spec("claim-3", "/run/t/x/y/s")).status().code(),
             absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(v3->WithSocketTenant(Spec("a", "/run/t/other")).status().code(),
             absl::StatusCode::kFailedPrecondition);
@@ -372,6 +400,9 @@ TEST(TenantDirectoryTest, ReloadKeepsRuntimeTenantsAndRefusesTheirNames) {
   ExpectErrorFrom(std::string(kSockets) +
                       "tenant { name: \"a\" uids: 1 }\ntenant {\n name: \"z\" socket: \"/run/t/c2/s\" }\n",
                   &*v4, "t.textproto:3:", "socket of tenant \"claim-2\"");
+  ExpectErrorFrom(std::string(kSockets) +
+                      "tenant { name: \"a\" uids: 1 }\ntenant {\n name: \"z\" socket: \"/run/t/c2/t\" }\n",
+                  &*v4, "t.textproto:3:", "would share a directory with tenant \"claim-2\"'s");
 }
 
 TEST(TenantDirectoryTest, WithoutConfiguredTenantsRuntimeIdsAreNoUids) {

@@ -18,6 +18,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/lib/cpp/client_impl.h"
@@ -27,6 +28,11 @@ namespace gpumem {
 namespace client {
 
 namespace {
+
+// Blocks re-presented per Resume call.
+constexpr size_t kResumePageBlocks = 1000;
+// Resumes refused RESOURCE_EXHAUSTED that are tried again.
+constexpr int kBusyRetries = 20;
 
 // Sleeps `d` unless the Client is being destroyed; false then.
 bool Nap(Client::Impl& impl, absl::Duration d) {
@@ -101,6 +107,7 @@ void Client::Reconnect() {
   const std::string old_token = impl.Link()->session_token();
   DaemonRetryBackoff backoff;
   auto wait_more = [&] { return Nap(impl, backoff.Next()); };
+  int busy = 0;  // Resumes refused RESOURCE_EXHAUSTED so far
   for (;;) {
     {
       absl::MutexLock lock(&impl.restart_mu);
@@ -117,21 +124,48 @@ void Client::Reconnect() {
     std::function<void(const RestartReport&)> on_restart;
     {
       absl::WriterMutexLock calls(&impl.calls);
-      v1::ResumeRequest request;
+      std::vector<v1::Allocation> held;
+      uint64_t session_id = 0;
       {
         absl::MutexLock lock(&impl.mu);
-        request.set_session_id(impl.session_id);
-        for (const auto& [id, a] : impl.live) *request.add_allocations() = a;
+        session_id = impl.session_id;
+        for (const auto& [id, a] : impl.live) held.push_back(a);
       }
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-      (*link)->Prepare(&ctx);
+      // In pages of kResumePageBlocks, well within the daemon's limit on a
+      // Resume (256 KiB: server/service/message_limits.h). Each page claims
+      // its own blocks; what no page claims is freed only at the end of the
+      // daemon's grace time, so the pages add up to one Resume.
       v1::ResumeResponse answer;
-      absl::Status s = FromGrpcStatus((*link)->stub()->Resume(&ctx, request, &answer));
+      absl::Status s;
+      absl::flat_hash_set<uint64_t> need;
+      size_t next = 0;
+      do {
+        v1::ResumeRequest request;
+        request.set_session_id(session_id);
+        const size_t end = std::min(held.size(), next + kResumePageBlocks);
+        for (; next < end; ++next) *request.add_allocations() = held[next];
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+        (*link)->Prepare(&ctx);
+        v1::ResumeResponse page;
+        s = FromGrpcStatus((*link)->stub()->Resume(&ctx, request, &page));
+        if (!s.ok()) break;
+        answer.set_session_id(page.session_id());
+        answer.mutable_kept()->MergeFrom(page.kept());
+        answer.mutable_lost()->MergeFrom(page.lost());
+        for (uint64_t slab : page.needs_handle()) {
+          if (need.insert(slab).second) answer.add_needs_handle(slab);
+        }
+        answer.set_unclaimed(page.unclaimed());
+      } while (next < held.size());
+      // Not serving yet, gone again, or busy (its query budget, while other
+      // processes resume; a limit that never lets the page through is given
+      // up on after kBusyRetries): a new link, after a while.
       if (s.code() == absl::StatusCode::kUnavailable ||
-          s.code() == absl::StatusCode::kDeadlineExceeded) {
+          s.code() == absl::StatusCode::kDeadlineExceeded ||
+          (s.code() == absl::StatusCode::kResourceExhausted && ++busy <= kBusyRetries)) {
         if (!wait_more()) return;
-        continue;  // not serving yet (or gone again): a new link
+        continue;
       }
       std::vector<std::pair<uint64_t, absl::Status>> lost;
       std::vector<std::pair<uint64_t, int>> give;  // slab, its handle (dup)
