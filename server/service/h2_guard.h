@@ -1,28 +1,16 @@
 // H2Guard: stands between every gRPC client and gRPC, so that no client can
-// make gRPC do unbounded work by resetting the streams it opens (HTTP/2
-// rapid reset): Debian's gRPC builds a call for each stream a client opens,
-// even one reset at once, and bounds none of that.
-//
-// Each gRPC connection is a link: the client's socket on one side, on the
-// other one end of a socket pair whose other end gRPC serves as if it were
-// the client's. The listener's loop moves bytes both ways as they come,
-// reading the HTTP/2 frame headers of each direction in passing
-// (h2_frame_scanner.h). Each RST_STREAM a client sends spends one of its
-// principal's resets (reset_budget.h); the frame that finds none left is not
-// passed on: the link ends, with GOAWAY ENHANCE_YOUR_CALM when a frame can
-// be written whole, and the principal's new gRPC connections are not served
-// until a second's worth of resets has come back. The streams a client has
-// open are counted too (a stream ends with gRPC's END_STREAM or a reset
-// either way): gRPC advertises SETTINGS_MAX_CONCURRENT_STREAMS but does not
-// hold clients to it, so the HEADERS that opens one stream too many is not
-// passed on, the link ends with GOAWAY PROTOCOL_ERROR, and the principal
-// spends all its resets. Until a client acknowledged gRPC's SETTINGS it
-// cannot know the limit: it may open kUnsettledStreamsFactor times as many.
+// make gRPC do unbounded work with the streams it opens: Debian's gRPC builds
+// a call for each stream, even one reset at once (HTTP/2 rapid reset), and
+// does not hold clients to the SETTINGS_MAX_CONCURRENT_STREAMS it advertises.
+// Each gRPC connection is a link (the client's socket, and one end of a
+// socket pair that gRPC serves); the listener's loop moves bytes both ways,
+// reading frame headers in passing (h2_frame_scanner.h). Resets spend the
+// principal's budget (reset_budget.h); a stream too many or a reset past the
+// budget ends the link with a GOAWAY, and the principal waits out a second.
 //
 // Invariants: bytes pass unchanged and in order until a link ends; a
-// direction holds at most one read's worth that its receiver has not taken,
-// and reads nothing more until it is taken; a link's two fds close
-// together. Not thread-safe: the listener's loop thread owns it.
+// direction holds at most one read's worth its receiver has not taken; a
+// link's two fds close together. Not thread-safe: the listener's loop owns it.
 #ifndef GPUMEMD_SERVER_SERVICE_H2_GUARD_H_
 #define GPUMEMD_SERVER_SERVICE_H2_GUARD_H_
 

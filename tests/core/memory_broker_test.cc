@@ -130,6 +130,7 @@ v1::DeviceStats DeviceFigures(v1::DeviceStats d) {
   return d;
 }
 v1::SlabStats SlabFigures(v1::SlabStats s) {
+  s.clear_slab_id();
   s.clear_tenant();
   s.clear_holders();
   return s;
@@ -837,6 +838,7 @@ TEST_F(MemoryBrokerTest, StatsShowAnotherUidOnlyDeviceFigures) {
       const v1::SlabStats& slab = n.devices(d).slabs(i);
       EXPECT_EQ(slab.tenant(), 0u) << "slab owner shown to another uid";
       EXPECT_EQ(slab.holders(), 0u) << "slab holders shown to another uid";
+      EXPECT_EQ(slab.slab_id(), 0u) << "another tenant's slab id shown to another uid";
       EXPECT_EQ(SlabFigures(slab).DebugString(),
                 SlabFigures(all.devices(d).slabs(i)).DebugString());
     }
