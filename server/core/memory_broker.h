@@ -35,7 +35,7 @@
 #include "server/admission/admission.h"
 #include "server/admission/reclaim_targets.h"
 #include "server/backend/backend.h"
-#include "server/core/allocation_table.h"
+#include "server/allocations/allocation_table.h"
 #include "server/core/daemon_counters.h"
 #include "server/core/stats_view.h"
 #include "server/defaults/defaults.h"

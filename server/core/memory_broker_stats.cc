@@ -40,6 +40,7 @@ StatsView MemoryBroker::Stats(const PeerCred& caller, bool include_slabs) const 
   out.backend = backend_->name();
   out.counters = counters_.View();
   out.counters.waiting_requests = admission_.waiting();
+  out.counters.restart_lost_allocations = restorer_->LostAllocations();
   const absl::flat_hash_map<uint32_t, uint32_t> waiting = admission_.waiting_by_tenant();
   absl::ReaderMutexLock gate(&gate_);
   // tenant -> device -> figures; session -> retained bytes.

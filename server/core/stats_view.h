@@ -56,6 +56,7 @@ struct CounterView {
   uint64_t refused_other = 0;
   uint64_t waiting_requests = 0;
   double uptime_seconds = 0;
+  uint64_t restart_lost_allocations = 0;
 };
 
 struct StatsView {

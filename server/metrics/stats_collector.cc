@@ -140,6 +140,14 @@ std::vector<MetricFamily> StatsCollector::FromStats(const v1::GetStatsResponse& 
                                    "Allocate requests waiting for memory now, all tenants");
   AddSample(&all_waiting, {}, double(stats.counters().waiting_requests()));
   out.push_back(std::move(all_waiting));
+  MetricFamily uptime = Gauge("gpumemd_uptime_seconds", "Seconds since the daemon started serving");
+  AddSample(&uptime, {}, stats.counters().uptime_seconds());
+  out.push_back(std::move(uptime));
+  MetricFamily lost = Gauge("gpumemd_restart_lost_allocations",
+                            "Allocations of the previous daemon's this one did not keep across "
+                            "its restart (closed at the restore or at the grace time's end)");
+  AddSample(&lost, {}, double(stats.counters().restart_lost_allocations()));
+  out.push_back(std::move(lost));
   return out;
 }
 

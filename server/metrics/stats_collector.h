@@ -44,8 +44,9 @@ class StatsCollector final : public prometheus::Collectable {
   // gpumemd_tenant_quota_allocations (max_allocations), and
   // gpumemd_tenant_device_quota_bytes (labels tenant, device); a limit that
   // is not set has no sample (an unlimited tenant has none of the three).
-  // Also gpumemd_sessions (live sessions) and gpumemd_waiting_requests (all
-  // tenants' waiting Allocates).
+  // Also gpumemd_sessions (live sessions), gpumemd_waiting_requests (all
+  // tenants' waiting Allocates), gpumemd_uptime_seconds and
+  // gpumemd_restart_lost_allocations (DaemonCounters).
   static std::vector<prometheus::MetricFamily> FromStats(const v1::GetStatsResponse& stats);
 
  private:

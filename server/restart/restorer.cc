@@ -87,6 +87,7 @@ RestoreOutcome Restorer::Restore(const state::Snapshot& previous,
   awaiting_ = std::move(pass.awaiting);
   awaiting_held_ = std::move(pass.awaiting_held);
   closed_ = out.closed;
+  lost_.fetch_add(out.allocations_closed, std::memory_order_relaxed);
   closed_session_ = std::move(pass.closed_session);
   deadline_ = absl::Now() + grace_;
   return out;
@@ -585,8 +586,10 @@ void Restorer::CloseSlabsWithoutHandle() {
     SlabPool& pool = rooms_.pools->pool(device);
     std::optional<SlabPool::SlabState> st = pool.FindSlab(slab);
     if (!st.has_value() || !st->awaiting_handle) continue;
-    rooms_.give_back(
-        rooms_.table->TakeAll(awaiting[slab].allocations, ledger::EventKind::kDaemonRestart, why));
+    const std::vector<AllocationRecord> lost =
+        rooms_.table->TakeAll(awaiting[slab].allocations, ledger::EventKind::kDaemonRestart, why);
+    lost_.fetch_add(lost.size(), std::memory_order_relaxed);
+    rooms_.give_back(lost);
     // Held by live sessions it stays counted (retained) until they let go.
     pool.DropAwaitingSlab(slab);
   }
@@ -606,10 +609,12 @@ void Restorer::FreeUnclaimed() {
     any_restored_keys_.store(false, std::memory_order_relaxed);
   }
   if (unclaimed.empty()) return;
-  rooms_.give_back(rooms_.table->TakeAll(
+  const std::vector<AllocationRecord> lost = rooms_.table->TakeAll(
       unclaimed, ledger::EventKind::kFree,
       absl::StrCat("not re-presented by its session within ", absl::FormatDuration(grace_),
-                   " of the restart")));
+                   " of the restart"));
+  lost_.fetch_add(lost.size(), std::memory_order_relaxed);
+  rooms_.give_back(lost);
 }
 
 }  // namespace gpumem

@@ -34,7 +34,7 @@
 #include "absl/time/time.h"
 #include "proto/gpumem/v1/gpumem.pb.h"
 #include "server/backend/backend.h"
-#include "server/core/allocation_table.h"
+#include "server/allocations/allocation_table.h"
 #include "server/ledger/ledger_event.h"
 #include "server/pool/device_pools.h"
 #include "server/quota/quota_book.h"
@@ -116,6 +116,12 @@ class Restorer {
       const Session& session, uint64_t request_key, const std::vector<uint64_t>& sizes,
       HandleKind kind, uint64_t alignment);
 
+  // Allocations of the previous daemon's that this one did not keep: closed
+  // by the restore (their session or slab gone, their range not free) or at
+  // the grace time's end (their slab's handle or their claim never came
+  // back). Read without a lock.
+  uint64_t LostAllocations() const { return lost_.load(std::memory_order_relaxed); }
+
   // The name of a restored tenant the directory no longer has (restored
   // under an id of its own), if `id` is one.
   std::optional<std::string> RestoredTenantName(uint32_t id) const;
@@ -150,6 +156,7 @@ class Restorer {
 
   const Rooms rooms_;
   const absl::Duration grace_;
+  std::atomic<uint64_t> lost_{0};
 
   mutable absl::Mutex mu_;
   // Restored tenants the directory no longer has, by the ids given here.

@@ -122,6 +122,7 @@ v1::GetStatsResponse RenderStats(const StatsView& view) {
   c->set_refused_other(view.counters.refused_other);
   c->set_waiting_requests(view.counters.waiting_requests);
   c->set_uptime_seconds(view.counters.uptime_seconds);
+  c->set_restart_lost_allocations(view.counters.restart_lost_allocations);
   return out;
 }
 

@@ -42,7 +42,7 @@ struct SlabRecord {
   std::string tenant_name_string() const { return Text(tenant_name, sizeof(tenant_name)); }
 };
 
-// A live allocation (the table's record, server/core/allocation_table.h).
+// A live allocation (the table's record, server/allocations/allocation_table.h).
 struct AllocationRecordData {
   uint64_t id = 0;
   uint64_t session = 0;

@@ -63,11 +63,13 @@ ATTACK_NAMES = {
     "h": "oracle probe (Free of another uid's id)",
     "z": "control: no attack, the victims alone",
 }
-# Counts per form: every attack loop stops at its count or its time.
+# Counts per form: every attack loop stops at its count or its time (the
+# resets' count is out of reach in its time, so that attack lasts it all:
+# the guard ends its connections sooner than it can send 100,000).
 SIZES = {
-    "short": dict(conn_procs=3, conns=2000, stream_conns=3, streams=8000, resets=100000,
+    "short": dict(conn_procs=3, conns=2000, stream_conns=3, streams=8000, resets=2000000,
                   reflect=16, waiters=20, placement=400000, slowloris=8, holds=4000),
-    "full": dict(conn_procs=3, conns=7000, stream_conns=3, streams=40000, resets=300000,
+    "full": dict(conn_procs=3, conns=7000, stream_conns=3, streams=40000, resets=10000000,
                  reflect=32, waiters=100, placement=400000, slowloris=32, holds=4096),
 }
 # Ordinary traffic before "before": a tenant holding this many blocks at

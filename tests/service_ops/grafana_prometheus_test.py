@@ -3,7 +3,8 @@
 loopback scrapes a loaded gpumemd every second; every panel query (and the
 device variable) is evaluated through its HTTP API and must return series
 with the labels its legend and grouping name; every alert rule must fire.
-The load: blocks held across a planned restart, refusals for fragmentation,
+The load: blocks held across a planned restart (and one lost: its holder
+dies while the daemon is down), refusals for fragmentation,
 capacity, quota and a bad device, a request that waits until a Free, quotas,
 device 0 full, a ledger that cannot write (--ledger_max_pages=1), and at the
 end the daemon stopped. Rules fire with `for: 0s` (a copy): the shipped
@@ -187,12 +188,28 @@ keep1 = c.malloc(64 * MiB, gpus="1")
 wait_for(lambda: query("gpumemd_device_used_bytes{device=\"0\"} >= %d" % (1 << 30)),
          "device 0 full in a scrape")
 
+# A second client holds a block and dies while the daemon is down: that
+# block is the restart's one loss (gpumemd_restart_lost_allocations).
+holder = subprocess.Popen([ctl, "--socket=" + sock, "alloc", "1MiB", "--gpus=1", "--hold"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+procs.append(holder)
+for line in holder.stderr:
+    if "holding" in line:
+        break
+else:
+    fail("gpumemctl alloc --hold exited %s before holding" % holder.wait())
+
 daemon.send_signal(signal.SIGUSR2)  # a planned restart, on the same metrics port
 if daemon.wait(60) != 75:
     fail("SIGUSR2: gpumemd exited %s, not 75" % daemon.returncode)
+holder.kill()
+holder.wait()
 daemon = start_daemon()
 wait_for(lambda: c.stats()["daemon"]["devices"][0]["allocation_count"] == 32, "the blocks back")
-say("planned restart: the client's 33 blocks came back; scrapes resume")
+wait_for(lambda: query("gpumemd_restart_lost_allocations == 1"),
+         "the dead holder's block counted lost in a scrape")
+say("planned restart: the client's 33 blocks came back, the dead holder's 1 was lost; "
+    "scrapes resume")
 
 for b in row[::2]:  # 16 holes of 32 MiB, one per slab
     b.free()

@@ -1,4 +1,4 @@
-#include "server/core/allocation_table.h"
+#include "server/allocations/allocation_table.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

@@ -11,8 +11,8 @@
 // TakeAll of its ids, and every other removal happens under the lock).
 // Thread-safe; one short lock, held for map updates and ledger queue pushes
 // (TenantLedger::Append never touches the disk).
-#ifndef GPUMEMD_SERVER_CORE_ALLOCATION_TABLE_H_
-#define GPUMEMD_SERVER_CORE_ALLOCATION_TABLE_H_
+#ifndef GPUMEMD_SERVER_ALLOCATIONS_ALLOCATION_TABLE_H_
+#define GPUMEMD_SERVER_ALLOCATIONS_ALLOCATION_TABLE_H_
 
 #include <sys/types.h>
 
@@ -122,4 +122,4 @@ class AllocationTable {
 
 }  // namespace gpumem
 
-#endif  // GPUMEMD_SERVER_CORE_ALLOCATION_TABLE_H_
+#endif  // GPUMEMD_SERVER_ALLOCATIONS_ALLOCATION_TABLE_H_
