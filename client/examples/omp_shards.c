@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "omp_shards: %s\n", gpumem_last_error_message());
     return 1;
   }
-  int shards = gpumem_device_count(c);
+  int shards = gpumem_visible_device_count(c);
   if (shards <= 0 || shards > MAX_SHARDS) {
     fprintf(stderr, "omp_shards: device count %d: %s\n", shards, gpumem_last_error_message());
     return 1;

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/placement_set.h"
 
@@ -137,6 +138,60 @@ absl::Status CheckBounds(const PlacementRequest& request, size_t device_count) {
       return s;
     }
   }
+  const auto& visible = request.visible_devices();
+  if (static_cast<size_t>(visible.size()) > kMaxVisibleDevices) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement.visible_devices: ", visible.size(), " UUIDs, more than the limit of ",
+        kMaxVisibleDevices));
+  }
+  for (int i = 0; i < visible.size(); ++i) {
+    if (visible[i].size() > kMaxSelectorBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement.visible_devices[", i, "]: ", visible[i].size(),
+          " bytes, more than the limit of ", kMaxSelectorBytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The devices `visible_devices` names by UUID; every device when it names
+// none of them (the caller's view says nothing about this daemon's devices).
+std::vector<bool> VisibleMask(const PlacementRequest& request,
+                              absl::Span<const DeviceView> devices) {
+  std::vector<bool> mask(devices.size(), false);
+  bool any = false;
+  for (const std::string& uuid : request.visible_devices()) {
+    for (const DeviceView& device : devices) {
+      if (!device.uuid.empty() && absl::EqualsIgnoreCase(uuid, device.uuid)) {
+        mask[device.index] = true;
+        any = true;
+      }
+    }
+  }
+  if (!any) mask.assign(devices.size(), true);
+  return mask;
+}
+
+// FAILED_PRECONDITION when a selector of `field` names a device the caller
+// cannot see ("all" means the visible ones and is never refused).
+absl::Status CheckSeen(absl::string_view field,
+                       const google::protobuf::RepeatedPtrField<std::string>& selectors,
+                       absl::Span<const DeviceView> devices, const std::vector<bool>& seen) {
+  for (const std::string& selector : selectors) {
+    if (IsAllSelector(selector)) continue;
+    absl::StatusOr<uint32_t> device = ResolveOne(field, selector, devices);
+    if (!device.ok()) return device.status();
+    if (seen[*device]) continue;
+    std::vector<std::string> names;
+    for (uint32_t d = 0; d < devices.size(); ++d) {
+      if (seen[d]) names.push_back(absl::StrCat(d, " (", devices[d].uuid, ")"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": \"", selector, "\" is device ", *device, " (", devices[*device].uuid,
+        "), which the calling process cannot see; of gpumemd's devices it sees ",
+        absl::StrJoin(names, ", "),
+        " (check CUDA_VISIBLE_DEVICES and the container's GPUs)"));
+  }
   return absl::OkStatus();
 }
 
@@ -220,11 +275,26 @@ absl::StatusOr<ResolvedPlacement> ResolvePlacement(
     resolved.near = *near;
   }
 
+  // The caller's view last: a selector that names an unknown device is
+  // INVALID_ARGUMENT above, whatever the process sees.
+  const std::vector<bool> visible = VisibleMask(request, devices);
+  if (absl::Status s = CheckSeen("placement.devices", request.devices(), devices, visible);
+      !s.ok()) {
+    return s;
+  }
+  for (int i = 0; i < request.fallback_size(); ++i) {
+    if (absl::Status s = CheckSeen(absl::StrCat("placement.fallback[", i, "]"),
+                                   request.fallback(i).devices(), devices, visible);
+        !s.ok()) {
+      return s;
+    }
+  }
+
   std::vector<bool> seen(devices.size(), false);
   for (const std::vector<bool>& mask : stage_masks) {
     std::vector<uint32_t> stage;
     for (uint32_t d = 0; d < devices.size(); ++d) {
-      if (!mask[d] || seen[d]) continue;
+      if (!mask[d] || seen[d] || !visible[d]) continue;
       seen[d] = true;
       if (!(*exclude)[d]) stage.push_back(d);
     }

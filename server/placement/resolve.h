@@ -10,6 +10,10 @@
 // Selectors: a decimal index ("0"), a device UUID matched without regard to
 // case ("GPU-5f1c..."), or "all" (any case) for every device. `near` must
 // name exactly one device, so "all" is refused there.
+// The caller's view: when `visible_devices` names one of the devices, the
+// stages hold only the devices it names (an empty set or "all" means those),
+// and a selector of `devices` or a fallback set naming any other device is
+// FAILED_PRECONDITION naming it. `exclude` and `near` may name any device.
 #ifndef GPUMEMD_SERVER_PLACEMENT_RESOLVE_H_
 #define GPUMEMD_SERVER_PLACEMENT_RESOLVE_H_
 
@@ -40,6 +44,9 @@ inline constexpr size_t kSelectorsPerDevice = 4;
 inline constexpr size_t kMinSelectorsPerList = 16;
 inline constexpr size_t kMaxFallbackSets = 8;
 inline constexpr size_t kMaxSelectorBytes = 64;
+// `visible_devices`: at most this many UUIDs (a process may see devices the
+// daemon does not have, so the bound is not the daemon's device count).
+inline constexpr size_t kMaxVisibleDevices = 256;
 
 // max(kSelectorsPerDevice x device_count, kMinSelectorsPerList).
 size_t MaxSelectorsPerList(size_t device_count);

@@ -300,6 +300,86 @@ TEST(ResolveLimitsTest, ListsAreCappedByName) {
   EXPECT_EQ(at->stages.size(), 9u);
 }
 
+// The caller's view (visible_devices): devices 1 and 3 of four.
+PlacementRequest SeenBy13(const std::string& text) {
+  PlacementRequest r = Parse(text);
+  r.add_visible_devices(absl::AsciiStrToLower(FakeUuid(3)));  // case does not matter
+  r.add_visible_devices(FakeUuid(1));
+  r.add_visible_devices("GPU-00000000-0000-0000-0000-00000000beef");  // not the daemon's
+  return r;
+}
+
+TEST(ResolveVisibleTest, EmptyAndAllMeanTheVisibleDevices) {
+  for (const std::string& text :
+       {std::string(""), std::string(R"(devices: "all")"), std::string(R"(devices: "ALL")")}) {
+    absl::StatusOr<ResolvedPlacement> got = ResolvePlacement(SeenBy13(text), FourDevices());
+    ASSERT_TRUE(got.ok()) << text << ": " << got.status();
+    ASSERT_EQ(got->stages.size(), 1u);
+    EXPECT_THAT(got->stages[0], ElementsAreArray({1u, 3u})) << text;
+  }
+  absl::StatusOr<ResolvedPlacement> got =
+      ResolvePlacement(SeenBy13(R"(devices: "3" fallback {} exclude: "1")"), FourDevices());
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->stages.size(), 2u);
+  EXPECT_THAT(got->stages[0], ElementsAreArray({3u}));
+  EXPECT_TRUE(got->stages[1].empty());  // 1 excluded, 0 and 2 unseen
+  EXPECT_THAT(got->excluded, ElementsAreArray({1u}));
+  // exclude and near may name a device the caller cannot see.
+  got = ResolvePlacement(SeenBy13(R"(exclude: "0" policy: POLICY_NEAR near: "2")"),
+                         FourDevices());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(got->stages[0], ElementsAreArray({1u, 3u}));
+  EXPECT_EQ(got->near, 2u);
+}
+
+TEST(ResolveVisibleTest, NamingAnUnseenDeviceIsRefusedByName) {
+  struct Case {
+    std::string request;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {R"(devices: "1" devices: "2")",
+       "placement.devices: \"2\" is device 2 (" + FakeUuid(2) +
+           "), which the calling process cannot see; of gpumemd's devices it sees 1 (" +
+           FakeUuid(1) + "), 3 (" + FakeUuid(3) + ")"},
+      {"devices: \"" + FakeUuid(0) + "\"", "\" is device 0 ("},
+      {R"(devices: "3" fallback { devices: "all" } fallback { devices: "0" })",
+       "placement.fallback[1]: \"0\" is device 0"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ResolvedPlacement> got = ResolvePlacement(SeenBy13(c.request), FourDevices());
+    ASSERT_FALSE(got.ok()) << c.request;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << got.status();
+    EXPECT_THAT(std::string(got.status().message()), HasSubstr(c.error));
+  }
+  // An unknown selector is still INVALID_ARGUMENT, before the view is read.
+  absl::StatusOr<ResolvedPlacement> got =
+      ResolvePlacement(SeenBy13(R"(devices: "0" devices: "9")"), FourDevices());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+}
+
+TEST(ResolveVisibleTest, AViewOfNoneOfTheDaemonsDevicesChangesNothing) {
+  PlacementRequest r = Parse(R"(devices: "0" devices: "2")");
+  r.add_visible_devices("GPU-00000000-0000-0000-0000-00000000beef");
+  absl::StatusOr<ResolvedPlacement> got = ResolvePlacement(r, FourDevices());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(got->stages[0], ElementsAreArray({0u, 2u}));
+}
+
+TEST(ResolveVisibleTest, TheViewIsBounded) {
+  PlacementRequest r;
+  for (int i = 0; i < 257; ++i) r.add_visible_devices(FakeUuid(1));
+  absl::StatusOr<ResolvedPlacement> got = ResolvePlacement(r, FourDevices());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(got.status().message()),
+              HasSubstr("placement.visible_devices: 257 UUIDs, more than the limit of 256"));
+  r.Clear();
+  r.add_visible_devices(std::string(65, 'G'));
+  got = ResolvePlacement(r, FourDevices());
+  EXPECT_THAT(std::string(got.status().message()),
+              HasSubstr("placement.visible_devices[0]: 65 bytes, more than the limit of 64"));
+}
+
 TEST(ResolveNoDevicesTest, SaysSo) {
   absl::StatusOr<ResolvedPlacement> got =
       ResolvePlacement(Parse(R"(devices: "0")"), {});

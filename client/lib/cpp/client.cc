@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "client/lib/cpp/client_impl.h"
 #include "client/lib/cpp/process_open_slabs.h"
+#include "client/lib/slabs/cuda_device_context.h"
 #include "client/lib/slabs/slab_mapper.h"
 #include "client/lib/cpp/stream_transport.h"
 #include "common/fd_channel.h"
@@ -50,6 +51,15 @@ absl::Duration ReconnectWait() {
   int64_t ms = 0;
   if (env != nullptr && absl::SimpleAtoi(env, &ms) && ms >= 0) return absl::Milliseconds(ms);
   return absl::Seconds(30);
+}
+
+// The devices this process can see, so the daemon places only there (and
+// refuses by name a placement naming another); a caller's own view is kept.
+void AddCallersView(v1::PlacementRequest* placement) {
+  if (!placement->visible_devices().empty()) return;
+  for (const std::string& uuid : CudaDeviceContext::VisibleUuids()) {
+    placement->add_visible_devices(uuid);
+  }
 }
 
 }  // namespace
@@ -483,6 +493,7 @@ absl::StatusOr<Buffer> Client::Allocate(uint64_t size,
   v1::AllocateRequest req;
   req.set_size_bytes(size);
   *req.mutable_placement() = placement;
+  AddCallersView(req.mutable_placement());
   req.set_alignment(alignment);
   {
     absl::MutexLock lock(&impl_->mu);
@@ -514,6 +525,7 @@ absl::StatusOr<std::vector<Buffer>> Client::AllocateSharded(
   req.set_size_bytes(total_size);
   req.set_shard_count(shards);
   *req.mutable_placement() = placement;
+  AddCallersView(req.mutable_placement());
   {
     absl::MutexLock lock(&impl_->mu);
     req.set_handle_kind(impl_->handle_kind);

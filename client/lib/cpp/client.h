@@ -93,6 +93,9 @@ class Client {
   ~Client();
 
   // `size` bytes placed by `placement` (default: any device, least loaded).
+  // Both calls send the CUDA devices this process can see (unless
+  // `placement.visible_devices` is set): the daemon places only on those and
+  // refuses, by name, a placement naming another (FAILED_PRECONDITION).
   absl::StatusOr<Buffer> Allocate(uint64_t size,
                                   const v1::PlacementRequest& placement = {},
                                   uint64_t alignment = 0);

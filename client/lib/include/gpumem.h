@@ -121,6 +121,12 @@ int gpumem_free(gpumem_client* client, void* ptr);
 
 /* How many devices the daemon has (-1 on error, last error set). */
 int gpumem_device_count(gpumem_client* client);
+/* How many of them this process can see (its CUDA devices, after
+ * CUDA_VISIBLE_DEVICES and the container's GPUs): the devices a malloc with
+ * no placement, and each shard of gpumem_malloc_sharded, may land on. All of
+ * them where this process has no CUDA driver or sees none of the daemon's
+ * devices (the sim backend). -1 on error, last error set. */
+int gpumem_visible_device_count(gpumem_client* client);
 
 /* The daemon's device index of a live block, or -1 (last error set). */
 int gpumem_device_of(gpumem_client* client, const void* ptr);

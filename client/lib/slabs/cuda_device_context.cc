@@ -80,6 +80,21 @@ absl::StatusOr<std::string> CudaDeviceContext::UuidOfOrdinal(const CudaDriver& d
   return CudaDeviceUuid(d, dev);
 }
 
+const std::vector<std::string>& CudaDeviceContext::VisibleUuids() {
+  static const std::vector<std::string>* uuids = [] {
+    auto* out = new std::vector<std::string>();
+    absl::StatusOr<const CudaDriver*> d = LoadCudaDriver();
+    int count = 0;
+    if (!d.ok() || (*d)->cuDeviceGetCount(&count) != CUDA_SUCCESS) return out;
+    for (int i = 0; i < count; ++i) {
+      absl::StatusOr<std::string> uuid = UuidOfOrdinal(**d, i);
+      if (uuid.ok()) out->push_back(*std::move(uuid));
+    }
+    return out;
+  }();
+  return *uuids;
+}
+
 absl::Status CudaDeviceContext::Entered(const CudaDriver& d,
                                         const ScopedCudaContext& scope) const {
   return CudaStatus(d, scope.result(), "cuCtxPushCurrent", absl::StrCat("device ", uuid));

@@ -11,6 +11,7 @@
 #define GPUMEMD_CLIENT_LIB_SLABS_CUDA_DEVICE_CONTEXT_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/cuda_driver.h"
@@ -32,6 +33,12 @@ struct CudaDeviceContext {
   // The UUID of this process's device `ordinal` (cuDeviceGet, then its
   // UUID). INVALID_ARGUMENT naming the count when there is no such device.
   static absl::StatusOr<std::string> UuidOfOrdinal(const CudaDriver& d, int ordinal);
+
+  // The UUIDs of the devices the driver shows this process, by ordinal
+  // (after CUDA_VISIBLE_DEVICES and the container's GPUs); empty where no
+  // driver can be used. Learnt on the first call and kept for the process's
+  // life: the driver reads CUDA_VISIBLE_DEVICES once, at cuInit.
+  static const std::vector<std::string>& VisibleUuids();
 
   // OK when `scope` made this device's context current.
   absl::Status Entered(const CudaDriver& d, const ScopedCudaContext& scope) const;

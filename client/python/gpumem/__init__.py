@@ -374,6 +374,14 @@ class Client:
             raise self._error()
         return n
 
+    def visible_device_count(self):
+        """How many of the daemon's devices this process can see: where a
+        block with no placement may land."""
+        n = self._lib.gpumem_visible_device_count(self._h)
+        if n < 0:
+            raise self._error()
+        return n
+
     def trim(self):
         """Gives every empty lease back to the daemon now; bytes given back."""
         n = ctypes.c_size_t()

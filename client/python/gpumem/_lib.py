@@ -42,6 +42,7 @@ def _declare(lib):
                                           P(c_void_p), P(c_size_t), P(c_int)]),
         "gpumem_free": (c_int, [c_void_p, c_void_p]),
         "gpumem_device_count": (c_int, [c_void_p]),
+        "gpumem_visible_device_count": (c_int, [c_void_p]),
         "gpumem_device_of": (c_int, [c_void_p, c_void_p]),
         "gpumem_trim": (c_int, [c_void_p, P(c_size_t)]),
         "gpumem_stats_json": (c_int, [c_void_p, P(c_void_p)]),

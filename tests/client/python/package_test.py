@@ -66,6 +66,7 @@ check(gpumem.library_path() == os.path.join(os.path.dirname(gpumem.__file__), "l
 
 c = gpumem.connect()
 check(c.device_count() == 3, "3 devices")
+check(c.visible_device_count() == 3, "3 devices visible: this process has no CUDA driver")
 
 # --- allocation with placement -----------------------------------------
 b = c.malloc(4096, gpus="2")

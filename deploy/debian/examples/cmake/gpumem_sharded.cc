@@ -19,7 +19,7 @@ int Fail(const char* what) {
 int main() {
   gpumem_client* c = gpumem_connect(nullptr);
   if (c == nullptr) return Fail("connect");
-  const int devices = gpumem_device_count(c);
+  const int devices = gpumem_visible_device_count(c);
   if (devices <= 0) return Fail("device_count");
   const size_t total = size_t(devices) << 20;
   std::vector<void*> ptrs(devices);
