@@ -75,6 +75,8 @@ absl::StatusOr<const CudaDriver*> LoadCudaDriver(const char* library) {
   }
   d->cuDeviceGetUuid_v1 =
       reinterpret_cast<decltype(d->cuDeviceGetUuid_v1)>(dlsym(d->lib, "cuDeviceGetUuid"));
+  d->cuCtxCreate_v4 =
+      reinterpret_cast<decltype(d->cuCtxCreate_v4)>(dlsym(d->lib, "cuCtxCreate_v4"));
   d->init_pid = getpid();
   CUresult r = d->cuInit(0);
   if (r != CUDA_SUCCESS) {

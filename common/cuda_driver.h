@@ -41,7 +41,8 @@ struct CudaDriver {
   X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent)              \
   X(cuLaunchHostFunc) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)     \
   X(cuEventSynchronize) X(cuEventDestroy_v2) X(cuMemsetD8Async)             \
-  X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2)
+  X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2) X(cuCtxDestroy_v2)      \
+  X(cuMemGetAccess) X(cuMemcpyDtoD_v2)
 #define GPUMEM_CUDA_DRIVER_FIELD(name) decltype(&::name) name = nullptr;
   GPUMEM_CUDA_DRIVER_FUNCTIONS(GPUMEM_CUDA_DRIVER_FIELD)
 #undef GPUMEM_CUDA_DRIVER_FIELD
@@ -49,6 +50,9 @@ struct CudaDriver {
   // device it gives the GPU's UUID where _v2 gives the instance's. Optional
   // (null when the library lacks it).
   CUresult (*cuDeviceGetUuid_v1)(CUuuid*, CUdevice) = nullptr;
+  // cuCtxCreate (drivers of CUDA 12.5 and later): a context of one's own
+  // beside the primary one. Optional (null when the library lacks it).
+  decltype(&::cuCtxCreate_v4) cuCtxCreate_v4 = nullptr;
   // The process that called cuInit; another pid is a fork() child.
   int init_pid = 0;
 

@@ -15,6 +15,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -22,6 +23,7 @@
 #include "client/lib/device_uuids.h"
 #include "client/lib/env_config.h"
 #include "client/lib/pool/library_error.h"
+#include "client/lib/slabs/cuda_device_context.h"
 #include "client/lib/tenant_budget.h"
 
 namespace gpumem {
@@ -294,6 +296,32 @@ int gpumem_device_count(gpumem_client* c) {
   return static_cast<int>(uuids->size());
 }
 
+int gpumem_visible_device_count(gpumem_client* c) {
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) {
+    SetError(pool.status());
+    return -1;
+  }
+  absl::StatusOr<std::vector<std::string>> uuids = gpumem::client::DeviceUuids(*pool);
+  if (!uuids.ok()) {
+    SetError(uuids.status());
+    return -1;
+  }
+  // The daemon's rule (PlacementRequest.visible_devices): a view naming none
+  // of its devices restricts nothing.
+  int seen = 0;
+  for (const std::string& uuid : *uuids) {
+    for (const std::string& mine : gpumem::client::CudaDeviceContext::VisibleUuids()) {
+      if (absl::EqualsIgnoreCase(uuid, mine)) {
+        ++seen;
+        break;
+      }
+    }
+  }
+  SetOk();
+  return seen > 0 ? seen : static_cast<int>(uuids->size());
+}
+
 int gpumem_device_of(gpumem_client* c, const void* ptr) {
   absl::StatusOr<CachingPool*> pool = PoolOf(c);
   if (!pool.ok()) {
@@ -334,6 +362,12 @@ int gpumem_stats_json(gpumem_client* c, char** json) {
   *json = nullptr;
   absl::StatusOr<CachingPool*> pool = PoolOf(c);
   if (!pool.ok()) return SetError(pool.status());
+  // The daemon's first: the call waits for a restart under way to come
+  // through, so the pool's figures (its generation too) are read after it.
+  absl::StatusOr<gpumem::client::Client*> connection = (*pool)->Daemon();
+  if (!connection.ok()) return SetError(connection.status());
+  absl::StatusOr<gpumem::v1::GetStatsResponse> daemon = (*connection)->GetStats(false);
+  if (!daemon.ok()) return SetError(daemon.status());
   gpumem::client::PoolStats st = (*pool)->Stats();
   std::string out = absl::StrFormat(
       "{\"generation\":%d,\"leases\":%d,\"leased_bytes\":%d,\"in_use_bytes\":%d,"
@@ -348,10 +382,6 @@ int gpumem_stats_json(gpumem_client* c, char** json) {
                           i ? "," : "", r.device, r.bytes, r.used_bytes, r.live_blocks);
   }
   out += "]";
-  absl::StatusOr<gpumem::client::Client*> connection = (*pool)->Daemon();
-  if (!connection.ok()) return SetError(connection.status());
-  absl::StatusOr<gpumem::v1::GetStatsResponse> daemon = (*connection)->GetStats(false);
-  if (!daemon.ok()) return SetError(daemon.status());
   std::string dj;
   google::protobuf::util::JsonPrintOptions opts;
   opts.preserve_proto_field_names = true;

@@ -140,6 +140,25 @@ class Backend {
   // Learns NewSlabRoom anew (other processes may have freed memory since);
   // may make a driver call, so callers hold no lock.
   virtual void RefreshNewSlabRoom(uint32_t device) { (void)device; }
+  // Memory of the device kept free for other processes' contexts and
+  // libraries (--device_headroom): NewSlabRoom leaves it out. 0 where no
+  // other process uses the device (sim).
+  virtual uint64_t Headroom(uint32_t device) const {
+    (void)device;
+    return 0;
+  }
+  // How far the driver's free memory, as last learnt, is below Headroom:
+  // other processes have grown into it, and the pool gives empty slabs
+  // back at once until it is whole again. Cheap: callers hold locks.
+  virtual uint64_t HeadroomShortfall(uint32_t device) const {
+    (void)device;
+    return 0;
+  }
+  // How Headroom was chosen, for the start log ("" where it is 0 by nature).
+  virtual std::string HeadroomOrigin(uint32_t device) const {
+    (void)device;
+    return "";
+  }
   // The driver's own free/total figures; UNIMPLEMENTED where there is no
   // driver (sim).
   virtual absl::StatusOr<DriverMemInfo> DriverMemory(uint32_t device) const {

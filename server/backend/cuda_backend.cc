@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -26,7 +27,34 @@ struct Device {
   CUcontext ctx = nullptr;
   uint64_t granularity = 0;
   std::string context;  // "device 0 (GPU-...)", for error messages
+  bool rdma = false;            // slabs made gpuDirectRDMACapable
+  uint64_t headroom = 0;       // kept free for other processes
+  std::string headroom_origin;  // how it was chosen
 };
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+// When the driver cannot make a context to measure: about an H100's.
+constexpr uint64_t kUnmeasuredContext = 512 * kMiB;
+
+// What one more context costs on `dev`: the driver's free memory with the
+// primary context current, then with a context of its own (created and
+// destroyed here). 0 when the driver cannot create one.
+uint64_t MeasureContext(const CudaDriver& d, CUdevice dev, CUcontext primary) {
+  if (d.cuCtxCreate_v4 == nullptr) return 0;
+  size_t before = 0, after = 0, total = 0;
+  {
+    ScopedCudaContext scope(d, primary);
+    if (scope.result() != CUDA_SUCCESS || d.cuMemGetInfo_v2(&before, &total) != CUDA_SUCCESS) {
+      return 0;
+    }
+  }
+  CUctxCreateParams params = {};
+  CUcontext extra = nullptr;
+  if (d.cuCtxCreate_v4(&extra, &params, 0, dev) != CUDA_SUCCESS) return 0;
+  const bool read = d.cuMemGetInfo_v2(&after, &total) == CUDA_SUCCESS;
+  d.cuCtxDestroy_v2(extra);  // current to this thread: popped too
+  return read && before > after ? before - after : 0;
+}
 
 // The driver's free memory on a device, learnt after every change the
 // backend makes there and whenever its figures are asked for.
@@ -102,6 +130,9 @@ class VmmSlab : public CudaSlabBase {
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = static_cast<int>(dev_->info.index);
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    // So a NIC can register it (NCCL user buffers, UCX, NIXL: ibv_reg_mr on
+    // the mapping, or its dma-buf).
+    if (dev_->rdma) prop.allocFlags.gpuDirectRDMACapable = 1;
     CUmemGenericAllocationHandle h = 0;
     s = Call(d_->cuMemCreate(&h, size_, &prop, 0), "cuMemCreate");
     if (!s.ok()) return s;
@@ -236,7 +267,20 @@ class CudaBackendImpl : public Backend {
     return device < devices_.size() ? slab_bytes_[device].load() : 0;
   }
   uint64_t NewSlabRoom(uint32_t device) const override {
-    return device < devices_.size() ? room_[device].bytes.load() : 0;
+    if (device >= devices_.size()) return 0;
+    const uint64_t free = room_[device].bytes.load();
+    return free > devices_[device].headroom ? free - devices_[device].headroom : 0;
+  }
+  uint64_t Headroom(uint32_t device) const override {
+    return device < devices_.size() ? devices_[device].headroom : 0;
+  }
+  uint64_t HeadroomShortfall(uint32_t device) const override {
+    if (device >= devices_.size()) return 0;
+    const uint64_t free = room_[device].bytes.load();
+    return free < devices_[device].headroom ? devices_[device].headroom - free : 0;
+  }
+  std::string HeadroomOrigin(uint32_t device) const override {
+    return device < devices_.size() ? devices_[device].headroom_origin : "";
   }
   void RefreshNewSlabRoom(uint32_t device) override {
     if (device < devices_.size()) room_[device].Refresh(*d_, devices_[device]);
@@ -286,14 +330,21 @@ class CudaBackendImpl : public Backend {
     // What the driver has free, not cuDeviceTotalMem, is what a new slab can
     // have: other processes and every context (the daemon's own too) hold
     // memory that total does not show.
+    // And the headroom stays free for other processes' contexts.
     Room& room = room_[device];
     room.Refresh(*d_, dev);
-    if (bytes > room.bytes.load()) {
+    const uint64_t free = room.bytes.load();
+    if (bytes > free || free - bytes < dev.headroom) {
       used.fetch_sub(bytes);
       return absl::ResourceExhaustedError(absl::StrCat(
-          dev.context, ": the driver has ", FormatBytes(room.bytes.load()), " free of ",
-          FormatBytes(dev.info.total_bytes), " (other processes and contexts hold the rest), ",
-          FormatBytes(bytes), " asked"));
+          dev.context, ": the driver has ", FormatBytes(free), " free of ",
+          FormatBytes(dev.info.total_bytes), " (other processes and contexts hold the rest)",
+          dev.headroom > 0
+              ? absl::StrCat(", ", FormatBytes(dev.headroom),
+                             " of it kept for other processes' CUDA contexts and libraries "
+                             "(--device_headroom)")
+              : "",
+          "; ", FormatBytes(bytes), " asked"));
     }
     absl::Status s;
     std::unique_ptr<Slab> slab;
@@ -359,7 +410,8 @@ const char* ComputeModeName(int mode) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library) {
+absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library,
+                                                            std::optional<uint64_t> headroom) {
   absl::StatusOr<const CudaDriver*> loaded = LoadCudaDriver(library);
   if (!loaded.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -411,6 +463,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library
     d.cuDeviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                            dev);
     all_fd = all_fd && fd != 0;
+    int rdma = 0;
+    d.cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                           dev);
+    device.rdma = rdma != 0;
     // The daemon's own context is one more on every device: a device that
     // admits one process's context (EXCLUSIVE_PROCESS) would refuse every
     // client the daemon lends its memory to, and PROHIBITED admits none.
@@ -440,6 +496,19 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library
           granularity, ", not a power of two"));
     }
     device.granularity = granularity;
+    if (headroom.has_value()) {
+      device.headroom = *headroom;
+      if (*headroom > 0) device.headroom_origin = "--device_headroom";
+    } else {
+      const uint64_t context = MeasureContext(d, dev, device.ctx);
+      const uint64_t libraries = std::max(64 * kMiB, info.total_bytes / 64);
+      device.headroom = (context > 0 ? context : kUnmeasuredContext) + libraries;
+      device.headroom_origin = absl::StrCat(
+          "auto: ", context > 0 ? "a context measured at " : "a context assumed at ",
+          FormatBytes(context > 0 ? context : kUnmeasuredContext), " + ",
+          FormatBytes(libraries), " for libraries");
+    }
+    device.headroom = (device.headroom + granularity - 1) / granularity * granularity;
     devices.push_back(std::move(device));
   }
   if (!bad_modes.empty()) {

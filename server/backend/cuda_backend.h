@@ -14,6 +14,7 @@
 #define GPUMEMD_SERVER_BACKEND_CUDA_BACKEND_H_
 
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "server/backend/backend.h"
@@ -23,7 +24,9 @@ namespace gpumem {
 // Slabs, by HandleKind:
 //  - kCudaVmmFd (the default): cuMemCreate with the POSIX fd handle type,
 //    exported with cuMemExportToShareableHandle; clients import the fd.
-//    Offered when every device reports POSIX fd handle support.
+//    Offered when every device reports POSIX fd handle support. Made
+//    gpuDirectRDMACapable where the device supports GPUDirect RDMA with VMM
+//    memory, so a NIC can register it.
 //  - kCudaIpc (legacy): cuMemAlloc, with the 64 cuIpcGetMemHandle bytes, for
 //    clients that need cudaIpcMemHandle_t.
 // Sizes must be multiples of Granularity(device), the driver's minimum VMM
@@ -52,8 +55,13 @@ class CudaBackend {
   // context would leave no room for its clients' (EXCLUSIVE_PROCESS admits
   // one process's context at a time), so lending its memory cannot work.
   // `library` is the name given to dlopen (tests pass a missing one).
+  // `headroom`: each device's Headroom; unset for auto, which is what one
+  // more context costs there (a context created and destroyed at start,
+  // the driver's free memory read before and after; 512 MiB where the
+  // driver cannot create one) plus 1/64 of the device, at least 64 MiB,
+  // rounded up to the allocation granularity.
   static absl::StatusOr<std::unique_ptr<Backend>> Create(
-      const char* library = "libcuda.so.1");
+      const char* library = "libcuda.so.1", std::optional<uint64_t> headroom = std::nullopt);
 };
 
 }  // namespace gpumem

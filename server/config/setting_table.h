@@ -32,6 +32,11 @@
     Checked(SimSlabCreateDelays), kStart, Hidden(),                                              \
     "sim backend: slab creation on these devices sleeps first, as a slow "                       \
     "driver's would, e.g. 0:300ms,2:50ms (for tests and benchmarks)")                            \
+  X(device_headroom, device_headroom, Text, "device_headroom", "auto", Checked(DeviceHeadroom),   \
+    kStart, ShowValue(),                                                                         \
+    "cuda: memory of each device kept free for other processes' CUDA contexts and "              \
+    "libraries: auto (one context, as measured at start, and 1/64 of the device, "               \
+    "at least 64MiB), 0, or a size such as 2GiB")                                                \
   X(socket, socket, Text, "socket", "/run/gpumemd/gpumemd.sock", NoBounds(), kStart,             \
     ShowValue(), "Unix socket path")                                                             \
   X(tenant_socket_dir, tenant_socket_dir, Text, "tenant_socket_dir", "/run/gpumemd/tenants",     \

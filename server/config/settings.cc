@@ -351,6 +351,15 @@ std::string SimDeviceSizes(Settings* s) {
   return "";
 }
 
+std::string DeviceHeadroom(Settings* s) {
+  if (s->device_headroom.value.empty()) s->device_headroom.value = "auto";
+  if (s->device_headroom.value == "auto") return "";
+  absl::StatusOr<uint64_t> bytes = ParseByteSize(s->device_headroom.value);
+  if (!bytes.ok()) return "must be auto, 0 or a size such as 2GiB";
+  s->device_headroom_bytes = *bytes;
+  return "";
+}
+
 std::string SimLinks(Settings* s) {
   if (s->backend.value != "sim") return "";
   absl::StatusOr<std::vector<PeerLink>> links = ParseSimTopology(

@@ -70,6 +70,8 @@ struct Settings {
   std::vector<uint64_t> sim_device_sizes;
   std::vector<PeerLink> sim_links;
   std::vector<std::pair<uint32_t, absl::Duration>> sim_slab_create_delays;
+  // device_headroom parsed: unset for "auto".
+  std::optional<uint64_t> device_headroom_bytes;
 };
 
 // `file` as LoadDaemonConfig accepted it, from `path`.

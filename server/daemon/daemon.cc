@@ -98,7 +98,7 @@ std::string ConnectionLimitsLine(const Settings& s) {
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const Settings& s) {
-  if (s.backend.value == "cuda") return CudaBackend::Create();
+  if (s.backend.value == "cuda") return CudaBackend::Create("libcuda.so.1", s.device_headroom_bytes);
   auto sim = std::make_unique<SimBackend>(s.sim_device_sizes, s.sim_links);
   for (const auto& [device, delay] : s.sim_slab_create_delays) sim->SetCreateDelay(device, delay);
   return std::unique_ptr<Backend>(std::move(sim));
@@ -427,7 +427,12 @@ absl::Status Daemon::StartParts() {
   std::cerr << "gpumemd: " << p.serving << "\n";
   for (const DeviceInfo& d : p.backend->devices()) {
     std::cerr << "gpumemd:   device " << d.index << " " << d.uuid << " "
-              << FormatBytes(d.total_bytes) << " " << d.name << "\n";
+              << FormatBytes(d.total_bytes) << " " << d.name;
+    if (const std::string origin = p.backend->HeadroomOrigin(d.index); !origin.empty()) {
+      std::cerr << ", headroom " << FormatBytes(p.backend->Headroom(d.index)) << " (" << origin
+                << ")";
+    }
+    std::cerr << "\n";
   }
   std::cerr << "gpumemd: slab handle kinds offered:";
   for (HandleKind k : broker->handle_kinds()) std::cerr << " " << HandleKindName(k);

@@ -296,14 +296,25 @@ bool SlabPool::HasSlab(uint64_t slab_id) const {
 }
 
 int SlabPool::ReleaseIdleSlabs(absl::Time now) {
+  // Other processes grown into the device's headroom (a new one's context,
+  // its libraries) get empty slabs back at once, not after
+  // empty_release_after: the driver's figure is learnt first (a driver
+  // call, so before the lock).
+  uint64_t shortfall = 0;
+  if (backend_->Headroom(device_) > 0) {
+    backend_->RefreshNewSlabRoom(device_);
+    shortfall = backend_->HeadroomShortfall(device_);
+  }
   Graveyard dead;
   int released = 0;
   absl::MutexLock lock(&mu_);
   for (auto it = slabs_.begin(); it != slabs_.end();) {
     auto next = std::next(it);
     const SlabEntry& e = it->second;
-    if (!e.reserved && !e.retained && e.allocator->live_blocks() == 0 &&
-        now - e.empty_since >= options_.empty_release_after) {
+    const bool idle = !e.reserved && !e.retained && e.allocator->live_blocks() == 0;
+    if (idle && (now - e.empty_since >= options_.empty_release_after ||
+                 (shortfall > 0 && Releasable(e)))) {
+      shortfall -= std::min(shortfall, e.size);
       ReleaseSlabLocked(it, &dead);
       ++released;
     }

@@ -82,7 +82,8 @@ struct CarveResult {
   // free bytes, the largest block it could get, and the same in words
   // naming the device. kQuota is its footprint: the tenant's budget (its
   // quota) allows no slab that could hold the block (its own slabs have no
-  // room for it); only then are the words its detail too.
+  // room for it); only then are the words its detail too, and for
+  // kCapacity on a device that keeps headroom, the headroom's words.
   Refusal refusal;
   absl::Status error;
 };

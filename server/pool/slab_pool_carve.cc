@@ -299,6 +299,12 @@ Refusal SlabPool::RefuseLocked(uint64_t size, uint64_t alignment,
                                  ? absl::StrCat(" (", FormatBytes(retained_bytes_),
                                                 " retained by live sessions)")
                                  : "");
+    if (const uint64_t headroom = backend_->Headroom(device_); headroom > 0) {
+      p.detail = absl::StrCat("besides ", FormatBytes(headroom),
+                              " kept for other processes' CUDA contexts and libraries "
+                              "(--device_headroom)");
+      absl::StrAppend(&p.message, "; ", p.detail);
+    }
   } else {
     p.reason = RefusalReason::kFragmentation;
     p.message = absl::StrCat(

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -47,8 +48,10 @@ const CudaDriver& Driver() {
   return *d;
 }
 
-std::unique_ptr<Backend> NewBackend() {
-  absl::StatusOr<std::unique_ptr<Backend>> b = CudaBackend::Create(FakeDriver().c_str());
+// No headroom unless asked: the cases below read the driver's figures exactly.
+std::unique_ptr<Backend> NewBackend(std::optional<uint64_t> headroom = 0) {
+  absl::StatusOr<std::unique_ptr<Backend>> b =
+      CudaBackend::Create(FakeDriver().c_str(), headroom);
   EXPECT_TRUE(b.ok()) << b.status();
   return b.ok() ? std::move(*b) : nullptr;
 }
@@ -218,6 +221,65 @@ TEST(CudaBackendTest, NewSlabsReadAsZerosThoughTheDriverGivesDirtyMemory) {
   close(*fd);
 }
 
+// Auto: what one more context costs (the fake's 4 MiB, measured with a
+// context created and destroyed) and 64 MiB (more than 1/64 of 64 MiB),
+// which leaves nothing of a 64 MiB device for slabs.
+TEST(CudaBackendTest, AutoHeadroomIsAMeasuredContextAndRoomForLibraries) {
+  std::unique_ptr<Backend> b = NewBackend(std::nullopt);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->Headroom(0), kCtx + 64 * kMiB);
+  EXPECT_EQ(b->HeadroomOrigin(0),
+            "auto: a context measured at 4.00 MiB + 64.00 MiB for libraries");
+  absl::StatusOr<DriverMemInfo> m = b->DriverMemory(0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->free_bytes, 64 * kMiB - kCtx);  // the measuring context was destroyed
+  EXPECT_EQ(b->NewSlabRoom(0), 0u);
+  EXPECT_EQ(b->HeadroomShortfall(0), b->Headroom(0) - m->free_bytes);
+  auto slab = b->CreateSlab(0, 2 * kMiB);
+  EXPECT_EQ(slab.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(slab.status().message(),
+                                "68.00 MiB of it kept for other processes' CUDA contexts and "
+                                "libraries (--device_headroom)"))
+      << slab.status();
+}
+
+TEST(CudaBackendTest, AGivenHeadroomIsLeftOutOfTheRoomForSlabs) {
+  std::unique_ptr<Backend> b = NewBackend(10 * kMiB);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->Headroom(1), 10 * kMiB);
+  EXPECT_EQ(b->HeadroomOrigin(1), "--device_headroom");
+  absl::StatusOr<DriverMemInfo> m = b->DriverMemory(1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(b->NewSlabRoom(1), m->free_bytes - 10 * kMiB);
+  EXPECT_EQ(b->HeadroomShortfall(1), 0u);
+  auto fits = b->CreateSlab(1, b->NewSlabRoom(1));
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(b->NewSlabRoom(1), 0u);
+  EXPECT_EQ(b->CreateSlab(1, 2 * kMiB).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// FAKE_CUDA_RDMA=1 (main): the devices support GPUDirect RDMA with VMM
+// memory, so the backend's slabs are made RDMA-capable, as an importer sees.
+TEST(CudaBackendTest, SlabsAreGpuDirectRdmaCapableWhereTheDeviceSupportsIt) {
+  std::unique_ptr<Backend> b = NewBackend();
+  ASSERT_NE(b, nullptr);
+  auto slab = b->CreateSlab(0, 2 * kMiB);
+  ASSERT_TRUE(slab.ok()) << slab.status();
+  absl::StatusOr<int> fd = (*slab)->ExportFd();
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  const CudaDriver& d = Driver();
+  Use(0);
+  CUmemGenericAllocationHandle h = 0;
+  ASSERT_EQ(d.cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(*fd)),
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+            CUDA_SUCCESS);
+  CUmemAllocationProp prop = {};
+  ASSERT_EQ(d.cuMemGetAllocationPropertiesFromHandle(&prop, h), CUDA_SUCCESS);
+  EXPECT_EQ(prop.allocFlags.gpuDirectRDMACapable, 1);
+  EXPECT_EQ(d.cuMemRelease(h), CUDA_SUCCESS);
+  close(*fd);
+}
+
 TEST(CudaBackendTest, LegacyIpcSlabsHave64HandleBytesAndNoFd) {
   std::unique_ptr<Backend> b = NewBackend();
   ASSERT_NE(b, nullptr);
@@ -324,6 +386,7 @@ int main(int argc, char** argv) {
   setenv("FAKE_CUDA_DEVICES", "64MiB,64MiB,32MiB", 1);
   setenv("FAKE_CUDA_UUIDS", "GPU-00112233-4455-6677-8899-aabbccddeeff", 1);
   setenv("FAKE_CUDA_PEERS", "1-2", 1);
+  setenv("FAKE_CUDA_RDMA", "1", 1);
   setenv("FAKE_CUDA_DIRTY", "1", 1);
   setenv("FAKE_CUDA_CONTEXT_BYTES", "4MiB", 1);
   setenv("FAKE_CUDA_LOST_FILE", gpumem::lost_file.c_str(), 1);

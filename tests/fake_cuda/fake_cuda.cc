@@ -58,7 +58,10 @@
 //   FAKE_CUDA_UUIDS          comma list of GPU-/MIG- UUIDs, one per device
 //   FAKE_CUDA_PEERS          groups of devices with peer access, "0-1,2-3"
 //   FAKE_CUDA_GRANULARITY    allocation granularity in bytes (default 2 MiB)
-//   FAKE_CUDA_CONTEXT_BYTES  device memory each process's context costs (4MiB)
+//   FAKE_CUDA_CONTEXT_BYTES  device memory each process's context costs (4MiB;
+//                            cuCtxCreate contexts too)
+//   FAKE_CUDA_RDMA           "1": GPUDirect RDMA with VMM supported (else
+//                            cuMemCreate refuses gpuDirectRDMACapable)
 //   FAKE_CUDA_OTHER_USED     "0=100MiB": held by processes the fake cannot see
 //   FAKE_CUDA_COMPUTE_MODE   "0=exclusive_process,1=prohibited"
 //   FAKE_CUDA_SUBSET         the devices this process's container has ("1,2")
@@ -132,6 +135,9 @@ void DeactivatePrimary(CUctx_st& c) {
 bool IsContext(State& s, CUcontext ctx) {
   for (CUctx_st& c : s.contexts) {
     if (&c == ctx) return true;
+  }
+  for (const std::unique_ptr<CUctx_st>& c : s.created) {
+    if (c.get() == ctx) return true;
   }
   return false;
 }
@@ -245,6 +251,9 @@ CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attr, CUdevice dev)
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
       *value = s.no_posix_fd ? 0 : 1;
       break;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+      *value = s.rdma ? 1 : 0;
+      break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE:
       *value = d.compute_mode;
       break;
@@ -288,6 +297,44 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     DeactivatePrimary(c);
   }
   return CUDA_SUCCESS;
+}
+
+// A context of its own: active at once (its memory taken), current to the
+// calling thread (pushed), as the driver's cuCtxCreate does. The parameters
+// must be NULL or name neither affinity nor CIG (this fake has neither).
+CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
+                        CUdevice dev) {
+  FAKE_ENTER("cuCtxCreate_v4", true);
+  (void)flags;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (params != nullptr && (params->execAffinityParams != nullptr ||
+                            params->numExecAffinityParams != 0 || params->cigParams != nullptr)) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (!ValidOrdinal(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
+  auto c = std::make_unique<CUctx_st>();
+  c->ordinal = dev;
+  if (CUresult r = ActivatePrimary(s, *c); r != CUDA_SUCCESS) return r;
+  c->retains = 1;
+  *pctx = c.get();
+  ContextStack().push_back(c.get());
+  s.created.push_back(std::move(c));
+  return CUDA_SUCCESS;
+}
+
+// Only a context cuCtxCreate made; popped from the calling thread's stack
+// when current there.
+CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  FAKE_ENTER("cuCtxDestroy_v2", false);
+  for (auto it = s.created.begin(); it != s.created.end(); ++it) {
+    if (it->get() != ctx) continue;
+    std::vector<CUctx_st*>& stack = ContextStack();
+    if (!stack.empty() && stack.back() == ctx) stack.pop_back();
+    DeactivatePrimary(**it);
+    s.created.erase(it);
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_CONTEXT;
 }
 
 CUresult cuCtxSetCurrent(CUcontext ctx) {

@@ -88,7 +88,7 @@ namespace {
 
 // The device (ordinal here, -1 if not visible) and size a fake memfd was
 // made for, from its name "fakecuda:<machine>:<uuid>:<bytes>:<kind>".
-bool DescribeMemfd(const State& s, int fd, int* ordinal, uint64_t* bytes) {
+bool DescribeMemfd(const State& s, int fd, int* ordinal, uint64_t* bytes, bool* rdma) {
   char link[64], target[512];
   std::snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
   ssize_t n = readlink(link, target, sizeof(target) - 1);
@@ -103,6 +103,7 @@ bool DescribeMemfd(const State& s, int fd, int* ordinal, uint64_t* bytes) {
   if (rest.size() < 34 || rest[32] != ':') return false;
   const std::string hex = rest.substr(0, 32);
   *bytes = std::strtoull(rest.c_str() + 33, nullptr, 10);
+  if (rdma != nullptr) *rdma = rest.find(":vmm-rdma") != std::string::npos;
   for (size_t i = 0; i < s.visible.size(); ++i) {
     if (DeviceOf(s, static_cast<int>(i)).uuid_hex == hex) {
       *ordinal = static_cast<int>(i);
@@ -191,20 +192,33 @@ int OpenIpcSource(const Linear& l) {
 
 }  // namespace
 
-bool Accessible(const State& s, uint64_t ptr, uint64_t n, bool write) {
+namespace {
+
+// Mapped memory: as cuMemSetAccess set it for `from`. cuMemAlloc memory
+// and legacy IPC imports: their own device, and its peers (this fake does
+// not model cuCtxEnablePeerAccess: it is taken as done).
+bool Allows(const State& s, const Piece& p, bool write, int from) {
+  if (p.mapping == nullptr) return CanAccess(s, from, p.linear->ordinal);
+  auto it = p.mapping->access.find(from);
+  if (it == p.mapping->access.end()) return false;
+  return write ? it->second == CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+               : it->second != CU_MEM_ACCESS_FLAGS_PROT_NONE;
+}
+
+}  // namespace
+
+bool Accessible(const State& s, uint64_t ptr, uint64_t n, bool write, int from) {
   if (n == 0) return true;
   std::vector<Piece> pieces;
   if (!Resolve(s, ptr, n, &pieces)) return false;
   for (const Piece& p : pieces) {
-    if (p.mapping != nullptr && !(write ? p.mapping->writable : p.mapping->readable)) {
-      return false;
-    }
+    if (!Allows(s, p, write, from)) return false;
   }
   return true;
 }
 
 CUresult DeviceIo(State& s, uint64_t ptr, uint64_t n, bool write, const void* src, void* dst,
-                  int memset_value) {
+                  int memset_value, int by) {
   if (n == 0) return CUDA_SUCCESS;
   std::vector<Piece> pieces;
   if (!Resolve(s, ptr, n, &pieces)) return CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -212,8 +226,8 @@ CUresult DeviceIo(State& s, uint64_t ptr, uint64_t n, bool write, const void* sr
     const uint64_t at = p.ptr - ptr;
     const char* from = src != nullptr ? static_cast<const char*>(src) + at : nullptr;
     char* to = dst != nullptr ? static_cast<char*>(dst) + at : nullptr;
+    if (!Allows(s, p, write, by)) return CUDA_ERROR_ILLEGAL_ADDRESS;
     if (p.mapping != nullptr) {
-      if (!(write ? p.mapping->writable : p.mapping->readable)) return CUDA_ERROR_ILLEGAL_ADDRESS;
       const uint64_t off = p.mapping->offset + (p.ptr - p.mapping_start);
       if (!FdIo(p.mapping->mem->fd, off, p.n, write, from, to, memset_value)) {
         return CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -340,12 +354,17 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   if ((types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) && s.no_posix_fd) {
     return CUDA_ERROR_NOT_SUPPORTED;
   }
+  // Only a device with CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED.
+  const bool rdma = prop->allocFlags.gpuDirectRDMACapable != 0;
+  if (rdma && !s.rdma) return CUDA_ERROR_NOT_SUPPORTED;
   CUresult err = CUDA_SUCCESS;
-  std::shared_ptr<Memfd> mem = NewPhysical(s, prop->location.id, size, "vmm", &err);
+  std::shared_ptr<Memfd> mem =
+      NewPhysical(s, prop->location.id, size, rdma ? "vmm-rdma" : "vmm", &err);
   if (mem == nullptr) return err;
   Physical p;
   p.mem = std::move(mem);
   p.exportable_fd = (types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+  p.rdma = rdma;
   *handle = s.next_handle++;
   s.handles[*handle] = p;
   return CUDA_SUCCESS;
@@ -394,6 +413,7 @@ CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
   prop->location.id = it->second.mem->ordinal;
   prop->requestedHandleTypes =
       it->second.exportable_fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+  prop->allocFlags.gpuDirectRDMACapable = it->second.rdma ? 1 : 0;
   return CUDA_SUCCESS;
 }
 
@@ -409,7 +429,8 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
   int shared = static_cast<int>(reinterpret_cast<intptr_t>(os_handle));
   int ordinal = -1;
   uint64_t bytes = 0;
-  if (shared < 0 || !DescribeMemfd(s, shared, &ordinal, &bytes)) {
+  bool rdma = false;
+  if (shared < 0 || !DescribeMemfd(s, shared, &ordinal, &bytes, &rdma)) {
     return CUDA_ERROR_INVALID_VALUE;  // not an fd this driver exported
   }
   if (ordinal < 0) return CUDA_ERROR_NOT_SUPPORTED;  // its device is not visible here
@@ -421,6 +442,7 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
   p.mem->size = bytes;
   p.mem->ordinal = ordinal;
   p.exportable_fd = true;
+  p.rdma = rdma;
   *handle = s.next_handle++;
   s.handles[*handle] = p;
   return CUDA_SUCCESS;
@@ -519,7 +541,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
     cur += m->second.size;
   }
   if (cur != ptr + size) return CUDA_ERROR_INVALID_VALUE;
-  bool readable = false, writable = false;
+  // Each location's flags are its own; locations not named keep theirs.
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
     int dev = desc[i].location.id;
@@ -527,18 +549,39 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
     for (Mapping* m : covered) {
       if (!CanAccess(s, dev, m->ordinal)) return CUDA_ERROR_INVALID_DEVICE;
     }
-    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
-      readable = writable = true;
-    } else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ) {
-      readable = true;
-    } else if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE &&
+        desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+        desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
       return CUDA_ERROR_INVALID_VALUE;
     }
   }
-  for (Mapping* m : covered) {
-    m->readable = readable;
-    m->writable = writable;
+  for (size_t i = 0; i < count; ++i) {
+    for (Mapping* m : covered) {
+      if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+        m->access.erase(desc[i].location.id);
+      } else {
+        m->access[desc[i].location.id] = desc[i].flags;
+      }
+    }
   }
+  return CUDA_SUCCESS;
+}
+
+// The flags cuMemSetAccess gave `location` on the mapping holding `ptr`.
+CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
+                        CUdeviceptr ptr) {
+  FAKE_ENTER("cuMemGetAccess", false);
+  if (flags == nullptr || location == nullptr ||
+      location->type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!ValidOrdinal(s, location->id)) return CUDA_ERROR_INVALID_DEVICE;
+  auto m = s.mappings.upper_bound(ptr);
+  if (m == s.mappings.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --m;
+  if (ptr >= m->first + m->second.size) return CUDA_ERROR_INVALID_VALUE;
+  auto a = m->second.access.find(location->id);
+  *flags = a == m->second.access.end() ? CU_MEM_ACCESS_FLAGS_PROT_NONE : a->second;
   return CUDA_SUCCESS;
 }
 

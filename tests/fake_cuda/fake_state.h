@@ -80,6 +80,7 @@ struct Memfd {
 struct Physical {
   std::shared_ptr<Memfd> mem;
   bool exportable_fd = false;
+  bool rdma = false;  // allocFlags.gpuDirectRDMACapable
   bool released = false;
   int mappings = 0;
 };
@@ -90,8 +91,9 @@ struct Mapping {
   uint64_t offset = 0;
   CUmemGenericAllocationHandle handle = 0;
   int ordinal = 0;
-  bool readable = false;
-  bool writable = false;
+  // cuMemSetAccess, by the ordinal of the device whose work may touch it:
+  // CU_MEM_ACCESS_FLAGS_PROT_READ or _READWRITE (absent: none).
+  std::map<int, CUmemAccess_flags> access;
 };
 
 // cuMemAlloc memory, or a legacy IPC import (bytes still the exporter's).
@@ -124,7 +126,7 @@ class VaSpace {
 
 // A piece of device work.
 struct Op {
-  enum Kind { kWrite, kRead, kHostFn, kCallback, kMarker, kRecord };
+  enum Kind { kWrite, kRead, kCopy, kHostFn, kCallback, kMarker, kRecord };
   Kind kind = kMarker;
   uint64_t seq = 0;  // position in its stream, from 1
   // Runs only once each (stream, seq) pair has completed.
@@ -135,6 +137,7 @@ struct Op {
   unsigned char value = 0;
   std::vector<char> data;    // kWrite: staged bytes (unless memset)
   void* host_dst = nullptr;  // kRead
+  uint64_t src_dptr = 0;     // kCopy: read [src_dptr, +n), write [dptr, +n)
   CUhostFn fn = nullptr;
   CUstreamCallback callback = nullptr;
   void* arg = nullptr;
@@ -175,6 +178,7 @@ struct State {
   uint64_t context_bytes = 0;
   int delay_ms = 0;
   bool no_posix_fd = false;
+  bool rdma = false;  // FAKE_CUDA_RDMA=1: GPUDirect RDMA with VMM supported
   bool dirty = false;
   std::string lost_file;
   std::string machine;    // tags memfds: processes of one test see each other
@@ -182,6 +186,10 @@ struct State {
   std::string violations_file;
   std::vector<Failure> failures;
   std::vector<CUctx_st> contexts;  // one per visible device
+  // Contexts made by cuCtxCreate, until cuCtxDestroy. They cost device
+  // memory as primary ones do; streams and the sticky error are the
+  // device's in this fake (its contexts[ordinal]).
+  std::deque<std::unique_ptr<CUctx_st>> created;
   std::vector<CUstream_st*> streams;  // live ones, the NULL streams too
   int next_stream_id = 1;
   std::set<CUevent_st*> events;
@@ -224,13 +232,17 @@ uint64_t DeviceBytesInUse(const State& s, const FakeDevice& d);
 // A new memfd of `bytes` for device `ordinal`, or null with *err set.
 std::shared_ptr<Memfd> NewPhysical(const State& s, int ordinal, uint64_t bytes,
                                    const char* kind, CUresult* err);
-// Is [ptr, ptr + n) device memory this process may access (read, or write)?
-bool Accessible(const State& s, uint64_t ptr, uint64_t n, bool write);
-// Reads or writes device bytes (src/dst host memory; a memset when
-// `memset_value` >= 0). CUDA_ERROR_ILLEGAL_ADDRESS if the range is not
-// accessible (any more) or its legacy IPC exporter let it go.
+// Is [ptr, ptr + n) device memory that work of device `from` (an ordinal)
+// may access (read, or write)? Mapped memory needs cuMemSetAccess for
+// `from`; cuMemAlloc memory and legacy IPC imports their own device or a
+// peer of it.
+bool Accessible(const State& s, uint64_t ptr, uint64_t n, bool write, int from);
+// Reads or writes device bytes for work of device `from` (src/dst host
+// memory; a memset when `memset_value` >= 0). CUDA_ERROR_ILLEGAL_ADDRESS if
+// the range is not accessible from there (any more) or its legacy IPC
+// exporter let it go.
 CUresult DeviceIo(State& s, uint64_t ptr, uint64_t n, bool write, const void* src,
-                  void* dst, int memset_value);
+                  void* dst, int memset_value, int from);
 // Violations for unmapping or freeing [ptr, ptr + n) with work pending.
 void CheckNoPendingWork(State& s, uint64_t ptr, uint64_t n, const char* call);
 

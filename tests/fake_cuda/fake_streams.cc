@@ -82,11 +82,32 @@ void Run(State& s, CUstream_st* st, Op& op, std::unique_lock<std::mutex>& lock) 
       }
       CheckHazards(s, st, op);
       CUresult r = DeviceIo(s, op.dptr, op.n, op.writes, op.memset ? nullptr : op.data.data(),
-                            op.host_dst, op.memset ? op.value : -1);
+                            op.host_dst, op.memset ? op.value : -1, st->ordinal);
       if (r != CUDA_SUCCESS) {
         Violation(s, std::string("illegal address: ") + op.what + " queued on stream " +
                          std::to_string(st->id) + " reached " + Range(op.dptr, op.n) +
                          ", which is not (any more) mapped device memory of this process");
+        s.contexts[st->ordinal].sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+      }
+      break;
+    }
+    case Op::kCopy: {
+      if (s.delay_ms > 0) {
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::milliseconds(s.delay_ms));
+        lock.lock();
+      }
+      CheckHazards(s, st, op);
+      std::vector<char> bytes(op.n);
+      CUresult r = DeviceIo(s, op.src_dptr, op.n, false, nullptr, bytes.data(), -1, st->ordinal);
+      if (r == CUDA_SUCCESS) {
+        r = DeviceIo(s, op.dptr, op.n, true, bytes.data(), nullptr, -1, st->ordinal);
+      }
+      if (r != CUDA_SUCCESS) {
+        Violation(s, std::string("illegal address: ") + op.what + " queued on stream " +
+                         std::to_string(st->id) + " reached " + Range(op.src_dptr, op.n) +
+                         " or " + Range(op.dptr, op.n) +
+                         ", which is not (any more) device memory its device may access");
         s.contexts[st->ordinal].sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
       }
       break;
@@ -208,7 +229,10 @@ namespace {
 // A copy or memset of [dptr, +n) queued on `st` (validated now: the range
 // must be accessible device memory of this process).
 CUresult QueueAccess(State& s, CUstream_st* st, Op op) {
-  if (!Accessible(s, op.dptr, op.n, op.writes)) return CUDA_ERROR_INVALID_VALUE;
+  if (!Accessible(s, op.dptr, op.n, op.writes, st->ordinal)) return CUDA_ERROR_INVALID_VALUE;
+  if (op.kind == Op::kCopy && !Accessible(s, op.src_dptr, op.n, false, st->ordinal)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   if (CUresult sticky = s.contexts[st->ordinal].sticky; sticky != CUDA_SUCCESS) return sticky;
   Enqueue(s, st, std::move(op));
   return CUDA_SUCCESS;
@@ -452,6 +476,25 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
   op.writes = true;
   op.data.assign(static_cast<const char*>(src), static_cast<const char*>(src) + n);
   return QueueAccess(s, legacy, std::move(op));
+}
+
+// Device to device (a peer's memory too, where this device was given access
+// to it): queued on the NULL stream and waited for, as the driver's
+// synchronous copy behaves.
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  FAKE_ENTER("cuMemcpyDtoD_v2", true);
+  FAKE_NEED_CONTEXT(ordinal);
+  CUstream_st* legacy = LegacyStream(s, ordinal);
+  Op op;
+  op.kind = Op::kCopy;
+  op.what = "cuMemcpyDtoD";
+  op.dptr = dst;
+  op.src_dptr = src;
+  op.n = n;
+  op.writes = true;
+  if (CUresult r = QueueAccess(s, legacy, std::move(op)); r != CUDA_SUCCESS) return r;
+  WaitFor(s, lock, legacy, legacy->enqueued);
+  return s.contexts[ordinal].sticky;
 }
 
 CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {

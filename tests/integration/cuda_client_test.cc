@@ -173,6 +173,103 @@ TEST_F(CudaClientTest, TorchOrdinalsAreThisProcesssOwnCudaDevices) {
   gpumem_close(c);
 }
 
+// This process sees two of the daemon's three devices (global 0 and 1: the
+// daemon's 1 and 2). With no placement, every block lands on one of those;
+// a placement naming the third is refused by name, and the daemon's figures
+// do not move.
+TEST_F(CudaClientTest, NoPlacementMeansTheDevicesThisProcessSees) {
+  gpumem_client* c = Connect();
+  const std::vector<long long> before = DaemonUsed(c);
+  ASSERT_EQ(before.size(), 3u);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 20; ++i) {
+    void* p = nullptr;
+    // Above the lease size: each block is an Allocate of its own.
+    if (gpumem_malloc(c, 3 * kMiB, nullptr, &p) != GPUMEM_OK) {
+      ADD_FAILURE() << "malloc " << i << ": " << gpumem_last_error_message();
+      continue;
+    }
+    blocks.push_back(p);
+    const int device = gpumem_device_of(c, p);
+    EXPECT_TRUE(device == 1 || device == 2) << device << " " << gpumem_last_error_message();
+  }
+  EXPECT_EQ(blocks.size(), 20u) << "of 20 default mallocs";
+  EXPECT_EQ(gpumem_device_count(c), 3);
+  EXPECT_EQ(gpumem_visible_device_count(c), 2) << gpumem_last_error_message();
+  void* shards[2] = {};
+  int devices[2] = {-1, -1};
+  ASSERT_EQ(gpumem_malloc_sharded(c, 6 * kMiB, 2, nullptr, shards, nullptr, devices),
+            GPUMEM_OK)
+      << gpumem_last_error_message();
+  EXPECT_NE(devices[0], 0);
+  EXPECT_NE(devices[1], 0);
+  const std::vector<long long> during = DaemonUsed(c);
+  EXPECT_EQ(during[0], before[0]) << "a block on the device this process cannot see";
+  EXPECT_GE(during[1] + during[2], before[1] + before[2] + 66 * static_cast<long long>(kMiB));
+
+  void* p = nullptr;
+  EXPECT_EQ(gpumem_malloc_str(c, 4096, "--gpus=0", &p), GPUMEM_E_FAILED_PRECONDITION);
+  const std::string why = gpumem_last_error_message();
+  EXPECT_TRUE(absl::StrContains(why, "\"0\" is device 0 (GPU-22222222-2222-4222-8222-"
+                                     "222222222222), which the calling process cannot see"))
+      << why;
+  EXPECT_EQ(p, nullptr);
+  EXPECT_EQ(DaemonUsed(c), during);
+
+  for (void* b : blocks) EXPECT_EQ(gpumem_free(c, b), GPUMEM_OK) << gpumem_last_error_message();
+  for (void* b : shards) EXPECT_EQ(gpumem_free(c, b), GPUMEM_OK) << gpumem_last_error_message();
+  gpumem_close(c);
+}
+
+// The two devices this process sees are peers (FAKE_CUDA_PEERS): a block on
+// one is mapped for the other too, so the shards of a sharded allocation
+// read each other with the other device's work (cuMemcpyDtoD in its
+// context), which cuCtxEnablePeerAccess alone would not allow for VMM memory.
+TEST_F(CudaClientTest, ShardsOnPeerDevicesReadEachOther) {
+  const CudaDriver& d = Driver();
+  gpumem_client* c = Connect();
+  void* shards[2] = {};
+  ASSERT_EQ(gpumem_malloc_sharded(c, 2 * kMiB, 2, nullptr, shards, nullptr, nullptr), GPUMEM_OK)
+      << gpumem_last_error_message();
+  int ordinal[2];
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(gpumem_device_ordinal(c, shards[i], &ordinal[i]), GPUMEM_OK)
+        << gpumem_last_error_message();
+  }
+  ASSERT_NE(ordinal[0], ordinal[1]);
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      CUmemLocation where = {};
+      where.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      where.id = ordinal[j];
+      unsigned long long flags = 0;
+      ASSERT_EQ(d.cuMemGetAccess(&flags, &where, reinterpret_cast<CUdeviceptr>(shards[i])),
+                CUDA_SUCCESS);
+      EXPECT_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+          << "shard " << i << " from ordinal " << ordinal[j];
+    }
+  }
+  std::vector<unsigned char> mine(kMiB), back(kMiB, 0);
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<unsigned char>(i * 7 + 3);
+  {
+    ScopedCudaContext on(d, Primary(ordinal[0]));
+    ASSERT_EQ(d.cuMemcpyHtoD_v2(reinterpret_cast<CUdeviceptr>(shards[0]), mine.data(), kMiB),
+              CUDA_SUCCESS);
+    ASSERT_EQ(d.cuStreamSynchronize(nullptr), CUDA_SUCCESS);
+  }
+  {
+    ScopedCudaContext on(d, Primary(ordinal[1]));
+    ASSERT_EQ(d.cuMemcpyDtoD_v2(reinterpret_cast<CUdeviceptr>(shards[1]),
+                                reinterpret_cast<CUdeviceptr>(shards[0]), kMiB),
+              CUDA_SUCCESS);
+    ASSERT_EQ(d.cuMemcpyDtoH_v2(back.data(), reinterpret_cast<CUdeviceptr>(shards[1]), kMiB),
+              CUDA_SUCCESS);
+  }
+  EXPECT_EQ(back, mine);
+  for (void* b : shards) EXPECT_EQ(gpumem_free(c, b), GPUMEM_OK) << gpumem_last_error_message();
+  gpumem_close(c);
+}
+
 TEST_F(CudaClientTest, EveryEntryPointLeavesTheCallersContextAsFound) {
   const CudaDriver& d = Driver();
   // The application's own context: its device 1 (the library works on 0).
@@ -425,6 +522,7 @@ int main(int argc, char** argv) {
   setenv("FAKE_CUDA_FASTEST", "2,0,1", 1);
   setenv("FAKE_CUDA_CONTEXT_BYTES", "4MiB", 1);
   setenv("FAKE_CUDA_SUBSET", "0,1", 1);
+  setenv("FAKE_CUDA_PEERS", "0-1", 1);
   setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1);
   unsetenv("CUDA_VISIBLE_DEVICES");
   unsetenv("GPUMEM_PLACEMENT");

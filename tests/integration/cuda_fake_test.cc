@@ -230,7 +230,8 @@ TEST_F(CudaFakeTest, InjectedOutOfMemoryIsResourceExhaustedNamingDeviceCallAndDr
 }
 
 TEST_F(CudaFakeTest, MemoryHeldOutsideGpumemdIsVisibleAndRefusedByTheDriver) {
-  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB"});
+  // No headroom: the driver's figures exactly (its case is below).
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB", "--device_headroom=0"});
   absl::StatusOr<const CudaDriver*> d = LoadCudaDriver(FakeDriverPath().c_str());
   ASSERT_TRUE(d.ok()) << d.status();
   CUcontext ctx = nullptr;
@@ -338,7 +339,8 @@ TEST_F(CudaFakeTest, MigDevicesAreNamedAsNvidiaSmiNamesThem) {
 TEST_F(CudaFakeTest, SlabsAreAdmittedAgainstWhatTheDriverHasFree) {
   // Other processes hold 40 MiB of device 0 and each context costs 24 MiB:
   // 256 - 40 - 24 (the daemon's) = 192 MiB are free, not 256.
-  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB"},
+  // No headroom: the driver's figures exactly (its case is below).
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB", "--device_headroom=0"},
               {{"FAKE_CUDA_OTHER_USED", "0=40MiB"}, {"FAKE_CUDA_CONTEXT_BYTES", "24MiB"}});
   v1::DeviceStats d = Device(0);
   // (Less if this test process holds a context of its own on device 0.)
@@ -365,6 +367,86 @@ TEST_F(CudaFakeTest, SlabsAreAdmittedAgainstWhatTheDriverHasFree) {
   d = Device(0);
   EXPECT_LE(d.free_bytes(), d.driver_free_bytes());
   EXPECT_LT(d.free_bytes(), 16 * kMiB);
+}
+
+// A tenant fills device 0; a CUDA process that starts after it still gets
+// its context and a 64 MiB workspace, because the daemon keeps each
+// device's headroom free (by default one context as measured at start, here
+// 24 MiB, and 64 MiB). Once the tenant's blocks are freed, its empty slabs
+// go back to the driver as soon as that process grows into the headroom,
+// not after the 30 s an empty slab is otherwise kept.
+TEST_F(CudaFakeTest, ANewProcessFindsRoomForItsContextOnAFullDevice) {
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB"},
+              {{"FAKE_CUDA_CONTEXT_BYTES", "24MiB"}});
+  EXPECT_TRUE(absl::StrContains(daemon_->Log(), "headroom 88.00 MiB (auto: a context measured "
+                                                "at 24.00 MiB + 64.00 MiB for libraries)"))
+      << daemon_->Log();
+  // 256 MiB - the daemon's 24 MiB context - 88 MiB of headroom (less this
+  // process's context if an earlier case left one), in 16 MiB slabs.
+  const uint64_t driver_free = Device(0).driver_free_bytes();
+  ASSERT_GE(driver_free, 228 * kMiB);
+  std::vector<uint64_t> ids;
+  absl::Status refused;
+  for (int i = 0; i < 32; ++i) {
+    auto a = Alloc(16 * kMiB, "0");
+    if (!a.ok()) {
+      refused = a.status();
+      break;
+    }
+    ids.push_back(a->allocations(0).id());
+  }
+  EXPECT_EQ(ids.size(), (driver_free - 88 * kMiB) / (16 * kMiB));
+  ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "besides 88.00 MiB kept for other processes' CUDA contexts and "
+                                "libraries (--device_headroom)"))
+      << refused;
+  v1::DeviceStats s = Device(0);
+  EXPECT_GE(s.driver_free_bytes(), 88 * kMiB);
+  EXPECT_LT(s.free_bytes(), 16 * kMiB);
+
+  // A process that starts now (this one, 4 MiB a context: FAKE_CUDA_CONTEXT_BYTES).
+  absl::StatusOr<const CudaDriver*> d = LoadCudaDriver(FakeDriverPath().c_str());
+  ASSERT_TRUE(d.ok()) << d.status();
+  CUcontext ctx = nullptr;
+  ASSERT_EQ((*d)->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+  ASSERT_EQ((*d)->cuCtxPushCurrent_v2(ctx), CUDA_SUCCESS);
+  CUdeviceptr workspace = 0;
+  EXPECT_EQ((*d)->cuMemAlloc_v2(&workspace, 64 * kMiB), CUDA_SUCCESS);
+
+  // The tenant is done; its nine empty slabs would stay 30 s. This process
+  // wants 64 MiB more: the daemon gives slabs back to restore its headroom.
+  for (uint64_t id : ids) ASSERT_TRUE(client_->Free(id).ok());
+  CUdeviceptr more = 0;
+  EXPECT_TRUE(Eventually([&] { return (*d)->cuMemAlloc_v2(&more, 64 * kMiB) == CUDA_SUCCESS; }))
+      << Device(0).DebugString();
+  EXPECT_TRUE(Eventually([&] { return Device(0).driver_free_bytes() >= 88 * kMiB; }))
+      << Device(0).DebugString();
+  if (more != 0) EXPECT_EQ((*d)->cuMemFree_v2(more), CUDA_SUCCESS);
+  if (workspace != 0) EXPECT_EQ((*d)->cuMemFree_v2(workspace), CUDA_SUCCESS);
+  CUcontext popped = nullptr;
+  EXPECT_EQ((*d)->cuCtxPopCurrent_v2(&popped), CUDA_SUCCESS);
+  EXPECT_EQ((*d)->cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
+}
+
+TEST_F(CudaFakeTest, AnExplicitHeadroomIsKeptAndZeroKeepsNone) {
+  StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB", "--device_headroom=100MiB"});
+  EXPECT_TRUE(absl::StrContains(daemon_->Log(), "headroom 100.00 MiB (--device_headroom)"))
+      << daemon_->Log();
+  v1::DeviceStats s = Device(1);
+  EXPECT_EQ(s.free_bytes(), s.driver_free_bytes() - 100 * kMiB);
+  // What is left outside the headroom, and not a byte more.
+  EXPECT_TRUE(Alloc(s.free_bytes(), "1").ok());
+  auto refused = Alloc(2 * kMiB, "1");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "besides 100.00 MiB kept"))
+      << refused.status();
+  daemon_->Stop();
+  daemon_.reset();
+  StartDaemon({"--device_headroom=0"});
+  EXPECT_FALSE(absl::StrContains(daemon_->Log(), "headroom")) << daemon_->Log();
+  s = Device(1);
+  EXPECT_EQ(s.free_bytes(), s.driver_free_bytes());
 }
 
 TEST(CudaFakeStartTest, AnExclusiveProcessDeviceStopsTheDaemonSayingWhy) {

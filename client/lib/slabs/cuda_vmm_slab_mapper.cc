@@ -1,12 +1,15 @@
 // The CUDA VMM mapper: import the slab's POSIX fd and map it on the slab's
 // device (the one with the allocation's UUID, in this process's numbering).
 // Open: import, reserve, map, set access; the slab's destructor undoes them
-// in reverse. A failure part way undoes the steps already done. Retire
+// in reverse. A failure part way undoes the steps already done. Access is
+// given to the slab's device and every device of this process that can
+// reach it as a peer. Retire
 // unmaps and releases the memory but keeps the address reservation until
 // the destructor. Every step runs inside a ScopedCudaContext of the device.
 #include <unistd.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/lib/slabs/cuda_device_context.h"
@@ -15,6 +18,26 @@
 namespace gpumem {
 namespace client {
 namespace {
+
+// `owner` and the ordinals of this process's devices that can access its
+// memory as peers (cuDeviceCanAccessPeer), ascending.
+std::vector<int> Reaching(const CudaDriver& d, int owner) {
+  std::vector<int> out;
+  int count = 0;
+  CUdevice mine;
+  if (d.cuDeviceGetCount(&count) != CUDA_SUCCESS || d.cuDeviceGet(&mine, owner) != CUDA_SUCCESS) {
+    return {owner};
+  }
+  for (int i = 0; i < count; ++i) {
+    CUdevice other;
+    int can = 0;
+    if (i == owner || (d.cuDeviceGet(&other, i) == CUDA_SUCCESS &&
+                       d.cuDeviceCanAccessPeer(&can, other, mine) == CUDA_SUCCESS && can)) {
+      out.push_back(i);
+    }
+  }
+  return out;
+}
 
 class VmmSlab : public OpenedSlab {
  public:
@@ -65,11 +88,19 @@ class VmmSlab : public OpenedSlab {
     s = CudaStatus(*d_, d_->cuMemMap(va_, size_, 0, handle_, 0), "cuMemMap", where);
     if (!s.ok()) return s;
     mapped_ = true;
-    CUmemAccessDesc access = {};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = dev_.ordinal;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return CudaStatus(*d_, d_->cuMemSetAccess(va_, size_, &access, 1), "cuMemSetAccess", where);
+    // Its own device, and every device of this process that can reach it as
+    // a peer: cuCtxEnablePeerAccess does not cover cuMemMap memory, so
+    // without this a kernel or copy of another device faults on it.
+    std::vector<CUmemAccessDesc> access;
+    for (int ordinal : Reaching(*d_, dev_.ordinal)) {
+      CUmemAccessDesc a = {};
+      a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      a.location.id = ordinal;
+      a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      access.push_back(a);
+    }
+    return CudaStatus(*d_, d_->cuMemSetAccess(va_, size_, access.data(), access.size()),
+                      "cuMemSetAccess", where);
   }
 
  private:
