@@ -281,32 +281,32 @@ int gpumem_free(gpumem_client* c, void* ptr) {
   return s.ok() ? SetOk() : SetError(s);
 }
 
-int gpumem_device_count(gpumem_client* c) {
+namespace {
+
+// The daemon's device UUIDs by index, or the last error set.
+absl::StatusOr<std::vector<std::string>> DaemonUuids(gpumem_client* c) {
   absl::StatusOr<CachingPool*> pool = PoolOf(c);
   if (!pool.ok()) {
     SetError(pool.status());
-    return -1;
+    return pool.status();
   }
   absl::StatusOr<std::vector<std::string>> uuids = gpumem::client::DeviceUuids(*pool);
-  if (!uuids.ok()) {
-    SetError(uuids.status());
-    return -1;
-  }
+  if (!uuids.ok()) SetError(uuids.status());
+  return uuids;
+}
+
+}  // namespace
+
+int gpumem_device_count(gpumem_client* c) {
+  absl::StatusOr<std::vector<std::string>> uuids = DaemonUuids(c);
+  if (!uuids.ok()) return -1;
   SetOk();
   return static_cast<int>(uuids->size());
 }
 
 int gpumem_visible_device_count(gpumem_client* c) {
-  absl::StatusOr<CachingPool*> pool = PoolOf(c);
-  if (!pool.ok()) {
-    SetError(pool.status());
-    return -1;
-  }
-  absl::StatusOr<std::vector<std::string>> uuids = gpumem::client::DeviceUuids(*pool);
-  if (!uuids.ok()) {
-    SetError(uuids.status());
-    return -1;
-  }
+  absl::StatusOr<std::vector<std::string>> uuids = DaemonUuids(c);
+  if (!uuids.ok()) return -1;
   // The daemon's rule (PlacementRequest.visible_devices): a view naming none
   // of its devices restricts nothing.
   int seen = 0;

@@ -71,16 +71,22 @@ void CheckHazards(State& s, CUstream_st* st, const Op& x) {
   }
 }
 
+// A device access is about to run: FAKE_CUDA_DELAY_MS first (the lock
+// dropped), then the hazards it would hit.
+void BeginAccess(State& s, CUstream_st* st, const Op& op, std::unique_lock<std::mutex>& lock) {
+  if (s.delay_ms > 0) {
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(s.delay_ms));
+    lock.lock();
+  }
+  CheckHazards(s, st, op);
+}
+
 void Run(State& s, CUstream_st* st, Op& op, std::unique_lock<std::mutex>& lock) {
   switch (op.kind) {
     case Op::kWrite:
     case Op::kRead: {
-      if (s.delay_ms > 0) {
-        lock.unlock();
-        std::this_thread::sleep_for(std::chrono::milliseconds(s.delay_ms));
-        lock.lock();
-      }
-      CheckHazards(s, st, op);
+      BeginAccess(s, st, op, lock);
       CUresult r = DeviceIo(s, op.dptr, op.n, op.writes, op.memset ? nullptr : op.data.data(),
                             op.host_dst, op.memset ? op.value : -1, st->ordinal);
       if (r != CUDA_SUCCESS) {
@@ -92,12 +98,7 @@ void Run(State& s, CUstream_st* st, Op& op, std::unique_lock<std::mutex>& lock) 
       break;
     }
     case Op::kCopy: {
-      if (s.delay_ms > 0) {
-        lock.unlock();
-        std::this_thread::sleep_for(std::chrono::milliseconds(s.delay_ms));
-        lock.lock();
-      }
-      CheckHazards(s, st, op);
+      BeginAccess(s, st, op, lock);
       std::vector<char> bytes(op.n);
       CUresult r = DeviceIo(s, op.src_dptr, op.n, false, nullptr, bytes.data(), -1, st->ordinal);
       if (r == CUDA_SUCCESS) {

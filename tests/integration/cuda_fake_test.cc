@@ -132,6 +132,18 @@ class CudaFakeTest : public ::testing::Test {
     return line;
   }
 
+  // This process's own context on device 0, retained and pushed current: a
+  // CUDA process of its own beside the daemon's clients.
+  static const CudaDriver* EnterDevice0() {
+    absl::StatusOr<const CudaDriver*> d = LoadCudaDriver(FakeDriverPath().c_str());
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (!d.ok()) return nullptr;
+    CUcontext ctx = nullptr;
+    EXPECT_EQ((*d)->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+    EXPECT_EQ((*d)->cuCtxPushCurrent_v2(ctx), CUDA_SUCCESS);
+    return *d;
+  }
+
   std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<Client> client_;
 };
@@ -232,13 +244,10 @@ TEST_F(CudaFakeTest, InjectedOutOfMemoryIsResourceExhaustedNamingDeviceCallAndDr
 TEST_F(CudaFakeTest, MemoryHeldOutsideGpumemdIsVisibleAndRefusedByTheDriver) {
   // No headroom: the driver's figures exactly (its case is below).
   StartDaemon({"--slab_size=16MiB", "--min_slab_size=16MiB", "--device_headroom=0"});
-  absl::StatusOr<const CudaDriver*> d = LoadCudaDriver(FakeDriverPath().c_str());
-  ASSERT_TRUE(d.ok()) << d.status();
-  CUcontext ctx = nullptr;
-  ASSERT_EQ((*d)->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-  ASSERT_EQ((*d)->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+  const CudaDriver* d = EnterDevice0();
+  ASSERT_NE(d, nullptr);
   CUdeviceptr outside = 0;
-  ASSERT_EQ((*d)->cuMemAlloc_v2(&outside, 200 * kMiB), CUDA_SUCCESS);
+  ASSERT_EQ(d->cuMemAlloc_v2(&outside, 200 * kMiB), CUDA_SUCCESS);
   v1::DeviceStats s = Device(0);
   EXPECT_EQ(s.driver_free_bytes(), 56 * kMiB - 2 * kCtx);  // the daemon's and this process's
   // The daemon's free figure is what the driver has, not its total.
@@ -247,7 +256,7 @@ TEST_F(CudaFakeTest, MemoryHeldOutsideGpumemdIsVisibleAndRefusedByTheDriver) {
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_TRUE(PlacementRefusalOf(refused.status()).has_value()) << refused.status();
   // Memory given back outside the daemon is found when it is needed.
-  ASSERT_EQ((*d)->cuMemFree_v2(outside), CUDA_SUCCESS);
+  ASSERT_EQ(d->cuMemFree_v2(outside), CUDA_SUCCESS);
   EXPECT_TRUE(Alloc(100 * kMiB, "0").ok());
 }
 
@@ -406,27 +415,24 @@ TEST_F(CudaFakeTest, ANewProcessFindsRoomForItsContextOnAFullDevice) {
   EXPECT_LT(s.free_bytes(), 16 * kMiB);
 
   // A process that starts now (this one, 4 MiB a context: FAKE_CUDA_CONTEXT_BYTES).
-  absl::StatusOr<const CudaDriver*> d = LoadCudaDriver(FakeDriverPath().c_str());
-  ASSERT_TRUE(d.ok()) << d.status();
-  CUcontext ctx = nullptr;
-  ASSERT_EQ((*d)->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-  ASSERT_EQ((*d)->cuCtxPushCurrent_v2(ctx), CUDA_SUCCESS);
+  const CudaDriver* d = EnterDevice0();
+  ASSERT_NE(d, nullptr);
   CUdeviceptr workspace = 0;
-  EXPECT_EQ((*d)->cuMemAlloc_v2(&workspace, 64 * kMiB), CUDA_SUCCESS);
+  EXPECT_EQ(d->cuMemAlloc_v2(&workspace, 64 * kMiB), CUDA_SUCCESS);
 
   // The tenant is done; its nine empty slabs would stay 30 s. This process
   // wants 64 MiB more: the daemon gives slabs back to restore its headroom.
   for (uint64_t id : ids) ASSERT_TRUE(client_->Free(id).ok());
   CUdeviceptr more = 0;
-  EXPECT_TRUE(Eventually([&] { return (*d)->cuMemAlloc_v2(&more, 64 * kMiB) == CUDA_SUCCESS; }))
+  EXPECT_TRUE(Eventually([&] { return d->cuMemAlloc_v2(&more, 64 * kMiB) == CUDA_SUCCESS; }))
       << Device(0).DebugString();
   EXPECT_TRUE(Eventually([&] { return Device(0).driver_free_bytes() >= 88 * kMiB; }))
       << Device(0).DebugString();
-  if (more != 0) EXPECT_EQ((*d)->cuMemFree_v2(more), CUDA_SUCCESS);
-  if (workspace != 0) EXPECT_EQ((*d)->cuMemFree_v2(workspace), CUDA_SUCCESS);
+  if (more != 0) EXPECT_EQ(d->cuMemFree_v2(more), CUDA_SUCCESS);
+  if (workspace != 0) EXPECT_EQ(d->cuMemFree_v2(workspace), CUDA_SUCCESS);
   CUcontext popped = nullptr;
-  EXPECT_EQ((*d)->cuCtxPopCurrent_v2(&popped), CUDA_SUCCESS);
-  EXPECT_EQ((*d)->cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
+  EXPECT_EQ(d->cuCtxPopCurrent_v2(&popped), CUDA_SUCCESS);
+  EXPECT_EQ(d->cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
 }
 
 TEST_F(CudaFakeTest, AnExplicitHeadroomIsKeptAndZeroKeepsNone) {
