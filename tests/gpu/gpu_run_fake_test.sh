@@ -23,6 +23,8 @@ done
 cp "$lib" "$work/lib/libgpumem.so.1"
 ln -s libgpumem.so.1 "$work/lib/libgpumem.so"
 cp "$fake" "$work/fake/libcuda.so.1"
+mkdir -p "$work/drv"  # a driver only LD_LIBRARY_PATH names (below)
+cp "$fake" "$work/drv/libcuda.so.1"
 gcc $SANITIZER_CFLAGS -std=c11 -fopenmp -foffload=disable -I"$(dirname "$header")" "$omp" -o "$work/bin/omp_shards" \
   -L"$work/lib" -lgpumem
 cp "$smi" "$work/path/nvidia-smi"
@@ -42,13 +44,27 @@ rc=0; out=$("$run" --bin=/nonexistent 2>&1) || rc=$?
 rc=0; out=$("$run" --bin="$work" 2>&1) || rc=$?
 [ "$rc" = 2 ] && [[ "$out" == *"no libcuda.so.1"* ]] || fail "run without a driver: exit $rc: $out"
 
+# libcuda.so.1 where only LD_LIBRARY_PATH says (a directory ldconfig does not
+# know): found, printed first, and used: the driver check runs on it.
+rc=0
+out=$(LD_LIBRARY_PATH="$work/drv" FAKE_CUDA_DEVICES=1x1GiB OUT="$work/probe" \
+      "$run" --bin="$work" --only=driver --json 2>&1 >/dev/null) || rc=$?
+[[ "$out" == *"from LD_LIBRARY_PATH: $work/drv"* ]] || fail "libcuda from LD_LIBRARY_PATH not named: $out"
+python3 - "$work/probe/checks.jsonl" "$work/drv" <<'PY' || fail "checks.jsonl of the driver-only run"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert [l["check"] for l in lines][:2] == ["libcuda", "driver"], lines
+assert lines[0]["dirs"][-1] == sys.argv[2], lines[0]
+assert lines[1]["result"] == "pass", lines[1]
+PY
+
 start=$(date +%s)
 rc=0
-"$run" --bin="$work" --fake --json --keep >"$work/out.json" 2>"$work/err" || rc=$?
+OUT="$work/out" "$run" --bin="$work" --fake --json --keep >"$work/out.json" 2>"$work/err" || rc=$?
 echo "run --fake: exit $rc in $(( $(date +%s) - start )) s"
 cat "$work/out.json"
 [ -s "$work/out.json" ] || { cat "$work/err"; fail "run --fake printed no JSON"; }
-python3 - "$work/out.json" "$rc" <<'PY'
+python3 - "$work/out.json" "$rc" "$work/out/checks.jsonl" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 rc = int(sys.argv[2])
@@ -71,5 +87,10 @@ rows = {r["op"] for r in j["bench"]["rows"]}
 assert any(op.startswith("gpumemd first map") for op in rows), rows
 assert "first_map_added_us" in j["bench"]["client_cost"], j["bench"]
 assert checks["fill"]["refused_by"] == "placement", checks["fill"]
+# Every check also went to $OUT/checks.jsonl, one line each, as it finished.
+lines = [json.loads(l) for l in open(sys.argv[3])]
+assert [l["check"] for l in lines] == list(checks), ([l["check"] for l in lines], list(checks))
+assert all(l["result"] == checks[l["check"]]["result"] for l in lines)
+assert all(a["at_s"] <= b["at_s"] for a, b in zip(lines, lines[1:]))
 print("PASS: %d checks in %.1f s" % (len(checks), j["seconds"]))
 PY
