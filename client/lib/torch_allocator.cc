@@ -7,6 +7,7 @@
 // before the free has completed (CachingPool::FreeAfterStream).
 #include <sys/types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -34,10 +35,21 @@ namespace {
 
 constexpr int kMaxOrdinals = 64;
 
+// What the entry points did on one ordinal (gpumem_torch_memory_stats).
+// `reserved_seen` is the reserved figure last learnt: allocated bytes past
+// it mean the pool grew, and only then is reserved learnt again in a malloc.
+struct OrdinalFigures {
+  std::atomic<uint64_t> allocated{0}, allocated_peak{0};
+  std::atomic<uint64_t> reserved_seen{0}, reserved_peak{0};
+  std::atomic<uint64_t> allocations{0}, frees{0}, refusals{0};
+};
+
 struct TorchState {
   absl::Mutex mu;
   std::atomic<gpumem_client*> client{nullptr};           // set once, under mu
   std::atomic<CachingPool::Arena*> arena[kMaxOrdinals] = {};  // set once each
+  std::atomic<int> daemon_index[kMaxOrdinals] = {};  // of each arena's device, set with it
+  OrdinalFigures figures[kMaxOrdinals];
 };
 
 TorchState& State() {
@@ -152,9 +164,41 @@ absl::StatusOr<CachingPool::Arena*> ArenaOfDevice(int d) {
   *p.mutable_exclude() = env->exclude();
   absl::StatusOr<CachingPool::Arena*> arena = pool->ArenaFor(p);
   if (!arena.ok()) return arena.status();
+  absl::StatusOr<std::vector<std::string>> uuids = DeviceUuids(pool);
+  if (!uuids.ok()) return uuids.status();
+  const auto at = std::find(uuids->begin(), uuids->end(), *uuid);
+  st.daemon_index[d].store(static_cast<int>(at - uuids->begin()), std::memory_order_relaxed);
   st.arena[d].store(*arena, std::memory_order_release);
   return *arena;
 }
+
+void RaiseTo(std::atomic<uint64_t>& peak, uint64_t value) {
+  uint64_t cur = peak.load(std::memory_order_relaxed);
+  while (value > cur && !peak.compare_exchange_weak(cur, value, std::memory_order_relaxed)) {
+  }
+}
+
+// Bytes this process holds from the daemon on ordinal d's device (leases
+// and whole blocks, idle and deferred ones included); 0 before its first
+// malloc. Takes the pool's locks.
+uint64_t ReservedOn(int d) {
+  TorchState& st = State();
+  if (st.arena[d].load(std::memory_order_acquire) == nullptr) return 0;
+  const uint32_t index = static_cast<uint32_t>(st.daemon_index[d].load(std::memory_order_relaxed));
+  const PoolStats pool = st.client.load(std::memory_order_acquire)->pool->Stats();
+  uint64_t bytes = 0;
+  for (const PoolStats::LeaseRow& r : pool.rows) {
+    if (r.device == static_cast<int>(index)) bytes += r.bytes;
+  }
+  auto whole = pool.large_bytes_by_device.find(index);
+  if (whole != pool.large_bytes_by_device.end()) bytes += whole->second;
+  OrdinalFigures& f = st.figures[d];
+  f.reserved_seen.store(bytes, std::memory_order_relaxed);
+  RaiseTo(f.reserved_peak, bytes);
+  return bytes;
+}
+
+bool ValidOrdinal(int d) { return d >= 0 && d < kMaxOrdinals; }
 
 // In a fork() child of a process that used CUDA, what the program must know
 // is that it cannot use CUDA at all, not that the client is its parent's.
@@ -214,22 +258,30 @@ void* gpumem_torch_malloc(ssize_t size, int device, void* stream) {
   }
   absl::StatusOr<gpumem::client::CachingPool::Arena*> arena = gpumem::client::ArenaOfDevice(device);
   if (!arena.ok()) {
+    if (gpumem::client::ValidOrdinal(device)) {
+      gpumem::client::State().figures[device].refusals.fetch_add(1, std::memory_order_relaxed);
+    }
     gpumem::client::SetError(gpumem::client::ForkAware(arena.status()));
     return nullptr;
   }
+  gpumem::client::OrdinalFigures& f = gpumem::client::State().figures[device];
   absl::StatusOr<void*> p =
       gpumem::client::State().client.load(std::memory_order_acquire)->pool->Allocate(static_cast<uint64_t>(size), *arena);
   if (!p.ok()) {
+    f.refusals.fetch_add(1, std::memory_order_relaxed);
     gpumem::client::SetError(gpumem::client::ForkAware(p.status()));
     return nullptr;
   }
+  f.allocations.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t now =
+      f.allocated.fetch_add(static_cast<uint64_t>(size), std::memory_order_relaxed) + size;
+  gpumem::client::RaiseTo(f.allocated_peak, now);
+  if (now > f.reserved_seen.load(std::memory_order_relaxed)) gpumem::client::ReservedOn(device);
   gpumem::client::SetOk();
   return *p;
 }
 
 void gpumem_torch_free(void* ptr, ssize_t size, int device, void* stream) {
-  (void)size;
-  (void)device;
   gpumem_client* c = gpumem::client::State().client.load(std::memory_order_acquire);
   if (c == nullptr) {
     if (ptr != nullptr) {
@@ -247,10 +299,54 @@ void gpumem_torch_free(void* ptr, ssize_t size, int device, void* stream) {
   // Reused only after the work queued on `stream` before now has run.
   absl::Status s = (*pool)->FreeAfterStream(ptr, stream);
   if (s.ok()) {
+    if (ptr != nullptr && size > 0 && gpumem::client::ValidOrdinal(device)) {
+      gpumem::client::OrdinalFigures& f = gpumem::client::State().figures[device];
+      f.frees.fetch_add(1, std::memory_order_relaxed);
+      uint64_t cur = f.allocated.load(std::memory_order_relaxed);
+      const uint64_t n = static_cast<uint64_t>(size);
+      while (!f.allocated.compare_exchange_weak(cur, cur > n ? cur - n : 0,
+                                                std::memory_order_relaxed)) {
+      }
+    }
     gpumem::client::SetOk();
   } else {
     gpumem::client::SetError(s);
   }
+}
+
+int gpumem_torch_memory_stats(int device, gpumem_torch_stats* out) {
+  if (out == nullptr) return gpumem::client::SetError(absl::InvalidArgumentError("out is NULL"));
+  if (!gpumem::client::ValidOrdinal(device)) {
+    return gpumem::client::SetError(
+        absl::InvalidArgumentError(absl::StrCat("device ordinal ", device, " out of range")));
+  }
+  gpumem::client::OrdinalFigures& f = gpumem::client::State().figures[device];
+  out->reserved_bytes = gpumem::client::ReservedOn(device);
+  out->reserved_bytes_peak = f.reserved_peak.load(std::memory_order_relaxed);
+  out->allocated_bytes = f.allocated.load(std::memory_order_relaxed);
+  out->allocated_bytes_peak = f.allocated_peak.load(std::memory_order_relaxed);
+  out->allocations = f.allocations.load(std::memory_order_relaxed);
+  out->frees = f.frees.load(std::memory_order_relaxed);
+  out->refusals = f.refusals.load(std::memory_order_relaxed);
+  return gpumem::client::SetOk();
+}
+
+int gpumem_torch_reset_peak_memory_stats(int device) {
+  if (!gpumem::client::ValidOrdinal(device)) {
+    return gpumem::client::SetError(
+        absl::InvalidArgumentError(absl::StrCat("device ordinal ", device, " out of range")));
+  }
+  gpumem::client::OrdinalFigures& f = gpumem::client::State().figures[device];
+  f.allocated_peak.store(f.allocated.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  f.reserved_peak.store(0, std::memory_order_relaxed);
+  gpumem::client::ReservedOn(device);
+  return gpumem::client::SetOk();
+}
+
+int gpumem_torch_empty_cache(void) {
+  gpumem_client* c = gpumem::client::State().client.load(std::memory_order_acquire);
+  if (c == nullptr) return gpumem::client::SetOk();  // nothing allocated yet
+  return gpumem_trim(c, nullptr);
 }
 
 }  // extern "C"

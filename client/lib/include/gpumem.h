@@ -185,8 +185,10 @@ const char* gpumem_status_name(int code);
  * process's own CUDA ordinal, as the driver numbers it (cuDeviceGet, after
  * CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and the container's GPUs; "MIG-"
  * instances included); it is mapped to the daemon's device by UUID. Returns
- * NULL when the memory cannot be had (last error set), which PyTorch reports
- * as out of memory.
+ * NULL when the memory cannot be had (last error set). PyTorch's pluggable
+ * allocator does not check for NULL: the tensor it makes has data pointer
+ * 0, and the first kernel on it faults. Size the work from mem_get_info
+ * (below) so that it fits, and check refusals in gpumem_torch_memory_stats.
  *
  * gpumem_torch_free follows PyTorch's contract for its allocator: it returns
  * at once, and the block is reused only after the work queued on `stream`
@@ -199,6 +201,30 @@ void gpumem_torch_free(void* ptr, ssize_t size, int device, void* stream);
  * this process's ordinal as gpumem_torch_malloc maps it (what
  * gpumem.torch.enable() makes torch.cuda.mem_get_info() answer). */
 int gpumem_torch_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes);
+
+/* What the PyTorch entry points did on this process's ordinal `device`, as
+ * torch.cuda.memory_stats() reports it (gpumem.torch.enable() makes it, and
+ * memory_allocated(), max_memory_allocated(), memory_reserved(),
+ * max_memory_reserved(), answer from here):
+ *   allocated_bytes: bytes PyTorch asked for in blocks it has not freed;
+ *   reserved_bytes: bytes this process holds from gpumemd on the device
+ *     (leases and whole blocks, idle and awaiting their stream included);
+ *   the peaks: since the process began or the last reset (reserved's peak
+ *     is the largest figure learnt, at a stats call, a reset, or a malloc
+ *     that took the process past what it held);
+ *   allocations, frees: successful ones; refusals: mallocs answered NULL.
+ * INVALID_ARGUMENT for an ordinal outside 0..63. */
+typedef struct gpumem_torch_stats {
+  unsigned long long allocated_bytes, allocated_bytes_peak;
+  unsigned long long reserved_bytes, reserved_bytes_peak;
+  unsigned long long allocations, frees, refusals;
+} gpumem_torch_stats;
+int gpumem_torch_memory_stats(int device, gpumem_torch_stats* out);
+/* The peaks of `device` start again from the current figures. */
+int gpumem_torch_reset_peak_memory_stats(int device);
+/* Gives what the PyTorch entry points' client holds unused back to gpumemd
+ * (gpumem_trim; torch.cuda.empty_cache() under gpumem.torch). */
+int gpumem_torch_empty_cache(void);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -256,6 +256,7 @@ PoolStats CachingPool::Stats() {
   const LeaseSource::Figures wholes = source_->Stats();
   st.large_blocks = wholes.blocks;
   st.large_bytes = wholes.bytes;
+  st.large_bytes_by_device = wholes.bytes_by_device;
   st.lost_bytes = leases.lost_bytes + wholes.lost_bytes;
   const FreeQueue::Figures deferred = free_queue_->Stats();
   st.deferred_blocks = deferred.blocks;

@@ -15,6 +15,7 @@
 #define GPUMEMD_CLIENT_LIB_POOL_CACHING_POOL_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,7 @@ struct PoolStats {
   uint64_t cached_bytes = 0;  // free blocks parked in thread caches
   uint64_t large_blocks = 0;
   uint64_t large_bytes = 0;      // direct daemon allocations
+  std::map<uint32_t, uint64_t> large_bytes_by_device;  // the same, by daemon device
   uint64_t lost_bytes = 0;       // abandoned at daemon restarts (address space kept reserved)
   uint64_t deferred_blocks = 0;  // freed, waiting for device work queued before the free
   uint64_t deferred_bytes = 0;

@@ -111,6 +111,7 @@ LeaseSource::Figures LeaseSource::Stats() {
   for (const auto& [ptr, b] : wholes_) {
     ++f.blocks;
     f.bytes += b->size();
+    f.bytes_by_device[b->device_index()] += b->size();
   }
   f.lost_bytes = lost_bytes_;
   return f;

@@ -14,6 +14,7 @@
 #define GPUMEMD_CLIENT_LIB_POOL_LEASE_SOURCE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -90,6 +91,7 @@ class LeaseSource final : public BlockResource {
 
   struct Figures {
     uint64_t blocks = 0, bytes = 0;  // whole blocks the program holds
+    std::map<uint32_t, uint64_t> bytes_by_device;  // the same, by daemon device
     uint64_t lost_bytes = 0;         // whole blocks lost at restarts, ever
   };
   Figures Stats() ABSL_LOCKS_EXCLUDED(mu_);

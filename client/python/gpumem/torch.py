@@ -5,7 +5,7 @@
     x = torch.empty(1 << 20, device="cuda")     # served by gpumemd
     free, total = torch.cuda.mem_get_info()     # the tenant's budget
 
-enable() does two things:
+enable() does three things:
   * installs libgpumem.so.1 (the very file this package loads, see
     gpumem.library_path()) as PyTorch's pluggable allocator
     (torch.cuda.memory.CUDAPluggableAllocator with gpumem_torch_malloc /
@@ -17,7 +17,18 @@ enable() does two things:
     is the device capped by the tenant's quotas, free what is left under
     them and on the device (client/lib/tenant_budget.h has the rule). Code that
     did `from torch.cuda import mem_get_info` before enable() keeps the old
-    function: call enable() first.
+    function: call enable() first;
+  * replaces torch.cuda's memory_stats, memory_allocated,
+    max_memory_allocated, memory_reserved, max_memory_reserved,
+    reset_peak_memory_stats and empty_cache (PyTorch's raise or do nothing
+    under a pluggable allocator) with the functions below, which answer
+    from the library: what PyTorch allocated through it, what the process
+    holds from gpumemd, and the refusals (num_ooms).
+
+A refusal (the tenant's quota, a full device) is a NULL answer, and
+PyTorch's pluggable allocator does not check it: the tensor gets data
+pointer 0 and its first kernel faults. Size the work from mem_get_info()
+so that it fits; memory_stats()["num_ooms"] counts the refusals.
 
 The client is the library's process-wide one (configured from the
 environment, like the allocator: GPUMEMD_SOCKET, GPUMEM_PLACEMENT, ...), and
@@ -54,8 +65,9 @@ def enable(torch=None):
             raise RuntimeError(
                 "gpumem.torch.enable() must run before PyTorch allocates CUDA memory "
                 "(PyTorch said: %s)" % e) from e
-        torch.cuda.mem_get_info = mem_get_info
-        torch.cuda.memory.mem_get_info = mem_get_info
+        for name, fn in _REPLACED.items():
+            setattr(torch.cuda, name, fn)
+            setattr(torch.cuda.memory, name, fn)
         _enabled = (torch, alloc)
         return alloc
 
@@ -100,3 +112,82 @@ def mem_get_info(device=None):
     if lib.gpumem_torch_mem_get_info(ordinal, ctypes.byref(free), ctypes.byref(total)):
         raise gpumem._last_error(lib)
     return free.value, total.value
+
+
+class _TorchStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_ulonglong) for name in (
+        "allocated_bytes", "allocated_bytes_peak", "reserved_bytes", "reserved_bytes_peak",
+        "allocations", "frees", "refusals")]
+
+
+def _figures(device):
+    ordinal = _ordinal(device)
+    if ordinal < 0:
+        raise gpumem.InvalidArgument(3, "GPUMEM_E_INVALID_ARGUMENT",
+                                     "device ordinal %d is negative" % ordinal)
+    lib = _lib.load()
+    st = _TorchStats()
+    if lib.gpumem_torch_memory_stats(ordinal, ctypes.byref(st)):
+        raise gpumem._last_error(lib)
+    return st
+
+
+def memory_stats(device=None):
+    """torch.cuda.memory_stats()'s keys that the library can answer truly,
+    for this process's ordinal `device` (None: the current device): bytes
+    are "allocated" (in tensors; "active" is the same), "reserved" (held
+    from gpumemd); counts are allocations, frees and refusals (num_ooms)."""
+    st = _figures(device)
+    out = {}
+    for kind in ("allocated_bytes", "active_bytes"):
+        out[kind + ".all.current"] = st.allocated_bytes
+        out[kind + ".all.peak"] = st.allocated_bytes_peak
+    out["reserved_bytes.all.current"] = st.reserved_bytes
+    out["reserved_bytes.all.peak"] = st.reserved_bytes_peak
+    out["allocation.all.allocated"] = st.allocations
+    out["allocation.all.freed"] = st.frees
+    out["allocation.all.current"] = st.allocations - st.frees
+    out["num_ooms"] = st.refusals
+    out["num_alloc_retries"] = 0
+    return dict(sorted(out.items()))
+
+
+def memory_allocated(device=None):
+    return _figures(device).allocated_bytes
+
+
+def max_memory_allocated(device=None):
+    return _figures(device).allocated_bytes_peak
+
+
+def memory_reserved(device=None):
+    return _figures(device).reserved_bytes
+
+
+def max_memory_reserved(device=None):
+    return _figures(device).reserved_bytes_peak
+
+
+def reset_peak_memory_stats(device=None):
+    lib = _lib.load()
+    if lib.gpumem_torch_reset_peak_memory_stats(_ordinal(device)):
+        raise gpumem._last_error(lib)
+
+
+def empty_cache():
+    """Gives what this process holds unused back to gpumemd."""
+    lib = _lib.load()
+    if lib.gpumem_torch_empty_cache():
+        raise gpumem._last_error(lib)
+
+
+_REPLACED = {
+    "mem_get_info": mem_get_info,
+    "memory_stats": memory_stats,
+    "memory_allocated": memory_allocated,
+    "max_memory_allocated": max_memory_allocated,
+    "memory_reserved": memory_reserved,
+    "max_memory_reserved": max_memory_reserved,
+    "reset_peak_memory_stats": reset_peak_memory_stats,
+    "empty_cache": empty_cache,
+}

@@ -10,6 +10,11 @@ a 2 GiB quota on 16 GiB devices:
     KV cache it sizes really fits (every block is allocated), while one more
     gigabyte does not. Before enable(), the same code would size the cache
     from the whole pretend 80 GiB GPU.
+  * memory_stats and the functions read from it (which PyTorch cannot
+    answer under a pluggable allocator) answer from the library: bytes in
+    tensors and their peak, bytes held from the daemon, refusals; a
+    refusal is a tensor with data pointer 0, as PyTorch does not check the
+    pluggable allocator's NULL; empty_cache gives idle memory back.
   * mem_get_info takes PyTorch's device forms, maps ordinals under
     CUDA_VISIBLE_DEVICES, and refuses what is not a CUDA device.
   * enable() after PyTorch allocated CUDA memory fails with a clear
@@ -53,6 +58,7 @@ check(total_native == 80 * GiB and n_native * 2 * MiB > 2 * GiB,
 del torch.calls[:]
 torch.cuda.memory._initialized = False  # the native probe allocated nothing
 
+native_stats = torch.cuda.memory_stats
 alloc = gpumem.torch.enable()
 lib = gpumem.library_path()
 want_lib = os.path.join(os.path.dirname(os.path.abspath(gpumem.__file__)), "libgpumem.so.1")
@@ -61,8 +67,15 @@ calls = [c for c in torch.calls if c[0].startswith("cuda.memory.")]
 check(calls == [("cuda.memory.CUDAPluggableAllocator",
                  (lib, "gpumem_torch_malloc", "gpumem_torch_free")),
                 ("cuda.memory.change_current_allocator", (alloc,))], "calls: %r" % calls)
-check(torch.cuda.mem_get_info is gpumem.torch.mem_get_info and
-      torch.cuda.memory.mem_get_info is gpumem.torch.mem_get_info, "mem_get_info replaced")
+for name in ("mem_get_info", "memory_stats", "memory_allocated", "max_memory_allocated",
+             "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "empty_cache"):
+    check(getattr(torch.cuda, name) is getattr(gpumem.torch, name) and
+          getattr(torch.cuda.memory, name) is getattr(gpumem.torch, name), name + " replaced")
+try:
+    native_stats()
+    check(False, "PyTorch's own memory_stats answered under a pluggable allocator")
+except RuntimeError as e:
+    check("does not yet support getDeviceStats" in str(e), str(e))
 check(gpumem.torch.enable() is alloc, "enable() again returns the same allocator")
 check(sum(1 for c in torch.calls if c[0] == "cuda.memory.change_current_allocator") == 1,
       "the allocator is changed once")
@@ -71,6 +84,13 @@ check(sum(1 for c in torch.calls if c[0] == "cuda.memory.change_current_allocato
 before = daemon_used(0)
 weights = torch.empty(512 * MiB)
 check(daemon_used(0) >= before + 512 * MiB, "512 MiB of weights at the daemon")
+stats = torch.cuda.memory_stats()
+check(stats["allocated_bytes.all.current"] == 512 * MiB and
+      stats["allocated_bytes.all.peak"] == 512 * MiB and stats["num_ooms"] == 0 and
+      stats["allocation.all.current"] == 1, "stats after the weights: %r" % stats)
+check(torch.cuda.memory_reserved() >= 512 * MiB and
+      torch.cuda.max_memory_reserved() >= torch.cuda.memory_reserved(),
+      "reserved %d, peak %d" % (torch.cuda.memory_reserved(), torch.cuda.max_memory_reserved()))
 
 free, total = torch.cuda.mem_get_info()
 check(total == 2 * GiB, "total is the tenant's 2 GiB quota, not the device: %d" % total)
@@ -83,18 +103,32 @@ def profile_run():
 
 
 n, total = determine_num_gpu_blocks(torch, 2 * MiB, 0.9, profile_run)
+# What vLLM's profiler reads: the activations' peak on top of the weights.
+check(torch.cuda.max_memory_allocated(0) == 512 * MiB + 8 * 32 * MiB and
+      torch.cuda.memory_allocated("cuda:0") == 512 * MiB,
+      "peak %d, now %d" % (torch.cuda.max_memory_allocated(0), torch.cuda.memory_allocated()))
+torch.cuda.reset_peak_memory_stats()
+check(torch.cuda.max_memory_allocated() == 512 * MiB, "peak after reset")
 check(total == 2 * GiB, "vLLM-style total %d" % total)
 check(n > 100 and n * 2 * MiB <= 0.9 * 2 * GiB - 512 * MiB,
       "%d blocks of 2 MiB fit in 90%% of 2 GiB beside 512 MiB of weights" % n)
 kv = [torch.empty(2 * MiB) for _ in range(n)]  # every block really fits
-try:
-    torch.empty(GiB)
-    check(False, "1 GiB beyond the KV cache should not fit the quota")
-except torch.cuda.OutOfMemoryError as e:
-    check("NULL" in str(e), str(e))
+check(all(t.data_ptr() != 0 for t in kv), "a KV block with no memory")
+# 1 GiB more does not fit the quota. PyTorch does not check the pluggable
+# allocator's NULL: the tensor has data pointer 0; the stats count it.
+over = torch.empty(GiB)
+check(over.data_ptr() == 0, "1 GiB beyond the KV cache should not fit the quota")
+check(torch.cuda.memory_stats()["num_ooms"] == 1, "the refusal is counted")
+check(torch.cuda.memory_allocated() == 512 * MiB + n * 2 * MiB, "a refusal allocated nothing")
+del over
 free_now, _ = torch.cuda.mem_get_info(0)
 check(free_now < free, "free went down as the cache was allocated (%d -> %d)" % (free, free_now))
+held = torch.cuda.memory_reserved()
 del kv
+torch.cuda.empty_cache()
+check(torch.cuda.memory_allocated() == 512 * MiB, "the KV cache freed")
+check(torch.cuda.memory_reserved() < held, "empty_cache gave memory back (%d -> %d)" % (
+    held, torch.cuda.memory_reserved()))
 
 # Device forms.
 class Dev:

@@ -7,9 +7,13 @@ looks both symbols up (a missing one is an error); change_current_allocator
 refuses once CUDA memory was allocated ("already initialized"); a CUDA
 tensor's memory comes from the current allocator, called as PyTorch calls
 it: alloc(size, device, stream) and free(ptr, size, device, stream); a NULL
-answer is torch.cuda.OutOfMemoryError. The native allocator is a pretend
-80 GiB GPU per device, which is also what the native mem_get_info reports:
-the whole GPU, whatever the tenant may use.
+answer is not checked (CUDAPluggableAllocator::malloc takes what it gets):
+the tensor's data pointer is 0. The native allocator is a pretend 80 GiB GPU
+per device (out of memory there is torch.cuda.OutOfMemoryError), which is
+also what the native mem_get_info reports: the whole GPU, whatever the
+tenant may use. memory_stats and the functions read from it answer for the
+native allocator and raise under a pluggable one, as PyTorch's
+getDeviceStats does; empty_cache does nothing there.
 """
 calls = []
 

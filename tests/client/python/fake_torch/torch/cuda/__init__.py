@@ -39,8 +39,11 @@ def synchronize(device=None):
     torch.calls.append(("cuda.synchronize", (device,)))
 
 
-def empty_cache():
-    torch.calls.append(("cuda.empty_cache", ()))
-
-
 mem_get_info = memory.mem_get_info
+memory_stats = memory.memory_stats
+memory_allocated = memory.memory_allocated
+max_memory_allocated = memory.max_memory_allocated
+memory_reserved = memory.memory_reserved
+max_memory_reserved = memory.max_memory_reserved
+reset_peak_memory_stats = memory.reset_peak_memory_stats
+empty_cache = memory.empty_cache

@@ -12,12 +12,14 @@ class _Native:
 
     def __init__(self):
         self.used = [0] * NATIVE_DEVICES
+        self.peak = [0] * NATIVE_DEVICES
         self.next = 0x700000000000
 
     def take(self, nbytes, device):
         if self.used[device] + nbytes > NATIVE_TOTAL:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (native)")
         self.used[device] += nbytes
+        self.peak[device] = max(self.peak[device], self.used[device])
         self.next += nbytes
         return self.next
 
@@ -44,11 +46,9 @@ class CUDAPluggableAllocator:
         self.path = path_to_so_file
 
     def take(self, nbytes, device):
-        ptr = self._alloc(nbytes, device, None)
-        if not ptr and nbytes > 0:
-            raise torch.cuda.OutOfMemoryError(
-                "CUDA out of memory: the pluggable allocator returned NULL for %d bytes" % nbytes)
-        return ptr
+        # As CUDAPluggableAllocator::malloc: whatever the function returns,
+        # NULL included, becomes the tensor's data pointer.
+        return self._alloc(nbytes, device, None) or 0
 
     def release(self, ptr, nbytes, device):
         self._free(ptr, nbytes, device, None)
@@ -73,3 +73,48 @@ def mem_get_info(device=None):
     torch.calls.append(("cuda.memory.mem_get_info", (device,)))
     d = torch.cuda._index(device)
     return NATIVE_TOTAL - _native.used[d], NATIVE_TOTAL
+
+
+def memory_stats(device=None):
+    """The native allocator's figures; a pluggable allocator has none:
+    PyTorch's getDeviceStats raises there."""
+    torch.calls.append(("cuda.memory.memory_stats", (device,)))
+    if _current is not None:
+        raise RuntimeError("CUDAPluggableAllocator does not yet support getDeviceStats. "
+                           "If you need it, please file an issue describing your use case.")
+    d = torch.cuda._index(device)
+    return {"allocated_bytes.all.current": _native.used[d],
+            "allocated_bytes.all.peak": _native.peak[d],
+            "reserved_bytes.all.current": _native.used[d],
+            "reserved_bytes.all.peak": _native.peak[d]}
+
+
+def memory_allocated(device=None):
+    return memory_stats(device).get("allocated_bytes.all.current", 0)
+
+
+def max_memory_allocated(device=None):
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+
+
+def memory_reserved(device=None):
+    return memory_stats(device).get("reserved_bytes.all.current", 0)
+
+
+def max_memory_reserved(device=None):
+    return memory_stats(device).get("reserved_bytes.all.peak", 0)
+
+
+def reset_peak_memory_stats(device=None):
+    torch.calls.append(("cuda.memory.reset_peak_memory_stats", (device,)))
+    if _current is not None:
+        raise RuntimeError("CUDAPluggableAllocator does not yet support resetPeakStats. "
+                           "If you need it, please file an issue describing your use case.")
+    d = torch.cuda._index(device)
+    _native.peak[d] = _native.used[d]
+
+
+def empty_cache():
+    """Nothing to give back natively here; a pluggable allocator without a
+    reset function does nothing either."""
+    torch.calls.append(("cuda.memory.empty_cache", ()))
