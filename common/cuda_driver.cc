@@ -77,6 +77,8 @@ absl::StatusOr<const CudaDriver*> LoadCudaDriver(const char* library) {
       reinterpret_cast<decltype(d->cuDeviceGetUuid_v1)>(dlsym(d->lib, "cuDeviceGetUuid"));
   d->cuCtxCreate_v4 =
       reinterpret_cast<decltype(d->cuCtxCreate_v4)>(dlsym(d->lib, "cuCtxCreate_v4"));
+  d->cuStreamGetCaptureInfo_v3 = reinterpret_cast<decltype(d->cuStreamGetCaptureInfo_v3)>(
+      dlsym(d->lib, "cuStreamGetCaptureInfo_v3"));
   d->init_pid = getpid();
   CUresult r = d->cuInit(0);
   if (r != CUDA_SUCCESS) {
@@ -163,9 +165,12 @@ bool SameCudaUuid(absl::string_view a, absl::string_view b) {
 }
 
 ScopedCudaContext::ScopedCudaContext(const CudaDriver& driver, CUcontext ctx)
-    : driver_(driver), pushed_(driver.cuCtxPushCurrent_v2(ctx)) {}
+    : driver_(driver), pushed_(driver.cuCtxPushCurrent_v2(ctx)) {
+  exchanged_ = driver.cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+}
 
 ScopedCudaContext::~ScopedCudaContext() {
+  if (exchanged_) driver_.cuThreadExchangeStreamCaptureMode(&mode_);
   if (pushed_ != CUDA_SUCCESS) return;
   CUcontext popped = nullptr;
   driver_.cuCtxPopCurrent_v2(&popped);

@@ -42,7 +42,11 @@ struct CudaDriver {
   X(cuLaunchHostFunc) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)     \
   X(cuEventSynchronize) X(cuEventDestroy_v2) X(cuMemsetD8Async)             \
   X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2) X(cuCtxDestroy_v2)      \
-  X(cuMemGetAccess) X(cuMemcpyDtoD_v2)
+  X(cuMemGetAccess) X(cuMemcpyDtoD_v2) X(cuThreadExchangeStreamCaptureMode)  \
+  X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuStreamIsCapturing)    \
+  X(cuUserObjectCreate) X(cuUserObjectRelease) X(cuGraphRetainUserObject)     \
+  X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy)       \
+  X(cuGraphDestroy)
 #define GPUMEM_CUDA_DRIVER_FIELD(name) decltype(&::name) name = nullptr;
   GPUMEM_CUDA_DRIVER_FUNCTIONS(GPUMEM_CUDA_DRIVER_FIELD)
 #undef GPUMEM_CUDA_DRIVER_FIELD
@@ -53,6 +57,9 @@ struct CudaDriver {
   // cuCtxCreate (drivers of CUDA 12.5 and later): a context of one's own
   // beside the primary one. Optional (null when the library lacks it).
   decltype(&::cuCtxCreate_v4) cuCtxCreate_v4 = nullptr;
+  // The graph a stream is capturing into (drivers of CUDA 12.3 and later).
+  // Optional (null when the library lacks it).
+  decltype(&::cuStreamGetCaptureInfo_v3) cuStreamGetCaptureInfo_v3 = nullptr;
   // The process that called cuInit; another pid is a fork() child.
   int init_pid = 0;
 
@@ -105,7 +112,11 @@ bool SameCudaUuid(absl::string_view a, absl::string_view b);
 // Makes `ctx` the calling thread's current context for the life of the
 // object and then gives the thread back the context it had (the driver's
 // context stack: cuCtxPushCurrent / cuCtxPopCurrent), so code that runs on
-// an application's threads leaves the application's context alone.
+// an application's threads leaves the application's context alone. For the
+// same life the thread's stream capture mode is RELAXED (then given back):
+// the calls made inside never invalidate a graph capture in progress on
+// another thread, or on this one (PyTorch's allocator does the same around
+// cudaMalloc).
 class ScopedCudaContext {
  public:
   ScopedCudaContext(const CudaDriver& driver, CUcontext ctx);
@@ -118,6 +129,8 @@ class ScopedCudaContext {
  private:
   const CudaDriver& driver_;
   CUresult pushed_;
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool exchanged_ = false;
 };
 
 }  // namespace gpumem

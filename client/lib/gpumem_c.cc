@@ -372,9 +372,11 @@ int gpumem_stats_json(gpumem_client* c, char** json) {
   std::string out = absl::StrFormat(
       "{\"generation\":%d,\"leases\":%d,\"leased_bytes\":%d,\"in_use_bytes\":%d,"
       "\"cached_bytes\":%d,\"large_blocks\":%d,\"large_bytes\":%d,\"lost_bytes\":%d,"
-      "\"deferred_blocks\":%d,\"deferred_bytes\":%d,\"lease_rows\":[",
+      "\"deferred_blocks\":%d,\"deferred_bytes\":%d,\"graph_held_blocks\":%d,"
+      "\"graph_held_bytes\":%d,\"lease_rows\":[",
       st.generation, st.leases, st.leased_bytes, st.in_use_bytes, st.cached_bytes,
-      st.large_blocks, st.large_bytes, st.lost_bytes, st.deferred_blocks, st.deferred_bytes);
+      st.large_blocks, st.large_bytes, st.lost_bytes, st.deferred_blocks, st.deferred_bytes,
+      st.graph_held_blocks, st.graph_held_bytes);
   for (size_t i = 0; i < st.rows.size(); ++i) {
     const auto& r = st.rows[i];
     absl::StrAppendFormat(&out,

@@ -328,6 +328,10 @@ int gpumem_torch_memory_stats(int device, gpumem_torch_stats* out) {
   out->allocations = f.allocations.load(std::memory_order_relaxed);
   out->frees = f.frees.load(std::memory_order_relaxed);
   out->refusals = f.refusals.load(std::memory_order_relaxed);
+  out->graph_held_bytes = 0;
+  if (gpumem_client* c = gpumem::client::State().client.load(std::memory_order_acquire)) {
+    out->graph_held_bytes = c->pool->Stats().graph_held_bytes;
+  }
   return gpumem::client::SetOk();
 }
 

@@ -5,8 +5,10 @@
 // allocation the daemon cannot serve waits for the queue and is tried again.
 #include "client/lib/pool/free_queue.h"
 
+#include <functional>
 #include <map>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -51,6 +53,31 @@ class TestFences : public FenceSource {
     return absl::OkStatus();
   }
   void Release(Fence&) override {}
+  // kCapturing is capturing a graph; kBroken's capture was invalidated.
+  CaptureHold HoldForCapture(const std::string&, CUstream stream,
+                             std::function<void()> on_release) override {
+    absl::MutexLock lock(&mu_);
+    if (stream == kBroken) return CaptureHold::kInvalidated;
+    if (stream != kCapturing) return CaptureHold::kNone;
+    graph_releases_.push_back(std::move(on_release));
+    return CaptureHold::kHeld;
+  }
+  // The captured graph is destroyed (its user objects run), maybe on
+  // another thread.
+  void DestroyGraph() {
+    std::vector<std::function<void()>> releases = TakeGraphReleases();
+    std::thread([&] {
+      for (auto& r : releases) r();
+    }).join();
+  }
+  std::vector<std::function<void()>> TakeGraphReleases() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::function<void()>> out;
+    out.swap(graph_releases_);
+    return out;
+  }
+  static inline const CUstream kCapturing = reinterpret_cast<CUstream>(0xca9);
+  static inline const CUstream kBroken = reinterpret_cast<CUstream>(0xb0c);
 
   // The device work before every fence of `uuid` so far is done.
   void Synchronized(const std::string& uuid) {
@@ -78,6 +105,7 @@ class TestFences : public FenceSource {
   uint64_t events_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<CUevent> done_events_ ABSL_GUARDED_BY(mu_);
   int waits_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::function<void()>> graph_releases_ ABSL_GUARDED_BY(mu_);
 };
 
 class RecordingUpstream : public BlockResource {
@@ -190,6 +218,36 @@ TEST_F(FreeQueueTest, AnAllocationTheDaemonCannotServeWaitsForTheQueueOnce) {
   b = queue_->Allocate(4096, arena_);
   EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(upstream_.allocations, 3);
+}
+
+// Freed on a stream capturing a graph: held through every wait while the
+// graph lives, then the device's work like Free(); an invalidated capture's
+// block waits for the device's work only; a graph that outlives the queue
+// releases into nothing.
+TEST_F(FreeQueueTest, BlocksFreedIntoAGraphCaptureWaitForTheGraph) {
+  Free(DeviceBlock(gpu0_.base, &gpu0_), ReuseAfter::StreamWork(TestFences::kCapturing));
+  Free(DeviceBlock(gpu0_.base + 4096, &gpu0_), ReuseAfter::StreamWork(TestFences::kBroken));
+  EXPECT_EQ(queue_->Stats().graph_blocks, 1u);
+  EXPECT_EQ(queue_->Stats().graph_bytes, 4096u);
+  EXPECT_EQ(queue_->Stats().blocks, 2u);
+  queue_->WaitAll();
+  EXPECT_EQ(upstream_.freed, (std::vector<uintptr_t>{gpu0_.base + 4096}));
+  EXPECT_EQ(queue_->Stats().graph_blocks, 1u);
+  fences_->DestroyGraph();
+  EXPECT_EQ(queue_->Stats().graph_blocks, 1u);  // taken at the next collection
+  queue_->Collect();                             // under the device's rule now
+  EXPECT_EQ(queue_->Stats().graph_blocks, 0u);
+  EXPECT_EQ(queue_->Stats().blocks, 1u);
+  fences_->Synchronized("GPU-0");
+  queue_->Collect();
+  EXPECT_EQ(upstream_.freed.back(), gpu0_.base);
+  EXPECT_EQ(queue_->Stats().blocks, 0u);
+
+  Free(DeviceBlock(gpu0_.base + 8192, &gpu0_), ReuseAfter::StreamWork(TestFences::kCapturing));
+  std::vector<std::function<void()>> outliving = fences_->TakeGraphReleases();
+  queue_.reset();
+  fences_ = nullptr;  // went with the queue
+  for (auto& r : outliving) r();  // the graph dies after the queue: nothing happens
 }
 
 TEST(FreeQueueNoFencesTest, WithoutFencesDeviceMemoryWaitsForNothing) {

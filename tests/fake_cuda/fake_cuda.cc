@@ -6,7 +6,8 @@
 // several real processes sharing slabs run the code paths they run on a GPU,
 // and it enforces what the driver enforces (files: fake_state.cc
 // configuration, contexts and address space; fake_memory.cc memory;
-// fake_streams.cc streams, events, copies):
+// fake_streams.cc streams, events, copies; fake_graphs.cc stream capture,
+// graphs, user objects):
 //  - Device memory the host cannot touch: device pointers are addresses in
 //    the fake's own PROT_NONE address space, so a host load or store through
 //    one faults (SIGSEGV) as on a GPU. Bytes are reached only through the
@@ -40,6 +41,16 @@
 //    then CUDA_VISIBLE_DEVICES (indices, GPU- prefixes, MIG- UUIDs). MIG
 //    devices (a "MIG-" entry in FAKE_CUDA_UUIDS): cuDeviceGetUuid_v2 gives
 //    the instance's UUID and the first cuDeviceGetUuid the GPU's.
+//  - Stream capture (fake_graphs.cc): work queued on a capturing stream goes
+//    into a graph that executables replay; a potentially unsafe call
+//    (synchronize, query, memory change) from a thread the capture
+//    prohibits, by its cuThreadExchangeStreamCaptureMode mode, fails with
+//    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture;
+//    user objects die with the last graph or executable holding them.
+//  - Access per device: mapped memory is reached only by work of devices
+//    cuMemSetAccess named (cuMemGetAccess reads it back); cuMemAlloc memory
+//    by its device and its peers (FAKE_CUDA_PEERS); cuMemcpyDtoD copies
+//    between them.
 //  - Legacy IPC: a handle opens only while its exporter holds the memory and
 //    where the exporter's pid is visible (not across PID namespaces), and an
 //    opened handle's memory dies with its exporter (accesses fail after).

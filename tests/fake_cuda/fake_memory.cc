@@ -336,6 +336,7 @@ CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocatio
 CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                      const CUmemAllocationProp* prop, unsigned long long flags) {
   FAKE_ENTER("cuMemCreate", true);
+  if (CUresult c = CaptureCheck(s, "cuMemCreate"); c != CUDA_SUCCESS) return c;
   if (handle == nullptr || prop == nullptr || flags != 0 || size == 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -372,6 +373,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   FAKE_ENTER("cuMemRelease", false);
+  if (CUresult c = CaptureCheck(s, "cuMemRelease"); c != CUDA_SUCCESS) return c;
   FAKE_NEED_CONTEXT(current);
   (void)current;
   auto it = s.handles.find(handle);
@@ -421,6 +423,7 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
                                         void* os_handle,
                                         CUmemAllocationHandleType type) {
   FAKE_ENTER("cuMemImportFromShareableHandle", true);
+  if (CUresult c = CaptureCheck(s, "cuMemImportFromShareableHandle"); c != CUDA_SUCCESS) return c;
   if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
   FAKE_NEED_CONTEXT(current);
   (void)current;
@@ -480,6 +483,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                   CUmemGenericAllocationHandle handle, unsigned long long flags) {
   FAKE_ENTER("cuMemMap", true);
+  if (CUresult c = CaptureCheck(s, "cuMemMap"); c != CUDA_SUCCESS) return c;
   if (flags != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
   FAKE_NEED_CONTEXT(current);
   (void)current;
@@ -512,6 +516,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   FAKE_ENTER("cuMemUnmap", false);
+  if (CUresult c = CaptureCheck(s, "cuMemUnmap"); c != CUDA_SUCCESS) return c;
   FAKE_NEED_CONTEXT(current);
   (void)current;
   auto m = s.mappings.find(ptr);
@@ -528,6 +533,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
                         size_t count) {
   FAKE_ENTER("cuMemSetAccess", true);
+  if (CUresult c = CaptureCheck(s, "cuMemSetAccess"); c != CUDA_SUCCESS) return c;
   if (desc == nullptr || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
   FAKE_NEED_CONTEXT(current);
   (void)current;
@@ -587,6 +593,7 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
 
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
   FAKE_ENTER("cuMemAlloc_v2", true);
+  if (CUresult c = CaptureCheck(s, "cuMemAlloc_v2"); c != CUDA_SUCCESS) return c;
   if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   FAKE_NEED_CONTEXT(ordinal);
   CUresult err = CUDA_SUCCESS;
@@ -607,6 +614,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
   FAKE_ENTER("cuMemFree_v2", false);
+  if (CUresult c = CaptureCheck(s, "cuMemFree_v2"); c != CUDA_SUCCESS) return c;
   FAKE_NEED_CONTEXT(current);
   (void)current;
   auto it = s.linear.find(dptr);

@@ -144,7 +144,37 @@ struct Op {
   const char* what = "";     // the entry point that queued it
 };
 
+// A stream capture in progress (cuStreamBeginCapture until
+// cuStreamEndCapture): the stream's work goes into `graph` instead of
+// running.
+struct Capture {
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  std::thread::id thread;  // the thread that began it
+  uint64_t id = 0;
+  CUgraph_st* graph = nullptr;
+  bool invalidated = false;  // a prohibited call ended it: EndCapture fails
+};
+
 }  // namespace fakecuda
+
+// cuUserObjectCreate: `destroy(ptr)` runs when the last reference goes.
+struct CUuserObject_st {
+  void* ptr = nullptr;
+  CUhostFn destroy = nullptr;
+  unsigned refs = 0;
+};
+
+// A captured graph, and an executable made from one: the captured work, and
+// the user objects each holds references to.
+struct CUgraph_st {
+  int ordinal = 0;
+  std::vector<fakecuda::Op> ops;
+  std::vector<std::pair<CUuserObject_st*, unsigned>> objects;
+};
+struct CUgraphExec_st {
+  std::vector<fakecuda::Op> ops;
+  std::vector<std::pair<CUuserObject_st*, unsigned>> objects;
+};
 
 struct CUstream_st {
   int ordinal = 0;
@@ -156,6 +186,7 @@ struct CUstream_st {
   uint64_t enqueued = 0, completed = 0;
   bool destroyed = false;
   std::thread worker;
+  std::unique_ptr<fakecuda::Capture> capture;  // while capturing
 };
 
 struct CUevent_st {
@@ -193,6 +224,10 @@ struct State {
   std::vector<CUstream_st*> streams;  // live ones, the NULL streams too
   int next_stream_id = 1;
   std::set<CUevent_st*> events;
+  std::set<CUgraph_st*> graphs;
+  std::set<CUgraphExec_st*> execs;
+  std::set<CUuserObject_st*> user_objects;
+  uint64_t next_capture_id = 1;
   uint64_t next_handle = 1;
   VaSpace va;
   std::map<CUmemGenericAllocationHandle, Physical> handles;
@@ -259,6 +294,21 @@ uint64_t Enqueue(State& s, CUstream_st* st, fakecuda::Op op);
 void WaitFor(State& s, std::unique_lock<std::mutex>& lock, CUstream_st* st, uint64_t seq);
 // Waits until every stream of context `ordinal` has run what it had queued.
 void WaitContext(State& s, std::unique_lock<std::mutex>& lock, int ordinal);
+
+// fake_graphs.cc: stream capture. A potentially unsafe call (`what`: one
+// that may synchronize, query or change memory) made while a capture
+// prohibits it for this thread (by the thread's cuThreadExchangeStreamCaptureMode
+// mode, as the driver documents: GLOBAL threads are prohibited by their own
+// non-RELAXED capture and by any other thread's GLOBAL one, THREAD_LOCAL
+// threads by their own, RELAXED threads never) fails with
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates those captures.
+// `device_sync` >= 0: the call waits for that device's work
+// (cuCtxSynchronize), which no capture on it allows, in any mode.
+CUresult CaptureCheck(State& s, const char* what, int device_sync = -1);
+// Releases `count` references of `obj`; its destructor, when due, is added
+// to `due` (run it after the fake's lock is dropped).
+void ReleaseUserObject(State& s, CUuserObject_st* obj, unsigned count,
+                       std::vector<std::pair<CUhostFn, void*>>* due);
 
 }  // namespace fakecuda
 

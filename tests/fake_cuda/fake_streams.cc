@@ -190,6 +190,15 @@ CUstream_st* StreamArg(State& s, CUstream stream, int ordinal) {
 }
 
 uint64_t Enqueue(State& s, CUstream_st* st, Op op) {
+  // A capturing stream records the work in its graph instead (dropped once
+  // the capture is invalidated: its graph is discarded).
+  if (st->capture != nullptr) {
+    if (!st->capture->invalidated) {
+      op.deps.clear();
+      st->capture->graph->ops.push_back(std::move(op));
+    }
+    return st->enqueued;
+  }
   op.seq = ++st->enqueued;
   if (st->legacy) {
     for (CUstream_st* other : s.streams) {
@@ -235,6 +244,9 @@ CUresult QueueAccess(State& s, CUstream_st* st, Op op) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (CUresult sticky = s.contexts[st->ordinal].sticky; sticky != CUDA_SUCCESS) return sticky;
+  if (st->capture != nullptr && st->capture->invalidated) {
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
   Enqueue(s, st, std::move(op));
   return CUDA_SUCCESS;
 }
@@ -272,6 +284,11 @@ CUresult cuStreamSynchronize(CUstream stream) {
   FAKE_NEED_CONTEXT(ordinal);
   CUstream_st* st = StreamArg(s, stream, ordinal);
   if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (st->capture != nullptr) {  // its own capture: never, in any mode
+    st->capture->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  if (CUresult c = CaptureCheck(s, "cuStreamSynchronize"); c != CUDA_SUCCESS) return c;
   uint64_t seq = st->enqueued;
   // The NULL stream: a marker after everything it is ordered after.
   if (st->legacy) {
@@ -288,6 +305,11 @@ CUresult cuStreamQuery(CUstream stream) {
   FAKE_NEED_CONTEXT(ordinal);
   CUstream_st* st = StreamArg(s, stream, ordinal);
   if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (st->capture != nullptr) {
+    st->capture->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  if (CUresult c = CaptureCheck(s, "cuStreamQuery"); c != CUDA_SUCCESS) return c;
   if (CUresult sticky = Sticky(s, ordinal); sticky != CUDA_SUCCESS) return sticky;
   return st->completed == st->enqueued ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -376,6 +398,7 @@ CUresult cuEventRecord(CUevent event, CUstream stream) {
 CUresult cuEventQuery(CUevent event) {
   FAKE_ENTER("cuEventQuery", false);
   if (!ValidEvent(s, event)) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult c = CaptureCheck(s, "cuEventQuery"); c != CUDA_SUCCESS) return c;
   if (event->stream == nullptr) return CUDA_SUCCESS;
   if (CUresult sticky = Sticky(s, event->ordinal); sticky != CUDA_SUCCESS) return sticky;
   return event->stream->completed >= event->seq ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
@@ -384,6 +407,7 @@ CUresult cuEventQuery(CUevent event) {
 CUresult cuEventSynchronize(CUevent event) {
   FAKE_ENTER("cuEventSynchronize", true);
   if (!ValidEvent(s, event)) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult c = CaptureCheck(s, "cuEventSynchronize"); c != CUDA_SUCCESS) return c;
   if (event->stream == nullptr) return CUDA_SUCCESS;
   const int ordinal = event->ordinal;
   WaitFor(s, lock, event->stream, event->seq);
@@ -393,6 +417,7 @@ CUresult cuEventSynchronize(CUevent event) {
 CUresult cuCtxSynchronize() {
   FAKE_ENTER("cuCtxSynchronize", true);
   FAKE_NEED_CONTEXT(ordinal);
+  if (CUresult c = CaptureCheck(s, "cuCtxSynchronize", ordinal); c != CUDA_SUCCESS) return c;
   WaitContext(s, lock, ordinal);
   return Sticky(s, ordinal);
 }
@@ -447,6 +472,7 @@ CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream str
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n) {
   FAKE_ENTER("cuMemsetD8_v2", true);
   FAKE_NEED_CONTEXT(ordinal);
+  if (CUresult c = CaptureCheck(s, "cuMemsetD8_v2"); c != CUDA_SUCCESS) return c;
   Op op;
   op.kind = Op::kWrite;
   op.what = "cuMemsetD8";
@@ -462,6 +488,7 @@ CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n) {
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
   FAKE_ENTER("cuMemcpyHtoD_v2", true);
   FAKE_NEED_CONTEXT(ordinal);
+  if (CUresult c = CaptureCheck(s, "cuMemcpyHtoD_v2"); c != CUDA_SUCCESS) return c;
   if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUstream_st* legacy = LegacyStream(s, ordinal);
   // From pageable memory: a stream sync first, then the bytes are staged
@@ -485,6 +512,7 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   FAKE_ENTER("cuMemcpyDtoD_v2", true);
   FAKE_NEED_CONTEXT(ordinal);
+  if (CUresult c = CaptureCheck(s, "cuMemcpyDtoD_v2"); c != CUDA_SUCCESS) return c;
   CUstream_st* legacy = LegacyStream(s, ordinal);
   Op op;
   op.kind = Op::kCopy;
@@ -501,6 +529,7 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
 CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
   FAKE_ENTER("cuMemcpyDtoH_v2", true);
   FAKE_NEED_CONTEXT(ordinal);
+  if (CUresult c = CaptureCheck(s, "cuMemcpyDtoH_v2"); c != CUDA_SUCCESS) return c;
   if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUstream_st* legacy = LegacyStream(s, ordinal);
   Op op;

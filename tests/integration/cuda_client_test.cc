@@ -270,6 +270,103 @@ TEST_F(CudaClientTest, ShardsOnPeerDevicesReadEachOther) {
   gpumem_close(c);
 }
 
+// gpumem_torch_memory_stats' graph_held_bytes (over every device).
+uint64_t GraphHeldBytes() {
+  gpumem_torch_stats st = {};
+  EXPECT_EQ(gpumem_torch_memory_stats(0, &st), GPUMEM_OK) << gpumem_last_error_message();
+  return st.graph_held_bytes;
+}
+
+// vLLM captures CUDA graphs (torch.cuda.graph: global mode, PyTorch's
+// default). The application's thread captures with its own context pushed
+// (not a ScopedCudaContext: that would make it RELAXED). During the capture
+// the library maps a new block, polls its fences and trims from another
+// thread, and the capture stays valid; blocks freed inside it are used by
+// every replay, so nobody gets them while the graph lives.
+TEST_F(CudaClientTest, GraphCaptureStaysValidAndItsBlocksWaitForTheGraph) {
+  const CudaDriver& d = Driver();
+  ASSERT_EQ(d.cuCtxPushCurrent_v2(Primary(0)), CUDA_SUCCESS);
+  CUstream s = nullptr;
+  ASSERT_EQ(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  constexpr size_t kSmall = kMiB, kBig = 12 * kMiB;  // a lease's block; a whole block
+  void* warm = gpumem_torch_malloc(kSmall, 0, s);
+  ASSERT_NE(warm, nullptr) << gpumem_last_error_message();
+  gpumem_torch_free(warm, kSmall, 0, s);
+  const uint64_t held_before = GraphHeldBytes();
+
+  ASSERT_EQ(d.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  void* a = gpumem_torch_malloc(kSmall, 0, s);
+  ASSERT_NE(a, nullptr) << gpumem_last_error_message();
+  void* big = gpumem_torch_malloc(kBig, 0, s);  // mapped during the capture
+  ASSERT_NE(big, nullptr) << gpumem_last_error_message();
+  ASSERT_EQ(d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(a), 0x11, kSmall, s), CUDA_SUCCESS);
+  ASSERT_EQ(d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(big), 0x22, kBig, s), CUDA_SUCCESS);
+  gpumem_torch_free(a, kSmall, 0, s);
+  EXPECT_EQ(gpumem_last_error(), GPUMEM_OK) << gpumem_last_error_message();
+  gpumem_torch_free(big, kBig, 0, s);
+  void* again = gpumem_torch_malloc(kSmall, 0, s);  // not `a`: the graph uses it
+  EXPECT_NE(again, a);
+  std::thread other([] { EXPECT_EQ(gpumem_torch_empty_cache(), GPUMEM_OK) << gpumem_last_error_message(); });
+  other.join();
+  CUgraph graph = nullptr;
+  ASSERT_EQ(d.cuStreamEndCapture(s, &graph), CUDA_SUCCESS) << "the library broke the capture";
+  EXPECT_GE(GraphHeldBytes(), held_before + kSmall + kBig);
+
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(d.cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(d.cuGraphLaunch(exec, s), CUDA_SUCCESS);
+  // While the graph lives (and its replays run), its blocks are nobody's.
+  std::vector<std::pair<void*, size_t>> others;
+  for (int i = 0; i < 8; ++i) {
+    for (size_t size : {kSmall, kBig}) {
+      void* p = gpumem_torch_malloc(size, 0, s);
+      ASSERT_NE(p, nullptr) << gpumem_last_error_message();
+      EXPECT_NE(p, a);
+      EXPECT_NE(p, big);
+      others.push_back({p, size});
+    }
+  }
+  for (auto [p, size] : others) gpumem_torch_free(p, size, 0, s);
+  gpumem_torch_free(again, kSmall, 0, s);
+  ASSERT_EQ(d.cuStreamSynchronize(s), CUDA_SUCCESS);
+  EXPECT_GE(GraphHeldBytes(), held_before + kSmall + kBig);
+
+  // Gone with the graph and its executable: the blocks come back.
+  ASSERT_EQ(d.cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_GE(GraphHeldBytes(), held_before + kSmall + kBig) << "the graph still holds them";
+  ASSERT_EQ(d.cuGraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(gpumem_torch_empty_cache(), GPUMEM_OK);
+  EXPECT_EQ(GraphHeldBytes(), held_before);
+  ASSERT_EQ(d.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+  CUcontext popped = nullptr;
+  ASSERT_EQ(d.cuCtxPopCurrent_v2(&popped), CUDA_SUCCESS);
+}
+
+// A capture the application breaks (a device synchronize in global mode)
+// discards its graph: what was freed into it comes back.
+TEST_F(CudaClientTest, AnAbandonedCaptureGivesItsBlocksBack) {
+  const CudaDriver& d = Driver();
+  ASSERT_EQ(d.cuCtxPushCurrent_v2(Primary(0)), CUDA_SUCCESS);
+  CUstream s = nullptr;
+  ASSERT_EQ(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const uint64_t held_before = GraphHeldBytes();
+  ASSERT_EQ(d.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  void* a = gpumem_torch_malloc(kMiB, 0, s);
+  ASSERT_NE(a, nullptr) << gpumem_last_error_message();
+  ASSERT_EQ(d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(a), 0x11, kMiB, s), CUDA_SUCCESS);
+  gpumem_torch_free(a, kMiB, 0, s);
+  EXPECT_EQ(GraphHeldBytes(), held_before + kMiB);
+  EXPECT_EQ(d.cuCtxSynchronize(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph graph = nullptr;
+  EXPECT_EQ(d.cuStreamEndCapture(s, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_EQ(graph, nullptr);
+  EXPECT_EQ(gpumem_torch_empty_cache(), GPUMEM_OK);
+  EXPECT_EQ(GraphHeldBytes(), held_before);
+  ASSERT_EQ(d.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+  CUcontext popped = nullptr;
+  ASSERT_EQ(d.cuCtxPopCurrent_v2(&popped), CUDA_SUCCESS);
+}
+
 TEST_F(CudaClientTest, EveryEntryPointLeavesTheCallersContextAsFound) {
   const CudaDriver& d = Driver();
   // The application's own context: its device 1 (the library works on 0).

@@ -194,7 +194,9 @@ const char* gpumem_status_name(int code);
  * at once, and the block is reused only after the work queued on `stream`
  * (the cudaStream_t the block was allocated on) before the free has
  * completed: an event is recorded on `stream` at the free, and the block
- * waits for it. */
+ * waits for it. On a stream that is capturing a CUDA graph, the block is
+ * held until the graph and its executables are destroyed (every replay
+ * uses it). */
 void* gpumem_torch_malloc(ssize_t size, int device, void* stream);
 void gpumem_torch_free(void* ptr, ssize_t size, int device, void* stream);
 /* gpumem_mem_get_info for the PyTorch entry points' client, `device` being
@@ -212,12 +214,16 @@ int gpumem_torch_mem_get_info(int device, size_t* free_bytes, size_t* total_byte
  *   the peaks: since the process began or the last reset (reserved's peak
  *     is the largest figure learnt, at a stats call, a reset, or a malloc
  *     that took the process past what it held);
- *   allocations, frees: successful ones; refusals: mallocs answered NULL.
+ *   allocations, frees: successful ones; refusals: mallocs answered NULL;
+ *   graph_held_bytes: over every device, blocks freed on a stream that was
+ *     capturing a CUDA graph, held until that graph and its executables
+ *     are destroyed (every replay uses them).
  * INVALID_ARGUMENT for an ordinal outside 0..63. */
 typedef struct gpumem_torch_stats {
   unsigned long long allocated_bytes, allocated_bytes_peak;
   unsigned long long reserved_bytes, reserved_bytes_peak;
   unsigned long long allocations, frees, refusals;
+  unsigned long long graph_held_bytes;
 } gpumem_torch_stats;
 int gpumem_torch_memory_stats(int device, gpumem_torch_stats* out);
 /* The peaks of `device` start again from the current figures. */

@@ -261,6 +261,8 @@ PoolStats CachingPool::Stats() {
   const FreeQueue::Figures deferred = free_queue_->Stats();
   st.deferred_blocks = deferred.blocks;
   st.deferred_bytes = deferred.bytes;
+  st.graph_held_blocks = deferred.graph_blocks;
+  st.graph_held_bytes = deferred.graph_bytes;
   return st;
 }
 

@@ -56,6 +56,8 @@ struct PoolStats {
   uint64_t lost_bytes = 0;       // abandoned at daemon restarts (address space kept reserved)
   uint64_t deferred_blocks = 0;  // freed, waiting for device work queued before the free
   uint64_t deferred_bytes = 0;
+  uint64_t graph_held_blocks = 0;  // of those, freed into a CUDA graph capture: held
+  uint64_t graph_held_bytes = 0;   // until the graph is destroyed
   struct LeaseRow {
     int device;
     uint64_t bytes, used_bytes, live_blocks;

@@ -9,6 +9,21 @@
 
 namespace gpumem {
 namespace client {
+namespace {
+
+// A capture refused the call: the work is not known to be done.
+bool CaptureRefusal(CUresult r) {
+  return r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+}
+
+// A user object's destructor: runs the release it was made with, once.
+void CUDA_CB RunRelease(void* fn) {
+  auto* release = static_cast<std::function<void()>*>(fn);
+  (*release)();
+  delete release;
+}
+
+}  // namespace
 
 FreeFences::~FreeFences() {
   absl::MutexLock lock(&mu_);
@@ -92,7 +107,8 @@ bool FreeFences::Passed(const Fence& f) {
     return dev->completed_upto > f.ticket;
   }
   ScopedCudaContext scope(*d_, dev->dev.ctx);
-  return d_->cuEventQuery(f.event) != CUDA_ERROR_NOT_READY;
+  const CUresult r = d_->cuEventQuery(f.event);
+  return r != CUDA_ERROR_NOT_READY && !CaptureRefusal(r);
 }
 
 absl::Status FreeFences::Synchronize(Device& dev) {
@@ -107,6 +123,8 @@ absl::Status FreeFences::Synchronize(Device& dev) {
     s = CudaStatus(*d_, d_->cuCtxSynchronize(), "cuCtxSynchronize",
                    absl::StrCat("device ", dev.dev.uuid));
   }
+  // Refused by a capture, nothing was waited for.
+  if (CaptureRefusal(CudaErrorOf(s))) return s;
   absl::MutexLock dl(&dev.mu);
   dev.completed_upto = std::max(dev.completed_upto, mine + 1);
   return s;
@@ -139,6 +157,45 @@ void FreeFences::Release(Fence& f) {
   absl::MutexLock dl(&dev->mu);
   dev->spare.push_back(f.event);
   f.event = nullptr;
+}
+
+FenceSource::CaptureHold FreeFences::HoldForCapture(const std::string& uuid, CUstream stream,
+                                                    std::function<void()> on_release) {
+  if (stream == nullptr) return CaptureHold::kNone;  // the NULL stream never captures
+  absl::StatusOr<int> i = DeviceIndex(uuid);
+  if (!i.ok()) return CaptureHold::kNone;
+  Device* dev;
+  {
+    absl::MutexLock lock(&mu_);
+    dev = devices_[*i].get();
+  }
+  ScopedCudaContext scope(*d_, dev->dev.ctx);
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  // Another context's stream: not one this library can look at.
+  if (scope.result() != CUDA_SUCCESS || d_->cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS ||
+      status == CU_STREAM_CAPTURE_STATUS_NONE) {
+    return CaptureHold::kNone;
+  }
+  if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) return CaptureHold::kInvalidated;
+  CUgraph graph = nullptr;
+  if (d_->cuStreamGetCaptureInfo_v3 == nullptr ||
+      d_->cuStreamGetCaptureInfo_v3(stream, &status, nullptr, &graph, nullptr, nullptr,
+                                    nullptr) != CUDA_SUCCESS ||
+      graph == nullptr) {
+    return CaptureHold::kHeld;  // no graph to tie it to: held for good
+  }
+  if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) return CaptureHold::kInvalidated;
+  auto* release = new std::function<void()>(std::move(on_release));
+  CUuserObject object = nullptr;
+  if (d_->cuUserObjectCreate(&object, release, RunRelease, 1,
+                             CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) != CUDA_SUCCESS) {
+    delete release;
+    return CaptureHold::kHeld;
+  }
+  // The graph takes the one reference; if it cannot, the object is left
+  // alive (its release would come while the capture still uses the memory).
+  d_->cuGraphRetainUserObject(graph, object, 1, CU_GRAPH_USER_OBJECT_MOVE);
+  return CaptureHold::kHeld;
 }
 
 }  // namespace client

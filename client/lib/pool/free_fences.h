@@ -5,15 +5,24 @@
 // so the memory must not be handed to its next owner (or unmapped) until
 // that work has run. A Fence is taken at free time and says when.
 //
+// CUDA graphs: memory freed on a stream that is capturing a graph is used
+// by every replay of that graph, so it is held (HoldForCapture) until the
+// graph and every executable made from it are destroyed: a CUDA user object
+// the graph holds runs the release then.
+//
 // Invariants: a fence passes only once the work it stands for has
 // completed, or its device failed (the context broken, the device lost:
-// nothing will run any more); every driver call runs inside a
-// ScopedCudaContext of the device, so the calling thread's current context
-// is left as it was. Thread-safe.
+// nothing will run any more); a capture's refusal (a query or synchronize
+// while a graph is captured) means "not yet", never "passed"; every driver
+// call runs inside a ScopedCudaContext of the device, so the calling
+// thread's current context is left as it was, and in RELAXED capture mode,
+// so no call of this library invalidates an application's capture.
+// Thread-safe.
 #ifndef GPUMEMD_CLIENT_LIB_POOL_FREE_FENCES_H_
 #define GPUMEMD_CLIENT_LIB_POOL_FREE_FENCES_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +63,22 @@ class FenceSource {
   virtual absl::Status Wait(const Fence& f) = 0;
   // Gives a passed fence's event back for reuse.
   virtual void Release(Fence& f) = 0;
+
+  enum class CaptureHold {
+    kNone,         // `stream` is not capturing: fence as usual
+    kHeld,         // `on_release` runs once the graph is gone (never, where
+                   // the driver cannot name the graph: held for good)
+    kInvalidated,  // its capture failed; the graph is discarded
+  };
+  // When `stream` is capturing a graph: ties `on_release` to that graph.
+  // `on_release` may run on a driver thread; it must make no CUDA call.
+  virtual CaptureHold HoldForCapture(const std::string& uuid, CUstream stream,
+                                     std::function<void()> on_release) {
+    (void)uuid;
+    (void)stream;
+    (void)on_release;
+    return CaptureHold::kNone;
+  }
 };
 
 // The CUDA driver's fences.
@@ -69,6 +94,8 @@ class FreeFences : public FenceSource {
   bool Passed(const Fence& f) override;
   absl::Status Wait(const Fence& f) override;
   void Release(Fence& f) override;
+  CaptureHold HoldForCapture(const std::string& uuid, CUstream stream,
+                             std::function<void()> on_release) override;
 
  private:
   struct Device {

@@ -19,7 +19,11 @@ absl::StatusOr<std::unique_ptr<FenceSource>> DriverFences() {
 FreeQueue::FreeQueue(BlockResource* upstream, Options options)
     : upstream_(upstream), options_(std::move(options)) {}
 
-FreeQueue::~FreeQueue() = default;
+FreeQueue::~FreeQueue() {
+  // Graphs that outlive the queue release into nothing.
+  absl::MutexLock lock(&graph_holds_->mu);
+  graph_holds_->closed = true;
+}
 
 FenceSource* FreeQueue::Fences() {
   absl::call_once(fences_once_, [this] {
@@ -52,9 +56,31 @@ absl::Status FreeQueue::Free(Block block, const ReuseAfter& after) {
   Waiting w;
   if (FenceSource* fences = Fences()) {
     const std::string& uuid = DeviceUuid(block);
+    const CUstream stream = static_cast<CUstream>(after.stream);
+    FenceSource::CaptureHold hold = FenceSource::CaptureHold::kNone;
+    if (after.stream_ordered) {
+      uint64_t id;
+      {
+        absl::MutexLock lock(&mu_);
+        id = next_hold_++;
+      }
+      std::shared_ptr<GraphHolds> box = graph_holds_;
+      hold = fences->HoldForCapture(uuid, stream, [box, id] {
+        absl::MutexLock lock(&box->mu);
+        if (!box->closed) box->released.push_back(id);
+      });
+      if (hold == FenceSource::CaptureHold::kHeld) {
+        absl::MutexLock lock(&mu_);
+        held_bytes_ += block.bytes;
+        held_.emplace(id, std::move(block));
+        return absl::OkStatus();
+      }
+    }
+    // An invalidated capture's graph never runs: the work queued before it.
     absl::StatusOr<FenceSource::Fence> f =
-        after.stream_ordered ? fences->AfterStream(uuid, static_cast<CUstream>(after.stream))
-                             : fences->AfterDevice(uuid);
+        after.stream_ordered && hold == FenceSource::CaptureHold::kNone
+            ? fences->AfterStream(uuid, stream)
+            : fences->AfterDevice(uuid);
     // A stream this library cannot record on (another context's): the
     // device's work, which covers it when it is of the primary context.
     if (!f.ok() && after.stream_ordered) f = fences->AfterDevice(uuid);
@@ -64,20 +90,15 @@ absl::Status FreeQueue::Free(Block block, const ReuseAfter& after) {
     }
   }
   w.device_rule = w.fenced && w.fence.event == nullptr;
-  const uint64_t bytes = block.bytes;
   w.block = std::move(block);
   bool over;
   {
     absl::MutexLock lock(&mu_);
-    bytes_ += bytes;
-    ++count_;
     if (w.device_rule) {
-      device_rule_bytes_ += bytes;
-      ++device_rule_count_;
-      const size_t dev = static_cast<size_t>(w.fence.device);
-      if (device_queues_.size() <= dev) device_queues_.resize(dev + 1);
-      device_queues_[dev].push_back(std::move(w));
+      QueueDeviceRuleLocked(std::move(w));
     } else {
+      bytes_ += w.block.bytes;
+      ++count_;
       stream_queue_.push_back(std::move(w));
     }
     over = device_rule_bytes_ > options_.max_device_rule_bytes ||
@@ -89,12 +110,59 @@ absl::Status FreeQueue::Free(Block block, const ReuseAfter& after) {
   return absl::OkStatus();
 }
 
+void FreeQueue::QueueDeviceRuleLocked(Waiting w) {
+  bytes_ += w.block.bytes;
+  ++count_;
+  device_rule_bytes_ += w.block.bytes;
+  ++device_rule_count_;
+  const size_t dev = static_cast<size_t>(w.fence.device);
+  if (device_queues_.size() <= dev) device_queues_.resize(dev + 1);
+  device_queues_[dev].push_back(std::move(w));
+}
+
+void FreeQueue::TakeReleasedGraphs() {
+  std::vector<uint64_t> released;
+  {
+    absl::MutexLock lock(&graph_holds_->mu);
+    released.swap(graph_holds_->released);
+  }
+  if (released.empty()) return;
+  FenceSource* fences = fences_.load(std::memory_order_acquire);
+  for (uint64_t id : released) {
+    Waiting w;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = held_.find(id);
+      if (it == held_.end()) continue;
+      w.block = std::move(it->second);
+      held_.erase(it);
+      held_bytes_ -= w.block.bytes;
+    }
+    // Its graph's last replay may still be running: the device's work first.
+    absl::StatusOr<FenceSource::Fence> f =
+        fences != nullptr ? fences->AfterDevice(DeviceUuid(w.block))
+                          : absl::StatusOr<FenceSource::Fence>(absl::UnavailableError("no fences"));
+    w.fenced = f.ok();
+    if (f.ok()) w.fence = *f;
+    w.device_rule = w.fenced;
+    absl::MutexLock lock(&mu_);
+    if (w.device_rule) {
+      QueueDeviceRuleLocked(std::move(w));
+    } else {
+      bytes_ += w.block.bytes;
+      ++count_;
+      stream_queue_.push_back(std::move(w));
+    }
+  }
+}
+
 bool FreeQueue::Empty() {
   absl::MutexLock lock(&mu_);
   return count_ == 0;
 }
 
 void FreeQueue::Collect() {
+  TakeReleasedGraphs();
   std::vector<Waiting> ready;
   {
     absl::MutexLock lock(&mu_);
@@ -145,6 +213,7 @@ void FreeQueue::Collect() {
 }
 
 void FreeQueue::Wait(bool device_rule_only) {
+  TakeReleasedGraphs();
   std::vector<FenceSource::Fence> wait;
   FenceSource* fences = fences_.load(std::memory_order_acquire);
   {
@@ -161,15 +230,18 @@ void FreeQueue::Wait(bool device_rule_only) {
     }
   }
   for (const FenceSource::Fence& f : wait) {
-    if (fences != nullptr) fences->Wait(f).IgnoreError();  // failed: counts as passed
+    // A failure is judged by Passed() below: a broken device counts as
+    // passed, a capture's refusal does not.
+    if (fences != nullptr) fences->Wait(f).IgnoreError();
   }
-  // Everything waited for has passed now, whatever the order.
+  // What was waited for has passed now (unless a capture refused), whatever
+  // the order.
   for (int round = 0; round < 1 + static_cast<int>(wait.size() / 64); ++round) Collect();
 }
 
 FreeQueue::Figures FreeQueue::Stats() {
   absl::MutexLock lock(&mu_);
-  return {count_, bytes_};
+  return {count_ + held_.size(), bytes_ + held_bytes_, held_.size(), held_bytes_};
 }
 
 }  // namespace client

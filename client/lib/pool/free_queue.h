@@ -4,10 +4,17 @@
 // taken at the free (free_fences.h) has passed; then it goes upstream. Host
 // memory (memfd, the sim backend) passes upstream at once.
 //
+// A block freed on a stream that is capturing a CUDA graph is held until
+// the graph and its executables are gone (FenceSource::HoldForCapture), then
+// waits for the device's work like a Free(): every replay of the graph used
+// it. One freed while its capture had already failed waits for the device's
+// work.
+//
 // Invariants: a block goes upstream only once its fence has passed, or its
 // device failed (nothing will run there any more); blocks under Free()'s
-// rule go up per device in fence order. Thread-safe; mu_ is never held
-// while a block goes upstream or a fence is waited for.
+// rule go up per device in fence order; a block held for a graph goes
+// nowhere while the graph lives. Thread-safe; mu_ is never held while a
+// block goes upstream or a fence is waited for.
 #ifndef GPUMEMD_CLIENT_LIB_POOL_FREE_QUEUE_H_
 #define GPUMEMD_CLIENT_LIB_POOL_FREE_QUEUE_H_
 
@@ -20,6 +27,7 @@
 
 #include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -65,6 +73,7 @@ class FreeQueue final : public BlockResource {
 
   struct Figures {
     uint64_t blocks = 0, bytes = 0;
+    uint64_t graph_blocks = 0, graph_bytes = 0;  // of those, held for graphs
   };
   Figures Stats() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -75,9 +84,21 @@ class FreeQueue final : public BlockResource {
     bool fenced = false;       // false: nothing to wait for (the device failed)
     bool device_rule = false;  // Free()'s rule, not FreeAfterStream()'s
   };
+  // Blocks held for graphs, by a number of their own; a graph's release
+  // (on a driver thread, maybe after the queue is gone: it holds the box)
+  // moves the number to `released`, which Collect() fences.
+  struct GraphHolds {
+    absl::Mutex mu;
+    bool closed ABSL_GUARDED_BY(mu) = false;  // the queue is gone
+    std::vector<uint64_t> released ABSL_GUARDED_BY(mu);
+  };
   FenceSource* Fences();
   void Wait(bool device_rule_only) ABSL_LOCKS_EXCLUDED(mu_);
   bool Empty() ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `w` under Free()'s rule (an AfterDevice fence of its device).
+  void QueueDeviceRuleLocked(Waiting w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves blocks whose graphs are gone to Free()'s rule.
+  void TakeReleasedGraphs() ABSL_LOCKS_EXCLUDED(mu_);
 
   BlockResource* const upstream_;
   const Options options_;
@@ -94,6 +115,10 @@ class FreeQueue final : public BlockResource {
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t device_rule_count_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t device_rule_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<GraphHolds> graph_holds_ = std::make_shared<GraphHolds>();
+  absl::flat_hash_map<uint64_t, Block> held_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_hold_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace client

@@ -117,7 +117,7 @@ def mem_get_info(device=None):
 class _TorchStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_ulonglong) for name in (
         "allocated_bytes", "allocated_bytes_peak", "reserved_bytes", "reserved_bytes_peak",
-        "allocations", "frees", "refusals")]
+        "allocations", "frees", "refusals", "graph_held_bytes")]
 
 
 def _figures(device):
