@@ -246,7 +246,6 @@ int gpumem_torch_mem_get_info(int device, size_t* free_bytes, size_t* total_byte
 }
 
 void* gpumem_torch_malloc(ssize_t size, int device, void* stream) {
-  (void)stream;  // memory from the daemon is usable on every stream
   if (size <= 0) {
     // PyTorch asks for 0 bytes for empty tensors: a null pointer is its answer.
     if (size == 0) {
@@ -266,7 +265,8 @@ void* gpumem_torch_malloc(ssize_t size, int device, void* stream) {
   }
   gpumem::client::OrdinalFigures& f = gpumem::client::State().figures[device];
   absl::StatusOr<void*> p =
-      gpumem::client::State().client.load(std::memory_order_acquire)->pool->Allocate(static_cast<uint64_t>(size), *arena);
+      gpumem::client::State().client.load(std::memory_order_acquire)->pool->AllocateOnStream(
+          static_cast<uint64_t>(size), *arena, stream);
   if (!p.ok()) {
     f.refusals.fetch_add(1, std::memory_order_relaxed);
     gpumem::client::SetError(gpumem::client::ForkAware(p.status()));

@@ -39,6 +39,7 @@ class TestFences : public FenceSource {
   }
   bool Passed(const Fence& f) override {
     absl::MutexLock lock(&mu_);
+    ++queries_;
     if (f.event != nullptr) return done_events_.count(f.event) > 0;
     return synced_[f.device] >= f.ticket;
   }
@@ -92,6 +93,10 @@ class TestFences : public FenceSource {
     absl::MutexLock lock(&mu_);
     return waits_;
   }
+  int queries() {
+    absl::MutexLock lock(&mu_);
+    return queries_;
+  }
   static inline const CUstream kForeignStream = reinterpret_cast<CUstream>(0xbad);
 
  private:
@@ -105,6 +110,7 @@ class TestFences : public FenceSource {
   uint64_t events_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<CUevent> done_events_ ABSL_GUARDED_BY(mu_);
   int waits_ ABSL_GUARDED_BY(mu_) = 0;
+  int queries_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::function<void()>> graph_releases_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -182,8 +188,10 @@ TEST_F(FreeQueueTest, HostMemoryPassesAtOnceDeviceMemoryWhenItsDeviceWorkIsDone)
 }
 
 TEST_F(FreeQueueTest, StreamFencesPassInAnyOrderAndAForeignStreamFallsBackToTheDevice) {
-  Free(DeviceBlock(gpu0_.base, &gpu0_), ReuseAfter::StreamWork(nullptr));         // event 1
-  Free(DeviceBlock(gpu0_.base + 4096, &gpu0_), ReuseAfter::StreamWork(nullptr));  // event 2
+  void* const a = reinterpret_cast<void*>(0xa);
+  void* const b = reinterpret_cast<void*>(0xb);
+  Free(DeviceBlock(gpu0_.base, &gpu0_), ReuseAfter::StreamWork(a));         // event 1
+  Free(DeviceBlock(gpu0_.base + 4096, &gpu0_), ReuseAfter::StreamWork(b));  // event 2
   fences_->EventDone(2);
   queue_->Collect();
   EXPECT_EQ(upstream_.freed, (std::vector<uintptr_t>{gpu0_.base + 4096}));
@@ -195,6 +203,27 @@ TEST_F(FreeQueueTest, StreamFencesPassInAnyOrderAndAForeignStreamFallsBackToTheD
   fences_->EventDone(1);
   queue_->Collect();
   EXPECT_EQ(queue_->Stats().blocks, 0u);
+}
+
+// One stream's events pass in the order recorded: its oldest says for the
+// rest, so a collection queries one fence per stream that has not passed,
+// and at most kStreamsPerCollect streams, however many blocks wait.
+TEST_F(FreeQueueTest, ACollectionQueriesAStreamsOldestFenceOnly) {
+  for (int i = 0; i < 1000; ++i) {
+    Free(DeviceBlock(gpu0_.base + i * 4096, &gpu0_), ReuseAfter::StreamWork(nullptr));
+  }
+  for (int s = 1; s <= 20; ++s) {
+    Free(DeviceBlock(gpu1_.base + s * 4096, &gpu1_),
+         ReuseAfter::StreamWork(reinterpret_cast<void*>(static_cast<uintptr_t>(s))));
+  }
+  const int before = fences_->queries();
+  queue_->Collect();
+  EXPECT_LE(fences_->queries() - before, 8);
+  EXPECT_TRUE(upstream_.freed.empty());
+  // The first stream's fences all pass: one collection takes all 1000.
+  for (int e = 1; e <= 1000; ++e) fences_->EventDone(e);
+  for (int round = 0; round < 3; ++round) queue_->Collect();
+  EXPECT_EQ(upstream_.freed.size(), 1000u);
 }
 
 TEST_F(FreeQueueTest, PastTheBoundTheDevicesWorkIsWaitedForAtTheFree) {

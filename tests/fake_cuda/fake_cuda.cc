@@ -412,4 +412,11 @@ void fakeCudaClearViolations() {
   s.violations.clear();
 }
 
+// How many driver calls this process has made since cuInit.
+long fakeCudaCalls() {
+  State& s = S();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.calls;
+}
+
 }  // extern "C"

@@ -224,6 +224,7 @@ struct State {
   std::vector<CUstream_st*> streams;  // live ones, the NULL streams too
   int next_stream_id = 1;
   std::set<CUevent_st*> events;
+  long calls = 0;  // driver calls made since cuInit (fakeCudaCalls)
   std::set<CUgraph_st*> graphs;
   std::set<CUgraphExec_st*> execs;
   std::set<CUuserObject_st*> user_objects;

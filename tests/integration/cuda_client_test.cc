@@ -270,6 +270,45 @@ TEST_F(CudaClientTest, ShardsOnPeerDevicesReadEachOther) {
   gpumem_close(c);
 }
 
+long FakeCalls() {
+  return reinterpret_cast<long (*)()>(dlsym(Driver().lib, "fakeCudaCalls"))();
+}
+
+// PyTorch's same-stream reuse: a block freed on stream S is the next
+// malloc's on S at once, with no driver call (S runs the new owner's work
+// after the old's), while a malloc on another stream does not get it until
+// the work queued on S before the free has run.
+TEST_F(CudaClientTest, ABlockFreedOnAStreamIsReusedOnItAtOnce) {
+  const CudaDriver& d = Driver();
+  ASSERT_EQ(d.cuCtxPushCurrent_v2(Primary(0)), CUDA_SUCCESS);
+  CUstream s = nullptr, t = nullptr;
+  ASSERT_EQ(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(d.cuStreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  std::atomic<bool> gate{false};
+  void* a = gpumem_torch_malloc(64 << 10, 0, s);
+  ASSERT_NE(a, nullptr) << gpumem_last_error_message();
+  ASSERT_EQ(d.cuLaunchHostFunc(s, WaitGate, &gate), CUDA_SUCCESS);
+  ASSERT_EQ(d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(a), 0x5A, 64 << 10, s), CUDA_SUCCESS);
+  gpumem_torch_free(a, 64 << 10, 0, s);
+  void* on_t = gpumem_torch_malloc(64 << 10, 0, t);
+  EXPECT_NE(on_t, a) << "another stream got a block whose work has not run";
+  const long before = FakeCalls();
+  void* again = gpumem_torch_malloc(64 << 10, 0, s);
+  gpumem_torch_free(again, 64 << 10, 0, s);
+  void* third = gpumem_torch_malloc(64 << 10, 0, s);
+  EXPECT_EQ(again, a);
+  EXPECT_EQ(third, a);
+  EXPECT_LE(FakeCalls() - before, 1) << "a same-stream pair made driver calls";
+  gate.store(true);
+  ASSERT_EQ(d.cuStreamSynchronize(s), CUDA_SUCCESS);
+  gpumem_torch_free(third, 64 << 10, 0, s);
+  gpumem_torch_free(on_t, 64 << 10, 0, t);
+  ASSERT_EQ(d.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+  ASSERT_EQ(d.cuStreamDestroy_v2(t), CUDA_SUCCESS);
+  CUcontext popped = nullptr;
+  ASSERT_EQ(d.cuCtxPopCurrent_v2(&popped), CUDA_SUCCESS);
+}
+
 // gpumem_torch_memory_stats' graph_held_bytes (over every device).
 uint64_t GraphHeldBytes() {
   gpumem_torch_stats st = {};

@@ -119,11 +119,20 @@ absl::StatusOr<CachingPool::Arena*> CachingPool::ArenaFor(const v1::PlacementReq
 }
 
 absl::StatusOr<void*> CachingPool::Allocate(uint64_t size, Arena* arena) {
+  return AllocateOnStream(size, arena, nullptr, false);
+}
+
+absl::StatusOr<void*> CachingPool::AllocateOnStream(uint64_t size, Arena* arena, void* stream) {
+  return AllocateOnStream(size, arena, stream, true);
+}
+
+absl::StatusOr<void*> CachingPool::AllocateOnStream(uint64_t size, Arena* arena, void* stream,
+                                                    bool on_stream) {
   if (Forked()) return ForkedError();
   if (lost_.pending()) ApplyLosses();
   if (size == 0) return absl::InvalidArgumentError("size 0: ask for at least 1 byte");
   Block b;
-  if (!thread_caches_->TakeParked(size, *arena, &b)) {
+  if (!thread_caches_->TakeParked(size, *arena, &b, stream, on_stream)) {
     absl::StatusOr<Block> fresh = thread_caches_->Allocate(size, *arena);
     if (!fresh.ok()) return fresh.status();
     b = *std::move(fresh);
@@ -172,7 +181,14 @@ absl::Status CachingPool::FreeWith(void* ptr, const ReuseAfter& after) {
     b.lease = lease;
     b.handle = w.handle;
     b.cls = w.cls;
-    if (thread_caches_->Park(b)) return absl::OkStatus();
+    // Device memory freed on a stream is kept for that stream, unless the
+    // stream captures a graph (then every replay uses it: FreeQueue holds it).
+    ThreadCaches::Evicted evicted;
+    if ((!lease->on_device || (after.stream_ordered && free_queue_->MayReuseOnStream(after.stream))) &&
+        thread_caches_->Park(b, after, &evicted)) {
+      if (evicted.any) return free_queue_->Free(std::move(evicted.block), evicted.after);
+      return absl::OkStatus();
+    }
     return thread_caches_->Free(std::move(b), after);
   }
   if (p == 0) return absl::OkStatus();  // free(NULL) does nothing

@@ -91,6 +91,12 @@ class CachingPool {
   // pool). Callers that allocate often keep it: finding it costs a lookup.
   absl::StatusOr<Arena*> ArenaFor(const v1::PlacementRequest& placement);
   absl::StatusOr<void*> Allocate(uint64_t size, Arena* arena);
+  // The same for work on `stream` (PyTorch's malloc): a block this thread
+  // freed on the same stream (FreeAfterStream) is reused at once, without
+  // waiting for its fence: the stream runs the new owner's work after the
+  // old owner's. Streams must outlive the blocks freed on them (PyTorch's
+  // do: its streams come from a pool kept for the process's life).
+  absl::StatusOr<void*> AllocateOnStream(uint64_t size, Arena* arena, void* stream);
   // One block per shard on distinct devices, all or nothing.
   absl::StatusOr<std::vector<Shard>> AllocateSharded(uint64_t total, uint32_t shards,
                                                      const v1::PlacementRequest& placement);
@@ -121,6 +127,8 @@ class CachingPool {
   bool Forked() const;
 
  private:
+  absl::StatusOr<void*> AllocateOnStream(uint64_t size, Arena* arena, void* stream,
+                                         bool on_stream);
   explicit CachingPool(PoolOptions options);
   absl::Status FreeWith(void* ptr, const ReuseAfter& after);
   // What the library reported lost at restarts, applied to every layer.

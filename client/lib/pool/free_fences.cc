@@ -159,6 +159,13 @@ void FreeFences::Release(Fence& f) {
   f.event = nullptr;
 }
 
+bool FreeFences::Capturing(CUstream stream) {
+  if (stream == nullptr) return false;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return d_->cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS ||
+         status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 FenceSource::CaptureHold FreeFences::HoldForCapture(const std::string& uuid, CUstream stream,
                                                     std::function<void()> on_release) {
   if (stream == nullptr) return CaptureHold::kNone;  // the NULL stream never captures

@@ -70,6 +70,13 @@ class FenceSource {
                    // the driver cannot name the graph: held for good)
     kInvalidated,  // its capture failed; the graph is discarded
   };
+  // Is `stream` capturing a graph (or not known not to be)? One query,
+  // made in the caller's context (a stream of another context answers
+  // true). The NULL stream never captures.
+  virtual bool Capturing(CUstream stream) {
+    (void)stream;
+    return false;
+  }
   // When `stream` is capturing a graph: ties `on_release` to that graph.
   // `on_release` may run on a driver thread; it must make no CUDA call.
   virtual CaptureHold HoldForCapture(const std::string& uuid, CUstream stream,
@@ -96,6 +103,7 @@ class FreeFences : public FenceSource {
   void Release(Fence& f) override;
   CaptureHold HoldForCapture(const std::string& uuid, CUstream stream,
                              std::function<void()> on_release) override;
+  bool Capturing(CUstream stream) override;
 
  private:
   struct Device {

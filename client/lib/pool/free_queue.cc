@@ -1,6 +1,8 @@
 #include "client/lib/pool/free_queue.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "common/cuda_driver.h"
 
@@ -90,6 +92,7 @@ absl::Status FreeQueue::Free(Block block, const ReuseAfter& after) {
     }
   }
   w.device_rule = w.fenced && w.fence.event == nullptr;
+  w.stream = after.stream;
   w.block = std::move(block);
   bool over;
   {
@@ -99,7 +102,7 @@ absl::Status FreeQueue::Free(Block block, const ReuseAfter& after) {
     } else {
       bytes_ += w.block.bytes;
       ++count_;
-      stream_queue_.push_back(std::move(w));
+      stream_queues_[w.stream].push_back(std::move(w));
     }
     over = device_rule_bytes_ > options_.max_device_rule_bytes ||
            device_rule_count_ > options_.max_device_rule_blocks;
@@ -151,9 +154,15 @@ void FreeQueue::TakeReleasedGraphs() {
     } else {
       bytes_ += w.block.bytes;
       ++count_;
-      stream_queue_.push_back(std::move(w));
+      stream_queues_[w.stream].push_back(std::move(w));
     }
   }
+}
+
+bool FreeQueue::MayReuseOnStream(void* stream) {
+  if (stream == nullptr) return true;  // the NULL stream never captures
+  FenceSource* fences = Fences();
+  return fences != nullptr && !fences->Capturing(static_cast<CUstream>(stream));
 }
 
 bool FreeQueue::Empty() {
@@ -188,21 +197,23 @@ void FreeQueue::Collect() {
         q.pop_front();
       }
     }
-    // Events of different streams pass in any order: look at the oldest few.
-    std::deque<Waiting> keep;
-    int looked = 0;
-    while (!stream_queue_.empty() && looked++ < 64) {
-      Waiting& w = stream_queue_.front();
-      if (passed(w)) {
-        take(w);
-      } else {
-        keep.push_back(std::move(w));
+    // A stream's events pass in order: its front says for the rest (one
+    // query that fails per stream, at most kStreamsPerCollect streams).
+    if (!stream_queues_.empty()) {
+      std::vector<void*> streams;
+      for (auto& [stream, q] : stream_queues_) streams.push_back(stream);
+      const size_t n = streams.size();
+      const size_t look = std::min<size_t>(n, kStreamsPerCollect);
+      for (size_t i = 0; i < look; ++i) {
+        void* stream = streams[(next_stream_ + i) % n];
+        std::deque<Waiting>& q = stream_queues_[stream];
+        while (!q.empty() && passed(q.front())) {
+          take(q.front());
+          q.pop_front();
+        }
+        if (q.empty()) stream_queues_.erase(stream);
       }
-      stream_queue_.pop_front();
-    }
-    while (!keep.empty()) {
-      stream_queue_.push_front(std::move(keep.back()));
-      keep.pop_back();
+      next_stream_ += look;
     }
   }
   for (Waiting& w : ready) {
@@ -224,8 +235,10 @@ void FreeQueue::Wait(bool device_rule_only) {
       if (!q.empty()) wait.push_back(q.front().fence);
     }
     if (!device_rule_only) {
-      for (const Waiting& w : stream_queue_) {
-        if (w.fenced) wait.push_back(w.fence);
+      for (const auto& [stream, q] : stream_queues_) {
+        for (const Waiting& w : q) {
+          if (w.fenced) wait.push_back(w.fence);
+        }
       }
     }
   }
@@ -236,7 +249,9 @@ void FreeQueue::Wait(bool device_rule_only) {
   }
   // What was waited for has passed now (unless a capture refused), whatever
   // the order.
-  for (int round = 0; round < 1 + static_cast<int>(wait.size() / 64); ++round) Collect();
+  for (int round = 0; round < 1 + static_cast<int>(wait.size() / kStreamsPerCollect); ++round) {
+    Collect();
+  }
 }
 
 FreeQueue::Figures FreeQueue::Stats() {

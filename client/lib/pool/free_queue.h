@@ -68,6 +68,9 @@ class FreeQueue final : public BlockResource {
 
   // Passes upstream the blocks whose fences have passed (without blocking).
   void Collect() ABSL_LOCKS_EXCLUDED(mu_);
+  // May a device block freed on `stream` be reused on it at once? Not while
+  // the stream captures a graph (FenceSource::Capturing).
+  bool MayReuseOnStream(void* stream);
   // Waits for every waiting block's fence, then collects.
   void WaitAll() ABSL_LOCKS_EXCLUDED(mu_) { Wait(/*device_rule_only=*/false); }
 
@@ -80,6 +83,7 @@ class FreeQueue final : public BlockResource {
  private:
   struct Waiting {
     Block block;
+    void* stream = nullptr;  // FreeAfterStream()'s: the stream it waits for
     FenceSource::Fence fence;
     bool fenced = false;       // false: nothing to wait for (the device failed)
     bool device_rule = false;  // Free()'s rule, not FreeAfterStream()'s
@@ -108,9 +112,13 @@ class FreeQueue final : public BlockResource {
 
   absl::Mutex mu_;
   // Free()'s blocks by device (the fence's device index), each in fence
-  // order; FreeAfterStream()'s in the order freed.
+  // order; FreeAfterStream()'s by stream, each in the order freed (a
+  // stream's events pass in the order recorded). Collect() looks at the
+  // fronts of at most kStreamsPerCollect streams, from `next_stream_` on.
+  static constexpr int kStreamsPerCollect = 8;
   std::vector<std::deque<Waiting>> device_queues_ ABSL_GUARDED_BY(mu_);
-  std::deque<Waiting> stream_queue_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<void*, std::deque<Waiting>> stream_queues_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_stream_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t device_rule_count_ ABSL_GUARDED_BY(mu_) = 0;

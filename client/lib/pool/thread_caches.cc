@@ -112,6 +112,8 @@ absl::StatusOr<Block> ThreadCaches::Allocate(uint64_t size, const Arena& arena) 
 }
 
 absl::Status ThreadCaches::Free(Block block, const ReuseAfter& after) {
+  // Host memory only: device memory is parked for its stream by the pool,
+  // which knows whether the stream captures a graph.
   if (Park(block)) return absl::OkStatus();
   return upstream_->Free(std::move(block), after);
 }

@@ -8,8 +8,9 @@
 // Invariants: a cache belongs to one thread and one arena (a thread has
 // caches for at most kArenasPerThread arenas; more are served uncached) and
 // holds at most kPerClass blocks of each of the kClasses smallest classes
-// and max_cached_bytes in all; it holds only host memory (device memory
-// waits in the FreeQueue) of leases not lost. When its thread exits, a
+// and max_cached_bytes in all, of leases not lost; device memory only when
+// freed on a stream, and only for that stream's next allocation (the
+// FreeQueue holds the rest). When its thread exits, a
 // cache's blocks go upstream. Lock order: the process-wide registry mutex,
 // then whatever upstream takes; mu_ and the spin locks are taken last.
 #ifndef GPUMEMD_CLIENT_LIB_POOL_THREAD_CACHES_H_
@@ -55,8 +56,24 @@ class ThreadCaches final : public BlockResource {
   // thread's cache for the class of `size`, or says there is none (then
   // Allocate passes the request upstream); Park parks `block` here, or says
   // it cannot (then Free passes it upstream).
-  bool TakeParked(uint64_t size, const Arena& arena, Block* out);
-  bool Park(const Block& block);
+  // Device memory is parked only when freed stream-ordered, under its
+  // stream S, and taken only by a request on S (`stream`, `on_stream`):
+  // work queued on S after the new owner has it runs after the old owner's
+  // (the stream's order), so no fence is needed; host memory is taken by
+  // any request.
+  bool TakeParked(uint64_t size, const Arena& arena, Block* out,
+                  const void* stream = nullptr, bool on_stream = false);
+  // With `evicted`, a full bin makes room: its oldest block comes out in
+  // *evicted (with the rule it was freed under), for the caller to pass
+  // upstream, so blocks of a stream nobody allocates on do not keep
+  // another stream's from the cache.
+  struct Evicted {
+    bool any = false;
+    Block block;
+    ReuseAfter after;
+  };
+  bool Park(const Block& block, const ReuseAfter& after = ReuseAfter::DeviceWork(),
+            Evicted* evicted = nullptr);
 
   // Bytes parked in all caches.
   uint64_t CachedBytes() ABSL_LOCKS_EXCLUDED(mu_);

@@ -22,6 +22,7 @@ struct ThreadCaches::Cache {
     uintptr_t ptr;
     Lease* lease;
     uint32_t handle;
+    const void* stream;  // device memory: the stream it was freed on
   };
   struct Bin {
     uint32_t n = 0;
@@ -44,7 +45,8 @@ struct ThreadCaches::Cache {
   Bin bins[kClasses];
 };
 
-inline bool ThreadCaches::TakeParked(uint64_t size, const Arena& arena, Block* out) {
+inline bool ThreadCaches::TakeParked(uint64_t size, const Arena& arena, Block* out,
+                                     const void* stream, bool on_stream) {
   if (size > options_.max_request) return false;
   const uint32_t cls = size_classes::ClassOf(size);
   if (cls >= kClasses) return false;
@@ -53,11 +55,19 @@ inline bool ThreadCaches::TakeParked(uint64_t size, const Arena& arena, Block* o
   c->Lock();
   ++c->ops;
   Cache::Bin& bin = c->bins[cls];
-  if (bin.n == 0) {
+  // The newest that fits: host memory, or device memory of this stream.
+  uint32_t i = bin.n;
+  while (i > 0) {
+    const Cache::Parked& e = bin.b[i - 1];
+    if (!e.lease->on_device || (on_stream && e.stream == stream)) break;
+    --i;
+  }
+  if (i == 0) {
     c->Unlock();
     return false;
   }
-  const Cache::Parked p = bin.b[--bin.n];
+  const Cache::Parked p = bin.b[i - 1];
+  bin.b[i - 1] = bin.b[--bin.n];
   const uint64_t bytes = size_classes::ClassSize(cls);
   c->cached_bytes -= bytes;
   c->Unlock();
@@ -69,9 +79,10 @@ inline bool ThreadCaches::TakeParked(uint64_t size, const Arena& arena, Block* o
   return true;
 }
 
-inline bool ThreadCaches::Park(const Block& block) {
+inline bool ThreadCaches::Park(const Block& block, const ReuseAfter& after, Evicted* evicted) {
   Lease* lease = block.lease;
-  if (lease == nullptr || lease->on_device || block.cls >= kClasses) return false;
+  if (lease == nullptr || block.cls >= kClasses) return false;
+  if (lease->on_device && !after.stream_ordered) return false;
   Cache* c = CacheFor(*lease->arena);
   if (c == nullptr) return false;
   c->Lock();
@@ -79,12 +90,28 @@ inline bool ThreadCaches::Park(const Block& block) {
   Cache::Bin& bin = c->bins[block.cls];
   // A lease lost to a daemon restart is never cached again (checked under
   // the cache lock, which TakeLost takes after it is set).
-  if (bin.n == kPerClass || c->cached_bytes + block.bytes > options_.max_cached_bytes ||
+  if ((bin.n == kPerClass && evicted == nullptr) ||
+      c->cached_bytes + (bin.n == kPerClass ? 0 : block.bytes) > options_.max_cached_bytes ||
       lease->lost.load(std::memory_order_relaxed)) {
     c->Unlock();
     return false;
   }
-  bin.b[bin.n++] = Cache::Parked{block.ptr, lease, block.handle};
+  if (bin.n == kPerClass) {  // the oldest makes room
+    const Cache::Parked old = bin.b[0];
+    for (uint32_t i = 1; i < bin.n; ++i) bin.b[i - 1] = bin.b[i];
+    --bin.n;
+    c->cached_bytes -= block.bytes;
+    evicted->any = true;
+    evicted->block.ptr = old.ptr;
+    evicted->block.bytes = block.bytes;  // the same class
+    evicted->block.lease = old.lease;
+    evicted->block.handle = old.handle;
+    evicted->block.cls = block.cls;
+    evicted->after = old.lease->on_device ? ReuseAfter::StreamWork(const_cast<void*>(old.stream))
+                                          : ReuseAfter::DeviceWork();
+  }
+  bin.b[bin.n++] =
+      Cache::Parked{block.ptr, lease, block.handle, lease->on_device ? after.stream : nullptr};
   c->cached_bytes += block.bytes;
   c->Unlock();
   return true;
