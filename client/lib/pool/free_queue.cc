@@ -97,13 +97,7 @@ absl::Status FreeQueue::Free(Block block, const ReuseAfter& after) {
   bool over;
   {
     absl::MutexLock lock(&mu_);
-    if (w.device_rule) {
-      QueueDeviceRuleLocked(std::move(w));
-    } else {
-      bytes_ += w.block.bytes;
-      ++count_;
-      stream_queues_[w.stream].push_back(std::move(w));
-    }
+    QueueLocked(std::move(w));
     over = device_rule_bytes_ > options_.max_device_rule_bytes ||
            device_rule_count_ > options_.max_device_rule_blocks;
   }
@@ -113,9 +107,13 @@ absl::Status FreeQueue::Free(Block block, const ReuseAfter& after) {
   return absl::OkStatus();
 }
 
-void FreeQueue::QueueDeviceRuleLocked(Waiting w) {
+void FreeQueue::QueueLocked(Waiting w) {
   bytes_ += w.block.bytes;
   ++count_;
+  if (!w.device_rule) {
+    stream_queues_[w.stream].push_back(std::move(w));
+    return;
+  }
   device_rule_bytes_ += w.block.bytes;
   ++device_rule_count_;
   const size_t dev = static_cast<size_t>(w.fence.device);
@@ -149,13 +147,7 @@ void FreeQueue::TakeReleasedGraphs() {
     if (f.ok()) w.fence = *f;
     w.device_rule = w.fenced;
     absl::MutexLock lock(&mu_);
-    if (w.device_rule) {
-      QueueDeviceRuleLocked(std::move(w));
-    } else {
-      bytes_ += w.block.bytes;
-      ++count_;
-      stream_queues_[w.stream].push_back(std::move(w));
-    }
+    QueueLocked(std::move(w));
   }
 }
 

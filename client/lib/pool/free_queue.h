@@ -99,8 +99,8 @@ class FreeQueue final : public BlockResource {
   FenceSource* Fences();
   void Wait(bool device_rule_only) ABSL_LOCKS_EXCLUDED(mu_);
   bool Empty() ABSL_LOCKS_EXCLUDED(mu_);
-  // Queues `w` under Free()'s rule (an AfterDevice fence of its device).
-  void QueueDeviceRuleLocked(Waiting w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `w`: under Free()'s rule by device, else by stream.
+  void QueueLocked(Waiting w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves blocks whose graphs are gone to Free()'s rule.
   void TakeReleasedGraphs() ABSL_LOCKS_EXCLUDED(mu_);
 
