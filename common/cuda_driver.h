@@ -46,7 +46,7 @@ struct CudaDriver {
   X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuStreamIsCapturing)    \
   X(cuUserObjectCreate) X(cuUserObjectRelease) X(cuGraphRetainUserObject)     \
   X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy)       \
-  X(cuGraphDestroy)
+  X(cuGraphDestroy) X(cuMemGetHandleForAddressRange)
 #define GPUMEM_CUDA_DRIVER_FIELD(name) decltype(&::name) name = nullptr;
   GPUMEM_CUDA_DRIVER_FUNCTIONS(GPUMEM_CUDA_DRIVER_FIELD)
 #undef GPUMEM_CUDA_DRIVER_FIELD

@@ -322,6 +322,22 @@ int gpumem_visible_device_count(gpumem_client* c) {
   return seen > 0 ? seen : static_cast<int>(uuids->size());
 }
 
+int gpumem_export_dmabuf(gpumem_client* c, const void* ptr, size_t size, int* fd,
+                         size_t* offset) {
+  if (fd == nullptr || offset == nullptr) {
+    return SetError(absl::InvalidArgumentError("fd or offset is NULL"));
+  }
+  *fd = -1;
+  *offset = 0;
+  absl::StatusOr<CachingPool*> pool = PoolOf(c);
+  if (!pool.ok()) return SetError(pool.status());
+  absl::StatusOr<CachingPool::DmaBuf> buf = (*pool)->ExportDmaBuf(ptr, size);
+  if (!buf.ok()) return SetError(buf.status());
+  *fd = buf->fd;
+  *offset = buf->offset;
+  return SetOk();
+}
+
 int gpumem_device_of(gpumem_client* c, const void* ptr) {
   absl::StatusOr<CachingPool*> pool = PoolOf(c);
   if (!pool.ok()) {

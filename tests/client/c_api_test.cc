@@ -142,6 +142,12 @@ TEST_F(CApiTest, BadInputGetsDocumentedCodes) {
       << gpumem_last_error_message();
   ASSERT_EQ(gpumem_malloc(c, 1000, nullptr, &p), GPUMEM_OK);
   EXPECT_EQ(gpumem_last_error(), GPUMEM_OK);
+  // Host memory has no dma-buf.
+  int fd = -1;
+  size_t offset = 0;
+  EXPECT_EQ(gpumem_export_dmabuf(c, p, 1000, &fd, &offset), GPUMEM_E_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(gpumem_last_error_message()).find("no dma-buf"), std::string::npos);
+  EXPECT_EQ(fd, -1);
   // Interior pointer, then the real free, then a double free.
   EXPECT_EQ(gpumem_free(c, static_cast<char*>(p) + 256), GPUMEM_E_DOUBLE_FREE);
   EXPECT_EQ(gpumem_free(c, static_cast<char*>(p) + 8), GPUMEM_E_DOUBLE_FREE);

@@ -73,6 +73,7 @@
 //                            cuCtxCreate contexts too)
 //   FAKE_CUDA_RDMA           "1": GPUDirect RDMA with VMM supported (else
 //                            cuMemCreate refuses gpuDirectRDMACapable)
+//   FAKE_CUDA_NO_DMA_BUF     "1": no dma-buf export (cuMemGetHandleForAddressRange)
 //   FAKE_CUDA_OTHER_USED     "0=100MiB": held by processes the fake cannot see
 //   FAKE_CUDA_COMPUTE_MODE   "0=exclusive_process,1=prohibited"
 //   FAKE_CUDA_SUBSET         the devices this process's container has ("1,2")
@@ -264,6 +265,9 @@ CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attr, CUdevice dev)
       break;
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
       *value = s.rdma ? 1 : 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED:
+      *value = s.no_dma_buf ? 0 : 1;
       break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE:
       *value = d.compute_mode;

@@ -573,6 +573,49 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
   return CUDA_SUCCESS;
 }
 
+// A dma-buf of [dptr, dptr + size): page-aligned, in one mapping or one
+// cuMemAlloc allocation of a device with dma-buf support. This fake's
+// dma-buf is a copy of the bytes when exported (a memfd), where the
+// driver's aliases the memory: enough to check what range a caller
+// exported.
+CUresult cuMemGetHandleForAddressRange(void* handle, CUdeviceptr dptr, size_t size,
+                                       CUmemRangeHandleType type, unsigned long long flags) {
+  FAKE_ENTER("cuMemGetHandleForAddressRange", true);
+  FAKE_NEED_CONTEXT(current);
+  (void)current;
+  if (handle == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) return CUDA_ERROR_INVALID_VALUE;
+  if (flags == CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE) return CUDA_ERROR_NOT_SUPPORTED;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (dptr % page != 0 || size % page != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<Piece> pieces;
+  if (!Resolve(s, dptr, size, &pieces) || pieces.size() != 1) return CUDA_ERROR_INVALID_VALUE;
+  const int ordinal =
+      pieces[0].mapping != nullptr ? pieces[0].mapping->ordinal : pieces[0].linear->ordinal;
+  if (s.no_dma_buf || ordinal < 0) return CUDA_ERROR_NOT_SUPPORTED;
+  if (pieces[0].mapping == nullptr && pieces[0].linear->ipc_opened) {
+    return CUDA_ERROR_NOT_SUPPORTED;  // another process's memory (legacy IPC)
+  }
+  int fd = memfd_create("fakecuda-dmabuf", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    if (fd >= 0) close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  std::vector<char> bytes(size);
+  const Piece& p = pieces[0];
+  const int src = p.mapping != nullptr ? p.mapping->mem->fd : p.linear->mem->fd;
+  const uint64_t at = p.mapping != nullptr ? p.mapping->offset + (dptr - p.mapping_start)
+                                           : dptr - p.linear_start;
+  if (src < 0 || !FdIo(src, at, size, false, nullptr, bytes.data(), -1) ||
+      pwrite(fd, bytes.data(), size, 0) != static_cast<ssize_t>(size)) {
+    close(fd);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *static_cast<int*>(handle) = fd;
+  return CUDA_SUCCESS;
+}
+
 // The flags cuMemSetAccess gave `location` on the mapping holding `ptr`.
 CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
                         CUdeviceptr ptr) {

@@ -215,6 +215,7 @@ bool Configure(State& s) {
   s.delay_ms = std::atoi(Env("FAKE_CUDA_DELAY_MS"));
   s.no_posix_fd = std::string(Env("FAKE_CUDA_NO_POSIX_FD")) == "1";
   s.rdma = std::string(Env("FAKE_CUDA_RDMA")) == "1";
+  s.no_dma_buf = std::string(Env("FAKE_CUDA_NO_DMA_BUF")) == "1";
   s.dirty = std::string(Env("FAKE_CUDA_DIRTY")) == "1";
   s.lost_file = Env("FAKE_CUDA_LOST_FILE");
   s.violations_file = Env("FAKE_CUDA_VIOLATIONS");

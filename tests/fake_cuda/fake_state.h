@@ -210,6 +210,7 @@ struct State {
   int delay_ms = 0;
   bool no_posix_fd = false;
   bool rdma = false;  // FAKE_CUDA_RDMA=1: GPUDirect RDMA with VMM supported
+  bool no_dma_buf = false;  // FAKE_CUDA_NO_DMA_BUF=1: no dma-buf export
   bool dirty = false;
   std::string lost_file;
   std::string machine;    // tags memfds: processes of one test see each other

@@ -18,6 +18,7 @@
 //    again (the driver's address reservation is kept).
 #include <dlfcn.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -404,6 +405,49 @@ TEST_F(CudaClientTest, AnAbandonedCaptureGivesItsBlocksBack) {
   ASSERT_EQ(d.cuStreamDestroy_v2(s), CUDA_SUCCESS);
   CUcontext popped = nullptr;
   ASSERT_EQ(d.cuCtxPopCurrent_v2(&popped), CUDA_SUCCESS);
+}
+
+// A block as a dma-buf for a NIC: the fd covers the block's pages, and the
+// offset says where the block starts in it (the fake's dma-buf is a copy of
+// the bytes at export: enough to check the range).
+TEST_F(CudaClientTest, ABlockIsExportedAsADmaBufWithItsOffset) {
+  const CudaDriver& d = Driver();
+  gpumem_client* c = Connect();
+  void* first = nullptr;
+  void* p = nullptr;
+  ASSERT_EQ(gpumem_malloc_str(c, 256, kOnOrdinal0, &first), GPUMEM_OK);
+  ASSERT_EQ(gpumem_malloc_str(c, 256, kOnOrdinal0, &p), GPUMEM_OK);
+  std::vector<unsigned char> mine(256);
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<unsigned char>(i ^ 0x5c);
+  {
+    ScopedCudaContext on(d, Primary(0));
+    ASSERT_EQ(d.cuMemcpyHtoD_v2(reinterpret_cast<CUdeviceptr>(p), mine.data(), mine.size()),
+              CUDA_SUCCESS);
+    ASSERT_EQ(d.cuStreamSynchronize(nullptr), CUDA_SUCCESS);
+  }
+  int fd = -1;
+  size_t offset = 0;
+  ASSERT_EQ(gpumem_export_dmabuf(c, p, mine.size(), &fd, &offset), GPUMEM_OK)
+      << gpumem_last_error_message();
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(offset, reinterpret_cast<uintptr_t>(p) % page);
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0);
+  EXPECT_EQ(static_cast<size_t>(st.st_size) % page, 0u);
+  EXPECT_GE(static_cast<size_t>(st.st_size), offset + mine.size());
+  std::vector<unsigned char> back(mine.size());
+  ASSERT_EQ(pread(fd, back.data(), back.size(), static_cast<off_t>(offset)),
+            static_cast<ssize_t>(back.size()));
+  EXPECT_EQ(back, mine);
+  close(fd);
+  // Bad input, by code.
+  EXPECT_EQ(gpumem_export_dmabuf(c, p, 0, &fd, &offset), GPUMEM_E_INVALID_ARGUMENT);
+  EXPECT_EQ(gpumem_export_dmabuf(c, p, size_t{1} << 40, &fd, &offset), GPUMEM_E_INVALID_ARGUMENT);
+  EXPECT_EQ(gpumem_export_dmabuf(c, mine.data(), 16, &fd, &offset), GPUMEM_E_FOREIGN_POINTER);
+  EXPECT_EQ(gpumem_export_dmabuf(c, p, 16, nullptr, &offset), GPUMEM_E_INVALID_ARGUMENT);
+  EXPECT_EQ(gpumem_free(c, p), GPUMEM_OK);
+  EXPECT_EQ(gpumem_free(c, first), GPUMEM_OK);
+  gpumem_close(c);
 }
 
 TEST_F(CudaClientTest, EveryEntryPointLeavesTheCallersContextAsFound) {

@@ -128,6 +128,18 @@ int gpumem_device_count(gpumem_client* client);
  * devices (the sim backend). -1 on error, last error set. */
 int gpumem_visible_device_count(gpumem_client* client);
 
+/* [ptr, ptr + size) of a live block as a dma-buf for a NIC
+ * (ibv_reg_dmabuf_mr(pd, *offset, size, iova, *fd, access)): *fd covers the
+ * range widened to whole host pages and is the caller's to close; *offset
+ * is where ptr is in it. The range must lie in the block's lease (or
+ * whole block), and the block must stay allocated while the NIC uses it.
+ * GPUMEM_E_FAILED_PRECONDITION for host memory (the sim backend) or a
+ * device without dma-buf support; GPUMEM_E_INVALID_ARGUMENT for a size of
+ * 0 or past the block's memory. Slabs are made GPUDirect RDMA capable where
+ * the device supports it. */
+int gpumem_export_dmabuf(gpumem_client* client, const void* ptr, size_t size, int* fd,
+                         size_t* offset);
+
 /* The daemon's device index of a live block, or -1 (last error set). */
 int gpumem_device_of(gpumem_client* client, const void* ptr);
 

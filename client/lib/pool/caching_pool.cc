@@ -4,6 +4,7 @@
 #include "client/lib/pool/caching_pool.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -247,6 +248,64 @@ absl::StatusOr<int> CachingPool::OrdinalOf(const void* ptr) {
   absl::StatusOr<CudaDeviceContext> dev = CudaDeviceContext::Find(**d, uuid);
   if (!dev.ok()) return dev.status();
   return dev->ordinal;
+}
+
+absl::StatusOr<CachingPool::DmaBuf> CachingPool::ExportDmaBuf(const void* ptr, uint64_t size) {
+  if (Forked()) return ForkedError();
+  absl::StatusOr<int> daemon_index = DeviceOf(ptr);  // a live block, or why not
+  if (!daemon_index.ok()) return daemon_index.status();
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  uintptr_t lo, hi;
+  bool on_device;
+  std::string uuid;
+  if (Lease* lease = size_classes_->FindLease(p)) {
+    lo = lease->base;
+    hi = lease->base + lease->size;
+    on_device = lease->on_device;
+    uuid = lease->uuid;
+  } else {
+    auto whole = source_->FindWhole(p);
+    if (!whole) return LibraryError(GPUMEM_E_FOREIGN_POINTER, "not a live block");
+    lo = p;
+    hi = p + whole->size;
+    on_device = whole->on_device;
+    uuid = std::move(whole->uuid);
+  }
+  if (size == 0 || size > hi - p) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%u bytes from %p: the block's memory ends %u bytes after it", size, ptr, hi - p));
+  }
+  if (!on_device) {
+    return absl::FailedPreconditionError(
+        "host memory (the sim backend) has no dma-buf: its slab is a memfd mapping");
+  }
+  absl::StatusOr<const CudaDriver*> d = LoadCudaDriver();
+  if (!d.ok()) return d.status();
+  absl::StatusOr<CudaDeviceContext> dev = CudaDeviceContext::Find(**d, uuid);
+  if (!dev.ok()) return dev.status();
+  int supported = 0;
+  CUdevice cu_dev;
+  if ((*d)->cuDeviceGet(&cu_dev, dev->ordinal) != CUDA_SUCCESS ||
+      (*d)->cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, cu_dev) !=
+          CUDA_SUCCESS ||
+      !supported) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device ", uuid, " does not support dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)"));
+  }
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t start = std::max(lo, p / page * page);
+  const uintptr_t end = std::min(hi, (p + size + page - 1) / page * page);
+  ScopedCudaContext scope(**d, dev->ctx);
+  absl::Status s = dev->Entered(**d, scope);
+  int fd = -1;
+  if (s.ok()) {
+    s = CudaStatus(**d,
+                   (*d)->cuMemGetHandleForAddressRange(&fd, start, end - start,
+                                                       CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                   "cuMemGetHandleForAddressRange", absl::StrCat("device ", uuid));
+  }
+  if (!s.ok()) return s;
+  return DmaBuf{fd, p - start};
 }
 
 absl::StatusOr<uint64_t> CachingPool::Trim() {

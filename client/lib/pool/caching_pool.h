@@ -114,6 +114,17 @@ class CachingPool {
   // This process's CUDA ordinal of a live block's device, or -1 for host
   // memory (gpumem_device_ordinal).
   absl::StatusOr<int> OrdinalOf(const void* ptr);
+  // [ptr, ptr + size) of a live block's memory as a dma-buf fd (the
+  // caller's to close) for a NIC (ibv_reg_dmabuf_mr), and where ptr is in
+  // it: the fd covers the range widened to host pages
+  // (cuMemGetHandleForAddressRange). The range must lie in the block's
+  // lease or whole block. FAILED_PRECONDITION for host memory (the sim
+  // backend) and for a device without dma-buf support.
+  struct DmaBuf {
+    int fd = -1;
+    uint64_t offset = 0;
+  };
+  absl::StatusOr<DmaBuf> ExportDmaBuf(const void* ptr, uint64_t size);
   // Waits for deferred frees, empties every thread cache and gives every
   // empty lease back. Bytes given back.
   absl::StatusOr<uint64_t> Trim();

@@ -70,7 +70,8 @@ std::optional<LeaseSource::WholeInfo> LeaseSource::FindWhole(uintptr_t p) {
   auto it = wholes_.find(p);
   if (it == wholes_.end()) return std::nullopt;
   const Buffer& b = *it->second;
-  return WholeInfo{b.id(), static_cast<int>(b.device_index()), IsDeviceMemory(b), b.device_uuid()};
+  return WholeInfo{b.id(), static_cast<int>(b.device_index()), IsDeviceMemory(b), b.device_uuid(),
+                   b.size()};
 }
 
 void LeaseSource::MarkLost(const absl::flat_hash_set<uint64_t>& ids) {

@@ -79,6 +79,7 @@ class LeaseSource final : public BlockResource {
     int device;   // the daemon's index
     bool on_device;
     std::string uuid;
+    uint64_t size = 0;
   };
   std::optional<WholeInfo> FindWhole(uintptr_t p) ABSL_LOCKS_EXCLUDED(mu_);
 

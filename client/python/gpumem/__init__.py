@@ -361,6 +361,18 @@ class Client:
         if close_now:
             self._close_now()
 
+    def export_dmabuf(self, block, size=None):
+        """(fd, offset): the block's memory as a dma-buf for a NIC
+        (ibv_reg_dmabuf_mr); the fd is the caller's to close. FailedPrecondition
+        for host memory (the sim backend)."""
+        fd = ctypes.c_int(-1)
+        offset = ctypes.c_size_t()
+        n = size if size is not None else getattr(block, "size", 0)
+        if self._lib.gpumem_export_dmabuf(self._h, _address(block), n, ctypes.byref(fd),
+                                          ctypes.byref(offset)):
+            raise self._error()
+        return fd.value, offset.value
+
     def device_of(self, block):
         """The daemon's device index of a live block (or address)."""
         d = self._lib.gpumem_device_of(self._h, _address(block))

@@ -44,6 +44,7 @@ def _declare(lib):
         "gpumem_device_count": (c_int, [c_void_p]),
         "gpumem_visible_device_count": (c_int, [c_void_p]),
         "gpumem_device_of": (c_int, [c_void_p, c_void_p]),
+        "gpumem_export_dmabuf": (c_int, [c_void_p, c_void_p, c_size_t, P(c_int), P(c_size_t)]),
         "gpumem_trim": (c_int, [c_void_p, P(c_size_t)]),
         "gpumem_stats_json": (c_int, [c_void_p, P(c_void_p)]),
         "gpumem_call_json": (c_int, [c_void_p, c_char_p, c_char_p, P(c_void_p)]),

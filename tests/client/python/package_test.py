@@ -70,6 +70,11 @@ check(c.visible_device_count() == 3, "3 devices visible: this process has no CUD
 
 # --- allocation with placement -----------------------------------------
 b = c.malloc(4096, gpus="2")
+try:
+    c.export_dmabuf(b)
+    check(False, "host memory exported as a dma-buf")
+except gpumem.FailedPrecondition as e:
+    check("no dma-buf" in str(e), str(e))
 check(b.device == 2 and b.size == 4096 and b.ptr != 0, "malloc on device 2: %r" % b)
 b2 = c.malloc(4096, gpus=[0, 1], exclude=0)
 check(b2.device == 1, "gpus [0,1] without 0: device %d" % b2.device)
