@@ -223,6 +223,7 @@ struct State {
   // device's in this fake (its contexts[ordinal]).
   std::deque<std::unique_ptr<CUctx_st>> created;
   std::vector<CUstream_st*> streams;  // live ones, the NULL streams too
+  std::vector<CUstream_st*> retired_streams;  // destroyed ones, kept (see WorkerLoop)
   int next_stream_id = 1;
   std::set<CUevent_st*> events;
   long calls = 0;  // driver calls made since cuInit (fakeCudaCalls)

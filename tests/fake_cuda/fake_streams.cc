@@ -145,14 +145,15 @@ void WorkerLoop(CUstream_st* st) {
     st->running = false;
     s.cv.notify_all();
   }
-  // Destroyed: no longer a stream of this process (the struct stays: a
-  // dependency of queued work may still name it).
+  // Destroyed: no longer a stream of this process (the struct stays, kept
+  // in `retired_streams`: a dependency of queued work may still name it).
   for (size_t i = 0; i < s.streams.size(); ++i) {
     if (s.streams[i] == st) {
       s.streams.erase(s.streams.begin() + static_cast<long>(i));
       break;
     }
   }
+  s.retired_streams.push_back(st);
   s.cv.notify_all();
 }
 
