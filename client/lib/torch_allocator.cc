@@ -178,14 +178,20 @@ void RaiseTo(std::atomic<uint64_t>& peak, uint64_t value) {
   }
 }
 
+// The process-wide client's pool figures (none before its first malloc).
+// Takes the pool's locks.
+PoolStats TorchPoolStats() {
+  gpumem_client* c = State().client.load(std::memory_order_acquire);
+  return c != nullptr ? c->pool->Stats() : PoolStats();
+}
+
 // Bytes this process holds from the daemon on ordinal d's device (leases
-// and whole blocks, idle and deferred ones included); 0 before its first
-// malloc. Takes the pool's locks.
-uint64_t ReservedOn(int d) {
+// and whole blocks, idle and deferred ones included), from `pool`; 0 before
+// the ordinal's first malloc. Learnt: the peak follows.
+uint64_t ReservedOn(int d, const PoolStats& pool) {
   TorchState& st = State();
   if (st.arena[d].load(std::memory_order_acquire) == nullptr) return 0;
   const uint32_t index = static_cast<uint32_t>(st.daemon_index[d].load(std::memory_order_relaxed));
-  const PoolStats pool = st.client.load(std::memory_order_acquire)->pool->Stats();
   uint64_t bytes = 0;
   for (const PoolStats::LeaseRow& r : pool.rows) {
     if (r.device == static_cast<int>(index)) bytes += r.bytes;
@@ -276,7 +282,9 @@ void* gpumem_torch_malloc(ssize_t size, int device, void* stream) {
   const uint64_t now =
       f.allocated.fetch_add(static_cast<uint64_t>(size), std::memory_order_relaxed) + size;
   gpumem::client::RaiseTo(f.allocated_peak, now);
-  if (now > f.reserved_seen.load(std::memory_order_relaxed)) gpumem::client::ReservedOn(device);
+  if (now > f.reserved_seen.load(std::memory_order_relaxed)) {
+    gpumem::client::ReservedOn(device, gpumem::client::TorchPoolStats());
+  }
   gpumem::client::SetOk();
   return *p;
 }
@@ -321,17 +329,15 @@ int gpumem_torch_memory_stats(int device, gpumem_torch_stats* out) {
         absl::InvalidArgumentError(absl::StrCat("device ordinal ", device, " out of range")));
   }
   gpumem::client::OrdinalFigures& f = gpumem::client::State().figures[device];
-  out->reserved_bytes = gpumem::client::ReservedOn(device);
+  const gpumem::client::PoolStats pool = gpumem::client::TorchPoolStats();
+  out->reserved_bytes = gpumem::client::ReservedOn(device, pool);
   out->reserved_bytes_peak = f.reserved_peak.load(std::memory_order_relaxed);
   out->allocated_bytes = f.allocated.load(std::memory_order_relaxed);
   out->allocated_bytes_peak = f.allocated_peak.load(std::memory_order_relaxed);
   out->allocations = f.allocations.load(std::memory_order_relaxed);
   out->frees = f.frees.load(std::memory_order_relaxed);
   out->refusals = f.refusals.load(std::memory_order_relaxed);
-  out->graph_held_bytes = 0;
-  if (gpumem_client* c = gpumem::client::State().client.load(std::memory_order_acquire)) {
-    out->graph_held_bytes = c->pool->Stats().graph_held_bytes;
-  }
+  out->graph_held_bytes = pool.graph_held_bytes;
   return gpumem::client::SetOk();
 }
 
@@ -343,7 +349,7 @@ int gpumem_torch_reset_peak_memory_stats(int device) {
   gpumem::client::OrdinalFigures& f = gpumem::client::State().figures[device];
   f.allocated_peak.store(f.allocated.load(std::memory_order_relaxed), std::memory_order_relaxed);
   f.reserved_peak.store(0, std::memory_order_relaxed);
-  gpumem::client::ReservedOn(device);
+  gpumem::client::ReservedOn(device, gpumem::client::TorchPoolStats());
   return gpumem::client::SetOk();
 }
 
