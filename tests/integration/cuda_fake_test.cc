@@ -132,6 +132,21 @@ class CudaFakeTest : public ::testing::Test {
     return line;
   }
 
+  // 16 MiB allocations on device 0 until one is refused (*refused), at most
+  // 32: the ids of those served.
+  std::vector<uint64_t> FillDevice0(absl::Status* refused) {
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < 32; ++i) {
+      auto a = Alloc(16 * kMiB, "0");
+      if (!a.ok()) {
+        *refused = a.status();
+        break;
+      }
+      ids.push_back(a->allocations(0).id());
+    }
+    return ids;
+  }
+
   // This process's own context on device 0, retained and pushed current: a
   // CUDA process of its own beside the daemon's clients.
   static const CudaDriver* EnterDevice0() {
@@ -357,16 +372,8 @@ TEST_F(CudaFakeTest, SlabsAreAdmittedAgainstWhatTheDriverHasFree) {
   EXPECT_GE(d.driver_free_bytes(), 192 * kMiB - kCtx);
   EXPECT_LE(d.free_bytes(), d.driver_free_bytes()) << d.DebugString();
   const int fit = static_cast<int>(d.driver_free_bytes() / (16 * kMiB));
-  int served = 0;
   absl::Status refused;
-  for (int i = 0; i < 32; ++i) {
-    auto a = Alloc(16 * kMiB, "0");
-    if (!a.ok()) {
-      refused = a.status();
-      break;
-    }
-    ++served;
-  }
+  const int served = static_cast<int>(FillDevice0(&refused).size());
   EXPECT_EQ(served, fit);  // what is free, in 16 MiB slabs
   ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   // The daemon knew it would not fit: a placement refusal, not the driver's
@@ -394,16 +401,8 @@ TEST_F(CudaFakeTest, ANewProcessFindsRoomForItsContextOnAFullDevice) {
   // process's context if an earlier case left one), in 16 MiB slabs.
   const uint64_t driver_free = Device(0).driver_free_bytes();
   ASSERT_GE(driver_free, 228 * kMiB);
-  std::vector<uint64_t> ids;
   absl::Status refused;
-  for (int i = 0; i < 32; ++i) {
-    auto a = Alloc(16 * kMiB, "0");
-    if (!a.ok()) {
-      refused = a.status();
-      break;
-    }
-    ids.push_back(a->allocations(0).id());
-  }
+  const std::vector<uint64_t> ids = FillDevice0(&refused);
   EXPECT_EQ(ids.size(), (driver_free - 88 * kMiB) / (16 * kMiB));
   ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_TRUE(absl::StrContains(refused.message(),
