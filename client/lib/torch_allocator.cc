@@ -237,6 +237,17 @@ absl::StatusOr<MemInfo> TorchMemInfo(int d) {
   return absl::NotFoundError(absl::StrCat("device ", *uuid, " is gone from the daemon"));
 }
 
+// The calling thread's last refused gpumem_torch_malloc: PyTorch's caching
+// allocator may call the library again (freeing its cached segments) between
+// the refusal and the exception it raises, which resets the last error.
+thread_local std::string last_refusal;
+
+void Refused(OrdinalFigures* f, const absl::Status& s) {
+  if (f != nullptr) f->refusals.fetch_add(1, std::memory_order_relaxed);
+  last_refusal = std::string(s.message());
+  SetError(s);
+}
+
 }  // namespace
 }  // namespace client
 }  // namespace gpumem
@@ -263,10 +274,10 @@ void* gpumem_torch_malloc(ssize_t size, int device, void* stream) {
   }
   absl::StatusOr<gpumem::client::CachingPool::Arena*> arena = gpumem::client::ArenaOfDevice(device);
   if (!arena.ok()) {
-    if (gpumem::client::ValidOrdinal(device)) {
-      gpumem::client::State().figures[device].refusals.fetch_add(1, std::memory_order_relaxed);
-    }
-    gpumem::client::SetError(gpumem::client::ForkAware(arena.status()));
+    gpumem::client::Refused(gpumem::client::ValidOrdinal(device)
+                                ? &gpumem::client::State().figures[device]
+                                : nullptr,
+                            gpumem::client::ForkAware(arena.status()));
     return nullptr;
   }
   gpumem::client::OrdinalFigures& f = gpumem::client::State().figures[device];
@@ -274,8 +285,7 @@ void* gpumem_torch_malloc(ssize_t size, int device, void* stream) {
       gpumem::client::State().client.load(std::memory_order_acquire)->pool->AllocateOnStream(
           static_cast<uint64_t>(size), *arena, stream);
   if (!p.ok()) {
-    f.refusals.fetch_add(1, std::memory_order_relaxed);
-    gpumem::client::SetError(gpumem::client::ForkAware(p.status()));
+    gpumem::client::Refused(&f, gpumem::client::ForkAware(p.status()));
     return nullptr;
   }
   f.allocations.fetch_add(1, std::memory_order_relaxed);
@@ -351,6 +361,10 @@ int gpumem_torch_reset_peak_memory_stats(int device) {
   f.reserved_peak.store(0, std::memory_order_relaxed);
   gpumem::client::ReservedOn(device, gpumem::client::TorchPoolStats());
   return gpumem::client::SetOk();
+}
+
+const char* gpumem_torch_last_refusal(void) {
+  return gpumem::client::last_refusal.c_str();
 }
 
 int gpumem_torch_empty_cache(void) {

@@ -200,7 +200,10 @@ const char* gpumem_status_name(int code);
  * NULL when the memory cannot be had (last error set). PyTorch's pluggable
  * allocator does not check for NULL: the tensor it makes has data pointer
  * 0, and the first kernel on it faults. Size the work from mem_get_info
- * (below) so that it fits, and check refusals in gpumem_torch_memory_stats.
+ * (below) so that it fits, and check refusals in gpumem_torch_memory_stats;
+ * or serve a torch.cuda.MemPool with these two (gpumem.torch.mem_pool()):
+ * PyTorch's caching allocator turns a NULL segment into
+ * torch.OutOfMemoryError, and gpumem_torch_last_refusal says why.
  *
  * gpumem_torch_free follows PyTorch's contract for its allocator: it returns
  * at once, and the block is reused only after the work queued on `stream`
@@ -243,6 +246,12 @@ int gpumem_torch_reset_peak_memory_stats(int device);
 /* Gives what the PyTorch entry points' client holds unused back to gpumemd
  * (gpumem_trim; torch.cuda.empty_cache() under gpumem.torch). */
 int gpumem_torch_empty_cache(void);
+/* Why the calling thread's last gpumem_torch_malloc answered NULL (gpumemd's
+ * words, e.g. the tenant's quota), "" if none did; kept until the next NULL
+ * answer on this thread (other calls leave it), so it survives what PyTorch
+ * calls between a NULL segment and the torch.OutOfMemoryError it raises.
+ * Valid until this thread's next gpumem_torch_malloc. */
+const char* gpumem_torch_last_refusal(void);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -30,11 +30,33 @@ PyTorch's pluggable allocator does not check it: the tensor gets data
 pointer 0 and its first kernel faults. Size the work from mem_get_info()
 so that it fits; memory_stats()["num_ooms"] counts the refusals.
 
+Where a refusal must be an exception, use the pool route instead of
+enable() (the two exclude each other):
+
+    pool = gpumem.torch.mem_pool()
+    with gpumem.torch.use_mem_pool(pool):
+        x = torch.empty(1 << 30, device="cuda")   # from gpumemd
+    # a refusal inside raised torch.OutOfMemoryError, gpumemd's reason last
+
+mem_pool() is a torch.cuda.MemPool whose segments gpumemd serves: PyTorch's
+own caching allocator carves tensors from them, so its stream-ordered
+reuse, record_stream, CUDA graph pools and memory_stats() stay PyTorch's,
+and it turns a NULL segment into torch.OutOfMemoryError (after giving its
+cached segments back and trying once more), as it does for cudaMalloc.
+use_mem_pool() routes the calling thread's allocations there (PyTorch's
+use_mem_pool: other threads, such as autograd's, allocate natively) and
+appends gpumemd's reason to that error as it leaves the block;
+last_refusal() gives the reason to code that catches the error inside.
+mem_pool() also installs the tenant-budget mem_get_info(), and makes
+torch.cuda.empty_cache() give the library's idle memory back to gpumemd
+after PyTorch's own.
+
 The client is the library's process-wide one (configured from the
 environment, like the allocator: GPUMEMD_SOCKET, GPUMEM_PLACEMENT, ...), and
 device ordinals are this process's, mapped to the daemon's devices by UUID
 under CUDA_VISIBLE_DEVICES as the allocator maps them.
 """
+import contextlib
 import ctypes
 import threading
 
@@ -43,6 +65,7 @@ from gpumem import _lib
 
 _lock = threading.Lock()
 _enabled = None  # (torch module, the allocator object)
+_pooled = None   # (torch module, the allocator object) of the pool route
 
 
 def enable(torch=None):
@@ -56,6 +79,10 @@ def enable(torch=None):
     with _lock:
         if _enabled is not None and _enabled[0] is torch:
             return _enabled[1]
+        if _pooled is not None and _pooled[0] is torch:
+            raise RuntimeError(
+                "gpumem.torch.enable() after gpumem.torch.mem_pool(): the pool route "
+                "keeps PyTorch's own allocator; use one route per process")
         path = _lib.path()
         alloc = torch.cuda.memory.CUDAPluggableAllocator(
             path, "gpumem_torch_malloc", "gpumem_torch_free")
@@ -76,9 +103,87 @@ def enabled():
     return _enabled is not None
 
 
+def mem_pool(device=None, torch=None):
+    """A new torch.cuda.MemPool whose segments gpumemd serves (through the
+    same gpumem_torch_malloc/free as enable()). `device` is accepted for
+    symmetry with use_mem_pool (a pool serves whichever device allocates).
+    Raises RuntimeError after enable(), or where this PyTorch has no
+    MemPool (before 2.5)."""
+    del device
+    global _pooled
+    if torch is None:
+        import torch  # noqa: WPS433 - PyTorch is the caller's
+    with _lock:
+        if _enabled is not None and _enabled[0] is torch:
+            raise RuntimeError(
+                "gpumem.torch.mem_pool() after gpumem.torch.enable(): every tensor "
+                "already comes from gpumemd through the pluggable allocator; use one "
+                "route per process")
+        pool_type = getattr(torch.cuda, "MemPool", None)
+        if pool_type is None:
+            raise RuntimeError(
+                "gpumem.torch.mem_pool() needs torch.cuda.MemPool (PyTorch 2.5 or later); "
+                "this PyTorch is %s" % getattr(torch, "__version__", "unknown"))
+        if _pooled is None or _pooled[0] is not torch:
+            alloc = torch.cuda.memory.CUDAPluggableAllocator(
+                _lib.path(), "gpumem_torch_malloc", "gpumem_torch_free")
+            torch.cuda.mem_get_info = mem_get_info
+            torch.cuda.memory.mem_get_info = mem_get_info
+            native_empty_cache = torch.cuda.memory.empty_cache
+
+            def pooled_empty_cache():
+                """PyTorch's empty_cache (its pools' idle segments go back
+                to the library), then the library's idle memory to gpumemd."""
+                native_empty_cache()
+                empty_cache()
+            torch.cuda.empty_cache = pooled_empty_cache
+            torch.cuda.memory.empty_cache = pooled_empty_cache
+            _pooled = (torch, alloc)
+        return pool_type(_pooled[1].allocator())
+
+
+def _refusals(ordinal):
+    try:
+        return _figures(ordinal).refusals
+    except gpumem.Error:
+        return None
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool=None, device=None):
+    """PyTorch's use_mem_pool over a gpumemd pool (a new one when None):
+    inside, the calling thread's CUDA tensors come from gpumemd, and a
+    refusal raises torch.OutOfMemoryError; one that leaves the block
+    carries gpumemd's reason at the end of its message. Yields the pool."""
+    if pool is None:
+        pool = mem_pool()
+    torch = _pooled[0]
+    ordinal = _ordinal(device)
+    before = _refusals(ordinal)
+    with torch.cuda.use_mem_pool(pool, device):
+        try:
+            yield pool
+        except torch.cuda.OutOfMemoryError as e:
+            reason = last_refusal()
+            after = _refusals(ordinal)
+            if before is None or after is None or after == before or not reason:
+                raise
+            raise type(e)("%s\ngpumemd: %s" % (e, reason)) from e
+
+
+def last_refusal():
+    """Why the calling thread's last PyTorch allocation from gpumemd was
+    refused (gpumemd's words, e.g. the tenant's quota), or "" if none was."""
+    msg = _lib.load().gpumem_torch_last_refusal()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+
+
 def _ordinal(device):
     if device is None:
-        torch = _enabled[0] if _enabled is not None else None
+        route = _enabled if _enabled is not None else _pooled
+        torch = route[0] if route is not None else None
         return torch.cuda.current_device() if torch is not None else 0
     if isinstance(device, bool):
         raise gpumem.InvalidArgument(3, "GPUMEM_E_INVALID_ARGUMENT",

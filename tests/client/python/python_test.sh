@@ -2,7 +2,8 @@
 # The gpumem Python package under Debian's /usr/bin/python3: installed with
 # tools/install-python into a private prefix (the library inside the
 # package, no GPUMEM_LIBRARY), then package_test.py against a 3-device sim
-# daemon and torch_hook_test.py (stand-in torch, vLLM-style sizing) against
+# daemon, and torch_hook_test.py (stand-in torch, vLLM-style sizing) and
+# torch_pool_test.py (the MemPool route) against
 # a 2x16 GiB one whose uid tenant has a 2 GiB quota.
 set -euo pipefail
 gpumemd=$1 ctl=$2 lib=$3 install=$4 dir=$5
@@ -25,5 +26,7 @@ start_daemon "$gpumemd" --sim_devices=2x16GiB
 GPUMEMD_SOCKET=$SOCK "$ctl" quota "uid-$(id -u)" --total=2GiB >/dev/null
 GPUMEMD_SOCKET=$SOCK PYTHONPATH=$prefix:$dir/fake_torch:$dir LD_PRELOAD=$SANITIZER_PRELOAD \
   /usr/bin/python3 "$dir/torch_hook_test.py" "$ctl" || fail "torch_hook_test.py failed"
+GPUMEMD_SOCKET=$SOCK PYTHONPATH=$prefix:$dir/fake_torch:$dir LD_PRELOAD=$SANITIZER_PRELOAD \
+  /usr/bin/python3 "$dir/torch_pool_test.py" "$ctl" || fail "torch_pool_test.py failed"
 stop_daemon
 echo PASS

@@ -13,11 +13,16 @@ per device (out of memory there is torch.cuda.OutOfMemoryError), which is
 also what the native mem_get_info reports: the whole GPU, whatever the
 tenant may use. memory_stats and the functions read from it answer for the
 native allocator and raise under a pluggable one, as PyTorch's
-getDeviceStats does; empty_cache does nothing there.
+getDeviceStats does; empty_cache does nothing there. torch.cuda.MemPool and
+use_mem_pool model the other route: PyTorch's caching allocator carves
+tensors from segments a MemPool's allocator serves (raw_alloc), and a NULL
+segment is torch.OutOfMemoryError (memory.py says how).
 """
 calls = []
 
 from . import cuda  # noqa: E402
+
+OutOfMemoryError = cuda.OutOfMemoryError
 
 
 class Tensor:

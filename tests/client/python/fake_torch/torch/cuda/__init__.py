@@ -47,3 +47,5 @@ memory_reserved = memory.memory_reserved
 max_memory_reserved = memory.max_memory_reserved
 reset_peak_memory_stats = memory.reset_peak_memory_stats
 empty_cache = memory.empty_cache
+MemPool = memory.MemPool
+use_mem_pool = memory.use_mem_pool
