@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 
 namespace gpumem {
 namespace {
@@ -150,14 +151,32 @@ absl::StatusOr<std::string> CudaDeviceUuid(const CudaDriver& driver, CUdevice de
   absl::Status s = CudaStatus(driver, driver.cuDeviceGetUuid_v2(&v2, dev), "cuDeviceGetUuid_v2",
                               absl::StrCat("device ", dev));
   if (!s.ok()) return s;
-  // A MIG instance: _v2 names the instance, the first version the GPU.
-  bool mig = false;
+  // A MIG instance: _v2 names the instance, the first version the GPU; or
+  // its name carries the profile (where the first version is missing or
+  // fails, the name alone decides).
+  char name[256] = {};
+  bool mig = driver.cuDeviceGetName(name, sizeof(name) - 1, dev) == CUDA_SUCCESS &&
+             IsMigProfileName(name);
   CUuuid v1;
-  if (driver.cuDeviceGetUuid_v1 != nullptr &&
+  if (!mig && driver.cuDeviceGetUuid_v1 != nullptr &&
       driver.cuDeviceGetUuid_v1(&v1, dev) == CUDA_SUCCESS) {
     mig = std::memcmp(v1.bytes, v2.bytes, sizeof(v2.bytes)) != 0;
   }
   return FormatCudaUuid(v2, mig);
+}
+
+bool IsMigProfileName(absl::string_view name) {
+  const size_t at = name.find(" MIG ");
+  if (at == absl::string_view::npos) return false;
+  absl::string_view p = name.substr(at + 5);
+  auto digits = [&p] {
+    size_t n = 0;
+    while (n < p.size() && absl::ascii_isdigit(static_cast<unsigned char>(p[n]))) ++n;
+    p.remove_prefix(n);
+    return n > 0;
+  };
+  return digits() && absl::ConsumePrefix(&p, "g.") && digits() &&
+         absl::StartsWithIgnoreCase(p, "gb");
 }
 
 bool SameCudaUuid(absl::string_view a, absl::string_view b) {

@@ -27,8 +27,9 @@ struct CudaDriver {
   X(cuInit) X(cuGetErrorString) X(cuGetErrorName) X(cuDeviceGetCount)       \
   X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetUuid_v2)                   \
   X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuDeviceGetAttribute)     \
-  X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain)                      \
-  X(cuDevicePrimaryCtxRelease_v2) X(cuCtxSetCurrent) X(cuCtxGetCurrent)     \
+  X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute)                       \
+  X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2)               \
+  X(cuCtxSetCurrent) X(cuCtxGetCurrent)                                     \
   X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxSynchronize)          \
   X(cuMemGetInfo_v2) X(cuMemGetAllocationGranularity)                       \
   X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle)            \
@@ -102,8 +103,16 @@ CUresult CudaErrorOf(const absl::Status& status);
 std::string FormatCudaUuid(const CUuuid& uuid, bool mig = false);
 
 // Device `dev`'s UUID as nvidia-smi prints it: "MIG-..." when it is a MIG
-// instance (cuDeviceGetUuid_v2 and the first cuDeviceGetUuid differ).
+// instance. Two signals, either one enough: cuDeviceGetUuid_v2 and the
+// first cuDeviceGetUuid differ (the first names the GPU the instance lives
+// on: the reason _v2 was added in CUDA 11.4), or the device's name carries
+// a MIG profile (IsMigProfileName), as the driver names instances.
 absl::StatusOr<std::string> CudaDeviceUuid(const CudaDriver& driver, CUdevice dev);
+
+// Does a device name (cuDeviceGetName) end in a MIG profile, as the driver
+// names a MIG instance: "NVIDIA A100-SXM4-40GB MIG 1g.5gb", "NVIDIA H100 80GB
+// HBM3 MIG 3g.40gb", "... MIG 1g.10gb+me"? " MIG ", then <n>g.<m>gb.
+bool IsMigProfileName(absl::string_view name);
 
 // The same UUID spelled either way ("GPU-"/"MIG-" prefix and case aside
 // from the hex digits' case).

@@ -161,7 +161,7 @@ int Stats(Client& client) {
       }
     }
   }
-  std::cout << "peers (X self, NV nvlink, SYS through the host):\n    ";
+  std::cout << "peers (X self, NV nvlink, PIX direct over PCIe, SYS through the host):\n    ";
   for (const v1::DeviceStats& d : stats->devices()) std::cout << absl::StrFormat("%5d", d.index());
   std::cout << "\n";
   for (const v1::DeviceStats& d : stats->devices()) {
@@ -169,6 +169,7 @@ int Stats(Client& client) {
     for (int link : d.peers()) {
       std::cout << absl::StrFormat("%5s", link == v1::PEER_LINK_SELF     ? "X"
                                           : link == v1::PEER_LINK_NVLINK ? "NV"
+                                          : link == v1::PEER_LINK_PCIE   ? "PIX"
                                                                          : "SYS");
     }
     std::cout << "\n";

@@ -37,8 +37,9 @@ struct DeviceInfo {
 };
 
 // How two devices reach each other; the placement policy "near" prefers
-// smaller values. Self < NvLink < Host.
-enum class PeerLink : uint8_t { kSelf = 0, kNvLink = 1, kHost = 2 };
+// smaller values. Self < NvLink < Pcie (direct peer access over PCIe) <
+// Host (no peer access: copies are staged through host memory).
+enum class PeerLink : uint8_t { kSelf = 0, kNvLink = 1, kPcie = 2, kHost = 3 };
 
 // How a client opens a slab (gpumem.v1.HandleKind says the same on the wire).
 enum class HandleKind : uint8_t {

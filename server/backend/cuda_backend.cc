@@ -526,7 +526,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const char* library
       if (a == b) {
         peers[a * count + b] = PeerLink::kSelf;
       } else if (d.cuDeviceCanAccessPeer(&can, a, b) == CUDA_SUCCESS && can) {
-        peers[a * count + b] = PeerLink::kNvLink;
+        // The driver does not name the link; native atomics over it are
+        // NVLink's (PCIe peer access has none). Unknown counts as PCIe.
+        int atomics = 0;
+        const bool nvlink =
+            d.cuDeviceGetP2PAttribute(&atomics, CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+                                      a, b) == CUDA_SUCCESS &&
+            atomics != 0;
+        peers[a * count + b] = nvlink ? PeerLink::kNvLink : PeerLink::kPcie;
       }
     }
   }

@@ -26,7 +26,7 @@ namespace placement {
 // How one device reaches another; smaller is nearer. Same values as the
 // backend's PeerLink (server/backend/backend.h), so a backend answer converts
 // with a static_cast.
-enum class PeerDistance : uint8_t { kSelf = 0, kNvLink = 1, kHost = 2 };
+enum class PeerDistance : uint8_t { kSelf = 0, kNvLink = 1, kPcie = 2, kHost = 3 };
 
 struct DeviceView {
   uint32_t index = 0;

@@ -30,6 +30,11 @@ placement::DeviceSnapshot DevicePools::Snapshot() const {
     v.largest_free_bytes = s.largest_carvable;
   }
   const Backend* backend = backend_;
+  static_assert(static_cast<int>(PeerLink::kPcie) ==
+                    static_cast<int>(placement::PeerDistance::kPcie) &&
+                static_cast<int>(PeerLink::kHost) ==
+                    static_cast<int>(placement::PeerDistance::kHost),
+                "PeerLink and PeerDistance share their values");
   snap.peer = [backend](uint32_t a, uint32_t b) {
     return static_cast<placement::PeerDistance>(backend->Peer(a, b));
   };

@@ -11,6 +11,7 @@ v1::PeerLink ToWire(PeerLink link) {
   switch (link) {
     case PeerLink::kSelf: return v1::PEER_LINK_SELF;
     case PeerLink::kNvLink: return v1::PEER_LINK_NVLINK;
+    case PeerLink::kPcie: return v1::PEER_LINK_PCIE;
     case PeerLink::kHost: return v1::PEER_LINK_HOST;
   }
   return v1::PEER_LINK_UNSPECIFIED;

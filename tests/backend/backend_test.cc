@@ -69,13 +69,21 @@ TEST(SimTopologyTest, GroupsAreCliquesAndTheRestGoesThroughTheHost) {
   EXPECT_EQ(backend.Peer(2, 4), PeerLink::kNvLink);
   EXPECT_EQ(backend.Peer(1, 2), PeerLink::kHost);
   EXPECT_EQ(backend.Peer(5, 0), PeerLink::kHost);
+  auto mixed = ParseSimTopology("nvlink:0-1; pcie:0-1-2", 4);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  SimBackend pcie(std::vector<uint64_t>(4, kMiB * 64), *mixed);
+  EXPECT_EQ(pcie.Peer(0, 1), PeerLink::kNvLink);  // NVLink wins
+  EXPECT_EQ(pcie.Peer(0, 2), PeerLink::kPcie);
+  EXPECT_EQ(pcie.Peer(2, 1), PeerLink::kPcie);
+  EXPECT_EQ(pcie.Peer(3, 0), PeerLink::kHost);
   auto none = ParseSimTopology("", 2);
   ASSERT_TRUE(none.ok());
   EXPECT_EQ((*none)[1], PeerLink::kHost);
 }
 
 TEST(SimTopologyTest, RejectsWhatIsNotThere) {
-  for (const char* bad : {"nvlink:0-4", "nvlink:0", "pcie:0-1", "nvlink:0-x", "nvlink:", "0-1"}) {
+  for (const char* bad : {"nvlink:0-4", "nvlink:0", "pci:0-1", "nvlink:0-x", "nvlink:", "0-1",
+                          "nvlink:0-1;", "nvlink:0-1;pcie:3"}) {
     auto m = ParseSimTopology(bad, 4);
     EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }

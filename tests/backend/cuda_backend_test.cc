@@ -180,7 +180,10 @@ TEST(CudaBackendTest, DevicesComeFromTheDriver) {
   ASSERT_EQ(b->devices().size(), 3u);
   EXPECT_EQ(b->devices()[0].uuid, kUuid0);
   EXPECT_EQ(b->devices()[2].total_bytes, 32 * kMiB);
+  // 1-2: peer access with native atomics (NVLink); 0-2: without (PCIe).
   EXPECT_EQ(b->Peer(1, 2), PeerLink::kNvLink);
+  EXPECT_EQ(b->Peer(2, 0), PeerLink::kPcie);
+  EXPECT_EQ(b->Peer(0, 2), PeerLink::kPcie);
   EXPECT_EQ(b->Peer(0, 1), PeerLink::kHost);
   EXPECT_EQ(b->Peer(1, 1), PeerLink::kSelf);
   EXPECT_EQ(b->Granularity(0), 2 * kMiB);
@@ -385,7 +388,7 @@ int main(int argc, char** argv) {
   gpumem::lost_file = std::string(dir) + "/lost";
   setenv("FAKE_CUDA_DEVICES", "64MiB,64MiB,32MiB", 1);
   setenv("FAKE_CUDA_UUIDS", "GPU-00112233-4455-6677-8899-aabbccddeeff", 1);
-  setenv("FAKE_CUDA_PEERS", "1-2", 1);
+  setenv("FAKE_CUDA_PEERS", "1-2,pcie:0-2", 1);
   setenv("FAKE_CUDA_RDMA", "1", 1);
   setenv("FAKE_CUDA_DIRTY", "1", 1);
   setenv("FAKE_CUDA_CONTEXT_BYTES", "4MiB", 1);

@@ -67,13 +67,17 @@
 // Environment (read at cuInit):
 //   FAKE_CUDA_DEVICES        "2x1GiB" (default), "1GiB,512MiB"
 //   FAKE_CUDA_UUIDS          comma list of GPU-/MIG- UUIDs, one per device
-//   FAKE_CUDA_PEERS          groups of devices with peer access, "0-1,2-3"
+//   FAKE_CUDA_PEERS          groups of devices with peer access, "0-1,2-3";
+//                            a "pcie:" group is over PCIe (no native atomics
+//                            in cuDeviceGetP2PAttribute), "0-1,pcie:2-3"
 //   FAKE_CUDA_GRANULARITY    allocation granularity in bytes (default 2 MiB)
 //   FAKE_CUDA_CONTEXT_BYTES  device memory each process's context costs (4MiB;
 //                            cuCtxCreate contexts too)
 //   FAKE_CUDA_RDMA           "1": GPUDirect RDMA with VMM supported (else
 //                            cuMemCreate refuses gpuDirectRDMACapable)
 //   FAKE_CUDA_NO_DMA_BUF     "1": no dma-buf export (cuMemGetHandleForAddressRange)
+//   FAKE_CUDA_NO_UUID_V1     "1": the first cuDeviceGetUuid answers NOT_SUPPORTED
+//                            (MIG then shows only in the name, "... MIG 1g.10gb")
 //   FAKE_CUDA_OTHER_USED     "0=100MiB": held by processes the fake cannot see
 //   FAKE_CUDA_COMPUTE_MODE   "0=exclusive_process,1=prohibited"
 //   FAKE_CUDA_SUBSET         the devices this process's container has ("1,2")
@@ -227,6 +231,7 @@ CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
 #undef cuDeviceGetUuid
 CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
   FAKE_ENTER("cuDeviceGetUuid", false);
+  if (s.no_uuid_v1) return CUDA_ERROR_NOT_SUPPORTED;
   if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!ValidOrdinal(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::memcpy(uuid->bytes, DeviceOf(s, dev).parent, 16);
@@ -286,6 +291,37 @@ CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
   if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!ValidOrdinal(s, dev) || !ValidOrdinal(s, peer)) return CUDA_ERROR_INVALID_DEVICE;
   *can = dev != peer && CanAccess(s, dev, peer) ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+// As the driver: for two distinct devices, what their link supports (0 for
+// everything where there is no peer access); INVALID_DEVICE for a device
+// with itself or a bad ordinal, INVALID_VALUE for an unknown attribute.
+CUresult cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attrib, CUdevice src,
+                                 CUdevice dst) {
+  FAKE_ENTER("cuDeviceGetP2PAttribute", false);
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidOrdinal(s, src) || !ValidOrdinal(s, dst) || src == dst) {
+    return CUDA_ERROR_INVALID_DEVICE;
+  }
+  const bool peer = CanAccess(s, src, dst);
+  const bool pcie = s.pcie_peers.count({s.visible[src], s.visible[dst]}) > 0;
+  switch (attrib) {
+    case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK:
+      *value = !peer ? 0 : pcie ? 1 : 0;
+      break;
+    case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED:
+      *value = peer ? 1 : 0;
+      break;
+    case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED:
+      *value = peer && !pcie ? 1 : 0;
+      break;
+    case CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED:
+      *value = peer ? 1 : 0;
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
   return CUDA_SUCCESS;
 }
 

@@ -413,6 +413,17 @@ TEST(FakeCudaChild, Exclusive) {
   EXPECT_EQ((*d)->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_ERROR_DEVICE_UNAVAILABLE);
 }
 
+TEST(FakeCudaTest, MigProfileNames) {
+  for (const char* yes : {"NVIDIA A100-SXM4-40GB MIG 1g.5gb", "NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+                          "NVIDIA A100-SXM4-80GB MIG 1g.10gb+me", "NVIDIA H200 MIG 7g.141gb"}) {
+    EXPECT_TRUE(IsMigProfileName(yes)) << yes;
+  }
+  for (const char* no : {"NVIDIA H200", "NVIDIA A100-SXM4-40GB", "MIG 1g.5gb", "X MIG g.5gb",
+                         "X MIG 1g.gb", "X MIG 1g5gb", "X MIG 1g.5", "X MIGHTY 1g.5gb", ""}) {
+    EXPECT_FALSE(IsMigProfileName(no)) << no;
+  }
+}
+
 TEST(FakeCudaTest, MigOrderAndSubsets) {
   const std::string uuids =
       "GPU-aaaaaaaa-0000-0000-0000-000000000000,"
@@ -447,6 +458,20 @@ TEST(FakeCudaTest, MigOrderAndSubsets) {
     int n = 0;
     EXPECT_CU(d.cuDeviceGetCount(&n), CUDA_SUCCESS);
     CHECK_TRUE(n == 2 && uuid_of(d, 0) == "cccccccc" && uuid_of(d, 1) == "bbbbbbbb");
+    return "";
+  }), "");
+  // The second signal: where the first cuDeviceGetUuid does not answer, the
+  // name's MIG profile ("... MIG 1g.10gb") still makes the instance "MIG-".
+  EXPECT_EQ(InChild({{"FAKE_CUDA_DEVICES", "3x64MiB"}, {"FAKE_CUDA_UUIDS", uuids},
+                     {"FAKE_CUDA_NO_UUID_V1", "1"}, {"CUDA_DEVICE_ORDER", "PCI_BUS_ID"}},
+                    [&](const CudaDriver& d) -> std::string {
+    CUuuid a;
+    CHECK_TRUE(d.cuDeviceGetUuid_v1 != nullptr &&
+               d.cuDeviceGetUuid_v1(&a, 1) == CUDA_ERROR_NOT_SUPPORTED);
+    absl::StatusOr<std::string> mig = CudaDeviceUuid(d, 1);
+    absl::StatusOr<std::string> gpu = CudaDeviceUuid(d, 0);
+    CHECK_TRUE(mig.ok() && *mig == "MIG-bbbbbbbb-1111-1111-1111-111111111111");
+    CHECK_TRUE(gpu.ok() && *gpu == "GPU-aaaaaaaa-0000-0000-0000-000000000000");
     return "";
   }), "");
   // A container with devices 1 and 2: this process's 0 is the machine's 1.

@@ -159,12 +159,17 @@ bool Configure(State& s) {
     d.uuid_hex = UuidHex(d.uuid);
     s.all.push_back(d);
   }
-  for (const std::string& group : Split(Env("FAKE_CUDA_PEERS"), ',')) {
+  for (std::string group : Split(Env("FAKE_CUDA_PEERS"), ',')) {
+    // "pcie:0-1": peer access over PCIe (no native atomics over the link).
+    const bool pcie = group.rfind("pcie:", 0) == 0;
+    if (pcie) group = group.substr(5);
     std::vector<int> members;
     for (const std::string& m : Split(group, '-')) members.push_back(std::atoi(m.c_str()));
     for (int a : members) {
       for (int b : members) {
-        if (a != b) s.peers.insert({a, b});
+        if (a == b) continue;
+        s.peers.insert({a, b});
+        if (pcie) s.pcie_peers.insert({a, b});
       }
     }
   }
@@ -216,6 +221,7 @@ bool Configure(State& s) {
   s.no_posix_fd = std::string(Env("FAKE_CUDA_NO_POSIX_FD")) == "1";
   s.rdma = std::string(Env("FAKE_CUDA_RDMA")) == "1";
   s.no_dma_buf = std::string(Env("FAKE_CUDA_NO_DMA_BUF")) == "1";
+  s.no_uuid_v1 = std::string(Env("FAKE_CUDA_NO_UUID_V1")) == "1";
   s.dirty = std::string(Env("FAKE_CUDA_DIRTY")) == "1";
   s.lost_file = Env("FAKE_CUDA_LOST_FILE");
   s.violations_file = Env("FAKE_CUDA_VIOLATIONS");

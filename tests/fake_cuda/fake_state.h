@@ -205,12 +205,14 @@ struct State {
   std::vector<FakeDevice> all;          // every fake device, PCI order
   std::vector<int> visible;             // ordinal -> index into all
   std::set<std::pair<int, int>> peers;  // global index pairs
+  std::set<std::pair<int, int>> pcie_peers;  // those of them over PCIe
   uint64_t granularity = 2 * kMiB;
   uint64_t context_bytes = 0;
   int delay_ms = 0;
   bool no_posix_fd = false;
   bool rdma = false;  // FAKE_CUDA_RDMA=1: GPUDirect RDMA with VMM supported
   bool no_dma_buf = false;  // FAKE_CUDA_NO_DMA_BUF=1: no dma-buf export
+  bool no_uuid_v1 = false;  // FAKE_CUDA_NO_UUID_V1=1: only cuDeviceGetUuid_v2 answers
   bool dirty = false;
   std::string lost_file;
   std::string machine;    // tags memfds: processes of one test see each other

@@ -139,6 +139,20 @@ TEST(OrderStageTest, NearWithoutPeerMatrixIsHostForOthers) {
               ElementsAreArray({1u, 2u, 0u}));
 }
 
+TEST(OrderStageTest, NearPutsPcieBetweenNvLinkAndHost) {
+  // From device 0: 1 over NVLink, 2 direct over PCIe, 3 through the host;
+  // the freer devices come later when they are farther.
+  DeviceSnapshot snapshot = Loads({{0, 8}, {6, 1}, {2, 5}, {0, 9}});
+  snapshot.peer = [](uint32_t a, uint32_t b) {
+    if (a == b) return PeerDistance::kSelf;
+    const uint32_t other = a == 0 ? b : a;
+    return other == 1 ? PeerDistance::kNvLink
+                      : other == 2 ? PeerDistance::kPcie : PeerDistance::kHost;
+  };
+  EXPECT_THAT(OrderStage({3, 2, 1, 0}, PlacementRequest::POLICY_NEAR, 0, snapshot),
+              ElementsAreArray({0u, 1u, 2u, 3u}));
+}
+
 TEST(CandidateOrderTest, StagesKeepTheirOrder) {
   ResolvedPlacement placement;
   placement.stages = {{0, 1}, {}, {2, 3}};
