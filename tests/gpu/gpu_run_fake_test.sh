@@ -4,8 +4,8 @@
 # programs Bazel built here, run with this machine's libraries), with a PATH
 # that has no bazel (run builds nothing) and the fake nvidia-smi. The JSON
 # must list every check; none may fail, and only those that cannot run on
-# the fake (OpenMP offload, PyTorch, and the tenant check outside root) may
-# be skipped.
+# the fake (OpenMP offload, PyTorch and its allocator benchmark, and the
+# tenant check outside root) may be skipped.
 set -euo pipefail
 run=$1 gpumemd=$2 gpumemctl=$3 share=$4 bench=$5 checks=$6 lib=$7 fake=$8 smi=$9 omp=${10}
 header=${11}
@@ -58,6 +58,20 @@ assert lines[0]["dirs"][-1] == sys.argv[2], lines[0]
 assert lines[1]["result"] == "pass", lines[1]
 PY
 
+# --only=torchbench: the driver, gpumemd's start, the benchmark (skipped
+# here: the fake driver runs no kernels, and torch may be absent) and the
+# fake driver's verdict; nothing else.
+rc=0
+"$run" --bin="$work" --fake --json --only=torchbench >"$work/only.json" 2>"$work/only.err" || rc=$?
+[ "$rc" = 0 ] || { cat "$work/only.err"; fail "run --fake --only=torchbench: exit $rc"; }
+python3 - "$work/only.json" <<'PY' || fail "run --fake --only=torchbench"
+import json, sys
+checks = json.load(open(sys.argv[1]))["checks"]
+assert list(checks) == ["driver", "start", "torchbench", "violations"], list(checks)
+assert checks["torchbench"]["result"] == "skip", checks["torchbench"]
+print("only=torchbench: %s" % checks["torchbench"]["detail"])
+PY
+
 start=$(date +%s)
 rc=0
 OUT="$work/out" "$run" --bin="$work" --fake --json --keep >"$work/out.json" 2>"$work/err" || rc=$?
@@ -70,17 +84,21 @@ j = json.load(open(sys.argv[1]))
 rc = int(sys.argv[2])
 want = ["driver", "start", "uuids", "granularity", "share_vmm", "share_ipc", "driver_free",
         "bench", "zeros", "fill", "stream_free", "contexts", "fork", "restart", "kill", "omp",
-        "torch", "violations"]
+        "torch", "torchbench", "violations"]
 checks = j["checks"]
 missing = [c for c in want if c not in checks]
 assert not missing, "missing checks: %s" % missing
 # The tenant check needs root and setuid (skipped where it cannot).
-may_skip = {"omp", "torch", "zeros"}
+may_skip = {"omp", "torch", "torchbench", "zeros"}
 bad = {k: v for k, v in checks.items()
        if v["result"] == "fail" or (v["result"] == "skip" and k not in may_skip)}
 assert not bad, json.dumps(bad, indent=1)
 assert rc == 0, "exit %d with no failed check" % rc
 assert j["fake_driver"] is True and j["failed"] == []
+# The allocator benchmark needs a GPU: skipped, saying why (no torch, or --fake).
+tb = checks["torchbench"]
+assert tb["result"] == "skip" and ("torch does not import" in tb["detail"] or
+                                   "--fake" in tb["detail"]), tb
 # The OpenMP example refused device memory without an offload device.
 assert checks["omp"]["result"] == "skip" and "refused cleanly" in checks["omp"]["detail"], checks["omp"]
 rows = {r["op"] for r in j["bench"]["rows"]}
