@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -44,8 +45,30 @@ struct OrdinalFigures {
   std::atomic<uint64_t> allocations{0}, frees{0}, refusals{0};
 };
 
+// Blocks some other stream than their own used (gpumem_torch_record_stream):
+// their free waits for the device's work, not only their stream's. `count`
+// lets every free skip the lock while there are none.
+struct RecordedBlocks {
+  absl::Mutex mu;
+  absl::flat_hash_set<uintptr_t> blocks ABSL_GUARDED_BY(mu);
+  std::atomic<size_t> count{0};
+
+  void Add(uintptr_t p) {
+    absl::MutexLock lock(&mu);
+    if (blocks.insert(p).second) count.fetch_add(1, std::memory_order_relaxed);
+  }
+  bool Take(uintptr_t p) {
+    if (count.load(std::memory_order_relaxed) == 0) return false;
+    absl::MutexLock lock(&mu);
+    if (blocks.erase(p) == 0) return false;
+    count.fetch_sub(1, std::memory_order_relaxed);
+    return true;
+  }
+};
+
 struct TorchState {
   absl::Mutex mu;
+  RecordedBlocks recorded;
   std::atomic<gpumem_client*> client{nullptr};           // set once, under mu
   std::atomic<CachingPool::Arena*> arena[kMaxOrdinals] = {};  // set once each
   std::atomic<int> daemon_index[kMaxOrdinals] = {};  // of each arena's device, set with it
@@ -314,8 +337,11 @@ void gpumem_torch_free(void* ptr, ssize_t size, int device, void* stream) {
     gpumem::client::SetError(pool.status());
     return;
   }
-  // Reused only after the work queued on `stream` before now has run.
-  absl::Status s = (*pool)->FreeAfterStream(ptr, stream);
+  // Reused only after the work queued on `stream` before now has run; a
+  // block another stream used too, after all the device's work.
+  absl::Status s = gpumem::client::State().recorded.Take(reinterpret_cast<uintptr_t>(ptr))
+                       ? (*pool)->Free(ptr)
+                       : (*pool)->FreeAfterStream(ptr, stream);
   if (s.ok()) {
     if (ptr != nullptr && size > 0 && gpumem::client::ValidOrdinal(device)) {
       gpumem::client::OrdinalFigures& f = gpumem::client::State().figures[device];
@@ -330,6 +356,22 @@ void gpumem_torch_free(void* ptr, ssize_t size, int device, void* stream) {
   } else {
     gpumem::client::SetError(s);
   }
+}
+
+int gpumem_torch_record_stream(void* ptr, void* stream) {
+  (void)stream;  // any stream: the free waits for all of the device's work
+  gpumem_client* c = gpumem::client::State().client.load(std::memory_order_acquire);
+  if (c == nullptr) {
+    return gpumem::client::SetError(gpumem::client::LibraryError(
+        GPUMEM_E_FOREIGN_POINTER, "gpumem_torch_record_stream before any gpumem_torch_malloc"));
+  }
+  absl::StatusOr<gpumem::client::CachingPool*> pool = gpumem::client::PoolOf(c);
+  if (!pool.ok()) return gpumem::client::SetError(pool.status());
+  // A live block's start, or the pool's error for anything else.
+  absl::StatusOr<int> device = (*pool)->DeviceOf(ptr);
+  if (!device.ok()) return gpumem::client::SetError(device.status());
+  gpumem::client::State().recorded.Add(reinterpret_cast<uintptr_t>(ptr));
+  return gpumem::client::SetOk();
 }
 
 int gpumem_torch_memory_stats(int device, gpumem_torch_stats* out) {

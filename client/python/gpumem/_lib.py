@@ -54,6 +54,7 @@ def _declare(lib):
         "gpumem_torch_reset_peak_memory_stats": (c_int, [c_int]),
         "gpumem_torch_empty_cache": (c_int, []),
         "gpumem_torch_last_refusal": (c_char_p, []),
+        "gpumem_torch_record_stream": (c_int, [c_void_p, c_void_p]),
         "gpumem_string_free": (None, [c_void_p]),
         "gpumem_last_error": (c_int, []),
         "gpumem_last_error_message": (c_char_p, []),

@@ -18,6 +18,9 @@ enable() does three things:
     them and on the device (client/lib/tenant_budget.h has the rule). Code that
     did `from torch.cuda import mem_get_info` before enable() keeps the old
     function: call enable() first;
+  * makes Tensor.record_stream (which PyTorch drops under a pluggable
+    allocator) reach the library: a tensor recorded on another stream is
+    reused only after all the device's queued work, that stream's included;
   * replaces torch.cuda's memory_stats, memory_allocated,
     max_memory_allocated, memory_reserved, max_memory_reserved,
     reset_peak_memory_stats and empty_cache (PyTorch's raise or do nothing
@@ -95,12 +98,33 @@ def enable(torch=None):
         for name, fn in _REPLACED.items():
             setattr(torch.cuda, name, fn)
             setattr(torch.cuda.memory, name, fn)
+        torch.Tensor.record_stream = _record_stream_of(torch.Tensor.record_stream)
         _enabled = (torch, alloc)
         return alloc
 
 
 def enabled():
     return _enabled is not None
+
+
+def _record_stream_of(native):
+    """Tensor.record_stream under enable(): PyTorch's (its checks; under a
+    pluggable allocator it records nothing), then the library's
+    gpumem_torch_record_stream on the tensor's block, so the block's free
+    waits for the device's work, the side stream's included. Memory the
+    library did not hand out (another process's tensor) is left alone."""
+    def record_stream(tensor, stream):
+        native(tensor, stream)
+        ptr = tensor.untyped_storage().data_ptr()
+        if not ptr:
+            return
+        lib = _lib.load()
+        if lib.gpumem_torch_record_stream(ptr, getattr(stream, "cuda_stream", None)):
+            err = gpumem._last_error(lib)
+            if not isinstance(err, gpumem.ForeignPointer):
+                raise err
+    record_stream.__doc__ = native.__doc__
+    return record_stream
 
 
 def mem_pool(device=None, torch=None):

@@ -130,6 +130,22 @@ check(torch.cuda.memory_allocated() == 512 * MiB, "the KV cache freed")
 check(torch.cuda.memory_reserved() < held, "empty_cache gave memory back (%d -> %d)" % (
     held, torch.cuda.memory_reserved()))
 
+# Tensor.record_stream reaches the library (PyTorch's own runs first and
+# records nothing under a pluggable allocator); a tensor the library did not
+# hand out is left alone; PyTorch's argument check still applies.
+native_record = [c for c in torch.calls if c[0] == "Tensor.record_stream"]
+side = torch.cuda.Stream()
+weights.record_stream(side)
+check([c for c in torch.calls if c[0] == "Tensor.record_stream"][len(native_record):] ==
+      [("Tensor.record_stream", (weights.data_ptr(), side))], "PyTorch's record_stream ran")
+foreign = torch.Tensor(64, 0, 0x1234000, None)
+foreign.record_stream(side)
+try:
+    weights.record_stream("not a stream")
+    check(False, "record_stream took a string")
+except TypeError:
+    pass
+
 # Device forms.
 class Dev:
     type, index = "cuda", 0

@@ -35,10 +35,29 @@ class Tensor:
     def data_ptr(self):
         return self._ptr
 
+    def untyped_storage(self):
+        return _Storage(self._ptr)
+
+    def record_stream(self, stream):
+        """As PyTorch under a pluggable allocator: checks the stream and
+        records nothing (CUDAPluggableAllocator has no record_stream from
+        Python)."""
+        calls.append(("Tensor.record_stream", (self._ptr, stream)))
+        if not isinstance(stream, cuda.Stream):
+            raise TypeError("record_stream(): argument 'stream' must be Stream")
+
     def __del__(self):
         if self._owner is not None:
             self._owner.release(self._ptr, self.nbytes, self.device)
             self._owner = None
+
+
+class _Storage:
+    def __init__(self, ptr):
+        self._ptr = ptr
+
+    def data_ptr(self):
+        return self._ptr
 
 
 def empty(nbytes, device="cuda"):

@@ -10,6 +10,15 @@ class OutOfMemoryError(RuntimeError):
     pass
 
 
+class Stream:
+    """A pretend CUDA stream; cuda_stream is its cudaStream_t as an int."""
+    _next = 0x5000
+
+    def __init__(self):
+        Stream._next += 0x10
+        self.cuda_stream = Stream._next
+
+
 def _index(device):
     if device is None or device == "cuda":
         return _current
