@@ -235,6 +235,31 @@ TEST_F(FreeQueueTest, PastTheBoundTheDevicesWorkIsWaitedForAtTheFree) {
   EXPECT_EQ(upstream_.freed.size(), 11u);
 }
 
+// With a thread to do it (the pool's watcher), the free past the bound only
+// asks for the synchronize, once until it has run: no freeing thread waits
+// for the device's whole queue.
+TEST_F(FreeQueueTest, PastTheBoundTheSynchronizeIsAskedOfAnotherThread) {
+  int asked = 0;
+  FreeQueue::Options o;
+  o.max_device_rule_bytes = 10 * 4096;
+  o.request_wait = [&asked] { ++asked; };
+  o.make_fences = [this]() -> absl::StatusOr<std::unique_ptr<FenceSource>> {
+    auto f = std::make_unique<TestFences>();
+    fences_ = f.get();
+    return std::unique_ptr<FenceSource>(std::move(f));
+  };
+  queue_ = std::make_unique<FreeQueue>(&upstream_, std::move(o));
+  for (int i = 0; i < 13; ++i) Free(DeviceBlock(gpu0_.base + i * 4096, &gpu0_));
+  EXPECT_EQ(fences_->waits(), 0);  // the frees did not wait
+  EXPECT_EQ(asked, 1);             // asked once, not at every free past the bound
+  EXPECT_TRUE(upstream_.freed.empty());
+  std::thread([this] { queue_->WaitDeviceRule(); }).join();
+  EXPECT_EQ(fences_->waits(), 1);
+  EXPECT_EQ(upstream_.freed.size(), 13u);
+  for (int i = 0; i < 11; ++i) Free(DeviceBlock(gpu1_.base + i * 4096, &gpu1_));
+  EXPECT_EQ(asked, 2);  // past the bound again after it ran: asked again
+}
+
 TEST_F(FreeQueueTest, AnAllocationTheDaemonCannotServeWaitsForTheQueueOnce) {
   Free(DeviceBlock(gpu0_.base, &gpu0_));
   upstream_.exhausted_until_freed = true;

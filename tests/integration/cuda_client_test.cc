@@ -310,6 +310,52 @@ TEST_F(CudaClientTest, ABlockFreedOnAStreamIsReusedOnItAtOnce) {
   ASSERT_EQ(d.cuCtxPopCurrent_v2(&popped), CUDA_SUCCESS);
 }
 
+// Tensor.record_stream (gpumem_torch_record_stream): a block allocated on
+// stream s and read by queued work on stream t is not handed back on s when
+// it is freed there: its free waits for the device's work, t's included.
+// Without the record, s would get it again at once (the test above).
+TEST_F(CudaClientTest, ARecordedStreamKeepsTheBlockUntilItsWorkRan) {
+  const CudaDriver& d = Driver();
+  ScopedCudaContext app(d, Primary(0));
+  ASSERT_EQ(app.result(), CUDA_SUCCESS);
+  CUstream s = nullptr, t = nullptr;
+  ASSERT_EQ(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(d.cuStreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  for (size_t size : {size_t{64} << 10, size_t{6} << 20}) {
+    SCOPED_TRACE(size);
+    std::atomic<bool> gate{false};
+    void* a = gpumem_torch_malloc(static_cast<ssize_t>(size), 0, s);
+    ASSERT_NE(a, nullptr) << gpumem_last_error_message();
+    // Work on the side stream writes the block, held up behind the gate.
+    ASSERT_EQ(d.cuLaunchHostFunc(t, WaitGate, &gate), CUDA_SUCCESS);
+    ASSERT_EQ(d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(a), 0x77, size, t), CUDA_SUCCESS);
+    ASSERT_EQ(gpumem_torch_record_stream(a, t), GPUMEM_OK) << gpumem_last_error_message();
+    gpumem_torch_free(a, static_cast<ssize_t>(size), 0, s);
+    ASSERT_EQ(gpumem_last_error(), GPUMEM_OK) << gpumem_last_error_message();
+    void* b = gpumem_torch_malloc(static_cast<ssize_t>(size), 0, s);
+    ASSERT_NE(b, nullptr) << gpumem_last_error_message();
+    EXPECT_NE(b, a) << "the block went back to its stream while the side stream's work was queued";
+    std::vector<unsigned char> mine(size, 0x33), back(size);
+    ASSERT_EQ(d.cuMemcpyHtoD_v2(reinterpret_cast<CUdeviceptr>(b), mine.data(), size),
+              CUDA_SUCCESS);
+    gate.store(true);
+    ASSERT_EQ(d.cuStreamSynchronize(t), CUDA_SUCCESS);
+    ASSERT_EQ(d.cuMemcpyDtoH_v2(back.data(), reinterpret_cast<CUdeviceptr>(b), size),
+              CUDA_SUCCESS);
+    EXPECT_EQ(back, mine) << "the next owner's bytes were overwritten";
+    gpumem_torch_free(b, static_cast<ssize_t>(size), 0, s);
+  }
+  // Not a live block's start: refused by name; the record is per block.
+  void* c = gpumem_torch_malloc(64 << 10, 0, s);  // a block in a shared lease
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(gpumem_torch_record_stream(static_cast<char*>(c) + 4096, t), GPUMEM_E_DOUBLE_FREE);
+  int local = 0;
+  EXPECT_EQ(gpumem_torch_record_stream(&local, t), GPUMEM_E_FOREIGN_POINTER);
+  gpumem_torch_free(c, 64 << 10, 0, s);
+  ASSERT_EQ(d.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+  ASSERT_EQ(d.cuStreamDestroy_v2(t), CUDA_SUCCESS);
+}
+
 // gpumem_torch_memory_stats' graph_held_bytes (over every device).
 uint64_t GraphHeldBytes() {
   gpumem_torch_stats st = {};
@@ -553,6 +599,76 @@ TEST_F(CudaClientTest, TorchFreeWaitsForWorkQueuedOnItsStream) {
     gpumem_torch_free(q, static_cast<ssize_t>(size), 0, nullptr);
   }
   ASSERT_EQ(d.cuStreamDestroy_v2(stream), CUDA_SUCCESS);
+}
+
+// Buffer::Free (and ~Buffer) keep gpumem_free's rule: the call returns at
+// once, and the block is unmapped and given back to the daemon only after
+// the work this process queued on its device before the free has run (on a
+// non-blocking stream here), so the next Buffer does not get it meanwhile.
+TEST_F(CudaClientTest, ABufferFreeWaitsForTheDevicesQueuedWork) {
+  const CudaDriver& d = Driver();
+  gpumem_client* c = Connect();  // for the daemon's figures
+  auto cc = client::Client::Connect(daemon_->socket());
+  ASSERT_TRUE(cc.ok()) << cc.status();
+  ScopedCudaContext app(d, Primary(0));
+  CUstream stream = nullptr;
+  ASSERT_EQ(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  v1::PlacementRequest where;
+  where.add_devices("1");  // this process's ordinal 0
+  const long long base = DaemonUsed(c)[1];
+  for (uint64_t size : {uint64_t{1} << 20, uint64_t{6} << 20}) {
+    SCOPED_TRACE(size);
+    std::atomic<bool> gate{false};
+    auto b = (*cc)->Allocate(size, where);
+    ASSERT_TRUE(b.ok()) << b.status();
+    const CUdeviceptr old = reinterpret_cast<CUdeviceptr>(b->data());
+    ASSERT_EQ(d.cuLaunchHostFunc(stream, WaitGate, &gate), CUDA_SUCCESS);
+    ASSERT_EQ(d.cuMemsetD8Async(old, 0xEE, size, stream), CUDA_SUCCESS);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(b->Free().ok());
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1))
+        << "Buffer::Free waited for the queued work";
+    EXPECT_FALSE(b->valid());
+    // The daemon still lends it: the next Buffer is other memory.
+    EXPECT_GE(DaemonUsed(c)[1], base + static_cast<long long>(size));
+    auto next = (*cc)->Allocate(size, where);
+    ASSERT_TRUE(next.ok()) << next.status();
+    std::vector<unsigned char> mine(size, 0x44), back(size);
+    ASSERT_TRUE(next->Write(0, mine.data(), size).ok());
+    std::thread opener([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      gate.store(true);
+    });
+    (*cc)->FlushFrees();  // returns once the queued work ran and the block went back
+    opener.join();
+    ASSERT_TRUE(gate.load());
+    EXPECT_EQ(DaemonUsed(c)[1], base + static_cast<long long>(next->size()));
+    ASSERT_TRUE(next->Read(0, back.data(), size).ok());
+    EXPECT_EQ(back, mine) << "the next Buffer's bytes were overwritten";
+  }
+  ASSERT_EQ(d.cuStreamSynchronize(stream), CUDA_SUCCESS);
+  ASSERT_EQ(d.cuStreamDestroy_v2(stream), CUDA_SUCCESS);
+  // ~Client gives back what is still waiting (nothing queued now).
+  {
+    std::atomic<bool> gate{false};
+    auto b = (*cc)->Allocate(kMiB, where);
+    ASSERT_TRUE(b.ok()) << b.status();
+    CUstream s2 = nullptr;
+    ASSERT_EQ(d.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    ASSERT_EQ(d.cuLaunchHostFunc(s2, WaitGate, &gate), CUDA_SUCCESS);
+    ASSERT_EQ(d.cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(b->data()), 1, kMiB, s2),
+              CUDA_SUCCESS);
+    *b = client::Buffer();  // ~Buffer: deferred as Free is
+    std::thread opener([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      gate.store(true);
+    });
+    cc->reset();  // waits for the work, then frees
+    opener.join();
+    ASSERT_EQ(d.cuStreamDestroy_v2(s2), CUDA_SUCCESS);
+  }
+  EXPECT_EQ(DaemonUsed(c)[1], base);
+  gpumem_close(c);
 }
 
 // gpumem_free's rule: a block is reused only after all the work this

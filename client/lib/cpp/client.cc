@@ -67,6 +67,8 @@ void AddCallersView(v1::PlacementRequest* placement) {
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
+  // Frees waiting for device work go first: they still talk to the daemon.
+  if (impl_->owner_pid == getpid()) impl_->deferred.Flush();
   {
     absl::MutexLock lock(&impl_->restart_mu);
     impl_->stopping = true;
@@ -447,6 +449,32 @@ absl::StatusOr<void*> Client::MapBlock(const v1::Allocation& a) {
   return it->second.slab->base() + a.offset();
 }
 
+absl::Status Client::FreeBlock(v1::Allocation a) {
+  // Device memory waits for the work queued on it (deferred_frees.h); a block
+  // lost at a restart keeps its addresses and has nothing to give back, and
+  // a fork() child has no device (its calls fail as they did).
+  if (!IsLost(a.id()) && impl_->owner_pid == getpid()) {
+    std::shared_ptr<OpenedSlab> slab;
+    {
+      absl::MutexLock lock(&impl_->mu);
+      auto it = impl_->slabs.find(a.slab_id());
+      if (it != impl_->slabs.end() && it->second.slab->on_device()) slab = it->second.slab;
+    }
+    if (slab != nullptr) {
+      impl_->deferred.Add(std::move(slab), [this, a = std::move(a)] {
+        UnmapBlock(a, /*retire=*/IsLost(a.id()));
+        Free(a.id()).IgnoreError();  // as the destructor's: the daemon reclaims at exit
+      });
+      return absl::OkStatus();
+    }
+  }
+  // A block lost at a restart: its memory goes, its addresses stay taken.
+  UnmapBlock(a, /*retire=*/IsLost(a.id()));
+  return Free(a.id());
+}
+
+void Client::FlushFrees() { impl_->deferred.Flush(); }
+
 void Client::UnmapBlock(const v1::Allocation& a, bool retire) {
   std::shared_ptr<DaemonLink> link = impl_->Link();
   absl::MutexLock lock(&impl_->mu);
@@ -487,6 +515,19 @@ absl::Status Client::CopyBlock(const v1::Allocation& a, uint64_t offset, const v
                         : slab->Read(a.offset() + offset, dst, n);
 }
 
+absl::StatusOr<v1::AllocateResponse> Client::AllocateRawAfterFrees(
+    const v1::AllocateRequest& request) {
+  absl::StatusOr<v1::AllocateResponse> resp = AllocateRaw(request);
+  // Memory this process freed may still wait for its device's work: once
+  // that work has run and it is back, the daemon may have room.
+  if (resp.status().code() == absl::StatusCode::kResourceExhausted &&
+      impl_->deferred.pending() > 0) {
+    impl_->deferred.Flush();
+    resp = AllocateRaw(request);
+  }
+  return resp;
+}
+
 absl::StatusOr<Buffer> Client::Allocate(uint64_t size,
                                         const v1::PlacementRequest& placement,
                                         uint64_t alignment) {
@@ -502,7 +543,7 @@ absl::StatusOr<Buffer> Client::Allocate(uint64_t size,
   }
   for (int attempt = 0;; ++attempt) {
     const uint64_t restarts_before = restarts();
-    absl::StatusOr<v1::AllocateResponse> resp = AllocateRaw(req);
+    absl::StatusOr<v1::AllocateResponse> resp = AllocateRawAfterFrees(req);
     if (!resp.ok()) return resp.status();
     if (resp->allocations_size() != 1) {
       return absl::InternalError("daemon returned no allocation");
@@ -533,7 +574,7 @@ absl::StatusOr<std::vector<Buffer>> Client::AllocateSharded(
   }
   for (int attempt = 0;; ++attempt) {
     const uint64_t restarts_before = restarts();
-    absl::StatusOr<v1::AllocateResponse> resp = AllocateRaw(req);
+    absl::StatusOr<v1::AllocateResponse> resp = AllocateRawAfterFrees(req);
     if (!resp.ok()) return resp.status();
     std::vector<Buffer> out;
     absl::Status mapped;
@@ -601,9 +642,17 @@ absl::Status Buffer::Free() {
   if (client_ == nullptr) return absl::FailedPreconditionError("empty Buffer");
   Client* c = client_;
   client_ = nullptr;
+  data_ = nullptr;
+  return c->FreeBlock(std::move(info_));
+}
+
+absl::Status Buffer::FreeNow() {
+  if (client_ == nullptr) return absl::FailedPreconditionError("empty Buffer");
+  Client* c = client_;
+  client_ = nullptr;
+  data_ = nullptr;
   // A block lost at a restart: its memory goes, its addresses stay taken.
   c->UnmapBlock(info_, /*retire=*/c->IsLost(info_.id()));
-  data_ = nullptr;
   return c->Free(info_.id());
 }
 

@@ -59,8 +59,18 @@ class Buffer {
   absl::Status Write(uint64_t offset, const void* src, uint64_t n) const;
   absl::Status Read(uint64_t offset, void* dst, uint64_t n) const;
 
-  // Frees now and reports the daemon's answer; the Buffer becomes empty.
+  // Frees the block; the Buffer becomes empty. Host memory (sim) and a block
+  // lost at a restart: now, with the daemon's answer. Device memory (cuda):
+  // returns at once, and the block is unmapped and given back only once all
+  // the work this process queued on its device before the call has completed
+  // (as cudaFree's implicit synchronization would ensure, without waiting in
+  // the call): a thread of the Client synchronizes the device and then
+  // frees (Client::FlushFrees waits for that). The destructor does the same.
   absl::Status Free();
+  // Frees now and reports the daemon's answer, without waiting for device
+  // work: for a caller that knows no queued work uses the block any more
+  // (it synchronized, or its own fences passed: the caching pool's leases).
+  absl::Status FreeNow();
 
   // Forgets the block without telling the daemon; the Buffer becomes
   // empty. For a daemon that has gone away: a restarted daemon may have
@@ -108,7 +118,13 @@ class Client {
   // gives a request without a request_key a new one (kept across its
   // retries over a daemon restart); a key the caller set is sent as it is.
   absl::StatusOr<v1::AllocateResponse> AllocateRaw(const v1::AllocateRequest& request);
+  // The raw Free RPC: the daemon takes the block back now (no wait for
+  // device work; Buffer::Free has that).
   absl::Status Free(uint64_t allocation_id);
+  // Waits until every Buffer freed before the call has been given back to
+  // the daemon (their devices' queued work has run). Allocate and
+  // AllocateSharded do it themselves before answering RESOURCE_EXHAUSTED.
+  void FlushFrees();
   absl::StatusOr<v1::GetStatsResponse> GetStats(bool include_slabs = false);
   absl::StatusOr<v1::Session> GetSession();
   absl::StatusOr<v1::GetUsageResponse> GetUsage();
@@ -173,6 +189,11 @@ class Client {
   // One Buffer fewer in the block's slab; the last closes it (`retire`:
   // retires it, see Buffer::Abandon).
   void UnmapBlock(const v1::Allocation& a, bool retire);
+  // Buffer::Free: now, or after its device's queued work (deferred_frees.h).
+  absl::Status FreeBlock(v1::Allocation a);
+  // AllocateRaw, once more after the deferred frees when it was refused for
+  // room while some were waiting.
+  absl::StatusOr<v1::AllocateResponse> AllocateRawAfterFrees(const v1::AllocateRequest& request);
   absl::Status CopyBlock(const v1::Allocation& a, uint64_t offset, const void* src,
                          void* dst, uint64_t n);
   friend class Buffer;

@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "client/lib/cpp/client.h"
 #include "client/lib/cpp/daemon_link.h"
+#include "client/lib/cpp/deferred_frees.h"
 #include "client/lib/slabs/slab_mapper.h"
 
 namespace gpumem {
@@ -99,6 +100,9 @@ struct Client::Impl {
   bool stopping ABSL_GUARDED_BY(restart_mu) = false;
   uint64_t restarts ABSL_GUARDED_BY(restart_mu) = 0;
   std::string gone_why ABSL_GUARDED_BY(restart_mu);
+
+  // Frees of device memory waiting for the work queued on it (Buffer::Free).
+  DeferredFrees deferred;
 
   int wake_fd = -1;  // eventfd: the destructor wakes the restart thread
   pid_t owner_pid = 0;  // a fork() child has no restart thread

@@ -111,8 +111,9 @@ int gpumem_malloc_sharded(gpumem_client* client, size_t total, unsigned shards,
  * the work this process queued on the block's device before the call has
  * completed, as cudaFree's implicit synchronization would ensure, but
  * without waiting in the call: freed blocks wait, and one cuCtxSynchronize
- * of the device (on the device's primary context, run by the library) gives
- * them back when those waiting exceed two leases' worth, when the daemon has
+ * of the device (on the device's primary context) gives them back: run by
+ * the library's thread when those waiting exceed two leases' worth (the
+ * freeing thread never waits for it), and by the caller when the daemon has
  * no memory left for an allocation, and in gpumem_trim and gpumem_close.
  * Work queued in other contexts than the device's primary one is not waited
  * for: synchronize it before freeing. Host memory (the sim backend) is
@@ -246,6 +247,14 @@ int gpumem_torch_reset_peak_memory_stats(int device);
 /* Gives what the PyTorch entry points' client holds unused back to gpumemd
  * (gpumem_trim; torch.cuda.empty_cache() under gpumem.torch). */
 int gpumem_torch_empty_cache(void);
+/* PyTorch's Tensor.record_stream, which its pluggable allocator drops (it
+ * has no hook for it from Python; gpumem.torch.enable() routes it here):
+ * the block starting at `ptr` (a live gpumem_torch_malloc block) is used on
+ * `stream` too, so its gpumem_torch_free waits for all the work this
+ * process queued on the block's device before the free, as gpumem_free
+ * does, instead of only its own stream's. GPUMEM_E_FOREIGN_POINTER (or
+ * DOUBLE_FREE) for a pointer that is not a live block's start. */
+int gpumem_torch_record_stream(void* ptr, void* stream);
 /* Why the calling thread's last gpumem_torch_malloc answered NULL (gpumemd's
  * words, e.g. the tenant's quota), "" if none did; kept until the next NULL
  * answer on this thread (other calls leave it), so it survives what PyTorch

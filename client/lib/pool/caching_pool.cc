@@ -58,6 +58,9 @@ absl::StatusOr<std::unique_ptr<CachingPool>> CachingPool::Create(PoolOptions opt
                               [p] { return p->thread_caches_->CachedBytes(); }});
   FreeQueue::Options queue;
   queue.max_device_rule_bytes = 2 * o.lease_bytes;
+  // Past that bound the watcher synchronizes; the freeing thread goes on.
+  // (Frees start after Create has returned, give_back_ set.)
+  queue.request_wait = [p] { p->give_back_->RequestDeviceWait(); };
   p->free_queue_ = std::make_unique<FreeQueue>(p->size_classes_.get(), std::move(queue));
   p->thread_caches_ = std::make_unique<ThreadCaches>(
       p->free_queue_.get(), ThreadCaches::Options{o.cache_max_request, o.lease_bytes / 8});

@@ -95,16 +95,33 @@ absl::Status FreeQueue::Free(Block block, const ReuseAfter& after) {
   w.stream = after.stream;
   w.block = std::move(block);
   bool over;
+  bool request = false;
   {
     absl::MutexLock lock(&mu_);
     QueueLocked(std::move(w));
     over = device_rule_bytes_ > options_.max_device_rule_bytes ||
            device_rule_count_ > options_.max_device_rule_blocks;
+    if (over && options_.request_wait) {
+      request = !wait_requested_;
+      wait_requested_ = true;
+    }
   }
   // Free()'s blocks are bounded: past the limits, one synchronize of their
-  // devices gives them all back.
-  if (over) Wait(/*device_rule_only=*/true);
+  // devices gives them all back, on another thread where there is one.
+  if (request) {
+    options_.request_wait();
+  } else if (over && !options_.request_wait) {
+    Wait(/*device_rule_only=*/true);
+  }
   return absl::OkStatus();
+}
+
+void FreeQueue::WaitDeviceRule() {
+  {
+    absl::MutexLock lock(&mu_);
+    wait_requested_ = false;  // frees from now on may ask again
+  }
+  Wait(/*device_rule_only=*/true);
 }
 
 void FreeQueue::QueueLocked(Waiting w) {

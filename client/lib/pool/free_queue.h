@@ -42,6 +42,10 @@ class FreeQueue final : public BlockResource {
   struct Options {
     uint64_t max_device_rule_bytes = 128ull << 20;
     uint64_t max_device_rule_blocks = 8192;
+    // Past those bounds: asked (once until WaitDeviceRule() runs) to have
+    // WaitDeviceRule() run on another thread, so that the freeing thread
+    // never waits for the device's whole queue. Unset: the free waits.
+    std::function<void()> request_wait;
     // Makes the fences, on the first free of device memory (default: the
     // CUDA driver's, FreeFences). A failure leaves frees unfenced.
     std::function<absl::StatusOr<std::unique_ptr<FenceSource>>()> make_fences;
@@ -59,8 +63,9 @@ class FreeQueue final : public BlockResource {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Free()'s rule (ReuseAfter::DeviceWork: all the device's work before the
   // free) waits for the next cuCtxSynchronize of the device: one is run
-  // here when the blocks waiting under it exceed max_device_rule_bytes or
-  // max_device_rule_blocks, when the daemon has no memory left for an
+  // when the blocks waiting under it exceed max_device_rule_bytes or
+  // max_device_rule_blocks (by WaitDeviceRule() on the thread request_wait
+  // wakes, or here without one), when the daemon has no memory left for an
   // allocation, and by WaitAll(). FreeAfterStream()'s rule is an event on
   // the stream, polled by Collect() (every allocation that reaches this
   // layer, and GiveBack's ticks).
@@ -73,6 +78,9 @@ class FreeQueue final : public BlockResource {
   bool MayReuseOnStream(void* stream);
   // Waits for every waiting block's fence, then collects.
   void WaitAll() ABSL_LOCKS_EXCLUDED(mu_) { Wait(/*device_rule_only=*/false); }
+  // One synchronize of each device with Free()'s blocks waiting, then
+  // collects (what Options::request_wait asks for).
+  void WaitDeviceRule() ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Figures {
     uint64_t blocks = 0, bytes = 0;
@@ -123,6 +131,7 @@ class FreeQueue final : public BlockResource {
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t device_rule_count_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t device_rule_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool wait_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<GraphHolds> graph_holds_ = std::make_shared<GraphHolds>();
   absl::flat_hash_map<uint64_t, Block> held_ ABSL_GUARDED_BY(mu_);
   uint64_t next_hold_ ABSL_GUARDED_BY(mu_) = 0;

@@ -44,6 +44,11 @@ void GiveBack::RequestReclaim() {
   Wake();
 }
 
+void GiveBack::RequestDeviceWait() {
+  device_wait_wanted_.store(true);
+  Wake();
+}
+
 uint64_t GiveBack::ReleaseIdle() {
   layers_.free_queue->Collect();
   layers_.thread_caches->DrainAll();
@@ -66,6 +71,7 @@ void GiveBack::WatchLoop() {
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof(v));
       on_wake_();
+      if (device_wait_wanted_.exchange(false)) layers_.free_queue->WaitDeviceRule();
       if (reclaim_wanted_.exchange(false)) {
         layers_.source->ReportReclaimed(ReleaseIdle());
       }

@@ -4,7 +4,9 @@
 // asks for idle memory (memory pressure: a StreamReply.reclaim, heard by the
 // client's stream reader even while the program makes no call), everything
 // idle goes back at once and the daemon is told how much; Trim() does the
-// same for the program, after waiting for every deferred free.
+// same for the program, after waiting for every deferred free. Past the
+// free queue's bound, the watcher also runs the device synchronize that
+// gives those frees back, so that no freeing thread waits for it.
 //
 // Invariants: memory goes back only when idle (no block out of it); the
 // watcher thread is the only one that runs the timer and reclaim passes,
@@ -50,6 +52,8 @@ class GiveBack {
   // Any thread, no lock.
   void Wake();
   void RequestReclaim();
+  // Runs FreeQueue::WaitDeviceRule on the watcher (FreeQueue's request_wait).
+  void RequestDeviceWait();
 
   // Waits for every deferred free, then gives back everything idle. Bytes
   // given back.
@@ -71,6 +75,7 @@ class GiveBack {
   const int wake_fd_;  // eventfd
   std::atomic<bool> stopping_{false};
   std::atomic<bool> reclaim_wanted_{false};
+  std::atomic<bool> device_wait_wanted_{false};
   std::thread watcher_;
 };
 

@@ -22,7 +22,8 @@ absl::StatusOr<Buffer> LeaseSource::TakeLease(uint64_t bytes, const Arena& arena
 
 void LeaseSource::GiveBack(Buffer lease, const v1::UsageReport& usage) {
   client_->SetUsageReport(usage);
-  lease.Free().IgnoreError();
+  // The free queue's fences have passed: nothing queued uses it any more.
+  lease.FreeNow().IgnoreError();
 }
 
 void LeaseSource::ReportReclaimed(uint64_t bytes) {
@@ -40,7 +41,8 @@ absl::StatusOr<Block> LeaseSource::Allocate(uint64_t size, const Arena& arena) {
   return b;
 }
 
-absl::Status LeaseSource::Free(Block block, const ReuseAfter&) { return block.whole->Free(); }
+// The free queue's fences have passed: nothing queued uses it any more.
+absl::Status LeaseSource::Free(Block block, const ReuseAfter&) { return block.whole->FreeNow(); }
 
 absl::StatusOr<std::vector<Shard>> LeaseSource::AllocateSharded(
     uint64_t total, uint32_t shards, const v1::PlacementRequest& placement) {
@@ -125,7 +127,10 @@ void LeaseSource::Close() {
     wholes.swap(wholes_);
     lost.swap(lost_wholes_);
   }
-  wholes.clear();  // Buffer destructors free at the daemon
+  // Blocks still allocated at close are freed at the daemon now (the pool
+  // waited for every deferred free first).
+  for (auto& [ptr, b] : wholes) b->FreeNow().IgnoreError();
+  wholes.clear();
   for (auto& [ptr, b] : lost) b->Abandon();
   lost.clear();
   client_.reset();

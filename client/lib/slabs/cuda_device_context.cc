@@ -114,6 +114,17 @@ absl::Status CudaDeviceContext::Write(const CudaDriver& d, CUdeviceptr base, uin
   return CudaStatus(d, d.cuStreamSynchronize(nullptr), "cuStreamSynchronize", where);
 }
 
+absl::Status CudaDeviceContext::Synchronize(const CudaDriver& d) const {
+  ScopedCudaContext scope(d, ctx);
+  absl::Status s = Entered(d, scope);
+  if (!s.ok()) return s;
+  const CUresult r = d.cuCtxSynchronize();
+  if (r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
+    return absl::UnavailableError(absl::StrCat("device ", uuid, ": a stream capture is under way"));
+  }
+  return CudaStatus(d, r, "cuCtxSynchronize", absl::StrCat("device ", uuid));
+}
+
 absl::Status CudaDeviceContext::Read(const CudaDriver& d, CUdeviceptr base, uint64_t size,
                                      uint64_t offset, void* dst, uint64_t n) const {
   if (offset > size || n > size - offset) return absl::OutOfRangeError("outside the slab");

@@ -51,6 +51,9 @@ struct CudaDeviceContext {
                      const void* src, uint64_t n) const;
   absl::Status Read(const CudaDriver& d, CUdeviceptr base, uint64_t size, uint64_t offset,
                     void* dst, uint64_t n) const;
+  // cuCtxSynchronize of the context, in RELAXED capture mode (so that it
+  // invalidates no application capture); a capture's refusal is UNAVAILABLE.
+  absl::Status Synchronize(const CudaDriver& d) const;
 };
 
 }  // namespace client

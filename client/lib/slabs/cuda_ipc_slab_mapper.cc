@@ -29,6 +29,8 @@ class IpcSlab : public OpenedSlab {
     if (retired_) return absl::FailedPreconditionError("the slab was retired");
     return dev_.Write(*d_, base_, size_, offset, src, n);
   }
+  bool on_device() const override { return true; }
+  absl::Status WaitForDeviceWork() override { return dev_.Synchronize(*d_); }
   absl::Status Read(uint64_t offset, void* dst, uint64_t n) override {
     if (retired_) return absl::FailedPreconditionError("the slab was retired");
     return dev_.Read(*d_, base_, size_, offset, dst, n);

@@ -63,6 +63,8 @@ class VmmSlab : public OpenedSlab {
     if (retired_) return absl::FailedPreconditionError("the slab was retired");
     return dev_.Write(*d_, va_, size_, offset, src, n);
   }
+  bool on_device() const override { return true; }
+  absl::Status WaitForDeviceWork() override { return dev_.Synchronize(*d_); }
   absl::Status Read(uint64_t offset, void* dst, uint64_t n) override {
     if (retired_) return absl::FailedPreconditionError("the slab was retired");
     return dev_.Read(*d_, va_, size_, offset, dst, n);

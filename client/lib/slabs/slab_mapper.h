@@ -46,6 +46,15 @@ class OpenedSlab {
   // so that it can be given back to a restarted daemon that lacks it
   // (fd_channel.h, kGiveSlab); -1 for kinds without one (legacy IPC).
   virtual int handle_fd() const { return -1; }
+  // Device memory, which work this process queued may still use after the
+  // host lets go of it (CUDA); false for host memory (memfd).
+  virtual bool on_device() const { return false; }
+  // Blocks until all the work this process queued on the slab's device
+  // (every stream of its primary context) before the call has completed:
+  // cuCtxSynchronize. UNAVAILABLE when a stream capture refused it (nothing
+  // was waited for: try later); the driver's error when the device failed
+  // (nothing will run there any more). Host memory: OK at once.
+  virtual absl::Status WaitForDeviceWork() { return absl::OkStatus(); }
 };
 
 // Gets a slab's fd from the daemon (the slab-handle channel); called at
