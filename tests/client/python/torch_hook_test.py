@@ -22,7 +22,6 @@ a 2 GiB quota on 16 GiB devices:
 
 argv: the gpumemctl path. GPUMEMD_SOCKET names the daemon.
 """
-import json
 import os
 import subprocess
 import sys
@@ -31,21 +30,8 @@ import torch  # the stand-in (PYTHONPATH)
 import gpumem
 import gpumem.torch
 
+from torch_test_support import CTL, GiB, MiB, check, daemon_used
 from vllm_sizing import determine_num_gpu_blocks
-
-CTL = sys.argv[1]
-MiB, GiB = 1 << 20, 1 << 30
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL: " + what, file=sys.stderr)
-        sys.exit(1)
-
-
-def daemon_used(device):
-    out = subprocess.run([CTL, "stats", "--json"], check=True, capture_output=True, text=True)
-    return int(json.loads(out.stdout)["devices"][device]["used_bytes"])
 
 
 check(os.path.basename(torch.__file__) == "__init__.py" and "fake_torch" in torch.__file__,

@@ -19,7 +19,6 @@ never a tensor with data pointer 0, and the program goes on.
 
 argv: the gpumemctl path. GPUMEMD_SOCKET names the daemon.
 """
-import json
 import subprocess
 import sys
 
@@ -27,19 +26,7 @@ import torch  # the stand-in (PYTHONPATH)
 import gpumem
 import gpumem.torch
 
-CTL = sys.argv[1]
-MiB, GiB = 1 << 20, 1 << 30
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL: " + what, file=sys.stderr)
-        sys.exit(1)
-
-
-def daemon_used(device):
-    out = subprocess.run([CTL, "stats", "--json"], check=True, capture_output=True, text=True)
-    return int(json.loads(out.stdout)["devices"][device]["used_bytes"])
+from torch_test_support import CTL, GiB, MiB, check, daemon_used
 
 
 check("fake_torch" in torch.__file__, "the stand-in torch is the one imported")
