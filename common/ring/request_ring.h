@@ -40,9 +40,11 @@
 // client may change at any time. It reads the header's identity never (it
 // keeps its own slot count), keeps its own record of the slots it holds,
 // copies a request out before it reads it and bounds every length by the
-// slot (server/ring/ring_reader.h). A client that scribbles harms its own
-// calls only. The client trusts the daemon but checks the identity once, at
-// Attach, and bounds the answer's length.
+// slot (server/ring/ring_reader.h). The eventfd's open file, flags
+// included, is the client's too, so the daemon never writes it and reads it
+// only with RWF_NOWAIT (a client may clear O_NONBLOCK). A client that
+// scribbles harms its own calls only. The client trusts the daemon but
+// checks the identity once, at Attach, and bounds the answer's length.
 #ifndef GPUMEMD_COMMON_RING_REQUEST_RING_H_
 #define GPUMEMD_COMMON_RING_REQUEST_RING_H_
 
