@@ -1,4 +1,5 @@
-// Futex waits and wakes on a 32-bit word that two processes share.
+// Waiting for a 32-bit word that two processes share: futex waits and
+// wakes, and the pause of a spin wait before them.
 //
 // The word lives in a MAP_SHARED mapping (the request ring's memfd), so these
 // are the kernel's shared futex operations, not the FUTEX_PRIVATE_FLAG ones:
@@ -28,6 +29,16 @@ void FutexWait(const std::atomic<uint32_t>* word, uint32_t expected, absl::Durat
 
 // Wakes every thread, of any process, sleeping in FutexWait on `word`.
 void FutexWakeAll(std::atomic<uint32_t>* word);
+
+// One step of a spin wait: tells the core this thread is spinning (its
+// sibling hyperthread gets the pipeline; no memory-order effect).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 }  // namespace gpumem
 

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/ring/futex.h"
 
 namespace gpumem {
 namespace {
@@ -29,14 +30,6 @@ constexpr uint64_t kQueueId = UINT64_MAX;
 // Rounds of step 3's carrying on: bounded, for a client that makes HasWork
 // see a request that Collect then cannot take (it flips states).
 constexpr int kMaxRounds = 4;
-
-void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 absl::Status Errno(const char* what) {
   const int e = errno;

@@ -69,12 +69,6 @@ double CpuSeconds(pid_t pid) {
   return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 // Reaps a peer; a peer that did not exit cleanly (a sanitizer's report in
 // the smoke test, say) fails the run.
 void Reap(pid_t peer, const std::string& op) {

@@ -25,14 +25,6 @@ absl::Duration Until(Clock::time_point deadline, Clock::time_point now) {
   return absl::FromChrono(deadline - now);
 }
 
-void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 absl::StatusCode CodeFromWord(uint32_t word) {
   return word <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)
              ? static_cast<absl::StatusCode>(word)
