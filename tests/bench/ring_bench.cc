@@ -199,18 +199,16 @@ Row RingCalls(const char* op, int calls, absl::Duration pause) {
     }
   };
   for (int i = 0; i < calls / 10 + 10; ++i) call();  // warm-up
-  double peer_cpu = 0;
+  // The peer's CPU over the whole series, so its spin after each answer
+  // (in the pause, in the asleep row) is counted too.
+  const double cpu0 = CpuSeconds(peer);
   for (int i = 0; i < calls; ++i) {
     if (pause > absl::ZeroDuration()) absl::SleepFor(pause);
-    const double cpu0 = CpuSeconds(peer);
     const Clock::time_point t0 = Clock::now();
     call();
     row.us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-    peer_cpu += CpuSeconds(peer) - cpu0;
   }
-  // The peer's CPU over the calls themselves; in the asleep row its spin
-  // after each answer falls in the pause and is not counted.
-  row.peer_cpu_us_per_call = peer_cpu * 1e6 / calls;
+  row.peer_cpu_us_per_call = (CpuSeconds(peer) - cpu0) * 1e6 / calls;
   close(stop_pipe[1]);
   Reap(peer, op);
   Summarize(&row);
