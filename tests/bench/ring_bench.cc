@@ -17,9 +17,11 @@
 //                   gone back to epoll_wait: the doorbell's eventfd, the
 //                   worker's wake-up and the poller's turn are all in the call
 // Per row: p50 and p99 microseconds, the peer's CPU per call (its CPU clock
-// over the timed calls), and p50 over the futex floor's p50. Payloads are
-// --payload bytes each way. Nothing is pinned to a core: on a loaded
-// machine the spinning rows suffer most (a spinner can lose its core).
+// over the whole series), and p50 over the futex floor's p50. Payloads are
+// --payload bytes each way. Without --pin the scheduler places both sides:
+// on a loaded machine they often share one core, and each spinning side
+// then waits out its spin (50 us) before the other runs. --pin puts this
+// process on the first allowed CPU and the peer on the second.
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -49,6 +51,7 @@ ABSL_FLAG(int, asleep_calls, 2000, "timed round trips of the asleep row");
 ABSL_FLAG(int, sleep_us, 200, "pause between calls in the asleep row");
 ABSL_FLAG(int, payload, 64, "bytes each way through the ring");
 ABSL_FLAG(bool, json, false, "print JSON");
+ABSL_FLAG(bool, pin, false, "this process on the first allowed CPU, the peer on the second");
 
 namespace gpumem {
 namespace {
@@ -61,6 +64,23 @@ struct Row {
   double peer_cpu_us_per_call = 0;
   double p50 = 0, p99 = 0;
 };
+
+// With --pin, the calling thread (and the threads it starts later) on the
+// `nth` CPU this process may use (0 or 1).
+void PinTo(int nth) {
+  if (!absl::GetFlag(FLAGS_pin)) return;
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+  int seen = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed) || seen++ != nth) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    sched_setaffinity(0, sizeof(one), &one);
+    return;
+  }
+}
 
 double CpuSeconds(pid_t pid) {
   clockid_t clock;
@@ -124,6 +144,7 @@ Row PingPong(const char* op, int calls) {
   std::atomic<uint32_t>* word = SharedWord();
   const pid_t peer = fork();
   if (peer == 0) {
+    PinTo(1);
     for (;;) {
       AwaitWord<kSpin>(word, kPing, kStop);
       if (word->load() == kStop) _exit(0);
@@ -158,6 +179,7 @@ Row PingPong(const char* op, int calls) {
 pid_t StartRingPeer(RingRegion* region, int stop_pipe[2]) {
   const pid_t peer = fork();
   if (peer != 0) return peer;
+  PinTo(1);
   close(stop_pipe[1]);
   RingReader reader(region);
   auto poller = RingPoller::Create(1);
@@ -220,6 +242,7 @@ int Run() {
   const int asleep_calls = absl::GetFlag(FLAGS_asleep_calls);
   const int sleep_us = absl::GetFlag(FLAGS_sleep_us);
   if (calls < 1 || asleep_calls < 1) return 1;
+  PinTo(0);
   std::vector<Row> rows;
   rows.push_back(PingPong<false>("futex floor", calls));
   rows.push_back(PingPong<true>("spin floor", calls));
@@ -228,8 +251,10 @@ int Run() {
   const double futex = rows[0].p50;
   const unsigned cores = std::thread::hardware_concurrency();
   if (absl::GetFlag(FLAGS_json)) {
-    printf("{\"cores\": %u, \"payload_bytes\": %d, \"sleep_us\": %d, \"rows\": [\n", cores,
-           absl::GetFlag(FLAGS_payload), sleep_us);
+    printf("{\"cores\": %u, \"pinned\": %s, \"payload_bytes\": %d, \"sleep_us\": %d, "
+           "\"rows\": [\n",
+           cores, absl::GetFlag(FLAGS_pin) ? "true" : "false", absl::GetFlag(FLAGS_payload),
+           sleep_us);
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       printf("  {\"op\": \"%s\", \"n\": %zu, \"p50_us\": %.3f, \"p99_us\": %.3f, "
@@ -246,7 +271,8 @@ int Run() {
       printf("%-14s %7zu %9.2f %9.2f %14.2f %12.2f\n", r.op.c_str(), r.us.size(), r.p50, r.p99,
              r.peer_cpu_us_per_call, r.p50 / futex);
     }
-    printf("(%u cores; %d B each way through the ring; asleep: %d us between calls)\n", cores,
+    printf("(%u cores%s; %d B each way through the ring; asleep: %d us between calls)\n",
+           cores, absl::GetFlag(FLAGS_pin) ? ", the two sides pinned to two of them" : "",
            absl::GetFlag(FLAGS_payload), sleep_us);
   }
   return 0;

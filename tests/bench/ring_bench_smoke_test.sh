@@ -15,5 +15,5 @@ for r in rows:
     assert 0 < r["p50_us"] <= r["p99_us"], r
     assert r["peer_cpu_us_per_call"] >= 0 and r["x_futex_p50"] > 0, r
 assert j["ring_over_futex_p50"] > 0 and j["ring_asleep_over_futex_p50"] > 0, j
-assert j["cores"] >= 1 and j["payload_bytes"] == 64 and j["sleep_us"] == 100, j
+assert j["cores"] >= 1 and j["pinned"] is False and j["payload_bytes"] == 64 and j["sleep_us"] == 100, j
 PY
