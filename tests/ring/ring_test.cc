@@ -545,10 +545,13 @@ TEST(RingPollerTest, SixtyFourRingsOnTwoWorkersAreAllServed) {
 // Two rings flood (two callers each, as fast as they are answered) among
 // 64; a request on a quiet ring is taken within a few turns of its
 // doorbell: each flooding ring, its turn's bound spent, goes to the back of
-// the line.
+// the line. One worker, so that the bound is the poller's order alone: with
+// two, a worker that loses its core inside the quiet ring's previous turn
+// (the ring still busy) lets the other run any number of turns meanwhile,
+// which is the scheduler's doing, not the poller's.
 TEST(RingPollerTest, AFloodingRingDoesNotStarveAnother) {
   constexpr int kRings = 64;
-  auto poller = MakePoller(2, 16);
+  auto poller = MakePoller(1, 16);
   std::vector<DaemonRing> rings;
   for (int r = 0; r < kRings; ++r) rings.push_back(MakeRing(r < 2 ? 64 : 2));
   std::atomic<uint64_t> quiet_taken_at_turn{0};
@@ -604,14 +607,10 @@ TEST(RingPollerTest, AFloodingRingDoesNotStarveAnother) {
          "calls\n",
          static_cast<unsigned long long>(waits[kTrials / 2]),
          static_cast<unsigned long long>(waits.back()), flood_calls.load());
-  // Ideally 1-4 (the flooding rings' turns and the queue's ahead of it in
-  // epoll's ready list, then the quiet ring's); far below what a ring
-  // drained to empty, or served in place while it has work, would cost.
-  // A worker that loses its core inside the quiet ring's previous turn
-  // (the quiet ring still busy) lets the other worker run any number of
-  // turns meanwhile: the scheduler's doing, so a few trials may exceed.
-  const auto within = std::count_if(waits.begin(), waits.end(), [](uint64_t w) { return w <= 8; });
-  EXPECT_GE(within, kTrials * 3 / 4);
+  // 1-4 (the flooding rings' turns and the queue's ahead of it in epoll's
+  // ready list, then the quiet ring's); far below what a ring drained to
+  // empty, or served in place while it has work, would cost.
+  EXPECT_LE(waits.back(), 8u);
   for (DaemonRing& ring : rings) EXPECT_TRUE(poller->Remove(ring.reader.get()).ok());
 }
 
