@@ -139,6 +139,39 @@ absl::StatusOr<SlabFd> RequestSlabFd(int channel, uint64_t slab_id) {
   return SlabFd{fd, resp.slab_size};
 }
 
+absl::StatusOr<RingFds> OpenRingFdChannel(int channel, uint32_t slots) {
+  SlabRequest req;
+  memcpy(req.magic, kFdChannelMagic, 4);
+  req.version = kFdChannelVersion;
+  req.op = static_cast<uint16_t>(SlabOp::kOpenRing);
+  req.slab_id = slots;
+  absl::Status s = WriteAll(channel, &req, sizeof(req));
+  if (!s.ok()) return s;
+  SlabResponse resp;
+  int fds[kMaxFdsPerMessage];
+  int count = 0;
+  s = RecvWithFds(channel, &resp, sizeof(resp), fds, &count);
+  if (!s.ok()) return s;
+  auto close_fds = [&] {
+    for (int i = 0; i < count; ++i) close(fds[i]);
+  };
+  if (resp.code != 0) {
+    close_fds();
+    if (resp.message_len > kFdChannelMaxMessage) {
+      return absl::InternalError("slab channel: oversized error message");
+    }
+    std::string message(resp.message_len, '\0');
+    s = ReadAll(channel, message.data(), message.size());
+    if (!s.ok()) return s;
+    return absl::Status(static_cast<absl::StatusCode>(resp.code), message);
+  }
+  if (count != 2) {
+    close_fds();
+    return absl::InternalError("slab channel: a ring's answer without its two fds");
+  }
+  return RingFds{fds[0], fds[1]};
+}
+
 absl::Status CloseSlabFd(int channel, uint64_t slab_id) {
   SlabResponse resp;
   int fd = -1;

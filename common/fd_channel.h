@@ -9,7 +9,9 @@
 // Wire format (host byte order, both ends are on one machine):
 //   request  := SlabRequest                          (16 bytes)
 //   response := SlabResponse [message bytes]         (fd attached to a
-//                                                     successful kOpenSlab)
+//                                                     successful kOpenSlab;
+//                                                     two to a successful
+//                                                     kOpenRing)
 // One connection carries any number of request/response pairs in turn; a
 // connection that sends anything but a SlabOp request is closed.
 #ifndef GPUMEMD_COMMON_FD_CHANNEL_H_
@@ -50,7 +52,22 @@ enum class SlabOp : uint16_t {
   // answers the token. Refused (PERMISSION_DENIED) for a token that is
   // unknown, of another uid, rebound already or expired.
   kRebind = 5,
+  // Lends the caller's session a request ring (common/ring/request_ring.h):
+  // slab_id is the slot count wanted (0: kDefaultRingSlots; more than
+  // kRingMaxSlots is capped). The answer carries two fds, the ring's sealed
+  // memfd then its eventfd, and slab_size is the memfd's size. The ring
+  // belongs to the session (found as for kOpenSlab: by pid, or the session
+  // bound to this channel) and ends with it. Refused: rings off
+  // (FAILED_PRECONDITION "request rings are off (--request_rings=false)"),
+  // a session that has a ring already (ALREADY_EXISTS), too many rings for
+  // the caller's uid or in all (RESOURCE_EXHAUSTED), a caller with no
+  // session (PERMISSION_DENIED, as kOpenSlab). New in version 2: an older
+  // daemon closes the channel at this op (an unknown op).
+  kOpenRing = 6,
 };
+
+// kOpenRing's slot count when the request asks for 0.
+inline constexpr uint32_t kDefaultRingSlots = 64;
 
 // A daemon that stops for good (it released every allocation) writes one
 // unasked response before it closes each channel: code UNAVAILABLE,
@@ -97,6 +114,16 @@ absl::StatusOr<int> ConnectFdChannel(const std::string& socket_path);
 // Client side: asks for `slab_id` on a connected channel. On success the
 // caller owns the returned fd.
 absl::StatusOr<SlabFd> RequestSlabFd(int channel, uint64_t slab_id);
+
+// A lent request ring's two fds, both the caller's to close (or to hand to
+// RingRegion::Attach, which takes them).
+struct RingFds {
+  int memfd = -1;
+  int eventfd = -1;
+};
+
+// Client side: asks for a request ring of `slots` slots (kOpenRing).
+absl::StatusOr<RingFds> OpenRingFdChannel(int channel, uint32_t slots);
 
 // Client side: tells the daemon this process closed `slab_id`.
 absl::Status CloseSlabFd(int channel, uint64_t slab_id);

@@ -715,6 +715,19 @@ void MemoryBroker::OnSessionEnd(const std::shared_ptr<Session>& session,
   }
   admission_.SessionEnded(session->id());  // its waiters are answered now
   session_tenants_.Ended(session->id());
+  absl::ReaderMutexLock listening(&session_end_mu_);
+  if (session_end_listener_ != nullptr) session_end_listener_(session->id());
+}
+
+void MemoryBroker::SetSessionEndListener(SessionEndListener listener) {
+  absl::MutexLock l(&session_end_mu_);
+  session_end_listener_ = std::move(listener);
+}
+
+absl::StatusOr<std::shared_ptr<Session>> MemoryBroker::SessionOf(const PeerCred& caller) {
+  absl::ReaderMutexLock gate(&gate_);
+  if (shut_down_) return ShuttingDown();
+  return sessions_->Attach(caller);
 }
 
 absl::StatusOr<v1::Session> MemoryBroker::GetSession(const PeerCred& caller) {

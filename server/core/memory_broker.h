@@ -225,6 +225,19 @@ class MemoryBroker {
   // refused as usual (a longer wait_ms waits that long).
   using ReclaimSender = admission::ReclaimSender;
   void SetReclaimSender(ReclaimSender sender) { reclaim_sender_ = std::move(sender); }
+  // Told the id of each session that ends, after its memory returned and its
+  // waiting requests were answered, on the thread that ended it (the
+  // session watcher's, or the caller of EndConnection / EndTenant), with no
+  // broker lock held; never once Shutdown began. For a transport that keeps
+  // something per session (a request ring: server/service/ring_transport.h).
+  // Null: nobody. May be set or cleared at any time; once the setter
+  // returns, the previous listener is not running and will not run.
+  using SessionEndListener = std::function<void(uint64_t session_id)>;
+  void SetSessionEndListener(SessionEndListener listener);
+  // The caller's live session, made if needed (as GetSession does), for such
+  // a transport; PERMISSION_DENIED for a caller that can have none.
+  absl::StatusOr<std::shared_ptr<Session>> SessionOf(const PeerCred& caller);
+
   // The caller answered a reclaim (StreamRequest.reclaimed): requests held
   // for it are tried once more now rather than at the end of their hold.
   void ReclaimAnswered(const PeerCred& caller);
@@ -366,6 +379,8 @@ class MemoryBroker {
   admission::Admission admission_;
   SessionTenants session_tenants_;
   ReclaimSender reclaim_sender_;  // set before serving, then read only
+  absl::Mutex session_end_mu_;     // held (shared) while the listener runs
+  SessionEndListener session_end_listener_ ABSL_GUARDED_BY(session_end_mu_);
   std::atomic<int64_t> reclaim_wait_ms_;
   std::unique_ptr<SessionRegistry> sessions_;
   std::unique_ptr<Restorer> restorer_;

@@ -14,7 +14,7 @@ namespace {
 // Answers one request; false when the connection must be closed.
 bool Answer(MemoryBroker* broker, SlabChannelConn& conn, const SlabRequest& req,
             absl::string_view payload,
-            const std::function<bool(const SlabChannelReply&)>& send) {
+            const std::function<bool(const SlabChannelReply&)>& send, RingLender* rings) {
   if (memcmp(req.magic, kFdChannelMagic, 4) != 0 || req.version != kFdChannelVersion) {
     return false;  // not our protocol (or another version of it)
   }
@@ -67,6 +67,18 @@ bool Answer(MemoryBroker* broker, SlabChannelConn& conn, const SlabRequest& req,
         status = broker->AcceptSlabHandle(conn.cred, req.slab_id, given);  // takes it
       }
       break;
+    case SlabOp::kOpenRing: {
+      absl::StatusOr<LentRing> ring =
+          rings == nullptr ? absl::StatusOr<LentRing>(RingsOffError())
+                           : rings->Lend(conn.cred, req.slab_id);
+      if (ring.ok()) {
+        resp.slab_size = ring->size;
+        reply.fd = ring->memfd;
+        reply.fd2 = ring->eventfd;
+      }
+      status = ring.status();
+      break;
+    }
     default:
       return false;
   }
@@ -87,10 +99,15 @@ bool Answer(MemoryBroker* broker, SlabChannelConn& conn, const SlabRequest& req,
   }
   const bool sent = send(reply);
   if (reply.fd >= 0) close(reply.fd);
+  if (reply.fd2 >= 0) close(reply.fd2);
   return sent;
 }
 
 }  // namespace
+
+absl::Status RingsOffError() {
+  return absl::FailedPreconditionError("request rings are off (--request_rings=false)");
+}
 
 Preface ClassifyPreface(const char* bytes, size_t n) {
   const size_t k = n < 4 ? n : 4;
@@ -103,7 +120,8 @@ Preface ClassifyPreface(const char* bytes, size_t n) {
 }
 
 bool ServeSlabChannel(MemoryBroker* broker, SlabChannelConn& conn, absl::string_view data,
-                      const std::function<bool(const SlabChannelReply&)>& send) {
+                      const std::function<bool(const SlabChannelReply&)>& send,
+                      RingLender* rings) {
   conn.in.append(data.data(), data.size());
   size_t used = 0;
   bool open = true;
@@ -122,7 +140,7 @@ bool ServeSlabChannel(MemoryBroker* broker, SlabChannelConn& conn, absl::string_
     if (conn.in.size() - used < sizeof(req) + extra) break;  // the rest comes later
     const absl::string_view payload =
         absl::string_view(conn.in).substr(used + sizeof(req), extra);
-    open = Answer(broker, conn, req, payload, send);
+    open = Answer(broker, conn, req, payload, send, rings);
     used += sizeof(req) + extra;
   }
   conn.in.erase(0, used);

@@ -40,10 +40,29 @@ struct SlabChannelConn {
                          // kGiveSlab; whoever owns the conn closes the rest
 };
 
-// One answer: its bytes, and the fd to attach (-1: none).
+// One answer: its bytes, and the fds to attach (-1: none): `fd` alone, or
+// for kOpenRing both (the ring's memfd, then its eventfd).
 struct SlabChannelReply {
   std::string bytes;
   int fd = -1;
+  int fd2 = -1;
+};
+
+// A request ring lent over the channel (kOpenRing): the caller's own copies
+// of the ring's fds, which the channel closes once it sent them.
+struct LentRing {
+  int memfd = -1;
+  int eventfd = -1;
+  uint64_t size = 0;  // the memfd's
+};
+
+// Who lends rings (server/service/ring_transport.h); kOpenRing asks it.
+class RingLender {
+ public:
+  virtual ~RingLender() = default;
+  // A ring of `slots` slots (0: the default; capped) for the caller's
+  // session, or why not (common/fd_channel.h, kOpenRing).
+  virtual absl::StatusOr<LentRing> Lend(const PeerCred& caller, uint64_t slots) = 0;
 };
 
 // Appends `data` to `conn.in` and answers each whole request in it through
@@ -56,8 +75,11 @@ struct SlabChannelReply {
 //  - A request with the wrong magic or version, or an unknown op, ends the
 //    connection (false), after the answers to the requests before it.
 //  - An answer is a SlabResponse with at most kFdChannelMaxMessage message
-//    bytes after it; an fd is attached only to a successful kOpenSlab, and
-//    is closed here once `send` returns (sent or not).
+//    bytes after it; an fd is attached only to a successful kOpenSlab, two
+//    (fd, fd2) only to a successful kOpenRing, and they are closed here
+//    once `send` returns (sent or not).
+//  - kOpenRing asks `rings`; without one (null) it is refused
+//    FAILED_PRECONDITION "request rings are off (--request_rings=false)".
 //  - kHello from a caller without a visible pid binds a session to the
 //    connection once (conn.cred.bound_session, conn.token); kRebind, on a
 //    channel with none yet, takes back such a session of a previous daemon
@@ -67,7 +89,11 @@ struct SlabChannelReply {
 //    back after a restart) and hands it to the broker, which owns it from
 //    then on; without one it is answered INVALID_ARGUMENT.
 bool ServeSlabChannel(MemoryBroker* broker, SlabChannelConn& conn, absl::string_view data,
-                      const std::function<bool(const SlabChannelReply&)>& send);
+                      const std::function<bool(const SlabChannelReply&)>& send,
+                      RingLender* rings = nullptr);
+
+// The refusal of kOpenRing by a daemon whose rings are off.
+absl::Status RingsOffError();
 
 }  // namespace gpumem
 

@@ -506,7 +506,9 @@ void SocketListener::ServeRequests(int fd, Conn& conn) {
   // Non-blocking: a peer that stopped reading its answers loses the
   // connection rather than stalling the loop (SendWithFd reports EAGAIN).
   auto send = [fd](const SlabChannelReply& r) {
-    return SendWithFd(fd, r.bytes.data(), r.bytes.size(), r.fd).ok();
+    const int fds[2] = {r.fd, r.fd2};
+    const int count = r.fd2 >= 0 ? 2 : r.fd >= 0 ? 1 : 0;
+    return SendWithFds(fd, r.bytes.data(), r.bytes.size(), fds, count).ok();
   };
   char buf[4096];
   alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
@@ -533,7 +535,8 @@ void SocketListener::ServeRequests(int fd, Conn& conn) {
       }
     }
     if (bad_fds || conn.fds.size() > kMaxQueuedFds || n <= 0 ||
-        !ServeSlabChannel(broker_, conn, absl::string_view(buf, static_cast<size_t>(n)), send)) {
+        !ServeSlabChannel(broker_, conn, absl::string_view(buf, static_cast<size_t>(n)), send,
+                          rings_)) {
       CloseConn(fd);
       return;
     }

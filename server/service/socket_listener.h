@@ -113,6 +113,10 @@ class SocketListener final : public TenantSocketHost {
   int listen_fd() const { return listen_fd_; }
 
   const std::string& path() const { return path_; }
+  // Who lends request rings (kOpenRing); null (the default): rings are off.
+  // Set before Start; `rings` outlives the listener.
+  void SetRingLender(RingLender* rings) { rings_ = rings; }
+
   // The connection limits in force (before or after Start; thread-safe,
   // a reload calls it).
   void SetConnectionLimits(const ConnectionLimitSettings& limits);
@@ -158,6 +162,7 @@ class SocketListener final : public TenantSocketHost {
   std::string path_;
   MemoryBroker* broker_;
   PeerTable* peers_;
+  RingLender* rings_ = nullptr;
   grpc::Server* server_ = nullptr;
   int listen_fd_ = -1;
   bool owns_path_ = true;  // false for an adopted socket
