@@ -33,7 +33,7 @@ enum class Source;  // settings.h
 //    negative value means 0 (off, or no limit).
 //  - Seconds: a double field; 0 or less is not set.
 //  - HandleKinds: a repeated string field; none is not set.
-//  - Number: flags only.
+//  - Number, Bool: flags only (Bool: --name=true or --name=false).
 namespace setting_kind {
 struct Text {
   using Value = std::string;
@@ -65,6 +65,10 @@ struct Seconds {
 struct Number {
   using Value = double;
   using Flag = double;
+};
+struct Bool {
+  using Value = bool;
+  using Flag = bool;
 };
 struct HandleKinds {
   using Value = std::vector<HandleKind>;

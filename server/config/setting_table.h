@@ -83,6 +83,12 @@
     "slow device holds up no other call")                                                        \
   X(query_threads, query_threads, Threads, nullptr, 1, In(1, 64), kStart, ShowValue(),           \
     "threads that answer GetStats and the ledger and tenant RPCs")                               \
+  /* Request rings (server/service/ring_transport.h). */                                         \
+  X(request_rings, request_rings, Bool, nullptr, true, NoBounds(), kStart, ShowValue(),          \
+    "lend sessions a shared-memory request ring for Allocate and Free when "                     \
+    "they ask (over the slab channel); false refuses every ring")                                \
+  X(ring_workers, ring_workers, Threads, nullptr, 2, In(1, 64), kStart, ShowValue(),             \
+    "threads that serve every session's request ring")                                           \
   /* Waiting (server/admission/admission.h). */                                                  \
   X(reclaim_wait_ms, reclaim_wait, Milliseconds, "reclaim_wait_ms", defaults::kReclaimWait,      \
     UpTo(0, 10000, " milliseconds"), kReload, ShowValue(),                                       \

@@ -261,6 +261,12 @@ absl::Status Pick(setting_kind::Number, const SettingRow& row,
   return absl::OkStatus();
 }
 
+absl::Status Pick(setting_kind::Bool, const SettingRow&, const std::optional<bool>& flag,
+                  const v1::DaemonConfig&, Setting<bool>* out) {
+  if (flag.has_value()) *out = {*flag, Source::kFlag};
+  return absl::OkStatus();
+}
+
 absl::Status Pick(setting_kind::HandleKinds, const SettingRow& row,
                   const std::optional<std::string>& flag, const v1::DaemonConfig& file,
                   Setting<std::vector<HandleKind>>* out) {
@@ -302,6 +308,7 @@ std::string Format(setting_kind::Seconds, absl::Duration v) {
   return absl::StrCat(absl::ToDoubleSeconds(v));
 }
 std::string Format(setting_kind::Number, double v) { return absl::StrCat(v); }
+std::string Format(setting_kind::Bool, bool v) { return v ? "true" : "false"; }
 std::string Format(setting_kind::HandleKinds, const std::vector<HandleKind>& v) {
   return absl::StrJoin(v, ",", [](std::string* out, HandleKind k) {
     absl::StrAppend(out, HandleKindName(k));

@@ -45,6 +45,7 @@
 #include "server/service/gpumem_service.h"
 #include "server/service/health_service.h"
 #include "server/service/reflection_service.h"
+#include "server/service/ring_transport.h"
 #include "server/service/socket_listener.h"
 #include "server/service/stream_service.h"
 #include "server/service/tenant_admin.h"
@@ -176,6 +177,7 @@ struct Daemon::Parts {
   std::unique_ptr<WorkerPool> query_workers;
   std::unique_ptr<GpuMemoryService> unary;
   std::unique_ptr<StreamService> streams;
+  std::unique_ptr<RingTransport> rings;  // outlives the listener, which lends
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<SocketListener> listener;
   SystemdNotifier notifier;
@@ -340,6 +342,23 @@ absl::Status Daemon::StartParts() {
   p.unary = std::make_unique<GpuMemoryService>(unary);
   p.streams = std::make_unique<StreamService>(broker, &p.peers, &p.service,
                                               p.backend_workers.get(), p.call_metrics.get());
+  // Request rings, lent over the slab channel and served by their own
+  // workers; the per-uid bound is the connections' (each ring needs a
+  // session, and its memory and fds are the daemon's).
+  RingTransportOptions ring_options;
+  ring_options.enabled = s.request_rings.value;
+  ring_options.workers = s.ring_workers.value;
+  ring_options.max_rings_per_uid = s.max_connections_per_uid.value;
+  absl::StatusOr<std::unique_ptr<RingTransport>> rings = RingTransport::Create(
+      broker, p.backend_workers.get(), p.call_metrics.get(), ring_options);
+  if (!rings.ok()) return rings.status();
+  p.rings = *std::move(rings);
+  if (s.request_rings.value) p.listener->SetRingLender(p.rings.get());
+  std::cerr << "gpumemd: request rings "
+            << (s.request_rings.value
+                    ? absl::StrCat("on, served by ", s.ring_workers.value, " worker(s)")
+                    : std::string("off (--request_rings=false)"))
+            << "\n";
 
   grpc::ServerBuilder builder;
   builder.RegisterService(&p.service);
@@ -584,6 +603,7 @@ absl::Status Daemon::Reload() {
                 << " changed; these take effect at the next start\n";
     }
     p.listener->SetConnectionLimits(ConnectionLimitsOf(*next));
+    if (p.rings != nullptr) p.rings->SetMaxRingsPerUid(next->max_connections_per_uid.value);
     outcome->applied.push_back(ConnectionLimitsLine(*next));
     settings_ = *std::move(next);
     locations_ = std::move(locations);
@@ -646,6 +666,7 @@ void Daemon::Stop() {
     p.server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
   }
   if (p.listener != nullptr) p.listener->Stop();
+  if (p.rings != nullptr) p.rings->Close();  // every ring ends; no more are lent
   p.metrics.reset();  // no scrape may reach the broker after this
   // Tasks still queued run now: their answers go to queues still drained.
   if (p.backend_workers != nullptr) p.backend_workers->Shutdown();
@@ -681,6 +702,7 @@ void Daemon::StopKeeping(bool quiet) {
   if (p.listener != nullptr) {
     p.listener->StopForRestart();  // the socket lives on in the fd store
   }
+  if (p.rings != nullptr) p.rings->Close();  // clients ask the next daemon for new ones
   p.metrics.reset();
   if (p.backend_workers != nullptr) p.backend_workers->Shutdown();
   if (p.query_workers != nullptr) p.query_workers->Shutdown();
