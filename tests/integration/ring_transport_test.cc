@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <fstream>
 #include <memory>
@@ -189,6 +190,21 @@ std::pair<pid_t, int> Fork(const std::function<void(int out)>& child) {
   return {pid, pipe_fds[0]};
 }
 
+// The daemon's fds of request rings: memfds named gpumemd-ring, and
+// eventfds (the daemon's own: its poller's two, its listener's).
+std::pair<int, int> RingFdsOf(pid_t pid) {
+  int memfds = 0;
+  int eventfds = 0;
+  const std::string dir = absl::StrCat("/proc/", pid, "/fd");
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (target.find("memfd:gpumemd-ring") != std::string::npos) ++memfds;
+    if (target.find("[eventfd]") != std::string::npos) ++eventfds;
+  }
+  return {memfds, eventfds};
+}
+
 void Say(int out, const std::string& line) {
   const std::string l = line + "\n";
   (void)!write(out, l.data(), l.size());
@@ -331,8 +347,8 @@ TEST_F(RingTransportTest, AnotherUidCannotFreeTheBlockThroughItsRing) {
 }
 
 TEST_F(RingTransportTest, AKilledClientGivesBackItsRingAndItsMemory) {
-  Used();  // gRPC's connection is open before the count
-  const int fds_before = testing::FdCount(daemon_->pid());
+  const auto [memfds_before, eventfds_before] = RingFdsOf(daemon_->pid());
+  EXPECT_EQ(memfds_before, 0);
   const std::string socket = daemon_->socket();
   auto [pid, in] = Fork([&](int out) {
     RingClient mine;
@@ -346,15 +362,17 @@ TEST_F(RingTransportTest, AKilledClientGivesBackItsRingAndItsMemory) {
   ASSERT_GT(pid, 0);
   ASSERT_EQ(ReadLine(in), "allocated");
   close(in);
+  EXPECT_EQ(RingFdsOf(daemon_->pid()), std::make_pair(1, eventfds_before + 1));
   EXPECT_EQ(AllocationsOf(pid), 1u);
   EXPECT_EQ(Used(), 8 * kMiB);
   kill(pid, SIGKILL);
   int status = 0;
   waitpid(pid, &status, 0);
   EXPECT_TRUE(PollUntil([&] { return Used() == 0 && !AllocationsOf(pid).has_value(); }));
-  // Its channel, and the ring's memfd and eventfd, are closed in the daemon.
-  EXPECT_TRUE(PollUntil([&] { return testing::FdCount(daemon_->pid()) <= fds_before; }))
-      << testing::FdCount(daemon_->pid()) << " fds, " << fds_before << " before";
+  // The ring's memfd and eventfd are closed in the daemon.
+  EXPECT_TRUE(PollUntil([&] {
+    return RingFdsOf(daemon_->pid()) == std::make_pair(0, eventfds_before);
+  }));
 }
 
 TEST_F(RingTransportTest, AWaitingAllocateHoldsNoThreadAndIsAnsweredWhenMemoryFrees) {
