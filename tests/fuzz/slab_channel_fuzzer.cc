@@ -10,8 +10,10 @@
 // Checked for every input: answers are well formed (a 16-byte header and at
 // most kFdChannelMaxMessage message bytes, exactly as long as they say); an
 // fd comes with a successful open only, of the slab's size and sealed
-// against shrinking and growing; a connection-bound session is ended with
-// the connection and leaves no slab held by it.
+// against shrinking and growing; a second fd only with a successful
+// kOpenRing (an eventfd, beside a ring's memfd of a ring's size); a
+// connection-bound session is ended with the connection and leaves no slab
+// held by it, and no ring (a real RingTransport lends them).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,7 +26,10 @@
 #include "common/fd_channel.h"
 #include "server/backend/sim_backend.h"
 #include "server/core/memory_broker.h"
+#include "common/ring/request_ring.h"
+#include "server/service/ring_transport.h"
 #include "server/service/slab_channel.h"
+#include "server/service/worker_pool.h"
 
 namespace gpumem {
 namespace {
@@ -34,6 +39,8 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 struct World {
   SimBackend backend{std::vector<uint64_t>{64 * kMiB, 64 * kMiB}};
   std::unique_ptr<MemoryBroker> broker;
+  std::unique_ptr<WorkerPool> workers;
+  std::unique_ptr<RingTransport> rings;
 };
 
 World* world = nullptr;
@@ -70,6 +77,13 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   o.pool.granularity = 4096;
   world->broker = std::make_unique<MemoryBroker>(&world->backend, o);
   Check(world->broker->Start().ok(), "broker start");
+  world->workers = std::make_unique<WorkerPool>(1);
+  RingTransportOptions ring_options;
+  ring_options.workers = 1;
+  absl::StatusOr<std::unique_ptr<RingTransport>> rings = RingTransport::Create(
+      world->broker.get(), world->workers.get(), nullptr, ring_options);
+  Check(rings.ok(), "ring transport");
+  world->rings = *std::move(rings);
   // Slabs 1.. for the inputs to open and close.
   for (int i = 0; i < 6; ++i) {
     v1::AllocateRequest r;
@@ -110,13 +124,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Check(seals >= 0 && (seals & F_SEAL_SHRINK) && (seals & F_SEAL_GROW), "slab not sealed");
       Check(ftruncate(r.fd, 0) != 0, "a client shrank a slab");
     }
+    if (r.fd2 >= 0) {
+      Check(r.fd >= 0 && resp.code == 0, "a second fd without a ring");
+      Check(resp.slab_size >= RingLayoutBytes(1) &&
+                resp.slab_size <= RingLayoutBytes(kRingMaxSlots) &&
+                (resp.slab_size - RingLayoutBytes(0)) % kRingSlotBytes == 0,
+            "a ring's memfd of no ring's size");
+      char link[64];
+      char target[128] = {};
+      snprintf(link, sizeof(link), "/proc/self/fd/%d", r.fd2);
+      Check(readlink(link, target, sizeof(target) - 1) > 0 &&
+                strstr(target, "eventfd") != nullptr,
+            "a ring's second fd is not an eventfd");
+    }
     ++sends;
     return !((mode & 0x80) && sends % 5 == 0);
   };
   bool open = true;
   for (size_t at = 0; open && at < n; at += chunk) {
     const size_t len = n - at < chunk ? n - at : chunk;
-    open = ServeSlabChannel(broker, conn, absl::string_view(bytes + at, len), send);
+    open = ServeSlabChannel(broker, conn, absl::string_view(bytes + at, len), send,
+                            world->rings.get());
     if (open) Check(!WholeRequestWaiting(conn.in), "a whole request left unanswered");
   }
   // The connection closes.
@@ -132,5 +160,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
   }
+  // Only this process's own session may still hold a ring.
+  Check(world->rings->ring_count() <= 1, "an ended session still holds a ring");
   return 0;
 }
