@@ -114,10 +114,13 @@ RingTransport::RingTransport(MemoryBroker* broker, WorkerPool* backend_workers,
       poller_(std::move(poller)),
       max_rings_per_uid_(options.max_rings_per_uid) {}
 
-RingTransport::~RingTransport() { Close(); }
+RingTransport::~RingTransport() {
+  Close();
+  poller_.reset();  // joins the workers
+}
 
 absl::StatusOr<LentRing> RingTransport::Lend(const PeerCred& caller, uint64_t slots) {
-  if (poller_ == nullptr) return RingsOffError();
+  if (!options_.enabled) return RingsOffError();
   absl::StatusOr<std::shared_ptr<Session>> session = broker_->SessionOf(caller);
   if (!session.ok()) return session.status();
   const uint64_t session_id = (*session)->id();
@@ -201,7 +204,8 @@ void RingTransport::Close() {
     per_uid_.clear();
   }
   for (const std::shared_ptr<Ring>& ring : rings) End(ring);
-  poller_.reset();  // joins the workers
+  // The poller (its workers idle now) goes with the transport: a Lend's own
+  // SessionEnded may still be ending a ring on it.
 }
 
 size_t RingTransport::ring_count() const {

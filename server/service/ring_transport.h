@@ -75,7 +75,7 @@ class RingTransport final : public RingLender {
                                                                WorkerPool* backend_workers,
                                                                CallObserver* observer,
                                                                RingTransportOptions options);
-  ~RingTransport() override;  // Close()
+  ~RingTransport() override;  // Close(), then joins the workers
   RingTransport(const RingTransport&) = delete;
   RingTransport& operator=(const RingTransport&) = delete;
 
@@ -87,8 +87,9 @@ class RingTransport final : public RingLender {
   // requests are cancelled. Not from a ring's handler.
   void SessionEnded(uint64_t session_id);
 
-  // Daemon stop: every ring ends as above, no ring is lent from now on, and
-  // the workers are joined. Idempotent.
+  // Daemon stop: every ring ends as above and no ring is lent from now on;
+  // the workers, idle from then on, are joined by the destructor.
+  // Idempotent.
   void Close();
 
   // Rings lent and not ended.
