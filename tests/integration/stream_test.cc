@@ -330,20 +330,21 @@ class SlowDeviceStreamTest : public StreamTest {
     return r;
   }
 
-  // Worst Allocate+Free pair time on device 1 by `client` while `busy` is set.
-  static double WorstPairMsWhile(Client& client, const std::atomic<bool>& busy, int* pairs) {
-    double worst = 0;
-    *pairs = 0;
+  using Span = std::pair<Clock::time_point, Clock::time_point>;
+
+  // Allocate+Free pairs on device 1 by `client` while `busy` is set: when
+  // each began and ended.
+  static std::vector<Span> PairsWhile(Client& client, const std::atomic<bool>& busy) {
+    std::vector<Span> pairs;
     while (busy.load()) {
       auto t0 = Clock::now();
       auto a = client.AllocateRaw(On(1, 4096));
       EXPECT_TRUE(a.ok()) << a.status();
       if (!a.ok()) break;
       EXPECT_TRUE(client.Free(a->allocations(0).id()).ok());
-      worst = std::max(worst, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-      ++*pairs;
+      pairs.emplace_back(t0, Clock::now());
     }
-    return worst;
+    return pairs;
   }
 };
 
@@ -367,28 +368,45 @@ TEST_F(SlowDeviceStreamTest, ASlowSlabCreationHoldsUpNoOtherRequest) {
     }
     Client& slow_client = same_stream ? *client_ : *other;
     std::atomic<bool> busy{true};
-    std::vector<double> slow_ms;
+    std::vector<Span> slow;
     std::vector<uint64_t> ids;
-    std::thread slow([&] {
+    std::thread slow_thread([&] {
       for (int i = 0; i < 3; ++i) {
         auto t0 = Clock::now();
         auto a = slow_client.AllocateRaw(On(0, 64 << 20));
         EXPECT_TRUE(a.ok()) << a.status();
-        slow_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        slow.emplace_back(t0, Clock::now());
         if (a.ok()) ids.push_back(a->allocations(0).id());
       }
       busy.store(false);
     });
-    int pairs = 0;
-    const double worst = WorstPairMsWhile(*client_, busy, &pairs);
-    slow.join();
+    const std::vector<Span> pairs = PairsWhile(*client_, busy);
+    slow_thread.join();
+    auto ms = [](const Span& s) {
+      return std::chrono::duration<double, std::milli>(s.second - s.first).count();
+    };
+    // Pairs begun and answered while a slow allocation was in flight. Served
+    // inline (the queue thread creating the slab), a request that came
+    // during a creation would be answered after it: none at all. Counted
+    // rather than timed, so a loaded machine's stalls (TSan, two cores:
+    // a 220 ms pause was seen) cannot fail it.
+    int inside = 0;
+    double worst = 0;
+    for (const Span& p : pairs) {
+      worst = std::max(worst, ms(p));
+      for (const Span& w : slow) {
+        if (w.first < p.first && p.second < w.second) {
+          ++inside;
+          break;
+        }
+      }
+    }
     std::cerr << (same_stream ? "same stream" : "other stream") << ": slow allocations took "
-              << slow_ms[0] << ", " << slow_ms[1] << ", " << slow_ms[2] << " ms; " << pairs
-              << " pairs on device 1 meanwhile, worst " << worst << " ms\n";
-    for (double ms : slow_ms) EXPECT_GE(ms, 290.0);  // the delay is real
-    // Served inline, they would wait for each 300 ms creation.
-    EXPECT_LT(worst, 150.0);
-    EXPECT_GT(pairs, 10);
+              << ms(slow[0]) << ", " << ms(slow[1]) << ", " << ms(slow[2]) << " ms; "
+              << pairs.size() << " pairs on device 1 meanwhile, " << inside
+              << " of them within a slow one, worst " << worst << " ms\n";
+    for (const Span& w : slow) EXPECT_GE(ms(w), 290.0);  // the delay is real
+    EXPECT_GE(inside, 3);
     for (uint64_t id : ids) held.emplace_back(&slow_client, id);
     if (other != nullptr) others.push_back(std::move(other));
   }
